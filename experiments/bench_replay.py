@@ -1,0 +1,116 @@
+"""Benchmark: replay speed (events/second) and memory per event of every policy.
+
+    python -m experiments.bench_replay [--events 1000000] [--kind training] [--policies ...]
+
+Generates a synthetic trace once, then replays it through each policy in a fresh subprocess
+(one core; a clean heap so peak RSS belongs to that replay alone). Memory per event is
+(peak RSS while replaying − RSS after imports) / events: the trace's columns plus everything
+the replay holds at its worst (the engine's per-chunk lists, the policy's state, the device-call
+log, the timeline's temporaries). The peak is reset after loading (Linux clear_refs) so the
+loader's own transient memory is reported apart, as ``load bytes/event``. Targets (issue 2):
+≥ 500,000 events/s and < 100 bytes/event for every policy on one core of the CI machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT_POLICIES = ("on-demand", "preallocate", "best-fit", "bfc")
+
+
+def _rss_bytes() -> int:
+    """Current resident set size (Linux /proc), in bytes."""
+    with open("/proc/self/statm") as statm:
+        pages = int(statm.read().split()[1])
+    return pages * resource.getpagesize()
+
+
+def _peak_rss_bytes() -> int:
+    """Peak resident set size since the last reset (VmHWM), in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def _reset_peak_rss() -> None:
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+
+
+def measure_one(policy: str, path: str, device: str) -> dict:
+    """Load the trace and replay it through ``policy`` (run in a subprocess)."""
+    from sim.device import resolve_device
+    from sim.engine import replay
+    from traces import formats
+
+    profile = resolve_device(device)
+    gc.collect()
+    baseline = _rss_bytes()
+    trace = formats.load(path)
+    load_peak = _peak_rss_bytes()
+    gc.collect()
+    _reset_peak_rss()
+    start = time.perf_counter()
+    result = replay(trace, policy, profile)
+    elapsed = time.perf_counter() - start
+    peak_rss = _peak_rss_bytes()
+    return {
+        "policy": policy, "events": len(trace), "seconds": elapsed,
+        "events_per_s": len(trace) / elapsed,
+        "bytes_per_event": (peak_rss - baseline) / len(trace),
+        "load_bytes_per_event": (load_peak - baseline) / len(trace),
+        "trace_bytes_per_event": trace.nbytes / len(trace),
+        "peak_reserved": result.peak_reserved, "completed": result.completed,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--kind", default="training")
+    parser.add_argument("--device", default="a100-80g")
+    parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES))
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument("--one", nargs=2, metavar=("POLICY", "TRACE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(measure_one(args.one[0], args.one[1], args.device)))
+        return 0
+
+    from traces import formats, synth
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "bench.npz")
+        start = time.perf_counter()
+        trace = synth.generate(args.kind, seed=0, events=args.events)
+        formats.save(trace, path)
+        print(f"trace: {args.kind}, {len(trace):,} events "
+              f"(generated and saved in {time.perf_counter() - start:.2f} s)")
+        print(f"{'policy':14s} {'events/s':>12s} {'bytes/event':>12s} {'seconds':>8s} "
+              f"{'load bytes/event':>17s}")
+        rows = []
+        for policy in args.policies:
+            output = subprocess.run(
+                [sys.executable, "-m", "experiments.bench_replay", "--device", args.device,
+                 "--one", policy, path], check=True, capture_output=True, text=True).stdout
+            row = json.loads(output.strip().splitlines()[-1])
+            rows.append(row)
+            print(f"{policy:14s} {row['events_per_s']:12,.0f} {row['bytes_per_event']:12.1f} "
+                  f"{row['seconds']:8.2f} {row['load_bytes_per_event']:17.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The one small interface every allocator model implements, and the device it draws from.
+
+A policy is a pure state machine: ``malloc(size, stream) -> address | None`` and
+``free(address)``. It takes memory from a device through the calls of :class:`DeviceMemory`
+(cudaMalloc-style ``reserve``/``release``, and the CUDA virtual-memory calls
+``address_range``/``map``/``unmap`` for heaps that grow in place). It never sleeps, counts
+time, opens files or imports the engine: the same object can therefore be driven by the
+simulator or, through a CuPy-backed device, by the validator on a real GPU.
+
+Who counts what: the device counts the bytes a policy actually took (reserved); the engine
+counts live requested bytes from the trace (allocated). A policy's own :class:`PolicyStats`
+(bytes after rounding, largest free block, …) are for diagnosis only, so a buggy policy cannot
+flatter its own headline numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Iterator, Protocol
+
+
+class DeviceMemory(Protocol):
+    """What a policy may ask of the device. Addresses are plain ints.
+
+    ``reserve``/``release`` are cudaMalloc/cudaFree: virtual range and physical memory together.
+    ``address_range``/``map``/``unmap`` are the virtual-memory calls (cuMemAddressReserve,
+    cuMemCreate+cuMemMap, cuMemUnmap+cuMemRelease): a range costs no memory until pages are
+    mapped into it, in multiples of ``map_granularity``.
+    """
+
+    capacity: int
+    map_granularity: int
+
+    def reserve(self, nbytes: int) -> int | None: ...
+
+    def release(self, base: int) -> None: ...
+
+    def address_range(self, nbytes: int) -> int: ...
+
+    def map(self, address: int, nbytes: int) -> bool: ...
+
+    def unmap(self, address: int, nbytes: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Param:
+    """One constructor parameter of a policy: its kind (size, bool, int, float), default, help."""
+
+    kind: str
+    default: Any
+    help: str
+
+
+@dataclass
+class PolicyStats:
+    """The one stats shape every policy fills the same way (diagnostics, not headline figures).
+
+    ``bytes_in_use`` counts blocks handed out after rounding, unsplit slack included (BFC's and
+    PyTorch's "allocated"); ``bytes_requested`` what callers asked for; ``pool_bytes`` what the
+    policy believes it holds from the device; ``largest_free_block`` the biggest free block
+    inside that pool.
+    """
+
+    num_allocs: int = 0
+    num_frees: int = 0
+    num_ooms: int = 0
+    bytes_in_use: int = 0
+    peak_bytes_in_use: int = 0
+    bytes_requested: int = 0
+    pool_bytes: int = 0
+    peak_pool_bytes: int = 0
+    largest_free_block: int = 0
+    free_blocks: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class Policy:
+    """Base class of allocator models. Subclasses set ``name``, ``PARAMS``, ``description``.
+
+    Constructor-only parameters (scikit-learn style): ``Policy(device, **params)``; the
+    registry in :mod:`policies.registry` turns a spec string into that call.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    PARAMS: ClassVar[dict[str, Param]] = {}
+
+    def __init__(self, device: DeviceMemory) -> None:
+        self.device = device
+        # Kept current by every policy on the hot path; read by the engine at peaks.
+        self.bytes_in_use = 0
+        self.num_allocs = 0
+        self.num_frees = 0
+        self.num_ooms = 0
+
+    # -- the interface ---------------------------------------------------------------
+    def malloc(self, size: int, stream: int = 0) -> int | None:
+        """Address of a block of at least ``size`` bytes (size > 0), or None when out of memory."""
+        raise NotImplementedError
+
+    def free(self, address: int) -> None:
+        """Give back the block that ``malloc`` returned at ``address``."""
+        raise NotImplementedError
+
+    def blocks(self) -> Iterator[tuple[int, int, bool]]:
+        """Every block the policy manages as ``(address, size, in_use)``, for checks and plots."""
+        raise NotImplementedError
+
+    def stats(self) -> PolicyStats:
+        raise NotImplementedError
+
+    def empty_cache(self) -> None:
+        """Return every wholly free piece of memory to the device (no-op where nothing is cached)."""

@@ -1,0 +1,115 @@
+"""Address-ordered best fit with immediate coalescing over one heap that grows in pages.
+
+Johnstone & Wilson's reference policy ("The memory fragmentation problem: solved?", 1998):
+take the smallest free block that fits, the lowest address on ties, split off the rest, and
+merge a freed block with free neighbours at once. On a GPU the heap is what the CUDA
+virtual-memory API gives: one virtual range as large as the device, with physical pages mapped
+at its top when the free space at the end cannot serve a request (cuMemMap; 2 MiB pages).
+The heap never shrinks unless ``trim=true``, which unmaps wholly free pages at the top after a
+free, as a heap would with sbrk(-n).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from policies.base import DeviceMemory, Param, Policy, PolicyStats
+from policies.chunks import ChunkMap
+from policies.units import round_up
+
+
+class BestFitAllocator(Policy):
+    name = "best-fit"
+    description = "address-ordered best fit + coalescing on a heap grown page by page (VMM)"
+    PARAMS = {
+        "alignment": Param("size", 256, "every block is a multiple of this (CUDA: 256 bytes)"),
+        "page": Param("size", 0, "growth step; 0 = the device's mapping granularity (2 MiB)"),
+        "trim": Param("bool", False, "unmap wholly free pages at the top of the heap on free"),
+    }
+
+    def __init__(self, device: DeviceMemory, alignment: int = 256, page: int = 0,
+                 trim: bool = False) -> None:
+        super().__init__(device)
+        self.alignment = int(alignment)
+        self.page = int(page) or device.map_granularity
+        if self.page % device.map_granularity:
+            raise ValueError(f"page must be a multiple of the device's mapping granularity "
+                             f"({device.map_granularity} bytes)")
+        self.trim = trim
+        # Reserve virtual space for the whole device; it costs no memory until mapped.
+        self.heap_base = device.address_range(round_up(device.capacity, self.page))
+        self.mapped = 0
+        self.peak_mapped = 0
+        self.chunks = ChunkMap()
+        self._best_fit = self.chunks.free_index.best_fit   # bound once: the hot path
+        self.requested: dict[int, int] = {}
+        self.peak_bytes_in_use = 0
+
+    def malloc(self, size: int, stream: int = 0) -> int | None:
+        if size <= 0:
+            return None
+        rounded = -(-size // self.alignment) * self.alignment
+        found = self._best_fit(rounded)
+        if found is None and self._grow(rounded):
+            found = self._best_fit(rounded)
+        if found is None:
+            self.num_ooms += 1
+            return None
+        address, chunk_size = found
+        self.bytes_in_use += self.chunks.take(address, chunk_size, rounded, split=True)
+        if self.bytes_in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = self.bytes_in_use
+        self.requested[address] = size
+        self.num_allocs += 1
+        return address
+
+    def free(self, address: int) -> None:
+        del self.requested[address]
+        self.bytes_in_use -= self.chunks.give_back(address)
+        self.num_frees += 1
+        if self.trim:
+            self._trim()
+
+    def _tail_free_bytes(self) -> int:
+        """Free bytes at the top of the heap (0 if the last chunk is in use)."""
+        if not self.mapped:
+            return 0
+        _, size, in_use = self.chunks.last_chunk(self.heap_base)
+        return 0 if in_use else size
+
+    def _grow(self, rounded: int) -> bool:
+        """Map just enough whole pages at the top for ``rounded`` bytes."""
+        need = rounded - self._tail_free_bytes()
+        extra = round_up(need, self.page)
+        if not self.device.map(self.heap_base + self.mapped, extra):
+            return False
+        if self.mapped:
+            self.chunks.grow_region(self.heap_base, extra)
+        else:
+            self.chunks.add_region(self.heap_base, extra)
+        self.mapped += extra
+        self.peak_mapped = max(self.peak_mapped, self.mapped)
+        return True
+
+    def _trim(self) -> None:
+        """Unmap the wholly free pages at the top of the heap."""
+        free_pages = self._tail_free_bytes() // self.page * self.page
+        if free_pages == 0:
+            return
+        if free_pages == self.mapped:  # the whole heap is free: forget the region
+            self.chunks.remove_region(self.heap_base)
+        else:
+            self.chunks.shrink_region(self.heap_base, free_pages)
+        self.mapped -= free_pages
+        self.device.unmap(self.heap_base + self.mapped, free_pages)
+
+    def blocks(self) -> Iterator[tuple[int, int, bool]]:
+        return self.chunks.chunks()
+
+    def stats(self) -> PolicyStats:
+        return PolicyStats(
+            num_allocs=self.num_allocs, num_frees=self.num_frees, num_ooms=self.num_ooms,
+            bytes_in_use=self.bytes_in_use, peak_bytes_in_use=self.peak_bytes_in_use,
+            bytes_requested=sum(self.requested.values()), pool_bytes=self.mapped,
+            peak_pool_bytes=self.peak_mapped, largest_free_block=self.chunks.largest_free(),
+            free_blocks=len(self.chunks.free_index))

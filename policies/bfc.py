@@ -1,0 +1,186 @@
+"""TensorFlow/XLA's BFC ("best-fit with coalescing") allocator, rule for rule.
+
+Followed: openxla/xla xla/tsl/framework/bfc_allocator.cc (AllocateRawInternal, FindChunkPtr,
+ShouldSplitChunk, Extend, DeallocateFreeRegions, TryToCoalesce), as summarised in
+reference/allocators.md §1:
+
+- every request rounds up to a multiple of 256 bytes (kMinAllocationSize); 0 bytes → null;
+- free chunks sit in 21 bins, bin b holding sizes [256·2^b, 256·2^(b+1)), bin 20 everything of
+  256 MiB and up, each ordered by (size, address); the search walks bins upward from
+  bin(rounded) and takes the first chunk that fits — the smallest fitting chunk, lowest address
+  on ties (implemented as one ordered index, see policies/chunks.py);
+- a chunk is split when chunk ≥ 2·rounded or chunk − rounded ≥ max_internal_fragmentation
+  (128 MiB, or fragmentation_fraction·memory_limit when that is > 0); the caller keeps the low
+  end, otherwise the whole chunk is handed out and its slack counts as in use;
+- free merges with the next chunk if free, then the previous one; regions never merge;
+- on a miss, Extend: available = floor256(memory_limit − pool_bytes), fail if rounded >
+  available; double curr_region_allocation_bytes until it holds rounded; ask the device for
+  min(curr, available); if refused, back off to round256(bytes·0.9) (strictly decreasing) until
+  accepted or below rounded; if curr did not grow for this request, double it after success;
+- curr starts at round256(min(memory_limit, 2 MiB)) with allow_growth, else at
+  round256(memory_limit) — one region of the whole limit, taken at the first allocation;
+- garbage_collection (TensorFlow's GPU default; off in XLA/JAX): when Extend fails, free every
+  region with no chunk in use, then Extend again.
+
+Not modelled: TensorFlow's 10-second retry waiting for other threads to free memory, timestamped
+chunks (freed_by_count), spatial partitioning, and alignment above 256 bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from policies.base import DeviceMemory, Param, Policy, PolicyStats
+from policies.chunks import NUM_BINS, ChunkMap, bin_for_size
+
+MIN_ALLOCATION = 256
+DEFAULT_MAX_INTERNAL_FRAGMENTATION = 128 << 20
+BACKPEDAL_FACTOR = 0.9
+
+
+def round_bytes(nbytes: int) -> int:
+    """BFC's RoundedBytes: up to a multiple of 256."""
+    return -(-nbytes // MIN_ALLOCATION) * MIN_ALLOCATION
+
+
+class BFCAllocator(Policy):
+    name = "bfc"
+    description = "TensorFlow/XLA best-fit-with-coalescing allocator (growth by doubling regions)"
+    PARAMS = {
+        "memory_limit": Param("size", 0, "bytes the allocator may hold; 0 = fraction × capacity"),
+        "fraction": Param("float", 1.0, "memory_limit as a fraction of device capacity"),
+        "allow_growth": Param("bool", True, "grow in doubling regions from 2 MiB (else one region)"),
+        "garbage_collection": Param("bool", False, "free wholly free regions when growth fails"),
+        "fragmentation_fraction": Param(
+            "float", 0.0, "split threshold = this × memory_limit when > 0 (else 128 MiB)"),
+    }
+
+    def __init__(self, device: DeviceMemory, memory_limit: int = 0, fraction: float = 1.0,
+                 allow_growth: bool = True, garbage_collection: bool = False,
+                 fragmentation_fraction: float = 0.0) -> None:
+        super().__init__(device)
+        if not 0 < fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        self.memory_limit = int(memory_limit) if memory_limit else int(device.capacity * fraction)
+        self.allow_growth = allow_growth
+        self.garbage_collection = garbage_collection
+        self.max_internal_fragmentation = (
+            int(fragmentation_fraction * self.memory_limit) if fragmentation_fraction > 0
+            else DEFAULT_MAX_INTERNAL_FRAGMENTATION)
+        if allow_growth:
+            self.curr_region_allocation_bytes = round_bytes(min(self.memory_limit, 2 << 20))
+        else:
+            self.curr_region_allocation_bytes = round_bytes(self.memory_limit)
+        self.chunks = ChunkMap()
+        self._best_fit = self.chunks.free_index.best_fit   # bound once: the hot path
+        self.requested: dict[int, int] = {}   # address in use -> requested bytes
+        self.pool_bytes = 0
+        self.peak_pool_bytes = 0
+        self.peak_bytes_in_use = 0
+
+    # -- allocation ------------------------------------------------------------------
+    def malloc(self, size: int, stream: int = 0) -> int | None:
+        if size <= 0:
+            return None
+        rounded = -(-size // MIN_ALLOCATION) * MIN_ALLOCATION
+        found = self._best_fit(rounded)
+        if found is None and self._extend(rounded):
+            found = self._best_fit(rounded)
+        if found is None and self._deallocate_free_regions(rounded) and self._extend(rounded):
+            found = self._best_fit(rounded)
+        if found is None:
+            self.num_ooms += 1
+            return None
+        address, chunk_size = found
+        split = (chunk_size >= 2 * rounded
+                 or chunk_size - rounded >= self.max_internal_fragmentation)
+        self.bytes_in_use += self.chunks.take(address, chunk_size, rounded, split)
+        if self.bytes_in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = self.bytes_in_use
+        self.requested[address] = size
+        self.num_allocs += 1
+        return address
+
+    def free(self, address: int) -> None:
+        del self.requested[address]
+        self.bytes_in_use -= self.chunks.give_back(address)
+        self.num_frees += 1
+
+    # -- growth ----------------------------------------------------------------------
+    def _extend(self, rounded: int) -> bool:
+        """BFC's Extend: one new region sized by the doubling rule, backing off on refusal."""
+        available = (self.memory_limit - self.pool_bytes) // MIN_ALLOCATION * MIN_ALLOCATION
+        if rounded > available:
+            return False
+        increased = False
+        while rounded > self.curr_region_allocation_bytes:
+            self.curr_region_allocation_bytes *= 2
+            increased = True
+        nbytes = min(self.curr_region_allocation_bytes, available)
+        base = self.device.reserve(nbytes)
+        while base is None:
+            backpedal = round_bytes(int(nbytes * BACKPEDAL_FACTOR))
+            if backpedal >= nbytes:  # strict progress, as the source forces for small sizes
+                backpedal = nbytes - MIN_ALLOCATION
+            nbytes = backpedal
+            if nbytes < rounded:
+                return False
+            base = self.device.reserve(nbytes)
+        if not increased:
+            self.curr_region_allocation_bytes *= 2
+        self.chunks.add_region(base, nbytes)
+        self.pool_bytes += nbytes
+        self.peak_pool_bytes = max(self.peak_pool_bytes, self.pool_bytes)
+        return True
+
+    def _deallocate_free_regions(self, rounded: int) -> bool:
+        """BFC's DeallocateFreeRegions (only with garbage_collection)."""
+        if not self.garbage_collection:
+            return False
+        free_regions = [base for base in self.chunks.regions if self.chunks.region_is_free(base)]
+        free_bytes = sum(self.chunks.regions[base] for base in free_regions)
+        if free_bytes == 0 or rounded > self.memory_limit - self.pool_bytes + free_bytes:
+            return False
+        for base in free_regions:
+            self.pool_bytes -= self.chunks.remove_region(base)
+            self.device.release(base)
+        return True
+
+    def empty_cache(self) -> None:
+        for base in [b for b in self.chunks.regions if self.chunks.region_is_free(b)]:
+            self.pool_bytes -= self.chunks.remove_region(base)
+            self.device.release(base)
+
+    # -- views -----------------------------------------------------------------------
+    def blocks(self) -> Iterator[tuple[int, int, bool]]:
+        return self.chunks.chunks()
+
+    def stats(self) -> PolicyStats:
+        return PolicyStats(
+            num_allocs=self.num_allocs, num_frees=self.num_frees, num_ooms=self.num_ooms,
+            bytes_in_use=self.bytes_in_use, peak_bytes_in_use=self.peak_bytes_in_use,
+            bytes_requested=sum(self.requested.values()), pool_bytes=self.pool_bytes,
+            peak_pool_bytes=self.peak_pool_bytes, largest_free_block=self.chunks.largest_free(),
+            free_blocks=len(self.chunks.free_index))
+
+    def fragmentation(self) -> float:
+        """BFC's own GetFragmentation: (free pool − largest free chunk) / free pool."""
+        free = self.pool_bytes - self.bytes_in_use
+        return (free - self.chunks.largest_free()) / free if free else 0.0
+
+
+class PreallocateAllocator(BFCAllocator):
+    """JAX's default: BFC without growth, memory_limit = fraction × capacity, all of it taken
+    as one region at the first allocation (XLA_PYTHON_CLIENT_PREALLOCATE=true, MEM_FRACTION
+    0.75; jaxlib/xla_client.py, xla/pjrt/gpu/gpu_helpers.cc). Never grows. If the device
+    refuses the whole region, BFC's back-off takes a smaller one, as the real one would."""
+
+    name = "preallocate"
+    description = "JAX default: one region of fraction × capacity at the first allocation (BFC inside)"
+    PARAMS = {
+        "fraction": Param("float", 0.75, "share of device capacity taken up front (JAX: 0.75)"),
+        "memory_limit": Param("size", 0, "bytes taken up front; 0 = fraction × capacity"),
+    }
+
+    def __init__(self, device: DeviceMemory, fraction: float = 0.75, memory_limit: int = 0) -> None:
+        super().__init__(device, memory_limit=memory_limit, fraction=fraction, allow_growth=False)

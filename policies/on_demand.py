@@ -1,0 +1,53 @@
+"""No caching at all: every malloc is a device malloc, every free a device free.
+
+This is JAX's ``XLA_PYTHON_CLIENT_ALLOCATOR=platform`` (and CuPy with ``set_allocator(None)``):
+the only mode that returns memory to the device at once, and the slowest, since each call
+synchronises the device. Reserved bytes equal live bytes plus the device's own rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from policies.base import DeviceMemory, Policy, PolicyStats
+
+
+class OnDemandAllocator(Policy):
+    name = "on-demand"
+    description = "no cache: cudaMalloc/cudaFree for every buffer (JAX allocator=platform)"
+    PARAMS = {}
+
+    def __init__(self, device: DeviceMemory) -> None:
+        super().__init__(device)
+        self.live: dict[int, int] = {}  # address -> requested bytes
+        self.peak_bytes_in_use = 0
+
+    def malloc(self, size: int, stream: int = 0) -> int | None:
+        if size <= 0:
+            return None
+        address = self.device.reserve(size)
+        if address is None:
+            self.num_ooms += 1
+            return None
+        self.live[address] = size
+        self.bytes_in_use += size
+        if self.bytes_in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = self.bytes_in_use
+        self.num_allocs += 1
+        return address
+
+    def free(self, address: int) -> None:
+        self.bytes_in_use -= self.live.pop(address)
+        self.device.release(address)
+        self.num_frees += 1
+
+    def blocks(self) -> Iterator[tuple[int, int, bool]]:
+        for address in sorted(self.live):
+            yield address, self.live[address], True
+
+    def stats(self) -> PolicyStats:
+        return PolicyStats(
+            num_allocs=self.num_allocs, num_frees=self.num_frees, num_ooms=self.num_ooms,
+            bytes_in_use=self.bytes_in_use, peak_bytes_in_use=self.peak_bytes_in_use,
+            bytes_requested=self.bytes_in_use, pool_bytes=self.bytes_in_use,
+            peak_pool_bytes=self.peak_bytes_in_use, largest_free_block=0, free_blocks=0)

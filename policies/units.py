@@ -1,0 +1,57 @@
+"""Human-readable byte sizes in and out: ``24GiB`` ↔ 25769803776.
+
+Lives in ``policies`` because that package imports nothing of the project; ``sim`` and the CLI
+reuse it so every size a user types or reads goes through one parser and one formatter.
+Binary units (KiB, MiB, GiB, TiB) are powers of 1024; decimal ones (KB, MB, GB, TB) powers of
+1000, as GPU vendors print them (an "80 GB" card).
+"""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1024, "kib": 1024, "kb": 1000,
+    "m": 1024**2, "mib": 1024**2, "mb": 1000**2,
+    "g": 1024**3, "gib": 1024**3, "gb": 1000**3,
+    "t": 1024**4, "tib": 1024**4, "tb": 1000**4,
+}
+_SIZE = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int | float) -> int:
+    """Bytes in ``text`` ("24GiB", "512 MiB", "1.5GB", "4096", 4096). Raises ValueError."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a size: {text!r}")
+    if isinstance(text, (int, float)):
+        if text < 0 or text != int(text):
+            raise ValueError(f"not a size in bytes: {text!r}")
+        return int(text)
+    match = _SIZE.match(str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (examples: 4096, 512MiB, 24GiB, 80GB)")
+    value = float(match.group(1).replace("_", "")) * _UNITS[unit]
+    if value != int(value):
+        raise ValueError(f"not a whole number of bytes: {text!r}")
+    return int(value)
+
+
+def format_size(nbytes: int | float, precision: int = 2) -> str:
+    """``nbytes`` with the largest binary unit that keeps the number ≥ 1: 1536 → '1.50KiB'."""
+    value = float(nbytes)
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{sign}{int(value)}B"
+            return f"{sign}{value:.{precision}f}{unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def round_up(value: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is ≥ ``value``."""
+    return -(-value // multiple) * multiple

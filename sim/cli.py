@@ -1,0 +1,199 @@
+"""The ``allocsim`` command: a thin shell over the Python API.
+
+Every user mistake (bad file, bad spec, bad size) ends in ONE line on stderr starting with
+``allocsim: error:`` and exit status 2; a traceback means a bug in allocsim.
+
+    allocsim compare [TRACE ...] [--policies P ...] [--device NAME | --capacity SIZE] [--out DIR] [--json]
+    allocsim gen KIND [key=value ...] -o FILE
+    allocsim info TRACE
+    allocsim convert IN OUT
+    allocsim policies | allocsim devices
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from policies import DEFAULT_POLICIES, PolicySpecError, describe_policies, format_size, parse_policy
+from sim.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare
+from sim.device import DEFAULT_PROFILE, PROFILES, resolve_device
+from sim.report import comparison_text, format_table, write_comparison
+from traces import Trace, TraceError
+from traces import formats, synth
+from traces.bundled import DEFAULT_TRACE_NAME, load_default_trace
+from traces.summary import summarize
+
+
+class UserError(Exception):
+    """A mistake in what the user gave; printed as one line."""
+
+
+def _progress_printer(enabled: bool):
+    """A progress line on stderr for long replays (only when stderr is a terminal)."""
+    if not enabled:
+        return None
+
+    def show(policy: str, done: int, total: int) -> None:
+        end = "\n" if done >= total else ""
+        sys.stderr.write(f"\r  {policy}: {done:,}/{total:,} events ({done / max(total, 1):.0%})"
+                         + end)
+        sys.stderr.flush()
+    return show
+
+
+def _load_trace(path: str, strict: bool | None = None) -> Trace:
+    return formats.load(path) if strict is None else formats.load(path, strict=strict)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device, args.capacity, args.device_profile)
+    policies = [str(parse_policy(p)) for p in (args.policies or DEFAULT_POLICIES)]
+    traces = [_load_trace(p) for p in args.traces] if args.traces else [load_default_trace()]
+    progress = _progress_printer(sys.stderr.isatty() and not args.json)
+    comparisons: list[Comparison] = []
+    for trace in traces:
+        comparisons.append(compare(trace, policies, device, progress=progress,
+                                   max_slowdown=None if args.max_slowdown == float("inf")
+                                   else args.max_slowdown))
+    for index, comparison in enumerate(comparisons):
+        if args.out:
+            stem = "" if len(comparisons) == 1 else f"{index:02d}-{comparison.trace['name']}"
+            written = write_comparison(comparison, args.out, stem=stem)
+            if not args.json:
+                print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
+        if not args.json:
+            if index:
+                print()
+            print(comparison_text(comparison))
+    if args.json:
+        data = [c.to_json_dict() for c in comparisons]
+        json.dump(data[0] if len(data) == 1 else data, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    return 0
+
+
+def cmd_gen(args: argparse.Namespace) -> int:
+    params = synth.parse_params(args.kind, args.params)
+    trace = synth.generate(args.kind, seed=args.seed, **params)
+    formats.save(trace, args.output)
+    peak, _ = trace.peak_live()
+    print(f"wrote {args.output}: {len(trace):,} events, peak live {format_size(peak)}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    trace = _load_trace(args.trace, strict=True if args.strict else None)
+    facts = summarize(trace, top=args.top)
+    if args.json:
+        json.dump(facts, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(f"{args.trace}: {trace.name} ({facts['source']})")
+    print(f"  events      {facts['events']:,} ({facts['allocs']:,} allocs, {facts['frees']:,} frees)")
+    print(f"  duration    {facts['duration_s']:.6g} s")
+    print(f"  processes   {facts['processes']}   streams {facts['streams']}")
+    print(f"  peak live   {format_size(facts['peak_live'])} after event {facts['peak_event']:,}")
+    print(f"  still live  {facts['leaks']:,} buffers ({format_size(facts['leaked_bytes'])}) at the end")
+    if facts.get("validation"):
+        print(f"  repairs     {facts['validation']}")
+    print("  sizes       " + ", ".join(
+        f"{'<=' + format_size(b['upper'], 0)}: {b['count']:,}" for b in facts["size_histogram"]))
+    if facts["top_live_at_peak"]:
+        print("  largest live at the peak, by tag:")
+        rows = [[t["tag"], f"{t['count']:,}", format_size(t["bytes"])]
+                for t in facts["top_live_at_peak"]]
+        print("    " + format_table(rows, ["tag", "buffers", "bytes"]).replace("\n", "\n    "))
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    if Path(args.input).resolve() == Path(args.output).resolve():
+        raise UserError(f"{args.output}: refusing to overwrite the input file")
+    trace = _load_trace(args.input)
+    formats.save(trace, args.output)
+    print(f"wrote {args.output}: {len(trace):,} events")
+    return 0
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    print(describe_policies())
+    return 0
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    for name, profile in PROFILES.items():
+        mark = " (default)" if name == DEFAULT_PROFILE else ""
+        print(f"{name:12s} {format_size(profile.capacity):>10s}{mark}  — {profile.source}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="allocsim", description="Simulate GPU memory allocators on allocation traces.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("compare", help="replay traces through policies and name the winner")
+    p.add_argument("traces", nargs="*", help=f"trace files (default: the bundled {DEFAULT_TRACE_NAME})")
+    p.add_argument("--policies", nargs="+", metavar="SPEC",
+                   help=f"policy specs, e.g. bfc:allow_growth=false (default: {' '.join(DEFAULT_POLICIES)})")
+    p.add_argument("--device", help=f"device profile (default {DEFAULT_PROFILE}; see `allocsim devices`)")
+    p.add_argument("--capacity", help="device capacity, e.g. 24GiB (overrides the profile's)")
+    p.add_argument("--device-profile", help="a device-profile JSON file (from `allocsim calibrate`)")
+    p.add_argument("--max-slowdown", type=float, default=DEFAULT_MAX_SLOWDOWN, metavar="X",
+                   help="a winner may make the run at most X times slower through allocator "
+                        f"time (default {DEFAULT_MAX_SLOWDOWN}; inf = no budget)")
+    p.add_argument("--out", help="directory for results.json and figures")
+    p.add_argument("--json", action="store_true", help="print one JSON object (an array for several traces)")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("gen", help="generate a synthetic trace")
+    p.add_argument("kind", help=f"one of: {', '.join(synth.GENERATORS)}")
+    p.add_argument("params", nargs="*", metavar="key=value", help="generator parameters")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-o", "--output", required=True, help="file to write (.npz, .csv, .csv.gz, .jsonl)")
+    p.set_defaults(func=cmd_gen)
+
+    p = sub.add_parser("info", help="what a trace holds")
+    p.add_argument("trace")
+    p.add_argument("--top", type=int, default=10, help="tags to list at the peak")
+    p.add_argument("--strict", action="store_true", help="fail on the first anomaly")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("convert", help="convert a trace between formats")
+    p.add_argument("input")
+    p.add_argument("output")
+    p.set_defaults(func=cmd_convert)
+
+    sub.add_parser("policies", help="list policies and parameters").set_defaults(func=cmd_policies)
+    sub.add_parser("devices", help="list device profiles").set_defaults(func=cmd_devices)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # output piped into `head` and the like: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (TraceError, PolicySpecError, UserError) as err:
+        print(f"allocsim: error: {err}", file=sys.stderr)
+    except ValueError as err:  # sizes, device names, generator parameters
+        print(f"allocsim: error: {err}", file=sys.stderr)
+    except OSError as err:
+        print(f"allocsim: error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("allocsim: interrupted", file=sys.stderr)
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

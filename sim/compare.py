@@ -1,0 +1,113 @@
+"""Compare policies on one trace and name the winner, with the reason.
+
+The winner rule (documented in the README, stable for CI):
+1. it completes the trace without an OOM;
+2. its modelled allocator time keeps the run within the slowdown budget (default 1.10: the
+   allocator may add at most 10% to the trace's duration) — without this, caching nothing
+   (on-demand) would always "win" on memory while making the job several times slower;
+   ``max_slowdown=None`` (``--max-slowdown inf``) drops the budget;
+3. the lowest peak reserved; ties go to the lowest modelled allocator time, then to the policy
+   spec in alphabetical order.
+If no policy passes 1 and 2, there is no winner. The reason says what the winner saved over the
+runner-up, what it cost, and which policies the budget excluded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from policies import PolicySpec, format_size, parse_policy
+from sim.device import DeviceProfile
+from sim.engine import replay
+from sim.results import SCHEMA_VERSION, RunResult
+from traces.model import Trace
+
+DEFAULT_MAX_SLOWDOWN = 1.10
+
+
+@dataclass
+class Comparison:
+    """Every policy's result on one trace, and the verdict."""
+
+    trace: dict[str, Any]
+    device: DeviceProfile
+    results: list[RunResult]
+    winner: str | None
+    reason: str
+    max_slowdown: float | None = DEFAULT_MAX_SLOWDOWN
+
+    def to_json_dict(self, *, timeline: bool = False) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA_VERSION,
+            "trace": self.trace,
+            "device": {"name": self.device.name, "capacity": self.device.capacity,
+                       "granularity": self.device.granularity,
+                       "map_granularity": self.device.map_granularity},
+            "results": [r.to_json_dict(timeline=timeline) for r in self.results],
+            "winner": self.winner,
+            "reason": self.reason,
+            "max_slowdown": self.max_slowdown,
+        }
+
+
+def trace_facts(trace: Trace) -> dict[str, Any]:
+    """The trace fields of the JSON schema: what was replayed."""
+    peak, _ = trace.peak_live()
+    return {"name": trace.name, "source": str(trace.metadata.get("source", "")),
+            "events": len(trace), "allocs": trace.n_allocs,
+            "duration_s": round(trace.duration_ns / 1e9, 9), "peak_live": peak}
+
+
+def rank_key(result: RunResult) -> tuple:
+    return (not result.completed, result.peak_reserved, result.alloc_time_s, result.policy)
+
+
+def pick_winner(results: Sequence[RunResult], max_slowdown: float | None = DEFAULT_MAX_SLOWDOWN
+                ) -> tuple[RunResult | None, str]:
+    """The winning result and a one-sentence reason (see the module docstring for the rule)."""
+    budget = math.inf if max_slowdown is None else max_slowdown
+    completed = [r for r in results if r.completed]
+    slow = sorted((r for r in completed if r.slowdown > budget), key=rank_key)
+    done = sorted((r for r in completed if r.slowdown <= budget), key=rank_key)
+    excluded = ""
+    if slow:
+        excluded = "; over the {:.2f}x slowdown budget: ".format(budget) + ", ".join(
+            f"{r.policy} ({format_size(r.peak_reserved)}, {r.slowdown:.2f}x)" for r in slow)
+    if not done:
+        if slow:
+            return None, "no policy completes within the slowdown budget" + excluded
+        fewest = min(results, key=lambda r: (r.ooms, r.policy), default=None)
+        hint = f" (fewest OOMs: {fewest.policy}, {fewest.ooms})" if fewest else ""
+        return None, "no policy completes the trace without running out of memory" + hint
+    best = done[0]
+    cost = (f"{best.device_mallocs + best.device_frees:,} device calls, "
+            f"{best.alloc_time_s * 1e3:.3g} ms modelled allocator time")
+    if len(done) == 1:
+        return best, (f"{best.policy} is the only policy that completes without OOM within the "
+                      f"budget ({cost}){excluded}")
+    second = done[1]
+    if second.peak_reserved == best.peak_reserved:
+        return best, (f"{best.policy} completes without OOM, ties {second.policy} on peak "
+                      f"reserved ({format_size(best.peak_reserved)}) and spends less time in "
+                      f"the allocator ({cost}){excluded}")
+    saved = second.peak_reserved - best.peak_reserved
+    return best, (f"{best.policy} completes without OOM with the lowest peak reserved, "
+                  f"{format_size(best.peak_reserved)} ({format_size(saved)} less than "
+                  f"{second.policy}); it costs {cost}{excluded}")
+
+
+def compare(trace: Trace, policies: Sequence[str | PolicySpec], device: DeviceProfile, *,
+            progress: Callable[[str, int, int], None] | None = None,
+            max_slowdown: float | None = DEFAULT_MAX_SLOWDOWN) -> Comparison:
+    """Replay ``trace`` through each policy on a fresh ``device`` and pick the winner."""
+    specs = [parse_policy(p) for p in policies]
+    results = []
+    for spec in specs:
+        report = None if progress is None else (lambda done, total, s=str(spec): progress(s, done, total))
+        results.append(replay(trace, spec, device, progress=report))
+    winner, reason = pick_winner(results, max_slowdown)
+    return Comparison(trace=trace_facts(trace), device=device, results=results,
+                      winner=winner.policy if winner else None, reason=reason,
+                      max_slowdown=max_slowdown)

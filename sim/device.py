@@ -1,0 +1,275 @@
+"""The simulated GPU: capacity, allocation granularity, what device calls cost, named profiles.
+
+One :class:`SimulatedDevice` is shared by every process of a run; each process draws from it
+through its own :class:`ProcessDevice` view, which implements the policies' two-call interface
+(plus the virtual-memory calls) and counts what that process took. The device, not the policy,
+is the authority on reserved bytes: a policy cannot under-report what it holds.
+
+Addresses: a bump pointer hands out virtual addresses that are never reused, 2 MiB aligned
+with a gap after every range, so two reservations are never adjacent (a policy that merged
+across them would be caught by the overlap checks).
+
+Where the numbers come from is written next to each. The costs are order-of-magnitude guesses
+from reference/allocators.md §5 until ``allocsim calibrate`` measures a real device.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from policies.units import format_size, parse_size, round_up
+
+MiB = 1 << 20
+GiB = 1 << 30
+ADDRESS_BASE = 0x7F00_0000_0000   # where CUDA's unified address space usually starts
+RANGE_ALIGN = 2 * MiB              # cudaMalloc'd ranges come back 2 MiB aligned on current GPUs
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds a device call takes, linear in size: base + per_gib × GiB.
+
+    Defaults (reference/allocators.md §5, "What device calls cost"): cudaMalloc ≈ 50 µs for
+    4 KB–512 KB on measured (older) hardware, growing with size — the per-GiB slope is an
+    assumption; cudaFree ≈ 14 µs when no kernel is in flight (one published measurement) and it
+    synchronises the device, which this model does not add since no kernels are simulated.
+    Virtual-memory map/unmap are assumed to cost as much as malloc/free. Calibrate to replace.
+    """
+
+    malloc_base_s: float = 50e-6
+    malloc_per_gib_s: float = 100e-6
+    free_base_s: float = 14e-6
+    free_per_gib_s: float = 0.0
+    map_base_s: float = 50e-6
+    map_per_gib_s: float = 100e-6
+    unmap_base_s: float = 14e-6
+    source: str = "reference/allocators.md §5 (order of magnitude; not calibrated)"
+
+    def malloc(self, nbytes: int) -> float:
+        return self.malloc_base_s + self.malloc_per_gib_s * nbytes / GiB
+
+    def free(self, nbytes: int) -> float:
+        return self.free_base_s + self.free_per_gib_s * nbytes / GiB
+
+    def map(self, nbytes: int) -> float:
+        return self.map_base_s + self.map_per_gib_s * nbytes / GiB
+
+    def unmap(self, nbytes: int) -> float:
+        return self.unmap_base_s
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """What a named device is: total memory, granularities, call costs, and where each came from."""
+
+    name: str
+    capacity: int
+    granularity: int = 512          # cudaMalloc sizes round up to this (see source)
+    map_granularity: int = 2 * MiB  # cuMemGetAllocationGranularity, minimum, on current GPUs
+    costs: CostModel = field(default_factory=CostModel)
+    source: str = ""
+
+    def with_capacity(self, capacity: int) -> "DeviceProfile":
+        return replace(self, name=f"{self.name}@{format_size(capacity)}", capacity=capacity)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "DeviceProfile":
+        data = dict(data)
+        data["costs"] = CostModel(**data.get("costs", {}))
+        return cls(**data)
+
+
+_GRANULARITY_NOTE = ("granularity 512 B: cudaMalloc pointers are at least 256-byte aligned "
+                     "(CUDA Programming Guide); 512 B rounding is assumed, driver sub-allocation "
+                     "of small requests is not modelled")
+PROFILES: dict[str, DeviceProfile] = {
+    profile.name: profile
+    for profile in (
+        DeviceProfile("a100-40g", 40960 * MiB,
+                      source="A100-SXM4-40GB: nvidia-smi reports 40960 MiB total; " + _GRANULARITY_NOTE),
+        DeviceProfile("a100-80g", 81920 * MiB,
+                      source="A100-SXM4-80GB: nvidia-smi reports 81920 MiB total; " + _GRANULARITY_NOTE),
+        DeviceProfile("h100-80g", 81559 * MiB,
+                      source="H100 80GB HBM3: nvidia-smi reports 81559 MiB total; " + _GRANULARITY_NOTE),
+        DeviceProfile("h200-141g", 143771 * MiB,
+                      source="H200 141GB HBM3e: nvidia-smi reports 143771 MiB total; " + _GRANULARITY_NOTE),
+        DeviceProfile("rtx4090-24g", 24564 * MiB,
+                      source="GeForce RTX 4090: nvidia-smi reports 24564 MiB total; " + _GRANULARITY_NOTE),
+        DeviceProfile("t4-16g", 15360 * MiB,
+                      source="Tesla T4: nvidia-smi reports 15360 MiB total; " + _GRANULARITY_NOTE),
+    )
+}
+DEFAULT_PROFILE = "a100-80g"
+
+
+def resolve_device(name: str | None = None, capacity: str | int | None = None,
+                   profile_file: str | Path | None = None) -> DeviceProfile:
+    """The profile for ``--device NAME`` / ``--device-profile FILE``, with ``--capacity`` applied."""
+    if profile_file is not None:
+        try:
+            profile = DeviceProfile.from_dict(json.loads(Path(profile_file).read_text()))
+        except (OSError, ValueError, TypeError) as err:
+            raise ValueError(f"{profile_file}: not a device profile: {err}") from None
+    else:
+        key = (name or DEFAULT_PROFILE).lower()
+        if key not in PROFILES:
+            raise ValueError(f"unknown device {name!r}; known devices: {', '.join(PROFILES)}")
+        profile = PROFILES[key]
+    if capacity is not None:
+        profile = profile.with_capacity(parse_size(capacity))
+    return profile
+
+
+@dataclass
+class DeviceCall:
+    """One device call, as logged for the timeline: who, what, how big, did it work, cost."""
+
+    process: int
+    kind: str          # malloc | free | map | unmap
+    nbytes: int
+    ok: bool
+    cost_s: float
+
+
+class SimulatedDevice:
+    """A GPU shared by several processes: capacity is global, accounting per process."""
+
+    def __init__(self, profile: DeviceProfile) -> None:
+        self.profile = profile
+        self.capacity = profile.capacity
+        self.used = 0                       # bytes taken by all processes together
+        self.peak_used = 0
+        self._next_address = ADDRESS_BASE
+        self.views: dict[int, ProcessDevice] = {}
+
+    def view(self, process: int = 0) -> "ProcessDevice":
+        """The device as process ``process`` sees it (created on first use)."""
+        if process not in self.views:
+            self.views[process] = ProcessDevice(self, process)
+        return self.views[process]
+
+    def _address_range(self, nbytes: int) -> int:
+        base = self._next_address
+        # A gap of one alignment unit keeps any two ranges from touching.
+        self._next_address = base + round_up(max(nbytes, 1), RANGE_ALIGN) + RANGE_ALIGN
+        return base
+
+    def _take(self, nbytes: int) -> bool:
+        if self.used + nbytes > self.capacity:
+            return False
+        self.used += nbytes
+        if self.used > self.peak_used:
+            self.peak_used = self.used
+        return True
+
+
+class ProcessDevice:
+    """One process's view of a :class:`SimulatedDevice`: the policies' ``DeviceMemory``.
+
+    Counts this process's reserved bytes (its own peak too), device calls, and their modelled
+    cost. ``calls`` increases with every call so the engine can notice one cheaply.
+    """
+
+    def __init__(self, device: SimulatedDevice, process: int) -> None:
+        self.device = device
+        self.process = process
+        self.capacity = device.capacity
+        self.map_granularity = device.profile.map_granularity
+        self._granularity = device.profile.granularity
+        self._costs = device.profile.costs
+        self.reserved = 0
+        self.peak_reserved = 0
+        self.calls = 0
+        self.mallocs = 0
+        self.frees = 0
+        self.failed_mallocs = 0
+        self.cost_s = 0.0           # total modelled time of this process's device calls
+        self.pending_cost_s = 0.0   # cost not yet charged to simulated time by the engine
+        self._ranges: dict[int, int] = {}   # reserve()d base -> bytes taken
+        self._mapped: dict[int, int] = {}   # mapped address -> bytes (virtual-memory pages)
+        self.log: list[DeviceCall] | None = None  # set to a list to keep every call
+
+    # -- bookkeeping -----------------------------------------------------------------
+    def _charge(self, kind: str, nbytes: int, ok: bool, cost: float) -> None:
+        self.calls += 1
+        self.cost_s += cost
+        self.pending_cost_s += cost
+        if self.log is not None:
+            self.log.append(DeviceCall(self.process, kind, nbytes, ok, cost))
+
+    def _grew(self, nbytes: int) -> None:
+        self.reserved += nbytes
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
+
+    # -- cudaMalloc / cudaFree -------------------------------------------------------
+    def reserve(self, nbytes: int) -> int | None:
+        taken = round_up(nbytes, self._granularity)
+        ok = self.device._take(taken)
+        self._charge("malloc", nbytes, ok, self._costs.malloc(nbytes))
+        if not ok:
+            self.failed_mallocs += 1
+            return None
+        self.mallocs += 1
+        base = self.device._address_range(taken)
+        self._ranges[base] = taken
+        self._grew(taken)
+        return base
+
+    def release(self, base: int) -> None:
+        taken = self._ranges.pop(base)
+        self.device.used -= taken
+        self.reserved -= taken
+        self.frees += 1
+        self._charge("free", taken, True, self._costs.free(taken))
+
+    # -- virtual memory (cuMemAddressReserve / cuMemMap / cuMemUnmap) ----------------
+    def address_range(self, nbytes: int) -> int:
+        return self.device._address_range(nbytes)
+
+    def map(self, address: int, nbytes: int) -> bool:
+        if nbytes % self.map_granularity:
+            raise ValueError(f"map of {nbytes} bytes is not a multiple of the mapping "
+                             f"granularity {self.map_granularity}")
+        ok = self.device._take(nbytes)
+        self._charge("map", nbytes, ok, self._costs.map(nbytes))
+        if not ok:
+            self.failed_mallocs += 1
+            return False
+        self.mallocs += 1
+        self._mapped[address] = nbytes
+        self._grew(nbytes)
+        return True
+
+    def unmap(self, address: int, nbytes: int) -> None:
+        end = address + nbytes
+        # Pages may be unmapped in other pieces than they were mapped in: cut the intervals.
+        for start, size in list(self._mapped.items()):
+            stop = start + size
+            if stop <= address or start >= end:
+                continue
+            del self._mapped[start]
+            if start < address:
+                self._mapped[start] = address - start
+            if stop > end:
+                self._mapped[end] = stop - end
+        self.device.used -= nbytes
+        self.reserved -= nbytes
+        self.frees += 1
+        self._charge("unmap", nbytes, True, self._costs.unmap(nbytes))
+
+    def holdings(self) -> list[tuple[int, int]]:
+        """``(address, bytes)`` of the memory held now: cudaMalloc'd ranges, and mapped pages
+        with touching pieces joined (a heap grown page by page is one span)."""
+        merged: list[list[int]] = []
+        for start, size in sorted(self._mapped.items()):
+            if merged and merged[-1][0] + merged[-1][1] == start:
+                merged[-1][1] += size
+            else:
+                merged.append([start, size])
+        return sorted(list(self._ranges.items()) + [(a, n) for a, n in merged])

@@ -1,0 +1,345 @@
+"""Replay traces through policies on a simulated device — the hot loop of allocsim.
+
+One process (the common case) needs no event scheduler: allocation decisions do not depend on
+time, so the engine runs a plain loop and adds the modelled cost of device calls to the
+process's clock arithmetically (:func:`replay`). Several processes sharing a device do race
+(who takes memory first matters), so :func:`run_shared` makes each a simpy process that waits
+until its next event's timestamp, issues every event of that instant, and is held for the
+modelled cost of each device call — allocator time shows up as slowdown and shifts the race.
+It pays one simpy step per distinct timestamp or device call, never one per event.
+
+Both paths share :class:`ProcessReplay`, whose inner loop is the per-event path: no per-event
+object allocation, no logging, locals only; timelines are rebuilt afterwards with numpy.
+The engine counts allocated bytes (from the trace) and reads reserved bytes from the device;
+it never trusts a policy's own counters for headline figures.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import simpy
+
+from policies import PolicySpec, parse_policy
+from sim.device import DeviceProfile, SimulatedDevice
+from sim.results import RunResult, Timeline
+from traces.model import OP_ALLOC, OP_FREE, Trace
+
+CHUNK_EVENTS = 1 << 16      # events converted to Python lists at a time (bounds memory)
+TIMELINE_POINTS = 2048      # buckets of the downsampled timeline
+Progress = Callable[[int, int], None]
+
+
+class ProcessReplay:
+    """One process's events through one policy; its state survives between batches."""
+
+    def __init__(self, trace: Trace, policy: PolicySpec, device: SimulatedDevice, process: int = 0,
+                 *, start_ns: int = 0, stop_on_oom: bool = False) -> None:
+        self.trace = trace
+        self.spec = policy
+        self.view = device.view(process)
+        self.policy = policy.build(self.view)
+        self.process = process
+        self.start_ns = start_ns
+        self.stop_on_oom = stop_on_oom
+        self.n = len(trace)
+        self.sizes = trace.matched_sizes()
+        self.next_index = 0
+        self.stopped = False
+        # Running state of the hot loop.
+        self.live: dict[int, int] = {}
+        self.allocated = 0
+        self.peak_allocated = 0
+        self.peak_allocated_event = -1
+        self.in_use_at_peak_allocated = 0
+        self.reserved_at_peak = 0
+        self.peak_reserved_event = -1
+        self.in_use_at_peak_reserved = 0
+        self.skipped_events: list[int] = []       # failed allocs and the frees that match them
+        self.ooms = 0
+        self.first_oom: tuple[int, int, int, int, int] | None = None
+        # Device calls as (event index, reserved after, cumulative cost): the reserved timeline.
+        # Typed arrays, not lists: on-demand makes a call per event, and 8 bytes a number
+        # instead of a Python object keeps memory per event small.
+        self.call_events = array("q")
+        self.call_reserved = array("q")
+        self.call_cost = array("d")
+        self.sample_every = max(1, self.n // TIMELINE_POINTS)
+        self.next_sample = 0
+        self.samples: list[tuple[int, int]] = []  # (event index, policy bytes in use)
+        self._base = 0
+        self._lists: tuple[list, list, list, list] = ([], [], [], [])
+
+    # -- running ---------------------------------------------------------------------
+    def advance(self, end: int, *, stop_on_call: bool = False) -> int:
+        """Replay events up to ``end`` (exclusive); with ``stop_on_call``, stop right after an
+        event that made a device call so the caller can charge its cost. Returns the next index."""
+        i = self.next_index
+        while i < end and not self.stopped:
+            if not self._base <= i < self._base + len(self._lists[0]):
+                self._load(i)
+            stop = min(end, self._base + len(self._lists[0]))
+            i, called = self._run(i, stop, stop_on_call)
+            if called and stop_on_call:
+                break
+        self.next_index = i
+        return i
+
+    def _load(self, start: int) -> None:
+        stop = min(self.n, start + CHUNK_EVENTS)
+        trace = self.trace
+        self._base = start
+        self._lists = (trace.op[start:stop].tolist(), trace.id[start:stop].tolist(),
+                       self.sizes[start:stop].tolist(), trace.stream[start:stop].tolist())
+
+    def _run(self, i: int, stop: int, stop_on_call: bool) -> tuple[int, bool]:
+        """The per-event loop over events [i, stop) of the loaded chunk."""
+        ops, ids, sizes, streams = self._lists
+        base = self._base
+        live = self.live
+        policy = self.policy
+        malloc, free = policy.malloc, policy.free
+        view = self.view
+        calls = view.calls
+        allocated = self.allocated
+        peak = self.peak_allocated
+        next_sample = self.next_sample
+        called = False
+        while i < stop:
+            k = i - base
+            if ops[k] == OP_ALLOC:
+                size = sizes[k]
+                if size > 0:
+                    address = malloc(size, streams[k])
+                    if address is None:
+                        self._out_of_memory(i, size, allocated)
+                    else:
+                        live[ids[k]] = address
+                        allocated += size
+                        if allocated > peak:
+                            peak = allocated
+                            self.peak_allocated_event = i
+                            self.in_use_at_peak_allocated = policy.bytes_in_use
+            else:
+                address = live.pop(ids[k], None)
+                if address is None:
+                    if sizes[k]:
+                        self.skipped_events.append(i)
+                else:
+                    free(address)
+                    allocated -= sizes[k]
+            if view.calls != calls:
+                calls = view.calls
+                self._device_called(i)
+                called = True
+            if i >= next_sample:
+                self.samples.append((i, policy.bytes_in_use))
+                next_sample += self.sample_every
+            i += 1
+            if (called and stop_on_call) or self.stopped:
+                break
+        self.allocated = allocated
+        self.peak_allocated = peak
+        self.next_sample = next_sample
+        return i, called
+
+    def _device_called(self, i: int) -> None:
+        view = self.view
+        self.call_events.append(i)
+        self.call_reserved.append(view.reserved)
+        self.call_cost.append(view.cost_s)
+        if view.reserved > self.reserved_at_peak:
+            self.reserved_at_peak = view.reserved
+            self.peak_reserved_event = i
+            self.in_use_at_peak_reserved = self.policy.bytes_in_use
+
+    def _out_of_memory(self, i: int, size: int, allocated: int) -> None:
+        self.ooms += 1
+        self.skipped_events.append(i)
+        if self.first_oom is None:
+            largest = self.policy.stats().largest_free_block
+            self.first_oom = (i, size, allocated, self.view.reserved, largest)
+        if self.stop_on_oom:
+            self.stopped = True
+
+    # -- results ---------------------------------------------------------------------
+    def result(self, device_name: str) -> RunResult:
+        view = self.view
+        trace = self.trace
+        oom = self.first_oom or (None,) * 5
+        timeline = self._timeline()
+        reserved = timeline.reserved.astype(np.float64)
+        in_use = timeline.in_use.astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(reserved > 0, (reserved - in_use) / reserved, 0.0)
+        return RunResult(
+            policy=str(self.spec), trace=trace.name, device=device_name, process=self.process,
+            events=self.n, allocs=trace.n_allocs,
+            completed=self.ooms == 0 and not self.stopped,
+            ooms=self.ooms, first_oom_event=oom[0], first_oom_size=oom[1],
+            first_oom_allocated=oom[2], first_oom_reserved=oom[3], first_oom_largest_free=oom[4],
+            peak_allocated=self.peak_allocated, peak_allocated_event=self.peak_allocated_event,
+            peak_reserved=view.peak_reserved, peak_reserved_event=self.peak_reserved_event,
+            final_reserved=view.reserved,
+            internal_fragmentation=max(0, self.in_use_at_peak_allocated - self.peak_allocated),
+            external_fragmentation=max(0, self.reserved_at_peak - self.in_use_at_peak_reserved),
+            external_fragmentation_mean=float(share.mean()) if len(share) else 0.0,
+            device_mallocs=view.mallocs, device_frees=view.frees,
+            failed_device_mallocs=view.failed_mallocs, alloc_time_s=view.cost_s,
+            trace_duration_s=trace.duration_ns / 1e9,
+            policy_stats=self.policy.stats().as_dict(), timeline=timeline,
+        )
+
+    def _timeline(self) -> Timeline:
+        """Allocated (exact, from the trace), reserved (exact, from the device-call log) and
+        in-use (sampled), reduced to at most TIMELINE_POINTS buckets of equal event count; the
+        max per bucket keeps every peak visible. Built block by block so the temporaries stay
+        a few MB whatever the trace's length."""
+        n = self.next_index
+        bucket = max(1, -(-n // TIMELINE_POINTS))
+        starts = np.arange(0, n, bucket, dtype=np.int64)
+        last = np.minimum(starts + bucket, n) - 1
+        allocated = np.zeros(len(starts), dtype=np.int64)
+        reserved = np.zeros(len(starts), dtype=np.int64)
+        times = np.zeros(len(starts), dtype=np.int64)
+        skipped = np.asarray(self.skipped_events, dtype=np.int64)
+        # Views of the call log (no copies): index p − 1 is the last call at or before an event.
+        call_events = np.frombuffer(self.call_events, dtype=np.int64) if self.call_events else np.zeros(0, np.int64)
+        call_reserved = np.frombuffer(self.call_reserved, dtype=np.int64) if self.call_reserved else np.zeros(1, np.int64)
+        call_cost = np.frombuffer(self.call_cost, dtype=np.float64) if self.call_cost else np.zeros(1)
+
+        def last_call(values: np.ndarray, events: np.ndarray) -> np.ndarray:
+            position = np.searchsorted(call_events, events, side="right") - 1
+            return np.where(position >= 0, values[np.maximum(position, 0)], 0)
+
+        t0 = int(self.trace.time_ns[0]) if n else 0
+        running = 0
+        per_block = max(1, (1 << 18) // bucket)          # buckets per block (~256k events)
+        for first in range(0, len(starts), per_block):
+            chosen = slice(first, first + per_block)
+            lo = int(starts[first])
+            hi = int(last[chosen][-1]) + 1
+            ops = self.trace.op[lo:hi]
+            sizes = self.sizes[lo:hi]
+            signed = np.where(ops == OP_ALLOC, sizes, -sizes)
+            dropped = skipped[(skipped >= lo) & (skipped < hi)] - lo
+            signed[dropped] = 0
+            live = np.cumsum(signed) + running
+            running = int(live[-1])
+            local_starts = starts[chosen] - lo
+            allocated[chosen] = np.maximum.reduceat(live, local_starts)
+            reserved[chosen] = np.maximum.reduceat(
+                last_call(call_reserved, np.arange(lo, hi)), local_starts)
+            ends = last[chosen]
+            delay_ns = np.rint(last_call(call_cost, ends) * 1e9).astype(np.int64)
+            times[chosen] = self.trace.time_ns[ends] - t0 + self.start_ns + delay_ns
+        sample_events = np.asarray([s[0] for s in self.samples], dtype=np.int64)
+        sample_values = np.asarray([s[1] for s in self.samples], dtype=np.int64)
+        if len(sample_values):
+            at = np.clip(np.searchsorted(sample_events, last, side="right") - 1, 0, None)
+            in_use = sample_values[at]
+        else:
+            in_use = np.zeros(len(last), dtype=np.int64)
+        return Timeline(event=last, time_ns=times, allocated=allocated, reserved=reserved,
+                        in_use=in_use)
+
+
+def _as_spec(policy: str | PolicySpec) -> PolicySpec:
+    return parse_policy(policy)
+
+
+def replay(trace: Trace, policy: str | PolicySpec, device: DeviceProfile, *,
+           stop_on_oom: bool = False, progress: Progress | None = None) -> RunResult:
+    """Replay a single-process trace through ``policy`` on a fresh ``device``.
+
+    A trace with several processes is run with :func:`run_shared` (one policy each, all on one
+    device) and this returns the first process's result; use run_shared to see them all.
+    """
+    if len(trace.processes()) > 1:
+        return run_shared([SharedProcess(trace.for_process(p), policy, process=p)
+                           for p in trace.processes()], device).results[0]
+    run = ProcessReplay(trace, _as_spec(policy), SimulatedDevice(device), stop_on_oom=stop_on_oom)
+    total = run.n
+    step = CHUNK_EVENTS * 4
+    while run.next_index < total and not run.stopped:
+        run.advance(min(total, run.next_index + step))
+        if progress is not None:
+            progress(run.next_index, total)
+    return run.result(device.name)
+
+
+@dataclass
+class SharedProcess:
+    """One process on a shared device: its trace, its policy, when it starts (simulated ns)."""
+
+    trace: Trace
+    policy: str | PolicySpec
+    start_ns: int = 0
+    process: int | None = None
+
+
+@dataclass
+class SharedRun:
+    """Results of several processes on one device, and the device's total over time."""
+
+    results: list[RunResult]
+    device_time_ns: np.ndarray
+    device_used: np.ndarray
+    device_peak: int
+
+
+def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
+               stop_on_oom: bool = False) -> SharedRun:
+    """Run several processes concurrently against one device in simpy simulated time."""
+    env = simpy.Environment()
+    shared = SimulatedDevice(device)
+    runs: list[ProcessReplay] = []
+    device_times: list[int] = [0]
+    device_used: list[int] = [0]
+
+    def process_body(run: ProcessReplay):
+        times = run.trace.time_ns
+        if run.n == 0:
+            return
+        t0 = int(times[0])
+        # Index where each distinct timestamp's batch of events ends.
+        batch_ends = np.append(np.flatnonzero(np.diff(times)) + 1, run.n).tolist()
+        delay_ns = 0
+        batch = 0
+        while run.next_index < run.n and not run.stopped:
+            i = run.next_index
+            while batch_ends[batch] <= i:
+                batch += 1
+            due = run.start_ns + int(times[i]) - t0 + delay_ns
+            if due > env.now:
+                yield env.timeout(due - env.now)
+            calls = run.view.calls
+            run.advance(batch_ends[batch], stop_on_call=True)
+            if run.view.calls != calls:
+                device_times.append(int(env.now))
+                device_used.append(shared.used)
+                cost_ns = int(round(run.view.pending_cost_s * 1e9))
+                run.view.pending_cost_s = 0.0
+                if cost_ns:
+                    delay_ns += cost_ns
+                    yield env.timeout(cost_ns)
+
+    for index, spec in enumerate(processes):
+        process = index if spec.process is None else spec.process
+        run = ProcessReplay(spec.trace, _as_spec(spec.policy), shared, process,
+                            start_ns=spec.start_ns, stop_on_oom=stop_on_oom)
+        runs.append(run)
+        env.process(process_body(run))
+    env.run()
+    return SharedRun(
+        results=[run.result(device.name) for run in runs],
+        device_time_ns=np.asarray(device_times, dtype=np.int64),
+        device_used=np.asarray(device_used, dtype=np.int64),
+        device_peak=shared.peak_used,
+    )
+
+
+__all__ = ["replay", "run_shared", "SharedProcess", "SharedRun", "ProcessReplay", "OP_FREE"]

@@ -1,0 +1,92 @@
+"""An independent referee for policies: drives one directly and recounts everything it claims.
+
+It never reads the policy's internals to decide correctness: live blocks are what malloc
+returned, memory held is what the device says the process holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from policies import PolicySpec, parse_policy
+from sim.device import DeviceProfile, SimulatedDevice
+
+
+def small_device(capacity: int = 1 << 30, granularity: int = 512) -> DeviceProfile:
+    return DeviceProfile("test", capacity, granularity=granularity)
+
+
+@dataclass
+class Referee:
+    spec: PolicySpec
+    profile: DeviceProfile
+    live: dict[int, tuple[int, int]] = field(default_factory=dict)   # id -> (address, size)
+    ooms: int = 0
+
+    def __post_init__(self) -> None:
+        self.device = SimulatedDevice(self.profile)
+        self.view = self.device.view(0)
+        self.policy = self.spec.build(self.view)
+
+    @classmethod
+    def of(cls, spec: str, profile: DeviceProfile | None = None) -> "Referee":
+        return cls(parse_policy(spec), profile or small_device())
+
+    def malloc(self, ident: int, size: int) -> int | None:
+        address = self.policy.malloc(size, 0)
+        if address is None:
+            self.ooms += 1
+        else:
+            self.live[ident] = (address, size)
+        return address
+
+    def free(self, ident: int) -> None:
+        address, _ = self.live.pop(ident)
+        self.policy.free(address)
+
+    def check(self) -> None:
+        """Every invariant a policy must keep, checked from the outside."""
+        spans = sorted(self.live.values())
+        for (a, sa), (b, _) in zip(spans, spans[1:]):
+            assert a + sa <= b, f"live blocks overlap: {a:#x}+{sa} > {b:#x}"
+        holdings = self.view.holdings()
+        for address, size in spans:
+            assert any(base <= address and address + size <= base + n for base, n in holdings), \
+                f"block {address:#x}+{size} lies outside memory held from the device"
+        requested = sum(size for _, size in spans)
+        assert self.view.reserved >= requested
+        assert self.view.reserved == sum(n for _, n in holdings)
+        blocks = list(self.policy.blocks())
+        stats = self.policy.stats()
+        in_use_blocks = [(a, s) for a, s, used in blocks if used]
+        assert stats.bytes_in_use == sum(s for _, s in in_use_blocks) == self.policy.bytes_in_use
+        assert stats.bytes_requested == requested
+        assert sorted(a for a, _ in in_use_blocks) == sorted(a for a, _ in spans)
+        for (address, size), (_, block) in zip(sorted(spans), sorted(in_use_blocks)):
+            assert block >= size, "a block is smaller than its request"
+        assert stats.num_allocs - stats.num_frees == len(spans)
+        if self.spec.name != "on-demand":
+            # The chunks tile exactly the memory held: no gaps, no overlaps, no strays.
+            assert stats.pool_bytes <= self.view.reserved
+            assert sum(s for _, s, _ in blocks) == stats.pool_bytes
+            ordered = sorted((a, s) for a, s, _ in blocks)
+            for (a, sa), (b, _) in zip(ordered, ordered[1:]):
+                assert a + sa <= b
+            for address, size in ordered:
+                assert any(base <= address and address + size <= base + n for base, n in holdings)
+            free_sizes = [s for _, s, used in blocks if not used]
+            largest = max(free_sizes, default=0)
+            assert stats.largest_free_block == largest
+
+    def check_fully_coalesced(self) -> None:
+        """After every free: no two neighbouring free blocks anywhere."""
+        assert not self.live
+        blocks = sorted(self.policy.blocks())
+        assert all(not used for _, _, used in blocks)
+        for (a, sa, _), (b, _, _) in zip(blocks, blocks[1:]):
+            assert a + sa != b or self._different_regions(a, b), f"free blocks {a:#x} and {b:#x} not merged"
+
+    def _different_regions(self, a: int, b: int) -> bool:
+        holdings = self.view.holdings()
+        region = lambda x: next(base for base, n in holdings if base <= x < base + n)
+        return region(a) != region(b)

@@ -1,0 +1,129 @@
+"""The allocsim command: outputs people read, JSON that CI parses, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+from traces import Trace, formats
+
+RESULT_KEYS = {"policy", "completed", "peak_allocated", "peak_reserved", "utilization",
+               "fragmentation", "ooms", "first_oom_event", "device_mallocs", "device_frees",
+               "alloc_time_s"}
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture()
+def small_trace(tmp_path: Path) -> Path:
+    path = tmp_path / "small.csv"
+    path.write_text("time_ns,op,id,size\n0,alloc,1,1048576\n10000000,alloc,2,4096\n"
+                    "20000000,free,1,\n30000000,alloc,3,3000000\n40000000,free,2,\n"
+                    "50000000,free,3,\n")
+    return path
+
+
+def test_compare_with_no_arguments_runs_the_bundled_training_trace(capsys) -> None:
+    code, out, _ = run(capsys, "compare")
+    assert code == 0
+    assert "default-training" in out and "winner:" in out
+    for policy in ("on-demand", "preallocate", "best-fit", "bfc"):
+        assert policy in out
+
+
+def test_compare_json_follows_the_documented_schema(capsys, small_trace: Path) -> None:
+    code, out, _ = run(capsys, "compare", str(small_trace), "--json", "--capacity", "1GiB")
+    data = json.loads(out)
+    assert code == 0
+    assert set(data) >= {"trace", "device", "results", "winner", "reason"}
+    assert data["device"]["capacity"] == 1 << 30
+    assert data["trace"]["events"] == 6 and data["trace"]["peak_live"] == 3000000 + 4096
+    assert all(RESULT_KEYS <= set(result) for result in data["results"])
+    assert data["winner"] in [r["policy"] for r in data["results"]]
+
+
+def test_compare_json_of_several_traces_is_an_array(capsys, small_trace: Path) -> None:
+    code, out, _ = run(capsys, "compare", str(small_trace), str(small_trace), "--json",
+                       "--policies", "bfc", "on-demand")
+    data = json.loads(out)
+    assert code == 0 and isinstance(data, list) and len(data) == 2
+    assert [r["policy"] for r in data[0]["results"]] == ["bfc", "on-demand"]
+
+
+def test_compare_out_writes_results_and_figures(capsys, small_trace: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    code, _, _ = run(capsys, "compare", str(small_trace), "--out", str(out_dir))
+    assert code == 0
+    for name in ("results.json", "memory_timeline.png", "peaks.png", "fragmentation.png"):
+        assert (out_dir / name).stat().st_size > 0
+    data = json.loads((out_dir / "results.json").read_text())
+    assert "timeline" in data["results"][0]
+    assert (out_dir / "peaks.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_capacity_too_small_makes_every_policy_fail_and_no_winner(capsys, small_trace: Path) -> None:
+    code, out, _ = run(capsys, "compare", str(small_trace), "--capacity", "2MiB", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["winner"] is None
+    assert all(not r["completed"] for r in data["results"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["compare", "missing.csv"], "missing.csv"),
+    (["compare", "--policies", "bfc:colour=red"], "has no parameter 'colour'"),
+    (["compare", "--capacity", "lots"], "not a size: 'lots'"),
+    (["compare", "--device", "tpu-v9"], "unknown device 'tpu-v9'"),
+    (["gen", "nothing", "-o", "x.npz"], "nothing"),
+])
+def test_user_mistakes_end_in_one_line_and_exit_2(capsys, argv, message) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("allocsim: error:") and message in lines[0]
+
+
+def test_a_malformed_trace_names_the_file_and_the_event(capsys, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("time_ns,op,id,size\n0,alloc,1,100\n5,free,2,\n")
+    code, _, err = run(capsys, "compare", str(bad))
+    assert code == 2
+    line = err.strip()
+    assert "\n" not in line and "bad.csv" in line and "event 1" in line and "unknown id" in line
+
+
+def test_gen_info_and_convert_round_trip(capsys, tmp_path: Path) -> None:
+    npz = tmp_path / "t.npz"
+    code, out, _ = run(capsys, "gen", "training", "layers=2", "steps=2", "-o", str(npz))
+    assert code == 0 and "wrote" in out
+    code, out, _ = run(capsys, "info", str(npz))
+    assert code == 0 and "peak live" in out and "largest live at the peak" in out
+    csv = tmp_path / "t.csv.gz"
+    code, _, _ = run(capsys, "convert", str(npz), str(csv))
+    assert code == 0
+    assert formats.load(npz).equals(formats.load(csv), metadata=False)
+
+
+def test_convert_refuses_to_overwrite_its_input(capsys, small_trace: Path) -> None:
+    before = small_trace.read_bytes()
+    code, _, err = run(capsys, "convert", str(small_trace), str(small_trace))
+    assert code == 2 and "refusing to overwrite" in err
+    assert small_trace.read_bytes() == before
+
+
+def test_info_json_reports_the_peak(capsys, small_trace: Path) -> None:
+    code, out, _ = run(capsys, "info", str(small_trace), "--json")
+    facts = json.loads(out)
+    assert facts["peak_live"] == 3000000 + 4096 and facts["leaks"] == 0
+
+
+def test_policies_and_devices_are_listed(capsys) -> None:
+    assert run(capsys, "policies")[1].count("bfc") >= 1
+    out = run(capsys, "devices")[1]
+    assert "a100-40g" in out and "h200-141g" in out

@@ -1,0 +1,146 @@
+"""The replay engine: what it counts, how it reports OOMs, time, and sharing a device."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sim.compare import compare, pick_winner
+from sim.device import CostModel, DeviceProfile
+from sim.engine import SharedProcess, replay, run_shared
+from traces import Trace
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def device(capacity: int = GiB, **costs) -> DeviceProfile:
+    return DeviceProfile("test", capacity, costs=CostModel(**costs) if costs else CostModel())
+
+
+def staircase() -> Trace:
+    """Three buffers up, then down; 1 ms apart."""
+    return Trace.from_events([
+        (0, "alloc", 1, 10 * MiB), (1_000_000, "alloc", 2, 20 * MiB),
+        (2_000_000, "alloc", 3, 30 * MiB), (3_000_000, "free", 2, None),
+        (4_000_000, "free", 3, None), (5_000_000, "free", 1, None)], name="staircase")
+
+
+def test_allocated_is_counted_from_the_trace_and_reserved_from_the_device() -> None:
+    result = replay(staircase(), "on-demand", device())
+    assert result.peak_allocated == 60 * MiB and result.peak_allocated_event == 2
+    assert result.peak_reserved == 60 * MiB
+    assert result.device_mallocs == 3 and result.device_frees == 3
+    assert result.final_reserved == 0 and result.completed
+
+
+def test_utilization_and_fragmentation_follow_the_anchor_definitions() -> None:
+    result = replay(staircase(), "bfc", device())
+    # BFC regions: 10 MiB → 16 MiB region (curr 2→16, grew); 20 MiB → 32 MiB region (grew);
+    # 30 MiB → 32 MiB (curr 32 → split? no: 32 < 60) → regions 16 + 32 + 32 = 80 MiB.
+    assert result.peak_reserved == 80 * MiB
+    assert result.utilization == pytest.approx(60 / 80)
+    assert result.fragmentation == pytest.approx(20 / 80)
+    assert result.waste == 20 * MiB
+    assert result.internal_fragmentation == (16 + 32 + 32 - 60) * MiB   # unsplit slack at the peak
+
+
+def test_modelled_time_of_device_calls_becomes_slowdown() -> None:
+    profile = device(malloc_base_s=1e-3, malloc_per_gib_s=0.0, free_base_s=5e-4)
+    result = replay(staircase(), "on-demand", profile)
+    assert result.alloc_time_s == pytest.approx(3 * 1e-3 + 3 * 5e-4)
+    assert result.trace_duration_s == pytest.approx(5e-3)
+    assert result.slowdown == pytest.approx((5e-3 + 4.5e-3) / 5e-3)
+    # The timeline's simulated time includes the delay of calls made so far.
+    assert result.timeline.time_ns[-1] == 5_000_000 + 4_500_000
+
+
+def test_an_oom_is_counted_reported_and_the_run_goes_on() -> None:
+    trace = Trace.from_events([
+        (0, "alloc", 1, 600 * MiB), (1, "alloc", 2, 600 * MiB), (2, "free", 2, None),
+        (3, "free", 1, None), (4, "alloc", 3, 900 * MiB), (5, "free", 3, None)])
+    result = replay(trace, "on-demand", device(GiB))
+    assert not result.completed and result.ooms == 1
+    assert (result.first_oom_event, result.first_oom_size) == (1, 600 * MiB)
+    assert result.first_oom_allocated == 600 * MiB and result.first_oom_reserved == 600 * MiB
+    assert result.peak_allocated == 900 * MiB          # the failed buffer never counted
+    assert result.timeline.allocated.max() == 900 * MiB
+
+
+def test_stop_on_oom_ends_the_run_at_the_first_failure() -> None:
+    trace = Trace.from_events([(0, "alloc", 1, 2 * GiB), (1, "alloc", 2, 1), (2, "free", 2, None)])
+    result = replay(trace, "on-demand", device(GiB), stop_on_oom=True)
+    assert result.ooms == 1 and not result.completed and result.device_mallocs == 0
+
+
+def test_zero_byte_buffers_take_no_memory_and_need_no_device_call() -> None:
+    trace = Trace.from_events([(0, "alloc", 1, 0), (1, "free", 1, None), (2, "alloc", 2, 5)])
+    result = replay(trace, "on-demand", device())
+    assert result.completed and result.device_mallocs == 1 and result.peak_allocated == 5
+
+
+def test_one_process_gives_the_same_result_with_and_without_simpy() -> None:
+    rng = np.random.default_rng(1)
+    events, live, t = [], [], 0
+    for i in range(3000):
+        t += int(rng.integers(0, 3)) * 1000          # many events share a timestamp
+        if live and rng.random() < 0.5:
+            events.append((t, "free", live.pop(int(rng.integers(len(live)))), None))
+        else:
+            events.append((t, "alloc", i, int(rng.integers(1, 8 * MiB))))
+            live.append(i)
+    trace = Trace.from_events(events)
+    for spec in ("bfc", "on-demand", "best-fit:trim=true"):
+        fast = replay(trace, spec, device()).to_json_dict(timeline=True)
+        shared = run_shared([SharedProcess(trace, spec)], device()).results[0].to_json_dict(timeline=True)
+        assert fast == shared
+
+
+def test_processes_race_for_the_device_in_simulated_time() -> None:
+    first = Trace.from_events([(0, "alloc", 1, 700 * MiB), (10_000_000, "free", 1, None)])
+    second = Trace.from_events([(0, "alloc", 1, 700 * MiB), (10_000_000, "free", 1, None)])
+    early = run_shared([SharedProcess(first, "on-demand"),
+                        SharedProcess(second, "on-demand", start_ns=1_000_000)], device(GiB))
+    assert [r.completed for r in early.results] == [True, False]
+    late = run_shared([SharedProcess(first, "on-demand", start_ns=1_000_000),
+                       SharedProcess(second, "on-demand")], device(GiB))
+    assert [r.completed for r in late.results] == [False, True]
+    # Starting after the other has freed: both complete.
+    apart = run_shared([SharedProcess(first, "on-demand"),
+                        SharedProcess(second, "on-demand", start_ns=20_000_000)], device(GiB))
+    assert all(r.completed for r in apart.results)
+    assert apart.device_peak == 700 * MiB
+
+
+def test_two_jax_style_preallocations_do_not_both_get_three_quarters() -> None:
+    work = Trace.from_events([(0, "alloc", 1, 600 * MiB), (1000, "free", 1, None)])
+    run = run_shared([SharedProcess(work, "preallocate"),
+                      SharedProcess(work, "preallocate", start_ns=500)], device(GiB))
+    assert run.results[0].completed and run.results[0].peak_reserved == 768 * MiB
+    assert not run.results[1].completed            # back-off finds < 256 MiB, not 600 MiB
+    assert run.device_peak <= GiB
+
+
+def test_same_input_gives_byte_identical_json() -> None:
+    trace = staircase()
+    outputs = [json.dumps(compare(trace, ["on-demand", "bfc", "best-fit", "preallocate"],
+                                  device()).to_json_dict(timeline=True)) for _ in range(2)]
+    assert outputs[0] == outputs[1]
+
+
+def test_the_winner_completes_then_holds_least_then_spends_least_time() -> None:
+    result = compare(staircase(), ["preallocate", "bfc", "on-demand", "best-fit"], device())
+    by_policy = {r.policy: r for r in result.results}
+    assert result.winner == min((r for r in result.results if r.completed),
+                                key=lambda r: (r.peak_reserved, r.alloc_time_s)).policy
+    assert by_policy["preallocate"].peak_reserved == 768 * MiB
+    winner, reason = pick_winner([by_policy["bfc"], by_policy["preallocate"]])
+    assert winner.policy == "bfc" and "lowest peak reserved" in reason
+
+
+def test_no_winner_when_every_policy_runs_out_of_memory() -> None:
+    trace = Trace.from_events([(0, "alloc", 1, 2 * GiB)])
+    result = compare(trace, ["bfc", "on-demand"], device(GiB))
+    assert result.winner is None and "no policy completes" in result.reason

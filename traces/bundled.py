@@ -1,0 +1,38 @@
+"""The sample traces shipped inside the package, so ``allocsim compare`` works with no input.
+
+``default-training.npz`` is the synthetic DNN training loop from :mod:`traces.synth.training`
+at its default parameters and seed 0 (regenerate with ``python -m traces.bundled``); recorded
+samples join it as the recorders are built.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from traces.model import Trace
+
+DEFAULT_TRACE_NAME = "default-training.npz"
+
+
+def bundled_path(name: str = DEFAULT_TRACE_NAME) -> Path:
+    return Path(str(resources.files("traces") / "data" / name))
+
+
+def load_default_trace() -> Trace:
+    from traces import formats
+    return formats.load(bundled_path())
+
+
+def regenerate() -> Path:
+    """Write the default trace again from its generator (deterministic)."""
+    from traces import formats, synth
+    trace = synth.generate("training", seed=0)
+    trace.metadata["name"] = "default-training"
+    path = bundled_path()
+    formats.save(trace, path)
+    return path
+
+
+if __name__ == "__main__":
+    print(regenerate())

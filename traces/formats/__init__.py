@@ -1,0 +1,202 @@
+"""Trace files in and out: :func:`load` any known format, :func:`save` by extension.
+
+The registry :data:`FORMATS` maps a format name to a :class:`Format` ``(extensions, reader,
+writer, detect)``. The native formats (``npz``, ``csv``, ``jsonl``, see
+:mod:`traces.formats.native`) register here; an importer for another tool's files is one more
+module that calls :func:`register_format` when imported, with
+
+- ``reader(data: bytes, source: str, name: str) -> Trace`` — ``data`` already un-gzipped;
+  raise :class:`TraceError` for user mistakes; use ``source``/``name`` as the metadata's
+  ``source``/``name`` where the file does not carry them (``native.file_metadata`` helps);
+- ``writer(trace, stream)`` writing bytes, or ``None`` for an import-only format;
+- ``detect(path: str, head: bytes) -> bool`` looking at the first few KiB (un-gzipped), or
+  ``None`` to be chosen by extension only.
+
+Choosing a reader: gzip is recognised by its magic bytes, whatever the name. Then among the
+formats whose ``detect`` accepts the content, the one owning the file's extension wins, else
+the most recently registered (importers are more specific than the native text formats, which
+accept any text); if none accepts it, the extension decides and that reader reports what is
+wrong.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import secrets
+import zlib
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+from traces.formats import native
+from traces.formats.native import Reader, Writer
+from traces.model import Trace, TraceError
+from traces.validate import ValidationReport, validate
+
+__all__ = ["FORMATS", "Format", "register_format", "load", "load_with_report", "save",
+           "format_for", "supported_extensions"]
+
+Detect = Callable[[str, bytes], bool]
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_HEAD_BYTES = 8192
+_GZIP_LEVEL = 6  # level 9 is several times slower for a few percent smaller files
+
+
+class Format(NamedTuple):
+    """One registered file format."""
+
+    extensions: tuple[str, ...]  # lower case, with the dot: (".csv", ".csv.gz")
+    reader: Reader
+    writer: Writer | None
+    detect: Detect | None
+
+
+FORMATS: dict[str, Format] = {}
+
+
+def register_format(name: str, extensions: tuple[str, ...] | list[str], reader: Reader,
+                    writer: Writer | None = None, detect: Detect | None = None) -> Format:
+    """Add (or replace) format ``name``; returns its :class:`Format`."""
+    fmt = Format(tuple(e.lower() for e in extensions), reader, writer, detect)
+    FORMATS.pop(name, None)  # re-registering moves it to the end (most specific)
+    FORMATS[name] = fmt
+    return fmt
+
+
+register_format("npz", (".npz",), native.read_npz, native.write_npz, native.detect_npz)
+register_format("csv", (".csv", ".csv.gz"), native.read_csv, native.write_csv, native.detect_csv)
+register_format("jsonl", (".jsonl", ".jsonl.gz"), native.read_jsonl, native.write_jsonl,
+                native.detect_jsonl)
+
+
+def supported_extensions(*, writable: bool = False) -> list[str]:
+    return [ext for fmt in FORMATS.values() if fmt.writer or not writable
+            for ext in fmt.extensions]
+
+
+def _by_extension(path: str) -> tuple[str, str] | None:
+    """``(format name, extension)`` owning the longest matching extension of ``path``."""
+    lower = path.lower()
+    best: tuple[str, str] | None = None
+    for name, fmt in FORMATS.items():
+        for ext in fmt.extensions:
+            if lower.endswith(ext) and (best is None or len(ext) > len(best[1])):
+                best = (name, ext)
+    return best
+
+
+def _stem(path: Path) -> str:
+    """The file name without its format extension: ``run1.csv.gz`` -> ``run1``."""
+    match = _by_extension(path.name)
+    if match:
+        return path.name[: len(path.name) - len(match[1])] or path.name
+    name = path.name[:-3] if path.name.lower().endswith(".gz") else path.name
+    return Path(name).stem or name
+
+
+def format_for(path: str | os.PathLike[str], head: bytes) -> str:
+    """The name of the format to read ``path`` with, given its first (un-gzipped) bytes."""
+    by_ext = _by_extension(os.fspath(path))
+    accepted = [name for name, fmt in reversed(FORMATS.items())
+                if fmt.detect is not None and fmt.detect(os.fspath(path), head)]
+    if by_ext and by_ext[0] in accepted:
+        return by_ext[0]
+    if accepted:
+        return accepted[0]
+    if by_ext:
+        return by_ext[0]
+    raise TraceError("unrecognised trace format (supported: "
+                     + ", ".join(supported_extensions()) + ")", source=os.fspath(path))
+
+
+def _read_bytes(path: Path, source: str) -> bytes:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise TraceError("no such file", source=source) from None
+    except IsADirectoryError:
+        raise TraceError("is a directory, not a trace file", source=source) from None
+    except OSError as err:
+        raise TraceError(f"cannot read: {err.strerror or err}", source=source) from None
+    if raw.startswith(_GZIP_MAGIC):
+        try:
+            return gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as err:
+            raise TraceError(f"corrupt gzip data: {err}", source=source) from None
+    return raw
+
+
+def load_with_report(path: str | os.PathLike[str], *, strict: bool = True
+                     ) -> tuple[Trace, ValidationReport]:
+    """Read and validate a trace file; returns ``(trace, report)``. See :func:`load`."""
+    source = os.fspath(path)
+    p = Path(source)
+    data = _read_bytes(p, source)
+    fmt = FORMATS[format_for(source, data[:_HEAD_BYTES])]
+    trace = fmt.reader(data, source, _stem(p))
+    trace, report = validate(trace, strict=strict, source=source)
+    if not strict and report.repairs():
+        # validate() returned a new trace with its own metadata dict; safe to annotate.
+        trace.metadata["validation"] = {"summary": report.summary(),
+                                        "repairs": report.repairs()}
+    return trace, report
+
+
+def load(path: str | os.PathLike[str], *, strict: bool = True) -> Trace:
+    """Read the trace at ``path`` (format from content and extension) and validate it.
+
+    ``strict=False`` repairs what recorded traces commonly get wrong (see
+    :mod:`traces.validate`) and, when it repaired anything, records the report in
+    ``metadata['validation']``. Metadata ``source`` and ``name`` default to the path and the
+    file stem when the file does not carry them. Raises :class:`TraceError` (one line: file,
+    event, problem) for any problem with the file; never writes to it.
+    """
+    return load_with_report(path, strict=strict)[0]
+
+
+def save(trace: Trace, path: str | os.PathLike[str]) -> None:
+    """Write ``trace`` in the format its extension names (``.npz``, ``.csv``, ``.csv.gz``,
+    ``.jsonl``, ``.jsonl.gz``), atomically: a temporary file in the same directory is
+    written completely, then renamed over ``path``, so a reader never sees half a file."""
+    target = os.fspath(path)
+    match = _by_extension(target)
+    if match is None or FORMATS[match[0]].writer is None:
+        raise TraceError("cannot tell the format from the extension (supported: "
+                         + ", ".join(supported_extensions(writable=True)) + ")", source=target)
+    name, ext = match
+    writer = FORMATS[name].writer
+    assert writer is not None
+    p = Path(target)
+    folder = p.parent
+    if not folder.is_dir():
+        raise TraceError(f"directory {str(folder)!r} does not exist", source=target)
+    tmp = folder / f".{p.name}.{secrets.token_hex(4)}.tmp"
+    try:
+        # os.open with 0o666 lets the umask decide permissions, as for a plain open().
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as stream:
+            if ext.endswith(".gz"):
+                # mtime=0 and no file name: the same trace always gives the same bytes.
+                with gzip.GzipFile(filename="", mode="wb", fileobj=stream,
+                                   compresslevel=_GZIP_LEVEL, mtime=0) as gz:
+                    writer(trace, gz)  # type: ignore[arg-type]
+            else:
+                writer(trace, stream)
+        os.replace(tmp, p)
+    except OSError as err:
+        _remove(tmp)
+        raise TraceError(f"cannot write: {err.strerror or err}", source=target) from None
+    except TraceError as err:
+        _remove(tmp)
+        raise err.located(target) from None
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _remove(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,266 @@
+"""Shared machinery of the synthetic generators: step programs, timing, trace assembly.
+
+Training loops repeat the same sequence of allocations every step; only the sizes may change
+(with the sequence length, say). So a generator writes ONE step symbolically as a
+:class:`StepProgram` -- each buffer's size a linear combination of per-step *features* such as
+``tokens`` = batch * seq_len -- and :meth:`StepProgram.render` evaluates it for all steps at once
+with numpy. That keeps 10-million-event traces to a few vectorised passes instead of a Python
+call per event.
+
+Everything here is private to :mod:`traces.synth`; the generators' modules are the public face.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from typing import Any, Callable, Mapping, Sequence, Union
+
+import numpy as np
+
+from traces.model import OP_ALLOC, OP_FREE, Trace
+
+# Rough throughput of a current datacenter GPU, used only to turn work into plausible gaps
+# between events. Absolute accuracy does not matter to an allocator; the *shape* does (big
+# matmuls take milliseconds, frees take almost nothing).
+FLOP_PER_NS = 100e3        # 100 TFLOP/s sustained
+BYTES_PER_NS = 1500.0      # 1.5 TB/s memory bandwidth
+
+# CPU-side cost of one framework op that allocates (dispatch + allocator call), and of a free
+# (a refcount drop). Multiplied by a jitter in [0.75, 1.25).
+ALLOC_OVERHEAD_NS = 3000.0
+FREE_OVERHEAD_NS = 400.0
+
+SYNTH_VERSION = 1  # bump when a generator's output changes for the same parameters and seed
+
+
+def matmul_ns(m: float, k: float, n: float) -> float:
+    """Modelled time of an (m x k) @ (k x n) matmul: 2mkn flops at FLOP_PER_NS."""
+    return 2.0 * m * k * n / FLOP_PER_NS
+
+
+def memory_ns(nbytes: float) -> float:
+    """Modelled time of a bandwidth-bound kernel touching ``nbytes``."""
+    return nbytes / BYTES_PER_NS
+
+
+class TagTable:
+    """Interns tag strings into the indices the Trace ``tag`` column holds."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def __call__(self, name: str) -> int:
+        index = self._index.get(name)
+        if index is None:
+            index = self._index[name] = len(self.names)
+            self.names.append(name)
+        return index
+
+
+Linear = Union[int, float, Mapping[str, float]]
+
+
+class StepProgram:
+    """One step of a repetitive workload, written event by event, rendered for many steps.
+
+    A size or a work amount is a *linear form* over the program's features: a number (times the
+    implicit feature ``one``) or a mapping ``{"tokens": 4096, "one": 64}``. Sizes must come out
+    as positive integers for every step; work is in nanoseconds of compute that precede the event.
+
+    Buffers are *slots*: ``alloc`` returns a slot number, ``free`` takes it. Each step renders
+    every slot under a fresh id, so ids are never reused and steps cannot interfere.
+    """
+
+    def __init__(self, features: Sequence[str], tags: TagTable) -> None:
+        self.features = ("one",) + tuple(f for f in features if f != "one")
+        self._feature_index = {name: i for i, name in enumerate(self.features)}
+        self._tags = tags
+        self._op: list[int] = []
+        self._slot: list[int] = []
+        self._tag: list[int] = []
+        self._size: list[np.ndarray] = []
+        self._work: list[np.ndarray] = []
+        self._slot_size: list[np.ndarray] = []
+        self._slot_tag: list[str] = []
+        self._live: set[int] = set()
+
+    # ------------------------------------------------------------------ writing
+    def _form(self, value: Linear, dtype: type) -> np.ndarray:
+        vector = np.zeros(len(self.features), dtype=dtype)
+        if isinstance(value, Mapping):
+            for name, coefficient in value.items():
+                if name not in self._feature_index:
+                    raise KeyError(f"unknown feature {name!r}; known: {', '.join(self.features)}")
+                vector[self._feature_index[name]] = coefficient
+        else:
+            vector[0] = value
+        return vector
+
+    def alloc(self, tag: str, size: Linear, work: Linear = 0.0) -> int:
+        """Allocate a buffer of ``size`` bytes after ``work`` ns of compute; returns its slot."""
+        slot = len(self._slot_size)
+        coefficients = self._form(size, np.int64)
+        self._slot_size.append(coefficients)
+        self._slot_tag.append(tag)
+        self._append(OP_ALLOC, slot, tag, coefficients, work)
+        self._live.add(slot)
+        return slot
+
+    def free(self, *slots: int, work: Linear = 0.0) -> None:
+        """Free the buffers in ``slots``, in that order (``work`` precedes the first)."""
+        for slot in slots:
+            if slot not in self._live:
+                raise ValueError(f"slot {slot} is not live")
+            self._live.remove(slot)
+            self._append(OP_FREE, slot, self._slot_tag[slot], self._slot_size[slot], work)
+            work = 0.0
+
+    def _append(self, op: int, slot: int, tag: str, size: np.ndarray, work: Linear) -> None:
+        self._op.append(op)
+        self._slot.append(slot)
+        self._tag.append(self._tags(tag))
+        self._size.append(size)
+        self._work.append(self._form(work, np.float64))
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def n_events(self) -> int:
+        return len(self._op)
+
+    @property
+    def n_slots(self) -> int:
+        return len(self._slot_size)
+
+    def live_slots(self) -> list[int]:
+        return sorted(self._live)
+
+    def require_closed(self) -> None:
+        """Raise unless every buffer the program allocated is freed (a per-step invariant)."""
+        if self._live:
+            raise AssertionError(f"step program leaves slots live: {sorted(self._live)}")
+
+    # ------------------------------------------------------------------ rendering
+    def render(self, values: np.ndarray, *, first_id: int, rng: np.random.Generator) -> dict:
+        """Columns for ``len(values)`` steps; ``values[step, feature]`` in ``self.features`` order.
+
+        Returns ``op``, ``id``, ``size``, ``tag`` and ``gap_ns`` (time since the previous event),
+        step-major. Every size is checked to be positive.
+        """
+        values = np.asarray(values, dtype=np.int64).reshape(-1, len(self.features))
+        n_steps, n_events = len(values), self.n_events
+        size_coef = np.array(self._size, dtype=np.int64).reshape(n_events, -1)
+        work_coef = np.array(self._work, dtype=np.float64).reshape(n_events, -1)
+        ops = np.array(self._op, dtype=np.int8)
+
+        # sizes[step, event] = sum over features of value * coefficient; one outer product per
+        # feature that any event uses, so the common all-constant case costs one broadcast.
+        size = np.zeros((n_steps, n_events), dtype=np.int64)
+        work = np.zeros((n_steps, n_events), dtype=np.float64)
+        for f in range(len(self.features)):
+            if size_coef[:, f].any():
+                size += np.multiply.outer(values[:, f], size_coef[:, f])
+            if work_coef[:, f].any():
+                work += np.multiply.outer(values[:, f].astype(np.float64), work_coef[:, f])
+        if size.size and size.min() <= 0:
+            raise ValueError("a generated buffer size is not positive; check the parameters")
+
+        overhead = np.where(ops == OP_ALLOC, ALLOC_OVERHEAD_NS, FREE_OVERHEAD_NS)
+        gap = jittered(rng, (work + overhead).ravel())
+        ids = first_id + (np.arange(n_steps, dtype=np.int64)[:, None] * self.n_slots
+                          + np.array(self._slot, dtype=np.int64)[None, :])
+        return {
+            "op": np.tile(ops, n_steps),
+            "id": ids.ravel(),
+            "size": size.ravel(),
+            "tag": np.tile(np.array(self._tag, dtype=np.int32), n_steps),
+            "gap_ns": gap,
+        }
+
+
+def jittered(rng: np.random.Generator, ns: np.ndarray) -> np.ndarray:
+    """Integer gaps of ``ns`` times a uniform jitter in [0.75, 1.25), at least 1 ns.
+
+    Uniform rather than lognormal because it is several times cheaper to draw for 1e7 events
+    and the allocator does not care about the tail of kernel-time noise.
+    """
+    factor = 0.75 + 0.5 * rng.random(len(ns))
+    return np.maximum(1, (ns * factor).astype(np.int64))
+
+
+def assemble(parts: Sequence[Mapping[str, np.ndarray]], tags: TagTable, *, kind: str,
+             params: Mapping[str, Any], stream: np.ndarray | None = None) -> Trace:
+    """Concatenate rendered parts into a Trace with times from the cumulative gaps."""
+    columns = {name: np.concatenate([p[name] for p in parts]) for name in
+               ("op", "id", "size", "tag", "gap_ns")}
+    time_ns = np.cumsum(columns.pop("gap_ns"), dtype=np.int64)
+    if len(time_ns):
+        time_ns -= time_ns[0]  # traces start at 0
+    return Trace.from_columns(
+        time_ns, columns["op"], columns["id"], columns["size"], stream=stream,
+        tag=columns["tag"], tags=list(tags.names), **metadata(kind, params))
+
+
+def metadata(kind: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata every synthetic trace carries: enough to regenerate it."""
+    plain = {k: plain_value(v) for k, v in params.items()}
+    return {"name": f"synth-{kind}", "source": f"synth:{kind}", "params": plain,
+            "synth_version": SYNTH_VERSION}
+
+
+def plain_value(value: Any) -> Any:
+    """numpy scalars to Python ones, so metadata stays JSON-serialisable."""
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def steps_for_events(events: int, fixed_events: int, per_step: int) -> int:
+    """How many steps bring a trace of ``fixed_events`` + steps * ``per_step`` nearest ``events``."""
+    return max(1, int(round((events - fixed_events) / per_step)))
+
+
+def positive(**values: float) -> None:
+    """Raise one ValueError naming the first parameter that is not > 0."""
+    for name, value in values.items():
+        if value is None or value <= 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+def choice(name: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+# ---------------------------------------------------------------------- parameter descriptions
+ParamSpec = tuple  # (type, default, help)
+
+
+def describe(function: Callable[..., Trace], help: Mapping[str, str]) -> dict[str, ParamSpec]:
+    """``name -> (type, default, help)`` for each keyword parameter of ``function``.
+
+    The signature is the single source of the types and defaults; ``help`` must describe every
+    parameter (checked here, at import time, so a new parameter cannot go undocumented).
+    """
+    hints = typing.get_type_hints(function)
+    specs: dict[str, ParamSpec] = {}
+    for name, parameter in inspect.signature(function).parameters.items():
+        if name not in help:
+            raise AssertionError(f"{function.__name__}: parameter {name!r} has no help text")
+        specs[name] = (_base_type(hints[name]), parameter.default, help[name])
+    extra = set(help) - set(specs)
+    if extra:
+        raise AssertionError(f"{function.__name__}: help for unknown parameters {sorted(extra)}")
+    return specs
+
+
+def _base_type(hint: Any) -> type:
+    """``int | None`` -> int; plain types unchanged."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
+

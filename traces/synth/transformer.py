@@ -1,0 +1,276 @@
+"""Synthetic transformer training with a different sequence length every step.
+
+What it models: eager-mode training of a GPT-style decoder (pre-LayerNorm blocks of
+multi-head attention without a fused/flash kernel, GELU MLP, tied embedding / LM head) with
+Adam, in mixed precision: fp32 parameters, gradients and optimizer state; activations in
+``act_bytes`` per element. Each step draws a sequence length between ``min_seq`` and
+``max_seq``; every activation is proportional to tokens = batch * seq_len, the attention scores,
+probabilities and dropout masks to batch * heads * seq_len^2, and the LM head's logits to
+tokens * vocab.
+
+Why: variable sequence lengths are the classic fragmentation stress for caching allocators.
+Each step asks for slightly different sizes, so blocks cached from the previous step are
+almost-but-not-quite right; splitting them leaves slivers, and reserved memory creeps upward
+(users ask: "dynamic shapes make reserved memory creep: how far?").
+Bucketing sequence lengths (``seq_dist=bucketed``) is the usual mitigation and can be compared.
+
+As in :mod:`traces.synth.training`: parameters and optimizer state are allocated first and left
+live; per-step buffers are all freed within their step; ids are never reused. Not modelled:
+autocast's cached low-precision weight copies, fused attention kernels, activation
+checkpointing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from traces.model import Trace
+from traces.synth._common import (
+    FLOP_PER_NS, BYTES_PER_NS, StepProgram, TagTable, assemble, choice, positive,
+    steps_for_events,
+)
+
+SEQ_DISTRIBUTIONS = ("uniform", "bucketed", "lognormal")
+SCALAR = 4
+FP32 = 4
+
+HELP = {
+    "layers": "transformer blocks",
+    "d_model": "model width",
+    "heads": "attention heads (score buffers scale with heads * seq_len^2)",
+    "vocab": "vocabulary size (LM-head logits are tokens * vocab)",
+    "batch": "sequences per step",
+    "min_seq": "shortest sequence length",
+    "max_seq": "longest sequence length (also the position-embedding size)",
+    "seq_dist": "per-step sequence length: uniform, bucketed (uniform rounded up to a multiple "
+                "of bucket) or lognormal (mostly short, long tail)",
+    "bucket": "bucket width in tokens for seq_dist=bucketed",
+    "act_bytes": "bytes per activation element (2 for bf16/fp16 autocast, 4 for fp32)",
+    "steps": "training steps",
+    "events": "if given, choose steps so the trace has about this many events (overrides steps)",
+    "seed": "random seed (sequence lengths and timing jitter)",
+}
+
+
+def transformer(*, layers: int = 6, d_model: int = 512, heads: int = 8, vocab: int = 32000,
+                batch: int = 4, min_seq: int = 64, max_seq: int = 512,
+                seq_dist: str = "uniform", bucket: int = 64, act_bytes: int = 2,
+                steps: int = 20, events: int | None = None, seed: int = 0) -> Trace:
+    """A variable-sequence-length transformer training trace; see the module docstring."""
+    positive(layers=layers, d_model=d_model, heads=heads, vocab=vocab, batch=batch,
+             min_seq=min_seq, max_seq=max_seq, bucket=bucket, act_bytes=act_bytes, steps=steps)
+    choice("seq_dist", seq_dist, SEQ_DISTRIBUTIONS)
+    if min_seq > max_seq:
+        raise ValueError(f"min_seq ({min_seq}) must be <= max_seq ({max_seq})")
+    if events is not None:
+        positive(events=events)
+    params = dict(layers=layers, d_model=d_model, heads=heads, vocab=vocab, batch=batch,
+                  min_seq=min_seq, max_seq=max_seq, seq_dist=seq_dist, bucket=bucket,
+                  act_bytes=act_bytes, steps=steps, events=events, seed=seed)
+
+    tags = TagTable()
+    shapes = parameter_shapes(layers, d_model, vocab, max_seq)
+    prologue = persistent_program(shapes, tags)
+    step = step_program(layers, d_model, heads, vocab, act_bytes, shapes, tags)
+    if events is not None:
+        steps = steps_for_events(events, prologue.n_events, step.n_events)
+        params["steps"] = steps
+
+    rng = np.random.default_rng(seed)
+    seq = sequence_lengths(rng, steps, min_seq, max_seq, seq_dist, bucket)
+    tokens = batch * seq
+    values = np.stack([np.ones_like(seq), tokens, tokens * seq], axis=1)  # one, tokens, sq
+    parts = [
+        prologue.render(np.ones((1, 1)), first_id=0, rng=rng),
+        step.render(values, first_id=prologue.n_slots, rng=rng),
+    ]
+    trace = assemble(parts, tags, kind="transformer", params=params)
+    if steps <= 10_000:  # small enough to keep: which length each step drew
+        trace.metadata["seq_lens"] = [int(s) for s in seq]
+    return trace
+
+
+def sequence_lengths(rng: np.random.Generator, steps: int, min_seq: int, max_seq: int,
+                     dist: str, bucket: int) -> np.ndarray:
+    """One sequence length per step, in [min_seq, max_seq]."""
+    if dist == "lognormal":
+        # Text datasets: most samples short, a long tail; median at 30% of the log-range.
+        lo, hi = np.log(min_seq), np.log(max_seq)
+        draw = rng.lognormal(lo + 0.3 * (hi - lo), max(hi - lo, 1e-9) / 4, steps)
+        return np.clip(np.rint(draw), min_seq, max_seq).astype(np.int64)
+    seq = rng.integers(min_seq, max_seq, size=steps, endpoint=True, dtype=np.int64)
+    if dist == "bucketed":
+        # Pad up to the bucket boundary, never beyond max_seq (the position table's size).
+        seq = np.minimum(-(-seq // bucket) * bucket, max(max_seq, min_seq))
+    return seq
+
+
+def parameter_shapes(layers: int, d: int, vocab: int, max_seq: int) -> dict[str, int]:
+    """Element count of every parameter tensor (GPT-2 layout; LM head tied to the embedding)."""
+    shapes = {"embed/tokens": vocab * d, "embed/positions": max_seq * d}
+    for layer in range(layers):
+        pre = f"layer{layer}"
+        shapes.update({
+            f"{pre}/ln1.weight": d, f"{pre}/ln1.bias": d,
+            f"{pre}/qkv.weight": d * 3 * d, f"{pre}/qkv.bias": 3 * d,
+            f"{pre}/proj.weight": d * d, f"{pre}/proj.bias": d,
+            f"{pre}/ln2.weight": d, f"{pre}/ln2.bias": d,
+            f"{pre}/fc1.weight": d * 4 * d, f"{pre}/fc1.bias": 4 * d,
+            f"{pre}/fc2.weight": 4 * d * d, f"{pre}/fc2.bias": d,
+        })
+    shapes.update({"lnf/weight": d, "lnf/bias": d})
+    return shapes
+
+
+def _owner(name: str) -> str:
+    return name.split("/")[0]
+
+
+def persistent_program(shapes: dict[str, int], tags: TagTable) -> StepProgram:
+    """fp32 parameters, then Adam's two fp32 state buffers per parameter; all left live."""
+    program = StepProgram((), tags)
+    for name, elements in shapes.items():
+        program.alloc(f"param/{_owner(name)}", elements * FP32,
+                      work=elements * FP32 / BYTES_PER_NS)
+    for name, elements in shapes.items():
+        program.alloc(f"optimizer/state/{_owner(name)}", elements * FP32)
+        program.alloc(f"optimizer/state/{_owner(name)}", elements * FP32)
+    return program
+
+
+def step_program(layers: int, d: int, heads: int, vocab: int, e: int,
+                 shapes: dict[str, int], tags: TagTable) -> StepProgram:
+    """One step, symbolically in the features tokens (= B*S) and sq (= B*S*S)."""
+    p = StepProgram(("tokens", "sq"), tags)
+
+    def tok(bytes_per_token: float) -> dict[str, float]:
+        return {"tokens": bytes_per_token}
+
+    def sq(bytes_per_entry: float) -> dict[str, float]:
+        return {"sq": bytes_per_entry}
+
+    def mm(k: int, n: int) -> dict[str, float]:
+        """Work of a (tokens x k) @ (k x n) matmul."""
+        return {"tokens": 2.0 * k * n / FLOP_PER_NS}
+
+    def bw(bytes_per_token: float = 0.0, bytes_per_sq: float = 0.0) -> dict[str, float]:
+        """Work of a bandwidth-bound kernel over activations."""
+        return {"tokens": bytes_per_token / BYTES_PER_NS, "sq": bytes_per_sq / BYTES_PER_NS}
+
+    attn_mm = {"sq": 2.0 * d / FLOP_PER_NS}  # QK^T or PV over all heads: 2 * B * S^2 * d flops
+    hs = heads  # score entries per (sample, query, key)
+
+    # ---- data: token ids and targets (int64), embedding lookup + positions.
+    ids = p.alloc("data/tokens", tok(8))
+    targets = p.alloc("data/targets", tok(8))
+    x = p.alloc("forward/embed/act", tok(d * e), work=bw(3 * d * e))
+
+    saved: list[dict[str, int]] = []
+    for layer in range(layers):
+        t = f"forward/layer{layer}"
+        s = {"x": x}
+        s["ln1"] = p.alloc(f"{t}/act", tok(d * e), work=bw(2 * d * e))
+        s["ln1_stats"] = p.alloc(f"{t}/stats", tok(2 * FP32))
+        s["qkv"] = p.alloc(f"{t}/act", tok(3 * d * e), work=mm(d, 3 * d))
+        scores = p.alloc(f"{t}/attn_scores", sq(hs * e), work=attn_mm)
+        s["probs"] = p.alloc(f"{t}/attn_probs", sq(hs * e), work=bw(0, 2 * hs * e))
+        p.free(scores)
+        s["mask"] = p.alloc(f"{t}/attn_mask", sq(hs), work=bw(0, hs))  # dropout mask, bool
+        s["dprobs"] = p.alloc(f"{t}/attn_probs", sq(hs * e), work=bw(0, 2 * hs * e))
+        s["ctx"] = p.alloc(f"{t}/act", tok(d * e), work=attn_mm)
+        proj = p.alloc(f"{t}/tmp", tok(d * e), work=mm(d, d))
+        s["h1"] = p.alloc(f"{t}/act", tok(d * e), work=bw(3 * d * e))
+        p.free(proj)
+        s["ln2"] = p.alloc(f"{t}/act", tok(d * e), work=bw(2 * d * e))
+        s["ln2_stats"] = p.alloc(f"{t}/stats", tok(2 * FP32))
+        s["fc1"] = p.alloc(f"{t}/act", tok(4 * d * e), work=mm(d, 4 * d))
+        s["gelu"] = p.alloc(f"{t}/act", tok(4 * d * e), work=bw(8 * d * e))
+        out = p.alloc(f"{t}/tmp", tok(d * e), work=mm(4 * d, d))
+        x = p.alloc(f"{t}/act", tok(d * e), work=bw(3 * d * e))
+        p.free(out)
+        saved.append(s)
+    lnf = p.alloc("forward/lnf/act", tok(d * e), work=bw(2 * d * e))
+    lnf_stats = p.alloc("forward/lnf/stats", tok(2 * FP32))
+    logits = p.alloc("forward/head/logits", tok(vocab * e), work=mm(d, vocab))
+    logp = p.alloc("forward/loss/log_softmax", tok(vocab * FP32), work=bw(vocab * (e + 4)))
+    loss = p.alloc("forward/loss/scalar", SCALAR, work=bw(vocab * 4))
+
+    # ---- backward.
+    grads: dict[str, int] = {}
+
+    def weight_grad(name: str, work: dict[str, float] | float) -> None:
+        if name not in grads:  # a tied weight's second gradient accumulates in place
+            grads[name] = p.alloc(f"backward/{_owner(name)}/grad", shapes[name] * FP32, work=work)
+
+    g_loss = p.alloc("backward/loss/grad", SCALAR)
+    g_logits = p.alloc("backward/head/act_grad", tok(vocab * e), work=bw(vocab * (e + 4)))
+    p.free(g_loss, logp)
+    weight_grad("embed/tokens", mm(vocab, d))  # tied LM head: dW = g_logits^T @ lnf
+    g = p.alloc("backward/head/act_grad", tok(d * e), work=mm(vocab, d))
+    p.free(g_logits, logits, loss)
+    weight_grad("lnf/weight", bw(2 * d * e))
+    weight_grad("lnf/bias", bw(d * e))
+    g_x = p.alloc("backward/lnf/act_grad", tok(d * e), work=bw(3 * d * e))
+    p.free(g, lnf, lnf_stats, x)
+    g = g_x
+
+    for layer in reversed(range(layers)):
+        t, s, o = f"backward/layer{layer}", saved[layer], f"layer{layer}"
+        # MLP branch (g is the gradient of the block output; the residual passes it through)
+        weight_grad(f"{o}/fc2.weight", mm(4 * d, d))
+        weight_grad(f"{o}/fc2.bias", bw(d * e))
+        g_gelu = p.alloc(f"{t}/act_grad", tok(4 * d * e), work=mm(d, 4 * d))
+        p.free(s["gelu"])
+        g_fc1 = p.alloc(f"{t}/act_grad", tok(4 * d * e), work=bw(12 * d * e))
+        p.free(g_gelu, s["fc1"])
+        weight_grad(f"{o}/fc1.weight", mm(d, 4 * d))
+        weight_grad(f"{o}/fc1.bias", bw(4 * d * e))
+        g_ln2 = p.alloc(f"{t}/act_grad", tok(d * e), work=mm(4 * d, d))
+        p.free(g_fc1, s["ln2"])
+        weight_grad(f"{o}/ln2.weight", bw(2 * d * e))
+        weight_grad(f"{o}/ln2.bias", bw(d * e))
+        g_h1 = p.alloc(f"{t}/act_grad", tok(d * e), work=bw(3 * d * e))
+        p.free(g_ln2, s["ln2_stats"], s["h1"])
+        p.free(g, work=bw(3 * d * e))  # g_h1 += g (residual), in place
+        # attention branch
+        weight_grad(f"{o}/proj.weight", mm(d, d))
+        weight_grad(f"{o}/proj.bias", bw(d * e))
+        g_ctx = p.alloc(f"{t}/act_grad", tok(d * e), work=mm(d, d))
+        g_dprobs = p.alloc(f"{t}/attn_grad", sq(hs * e), work=attn_mm)
+        g_v_part = p.alloc(f"{t}/tmp", tok(d * e), work=attn_mm)  # dV = P^T @ dCtx
+        p.free(s["dprobs"])
+        g_probs = p.alloc(f"{t}/attn_grad", sq(hs * e), work=bw(0, 3 * hs * e))
+        p.free(g_dprobs, s["mask"])
+        g_scores = p.alloc(f"{t}/attn_grad", sq(hs * e), work=bw(0, 3 * hs * e))
+        p.free(g_probs, s["probs"])
+        g_qkv = p.alloc(f"{t}/act_grad", tok(3 * d * e), work=attn_mm)
+        p.free(g_scores, g_v_part, g_ctx, s["ctx"])
+        weight_grad(f"{o}/qkv.weight", mm(d, 3 * d))
+        weight_grad(f"{o}/qkv.bias", bw(3 * d * e))
+        g_ln1 = p.alloc(f"{t}/act_grad", tok(d * e), work=mm(3 * d, d))
+        p.free(g_qkv, s["qkv"], s["ln1"])
+        weight_grad(f"{o}/ln1.weight", bw(2 * d * e))
+        weight_grad(f"{o}/ln1.bias", bw(d * e))
+        g_x = p.alloc(f"{t}/act_grad", tok(d * e), work=bw(3 * d * e))
+        p.free(g_ln1, s["ln1_stats"], s["x"])
+        p.free(g_h1, work=bw(3 * d * e))  # g_x += g_h1 (residual), in place
+        g = g_x
+
+    weight_grad("embed/positions", bw(2 * d * e))
+    # the token embedding's gradient already exists (tied head): index_add_ into it in place
+    p.free(g, ids, targets, work=bw(2 * d * e))
+
+    # ---- clip_grad_norm_ and Adam (one temporary per parameter), then zero_grad.
+    norms = [p.alloc("optimizer/norm", SCALAR, work=shapes[n] * FP32 / BYTES_PER_NS)
+             for n in shapes]
+    stacked = p.alloc("optimizer/norm", SCALAR * len(shapes))
+    total = p.alloc("optimizer/norm", SCALAR)
+    p.free(*norms, stacked)
+    coef = p.alloc("optimizer/norm", SCALAR)
+    p.free(total, coef)
+    for name, elements in shapes.items():
+        tmp = p.alloc("optimizer/tmp", elements * FP32, work=4 * elements * FP32 / BYTES_PER_NS)
+        p.free(tmp, work=4 * elements * FP32 / BYTES_PER_NS)
+    p.free(*[grads[name] for name in shapes if name in grads])
+    p.require_closed()
+    return p
