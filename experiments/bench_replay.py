@@ -48,10 +48,15 @@ def _reset_peak_rss() -> None:
 
 
 def measure_one(policy: str, path: str, device: str) -> dict:
-    """Load the trace and replay it through ``policy`` (run in a subprocess)."""
+    """Load the trace and replay it through ``policy`` (run in a subprocess). A policy written
+    ``simpy:SPEC`` goes through the simpy engine as a one-process shared run instead of the
+    plain loop, to measure what the event scheduler costs."""
     from sim.device import resolve_device
-    from sim.engine import replay
+    from sim.engine import SharedProcess, replay, run_shared
     from traces import formats
+
+    through_simpy = policy.startswith("simpy:")
+    spec = policy.removeprefix("simpy:")
 
     profile = resolve_device(device)
     gc.collect()
@@ -61,7 +66,10 @@ def measure_one(policy: str, path: str, device: str) -> dict:
     gc.collect()
     _reset_peak_rss()
     start = time.perf_counter()
-    result = replay(trace, policy, profile)
+    if through_simpy:
+        result = run_shared([SharedProcess(trace, spec)], profile).results[0]
+    else:
+        result = replay(trace, spec, profile)
     elapsed = time.perf_counter() - start
     peak_rss = _peak_rss_bytes()
     return {
@@ -79,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--kind", default="training")
     parser.add_argument("--device", default="a100-80g")
-    parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES))
+    parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES) + ["simpy:bfc"],
+                        help="policy specs; simpy:SPEC replays through the simpy engine")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument("--one", nargs=2, metavar=("POLICY", "TRACE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

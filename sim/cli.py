@@ -46,14 +46,28 @@ def _progress_printer(enabled: bool):
     return show
 
 
-def _load_trace(path: str, strict: bool | None = None) -> Trace:
-    return formats.load(path) if strict is None else formats.load(path, strict=strict)
+def _load_trace(path: str, args: argparse.Namespace | None = None) -> Trace:
+    """Load with the reading options every trace-taking command shares."""
+    strict = getattr(args, "strict", None) or None
+    device_index = getattr(args, "device_index", None)
+    if isinstance(device_index, str) and device_index.isdigit():
+        device_index = int(device_index)  # "1" means device 1; "cpu" / "cuda:1" stay text
+    return formats.load(path, strict=strict, device_index=device_index)
+
+
+def _add_reading_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--strict", action="store_true",
+                        help="fail on the first anomaly in a recorded trace (default: repair "
+                             "what can be repaired and report it)")
+    parser.add_argument("--device-index", metavar="N",
+                        help="which device of a multi-device recording (default: the one with "
+                             "the most events)")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     device = resolve_device(args.device, args.capacity, args.device_profile)
     policies = [str(parse_policy(p)) for p in (args.policies or DEFAULT_POLICIES)]
-    traces = [_load_trace(p) for p in args.traces] if args.traces else [load_default_trace()]
+    traces = [_load_trace(p, args) for p in args.traces] if args.traces else [load_default_trace()]
     progress = _progress_printer(sys.stderr.isatty() and not args.json)
     comparisons: list[Comparison] = []
     for trace in traces:
@@ -87,7 +101,7 @@ def cmd_gen(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    trace = _load_trace(args.trace, strict=True if args.strict else None)
+    trace = _load_trace(args.trace, args)
     facts = summarize(trace, top=args.top)
     if args.json:
         json.dump(facts, sys.stdout, indent=2)
@@ -96,11 +110,30 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"{args.trace}: {trace.name} ({facts['source']})")
     print(f"  events      {facts['events']:,} ({facts['allocs']:,} allocs, {facts['frees']:,} frees)")
     print(f"  duration    {facts['duration_s']:.6g} s")
-    print(f"  processes   {facts['processes']}   streams {facts['streams']}")
+    print(f"  processes   {facts['processes']}")
+    print("  streams     " + ", ".join(f"{stream}: {count:,} events"
+                                      for stream, count in facts["events_per_stream"].items()))
+    meta = trace.metadata
+    if meta.get("devices"):
+        chosen = f" (replaying device {meta.get('device')})" if "device" in meta else ""
+        print("  devices     " + ", ".join(f"{d}: {n:,} events" for d, n in meta["devices"].items())
+              + chosen)
+    if meta.get("prologue_events"):
+        print(f"  before rec. {meta['prologue_events']:,} buffers already live when recording "
+              "started (added as allocations at the start)")
+    if meta.get("synthetic_times"):
+        print("  times       synthesised (the file has no timestamps)")
     print(f"  peak live   {format_size(facts['peak_live'])} after event {facts['peak_event']:,}")
     print(f"  still live  {facts['leaks']:,} buffers ({format_size(facts['leaked_bytes'])}) at the end")
     if facts.get("validation"):
-        print(f"  repairs     {facts['validation']}")
+        print(f"  repairs     {facts['validation'].get('summary', facts['validation'])}")
+    references = meta.get("reference_events") or []
+    if references:
+        actions: dict[str, int] = {}
+        for entry in references:
+            actions[entry.get("action", "?")] = actions.get(entry.get("action", "?"), 0) + 1
+        print("  recorded allocator decisions: "
+              + ", ".join(f"{a} {n:,}" for a, n in sorted(actions.items())))
     print("  sizes       " + ", ".join(
         f"{'<=' + format_size(b['upper'], 0)}: {b['count']:,}" for b in facts["size_histogram"]))
     if facts["top_live_at_peak"]:
@@ -114,7 +147,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     if Path(args.input).resolve() == Path(args.output).resolve():
         raise UserError(f"{args.output}: refusing to overwrite the input file")
-    trace = _load_trace(args.input)
+    trace = _load_trace(args.input, args)
     formats.save(trace, args.output)
     print(f"wrote {args.output}: {len(trace):,} events")
     return 0
@@ -149,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"time (default {DEFAULT_MAX_SLOWDOWN}; inf = no budget)")
     p.add_argument("--out", help="directory for results.json and figures")
     p.add_argument("--json", action="store_true", help="print one JSON object (an array for several traces)")
+    _add_reading_options(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("gen", help="generate a synthetic trace")
@@ -161,13 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="what a trace holds")
     p.add_argument("trace")
     p.add_argument("--top", type=int, default=10, help="tags to list at the peak")
-    p.add_argument("--strict", action="store_true", help="fail on the first anomaly")
     p.add_argument("--json", action="store_true")
+    _add_reading_options(p)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("convert", help="convert a trace between formats")
     p.add_argument("input")
     p.add_argument("output")
+    _add_reading_options(p)
     p.set_defaults(func=cmd_convert)
 
     sub.add_parser("policies", help="list policies and parameters").set_defaults(func=cmd_policies)

@@ -10,7 +10,11 @@ module that calls :func:`register_format` when imported, with
   ``source``/``name`` where the file does not carry them (``native.file_metadata`` helps);
 - ``writer(trace, stream)`` writing bytes, or ``None`` for an import-only format;
 - ``detect(path: str, head: bytes) -> bool`` looking at the first few KiB (un-gzipped), or
-  ``None`` to be chosen by extension only.
+  ``None`` to be chosen by extension only;
+- ``recorded``: True for other tools' recordings, which are validated leniently by default
+  (unmatched frees dropped, leaks kept, every repair counted) — native files strictly;
+- ``options``: the keyword options the reader accepts (e.g. ``device_index``), passed through
+  from :func:`load`; an option the format does not take is a one-line error.
 
 Choosing a reader: gzip is recognised by its magic bytes, whatever the name. Then among the
 formats whose ``detect`` accepts the content, the one owning the file's extension wins, else
@@ -50,15 +54,19 @@ class Format(NamedTuple):
     reader: Reader
     writer: Writer | None
     detect: Detect | None
+    recorded: bool = False
+    options: tuple[str, ...] = ()
 
 
 FORMATS: dict[str, Format] = {}
 
 
 def register_format(name: str, extensions: tuple[str, ...] | list[str], reader: Reader,
-                    writer: Writer | None = None, detect: Detect | None = None) -> Format:
+                    writer: Writer | None = None, detect: Detect | None = None, *,
+                    recorded: bool = False, options: tuple[str, ...] = ()) -> Format:
     """Add (or replace) format ``name``; returns its :class:`Format`."""
-    fmt = Format(tuple(e.lower() for e in extensions), reader, writer, detect)
+    fmt = Format(tuple(e.lower() for e in extensions), reader, writer, detect, recorded,
+                 tuple(options))
     FORMATS.pop(name, None)  # re-registering moves it to the end (most specific)
     FORMATS[name] = fmt
     return fmt
@@ -127,14 +135,23 @@ def _read_bytes(path: Path, source: str) -> bytes:
     return raw
 
 
-def load_with_report(path: str | os.PathLike[str], *, strict: bool = True
-                     ) -> tuple[Trace, ValidationReport]:
+def load_with_report(path: str | os.PathLike[str], *, strict: bool | None = None,
+                     **options: object) -> tuple[Trace, ValidationReport]:
     """Read and validate a trace file; returns ``(trace, report)``. See :func:`load`."""
     source = os.fspath(path)
     p = Path(source)
     data = _read_bytes(p, source)
-    fmt = FORMATS[format_for(source, data[:_HEAD_BYTES])]
-    trace = fmt.reader(data, source, _stem(p))
+    name = format_for(source, data[:_HEAD_BYTES])
+    fmt = FORMATS[name]
+    given = {key: value for key, value in options.items() if value is not None}
+    unknown = sorted(set(given) - set(fmt.options))
+    if unknown:
+        raise TraceError(f"option {unknown[0]!r} does not apply to {name} files"
+                         + (f" (it takes: {', '.join(fmt.options)})" if fmt.options else ""),
+                         source=source)
+    trace = fmt.reader(data, source, _stem(p), **given)
+    if strict is None:
+        strict = not fmt.recorded
     trace, report = validate(trace, strict=strict, source=source)
     if not strict and report.repairs():
         # validate() returned a new trace with its own metadata dict; safe to annotate.
@@ -143,16 +160,17 @@ def load_with_report(path: str | os.PathLike[str], *, strict: bool = True
     return trace, report
 
 
-def load(path: str | os.PathLike[str], *, strict: bool = True) -> Trace:
+def load(path: str | os.PathLike[str], *, strict: bool | None = None, **options: object) -> Trace:
     """Read the trace at ``path`` (format from content and extension) and validate it.
 
-    ``strict=False`` repairs what recorded traces commonly get wrong (see
+    ``strict`` defaults to True for native files and False for recorded formats (other tools'
+    files). ``options`` go to the format's reader (e.g. ``device_index=1``). ``strict=False`` repairs what recorded traces commonly get wrong (see
     :mod:`traces.validate`) and, when it repaired anything, records the report in
     ``metadata['validation']``. Metadata ``source`` and ``name`` default to the path and the
     file stem when the file does not carry them. Raises :class:`TraceError` (one line: file,
     event, problem) for any problem with the file; never writes to it.
     """
-    return load_with_report(path, strict=strict)[0]
+    return load_with_report(path, strict=strict, **options)[0]
 
 
 def save(trace: Trace, path: str | os.PathLike[str]) -> None:
