@@ -24,6 +24,41 @@ POLICIES: dict[str, type[Policy]] = {
 }
 DEFAULT_POLICIES = ("on-demand", "preallocate", "best-fit", "bfc")
 
+# Presets: names users know from their framework's settings, each mapping onto a policy above.
+# A preset keeps its own name in reports ("jax:preallocate=false") and builds the policy it
+# stands for, so it costs nothing on the hot path.
+JAX_PARAMS = {
+    "preallocate": Param("bool", True, "XLA_PYTHON_CLIENT_PREALLOCATE (default true)"),
+    "fraction": Param("float", 0.75, "XLA_CLIENT_MEM_FRACTION / XLA_PYTHON_CLIENT_MEM_FRACTION"),
+    "allocator": Param("str", "bfc", "XLA_PYTHON_CLIENT_ALLOCATOR: bfc | platform | cuda_async"),
+}
+
+
+def _jax_policy(params: dict[str, Any]) -> "PolicySpec":
+    """JAX on GPU (jaxlib/xla_client.py, xla/pjrt/gpu/gpu_helpers.cc; allocators.md §2):
+    BFC with allow_growth = not preallocate and memory_limit = fraction × total memory;
+    platform = no caching; cuda_async = the stream-ordered pool, release threshold
+    fraction × total."""
+    allocator = params.get("allocator", "bfc")
+    fraction = params.get("fraction", 0.75)
+    if allocator in ("bfc", "default"):
+        if params.get("preallocate", True):
+            return parse_policy(f"preallocate:fraction={fraction}")
+        return parse_policy(f"bfc:fraction={fraction}")
+    if allocator == "platform":
+        return parse_policy("on-demand")
+    if allocator == "cuda_async":
+        return parse_policy(f"cuda-async:fraction={fraction}")
+    raise PolicySpecError(f"preset 'jax': allocator must be bfc, platform or cuda_async, "
+                          f"got {allocator!r}")
+
+
+PRESETS: dict[str, tuple[dict[str, Param], Any, str]] = {
+    "jax": (JAX_PARAMS, _jax_policy,
+            "JAX's settings: jax (preallocate 75%), jax:preallocate=false, "
+            "jax:allocator=platform, jax:allocator=cuda_async, jax:fraction=0.5"),
+}
+
 
 class PolicySpecError(ValueError):
     """A policy spec names something that does not exist or has a bad value."""
@@ -73,10 +108,18 @@ class PolicySpec:
 
     @property
     def policy_class(self) -> type[Policy]:
-        return POLICIES[self.name]
+        return self.resolved().policy_class if self.name in PRESETS else POLICIES[self.name]
+
+    def resolved(self) -> "PolicySpec":
+        """The policy a preset stands for (itself for a plain policy)."""
+        if self.name in PRESETS:
+            return PRESETS[self.name][1](dict(self.params))
+        return self
 
     def build(self, device: DeviceMemory) -> Policy:
         """A fresh policy drawing from ``device``."""
+        if self.name in PRESETS:
+            return self.resolved().build(device)
         try:
             return self.policy_class(device, **dict(self.params))
         except ValueError as err:
@@ -85,8 +128,12 @@ class PolicySpec:
     def __str__(self) -> str:
         if not self.params:
             return self.name
-        declared = self.policy_class.PARAMS
+        declared = _declared(self.name)
         return self.name + ":" + ",".join(f"{k}={_show(declared[k], v)}" for k, v in self.params)
+
+
+def _declared(name: str) -> dict[str, Param]:
+    return PRESETS[name][0] if name in PRESETS else POLICIES[name].PARAMS
 
 
 def parse_policy(spec: str | PolicySpec) -> PolicySpec:
@@ -95,9 +142,10 @@ def parse_policy(spec: str | PolicySpec) -> PolicySpec:
         return spec
     name, _, rest = spec.strip().partition(":")
     name = name.strip()
-    if name not in POLICIES:
-        raise PolicySpecError(f"unknown policy {name!r}; known policies: {', '.join(POLICIES)}")
-    declared = POLICIES[name].PARAMS
+    if name not in POLICIES and name not in PRESETS:
+        known = ", ".join(list(POLICIES) + list(PRESETS))
+        raise PolicySpecError(f"unknown policy {name!r}; known policies: {known}")
+    declared = _declared(name)
     values: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, equals, text = item.partition("=")
@@ -109,7 +157,10 @@ def parse_policy(spec: str | PolicySpec) -> PolicySpec:
             raise PolicySpecError(f"policy {name!r} has no parameter {key!r}; its parameters: {known}")
         values[key] = _coerce(name, key, declared[key], text)
     kept = tuple((k, values[k]) for k in declared if k in values and values[k] != declared[k].default)
-    return PolicySpec(name, kept)
+    spec = PolicySpec(name, kept)
+    if name in PRESETS:
+        spec.resolved()  # a preset's bad value fails here, with the preset's name
+    return spec
 
 
 def describe_policies() -> str:
@@ -118,5 +169,9 @@ def describe_policies() -> str:
     for name, cls in POLICIES.items():
         lines.append(f"{name:12s} {cls.description}")
         for key, param in cls.PARAMS.items():
+            lines.append(f"    {key}={_show(param, param.default)}  ({param.kind}) {param.help}")
+    for name, (params, _, description) in PRESETS.items():
+        lines.append(f"{name:12s} preset — {description}")
+        for key, param in params.items():
             lines.append(f"    {key}={_show(param, param.default)}  ({param.kind}) {param.help}")
     return "\n".join(lines)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from policies import DEFAULT_POLICIES, PolicySpecError, describe_policies, format_size, parse_policy
-from sim.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare
+from sim.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare, normalize_spec
 from sim.device import DEFAULT_PROFILE, PROFILES, resolve_device
 from sim.report import comparison_text, format_table, write_comparison
 from traces import Trace, TraceError
@@ -66,7 +66,7 @@ def _add_reading_options(parser: argparse.ArgumentParser) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     device = resolve_device(args.device, args.capacity, args.device_profile)
-    policies = [str(parse_policy(p)) for p in (args.policies or DEFAULT_POLICIES)]
+    policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
     traces = [_load_trace(p, args) for p in args.traces] if args.traces else [load_default_trace()]
     progress = _progress_printer(sys.stderr.isatty() and not args.json)
     comparisons: list[Comparison] = []

@@ -8,7 +8,8 @@ The winner rule (documented in the README, stable for CI):
    ``max_slowdown=None`` (``--max-slowdown inf``) drops the budget;
 3. the lowest peak reserved; ties go to the lowest modelled allocator time, then to the policy
    spec in alphabetical order.
-If no policy passes 1 and 2, there is no winner. The reason says what the winner saved over the
+If no policy passes 1 and 2, there is no winner. The offline plan (``offline``), when compared,
+is a bound and never the winner; the reason says how much it leaves to win. The reason says what the winner saved over the
 runner-up, what it cost, and which policies the budget excluded.
 """
 
@@ -21,6 +22,7 @@ from typing import Any, Callable, Sequence
 from policies import PolicySpec, format_size, parse_policy
 from sim.device import DeviceProfile
 from sim.engine import replay
+from sim.offline import OFFLINE_NAME, offline_result
 from sim.results import SCHEMA_VERSION, RunResult
 from traces.model import Trace
 
@@ -68,6 +70,9 @@ def pick_winner(results: Sequence[RunResult], max_slowdown: float | None = DEFAU
                 ) -> tuple[RunResult | None, str]:
     """The winning result and a one-sentence reason (see the module docstring for the rule)."""
     budget = math.inf if max_slowdown is None else max_slowdown
+    # The offline plan is a bound to compare against, not a policy a job can run.
+    bound = next((r for r in results if r.policy == OFFLINE_NAME and r.completed), None)
+    results = [r for r in results if r.policy != OFFLINE_NAME]
     completed = [r for r in results if r.completed]
     slow = sorted((r for r in completed if r.slowdown > budget), key=rank_key)
     done = sorted((r for r in completed if r.slowdown <= budget), key=rank_key)
@@ -82,6 +87,10 @@ def pick_winner(results: Sequence[RunResult], max_slowdown: float | None = DEFAU
         hint = f" (fewest OOMs: {fewest.policy}, {fewest.ooms})" if fewest else ""
         return None, "no policy completes the trace without running out of memory" + hint
     best = done[0]
+    if bound is not None:
+        excluded += (f"; the offline plan needs {format_size(bound.peak_reserved)}, so at most "
+                     f"{format_size(max(0, best.peak_reserved - bound.peak_reserved))} is left "
+                     f"to win")
     cost = (f"{best.device_mallocs + best.device_frees:,} device calls, "
             f"{best.alloc_time_s * 1e3:.3g} ms modelled allocator time")
     if len(done) == 1:
@@ -98,13 +107,23 @@ def pick_winner(results: Sequence[RunResult], max_slowdown: float | None = DEFAU
                   f"{second.policy}); it costs {cost}{excluded}")
 
 
+def normalize_spec(spec: str | PolicySpec) -> str | PolicySpec:
+    """A parsed policy spec, or the name of the offline plan (which is not an online policy)."""
+    if isinstance(spec, str) and spec.strip() == OFFLINE_NAME:
+        return OFFLINE_NAME
+    return parse_policy(spec)
+
+
 def compare(trace: Trace, policies: Sequence[str | PolicySpec], device: DeviceProfile, *,
             progress: Callable[[str, int, int], None] | None = None,
             max_slowdown: float | None = DEFAULT_MAX_SLOWDOWN) -> Comparison:
     """Replay ``trace`` through each policy on a fresh ``device`` and pick the winner."""
-    specs = [parse_policy(p) for p in policies]
+    specs = [normalize_spec(p) for p in policies]
     results = []
     for spec in specs:
+        if spec == OFFLINE_NAME:
+            results.append(offline_result(trace, device))
+            continue
         report = None if progress is None else (lambda done, total, s=str(spec): progress(s, done, total))
         results.append(replay(trace, spec, device, progress=report))
     winner, reason = pick_winner(results, max_slowdown)

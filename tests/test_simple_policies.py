@@ -124,3 +124,29 @@ def test_every_policy_is_described() -> None:
     text = describe_policies()
     for name in ("on-demand", "preallocate", "best-fit", "bfc"):
         assert name in text
+
+
+# -- presets -----------------------------------------------------------------------------
+@pytest.mark.parametrize("preset, stands_for", [
+    ("jax", "preallocate"),
+    ("jax:fraction=0.5", "preallocate:fraction=0.5"),
+    ("jax:preallocate=false", "bfc:fraction=0.75"),
+    ("jax:allocator=platform", "on-demand"),
+])
+def test_jax_presets_map_onto_the_policies_jax_builds(preset: str, stands_for: str) -> None:
+    spec = parse_policy(preset)
+    assert str(spec) == preset and str(spec.resolved()) == stands_for
+    policy = spec.build(SimulatedDevice(small_device()).view(0))
+    assert type(policy) is parse_policy(stands_for).policy_class
+
+
+def test_jax_without_preallocation_still_caps_memory_at_the_fraction() -> None:
+    referee = Referee(parse_policy("jax:preallocate=false"), small_device(capacity=GiB))
+    assert referee.malloc(0, 700 * MiB) is not None
+    assert referee.malloc(1, 100 * MiB) is None       # 768 MiB limit: 700 + 100 does not fit
+    assert referee.view.reserved == 768 * MiB           # growth stopped at the limit
+
+
+def test_a_bad_preset_value_is_one_line() -> None:
+    with pytest.raises(PolicySpecError, match="allocator must be bfc, platform or cuda_async"):
+        parse_policy("jax:allocator=tpu")

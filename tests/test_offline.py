@@ -1,0 +1,70 @@
+"""The offline plan: decreasing-size best fit over known lifetimes, a bound for every policy."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from sim.compare import compare
+from sim.device import DeviceProfile
+from sim.offline import _best_gap, plan_offline
+from traces import Trace
+
+GiB = 1 << 30
+
+
+def test_buffers_that_never_live_together_share_addresses() -> None:
+    # A [e0, e2), B [e1, e4), C [e3, e5): A and C never overlap in time, B overlaps both.
+    trace = Trace.from_events([(0, "alloc", 1, 100), (1, "alloc", 2, 50), (2, "free", 1, None),
+                               (3, "alloc", 3, 100), (4, "free", 2, None), (5, "free", 3, None)])
+    plan = plan_offline(trace, alignment=1)
+    by_event = dict(zip(plan.alloc_events.tolist(), plan.offsets.tolist()))
+    assert by_event == {0: 0, 3: 0, 1: 100}          # largest first; B goes on top of both
+    assert plan.heap_size == 150 == plan.peak_live
+
+
+def test_the_smallest_gap_that_fits_is_taken_lowest_offset_first() -> None:
+    offsets = np.array([0, 300, 500])
+    sizes = np.array([100, 100, 160])
+    assert _best_gap(offsets, sizes, 150) == 100      # gaps: [100,300)=200, [400,500)=100
+    assert _best_gap(offsets, sizes, 90) == 400       # the smaller gap wins
+    assert _best_gap(offsets, sizes, 250) == 660      # nothing fits: on top
+    # Overlapping intervals (placed buffers that never live together) are merged first.
+    assert _best_gap(np.array([0, 50]), np.array([100, 100]), 10) == 150
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 5000), st.integers(0, 10**6)),
+                min_size=1, max_size=80))
+def test_buffers_alive_together_never_overlap_and_the_heap_bounds_peak_live(actions) -> None:
+    events, live, next_id = [], [], 0
+    for t, (is_alloc, size, pick) in enumerate(actions):
+        if is_alloc or not live:
+            events.append((t, "alloc", next_id, size))
+            live.append(next_id)
+            next_id += 1
+        else:
+            events.append((t, "free", live.pop(pick % len(live)), None))
+    plan = plan_offline(Trace.from_events(events), alignment=1)
+    s, e, o, z = plan.alloc_events, plan.free_events, plan.offsets, plan.sizes
+    for i in range(len(s)):
+        for j in range(i + 1, len(s)):
+            if s[i] < e[j] and s[j] < e[i]:
+                assert o[i] + z[i] <= o[j] or o[j] + z[j] <= o[i]
+    assert plan.heap_size >= plan.peak_live
+    assert plan.heap_size == max((o + z).max(initial=0), 0)
+
+
+def test_offline_is_a_bound_in_compare_never_the_winner() -> None:
+    trace = Trace.from_events([(0, "alloc", 1, 3 << 20), (10**6, "alloc", 2, 5 << 20),
+                               (2 * 10**6, "free", 1, None), (3 * 10**6, "free", 2, None)])
+    result = compare(trace, ["bfc", "offline"], DeviceProfile("d", GiB))
+    offline = next(r for r in result.results if r.policy == "offline")
+    assert offline.completed and offline.peak_reserved == 8 << 20
+    assert result.winner == "bfc" and "offline plan needs" in result.reason
+
+
+def test_offline_runs_out_of_memory_when_the_plan_does_not_fit() -> None:
+    trace = Trace.from_events([(0, "alloc", 1, 600 << 20), (1, "alloc", 2, 600 << 20)])
+    result = compare(trace, ["offline"], DeviceProfile("d", GiB)).results[0]
+    assert not result.completed and result.first_oom_event == 1
