@@ -20,9 +20,13 @@ from pathlib import Path
 from typing import Sequence
 
 from policies import DEFAULT_POLICIES, PolicySpecError, describe_policies, format_size, parse_policy
-from sim.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare, normalize_spec
+from policies import parse_size
+from sim.capacity import min_capacities
+from sim.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare, normalize_spec, trace_facts
+from sim.regress import check_baseline, make_baseline
+from sim.share import parse_share_spec, plot_share, share, share_json, share_text
 from sim.device import DEFAULT_PROFILE, PROFILES, resolve_device
-from sim.report import comparison_text, format_table, write_comparison
+from sim.report import comparison_text, format_table, write_comparison, write_json
 from traces import Trace, TraceError
 from traces import formats, synth
 from traces.bundled import DEFAULT_TRACE_NAME, load_default_trace
@@ -89,6 +93,78 @@ def cmd_compare(args: argparse.Namespace) -> int:
         json.dump(data[0] if len(data) == 1 else data, sys.stdout, indent=2)
         sys.stdout.write("\n")
     return 0
+
+
+def _trace_or_default(path: str, args: argparse.Namespace) -> Trace:
+    return load_default_trace() if path == "default" else _load_trace(path, args)
+
+
+def cmd_min_capacity(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device, None, args.device_profile)
+    trace = _trace_or_default(args.trace, args)
+    policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
+    resolution = parse_size(args.resolution)
+    show = None
+    if sys.stderr.isatty() and not args.json:
+        show = lambda policy: print(f"  searching {policy} ...", file=sys.stderr)
+    answers = min_capacities(trace, policies, device, resolution=resolution, progress=show)
+    data = {"trace": trace_facts(trace), "device": device.name, "resolution": resolution,
+            "answers": [a.to_json_dict() for a in answers]}
+    if args.out:
+        write_json(data, Path(args.out) / "min_capacity.json")
+    if args.json:
+        json.dump(data, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    rows = []
+    for a in answers:
+        rows.append([a.policy,
+                     "never" if a.min_capacity is None else format_size(a.min_capacity),
+                     format_size(a.lower_bound),
+                     "-" if a.headroom is None else f"{format_size(a.headroom)} "
+                                                    f"(+{a.headroom_ratio:.1%})",
+                     "yes" if a.monotone else "NO: " + "; ".join(a.exceptions[:2]),
+                     str(a.evaluations)])
+    print(f"trace {trace.name}: peak live {format_size(trace.peak_live()[0])}; "
+          f"resolution {format_size(resolution)}\n")
+    print(format_table(rows, ["policy", "min capacity", "lower bound", "headroom",
+                              "monotone", "runs"], left=(0, 4)))
+    return 0
+
+
+def cmd_share(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device, args.capacity, args.device_profile)
+    specs = [parse_share_spec(text) for text in args.specs]
+    traces = [_trace_or_default(spec.trace, args) for spec in specs]
+    run = share(traces, specs, device)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(share_json(run, specs, device), out / "share.json")
+        plot_share(run, specs, device, out / "share.png")
+    if args.json:
+        json.dump(share_json(run, specs, device), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(share_text(run, specs, device))
+    return 0 if all(r.completed for r in run.results) else 1
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device, args.capacity, args.device_profile)
+    document = make_baseline(args.traces, args.policies or DEFAULT_POLICIES, device, args.output)
+    write_json(document, args.output)
+    print(f"wrote {args.output}: {len(document['cells'])} cells "
+          f"({len(args.traces)} traces × {len(document['policies'])} policies) on {device.name}")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    text = args.tolerance.strip()
+    tolerance = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    outcome = check_baseline(args.baseline, tolerance)
+    print(outcome.text())
+    return 0 if outcome.ok else 1
 
 
 def cmd_gen(args: argparse.Namespace) -> int:
@@ -184,6 +260,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (an array for several traces)")
     _add_reading_options(p)
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("min-capacity", help="the smallest device each policy runs the trace on")
+    p.add_argument("trace", help="trace file, or 'default' for the bundled one")
+    p.add_argument("--policies", nargs="+", metavar="SPEC")
+    p.add_argument("--resolution", default="1MiB", help="answer to this precision (default 1MiB)")
+    p.add_argument("--device", help="device profile for costs and granularity")
+    p.add_argument("--device-profile", help="a device-profile JSON file")
+    p.add_argument("--out", help="directory for min_capacity.json")
+    p.add_argument("--json", action="store_true")
+    _add_reading_options(p)
+    p.set_defaults(func=cmd_min_capacity)
+
+    p = sub.add_parser("share", help="several processes sharing one device",
+                       description="Each SPEC is TRACE[:POLICY][@START], e.g. run.npz:jax@2s "
+                                   "(policy default: jax; TRACE 'default' = the bundled trace). "
+                                   "Exit status 1 when some process runs out of memory.")
+    p.add_argument("specs", nargs="+", metavar="SPEC")
+    p.add_argument("--device", help=f"device profile (default {DEFAULT_PROFILE})")
+    p.add_argument("--capacity", help="device capacity, e.g. 24GiB")
+    p.add_argument("--device-profile", help="a device-profile JSON file")
+    p.add_argument("--out", help="directory for share.json and share.png")
+    p.add_argument("--json", action="store_true")
+    _add_reading_options(p)
+    p.set_defaults(func=cmd_share)
+
+    p = sub.add_parser("baseline", help="record the figures of traces × policies for CI checks")
+    p.add_argument("traces", nargs="+")
+    p.add_argument("--policies", nargs="+", metavar="SPEC")
+    p.add_argument("--device", help=f"device profile (default {DEFAULT_PROFILE})")
+    p.add_argument("--capacity", help="device capacity, e.g. 24GiB")
+    p.add_argument("--device-profile", help="a device-profile JSON file")
+    p.add_argument("-o", "--output", required=True, help="baseline JSON to write")
+    p.set_defaults(func=cmd_baseline)
+
+    p = sub.add_parser("check", help="re-run a baseline; exit 1 if anything got worse")
+    p.add_argument("baseline")
+    p.add_argument("--tolerance", default="1%", help="relative slack, e.g. 1%% or 0.01 (default 1%%)")
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("gen", help="generate a synthetic trace")
     p.add_argument("kind", help=f"one of: {', '.join(synth.GENERATORS)}")

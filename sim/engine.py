@@ -61,6 +61,7 @@ class ProcessReplay:
         self.skipped_events: list[int] = []       # failed allocs and the frees that match them
         self.ooms = 0
         self.first_oom: tuple[int, int, int, int, int] | None = None
+        self.first_oom_others: dict[int, int] | None = None
         # Device calls as (event index, reserved after, cumulative cost): the reserved timeline.
         # Typed arrays, not lists: on-demand makes a call per event, and 8 bytes a number
         # instead of a Python object keeps memory per event small.
@@ -162,6 +163,10 @@ class ProcessReplay:
         if self.first_oom is None:
             largest = self.policy.stats().largest_free_block
             self.first_oom = (i, size, allocated, self.view.reserved, largest)
+            # What the other processes on the device held at that moment (shared runs).
+            self.first_oom_others = {view.process: view.reserved
+                                     for view in self.view.device.views.values()
+                                     if view.process != self.process}
         if self.stop_on_oom:
             self.stopped = True
 
@@ -191,6 +196,7 @@ class ProcessReplay:
             failed_device_mallocs=view.failed_mallocs, alloc_time_s=view.cost_s,
             trace_duration_s=trace.duration_ns / 1e9,
             policy_stats=self.policy.stats().as_dict(), timeline=timeline,
+            first_oom_others=self.first_oom_others or None,
         )
 
     def _timeline(self) -> Timeline:

@@ -41,12 +41,13 @@ def _row(result: RunResult) -> list[str]:
     ]
 
 
-def format_table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
-    """A plain text table, numbers right-aligned, first column left-aligned."""
+def format_table(rows: Sequence[Sequence[str]], header: Sequence[str],
+                 left: Sequence[int] = (0,)) -> str:
+    """A plain text table: columns in ``left`` left-aligned (text), the rest right (numbers)."""
     widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 

@@ -81,6 +81,7 @@ class RunResult:
     trace_duration_s: float
     policy_stats: dict[str, int] = field(default_factory=dict)
     timeline: Timeline | None = None
+    first_oom_others: dict[int, int] | None = None   # other processes' reserved bytes then
 
     # -- derived metrics -------------------------------------------------------------
     @property
@@ -129,6 +130,8 @@ class RunResult:
             "first_oom_allocated": self.first_oom_allocated,
             "first_oom_reserved": self.first_oom_reserved,
             "first_oom_largest_free": self.first_oom_largest_free,
+            "first_oom_others": (None if self.first_oom_others is None else
+                                 {str(p): b for p, b in sorted(self.first_oom_others.items())}),
             "device_mallocs": self.device_mallocs,
             "device_frees": self.device_frees,
             "failed_device_mallocs": self.failed_device_mallocs,

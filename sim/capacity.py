@@ -1,0 +1,128 @@
+"""The smallest device that runs a trace without OOM, per policy ("what GPU do I need?").
+
+For each policy: find a capacity that works (doubling up from the peak reserved seen on a big
+device), bisect between the lower bound (peak live bytes: no allocator that keeps data in place
+can do with less) and it, to the stated resolution. Allocators are not always monotone in
+capacity — preallocation takes a fraction of whatever the device has, back-off depends on what
+is free — so the answer is then verified: capacities just above it must pass, and a spread of
+capacities below it must fail. Any exception is reported (``monotone: false``) with the smallest
+passing capacity found, which becomes the answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from policies import PolicySpec, format_size
+from policies.units import round_up
+from sim.compare import normalize_spec
+from sim.device import DeviceProfile
+from sim.engine import replay
+from sim.offline import OFFLINE_NAME, offline_result
+from traces.model import Trace
+
+MiB = 1 << 20
+PROBE_CAPACITY = 1 << 50          # "unlimited" for the first run (1 PiB)
+VERIFY_ABOVE = 8                  # resolution steps checked above the answer
+VERIFY_BELOW = 16                 # capacities checked below it, spread down to the lower bound
+
+
+@dataclass
+class CapacityAnswer:
+    """The minimum capacity for one policy, with how sure we are of it."""
+
+    policy: str
+    min_capacity: int | None       # None: does not complete even on PROBE_CAPACITY
+    lower_bound: int               # peak live bytes of the trace
+    resolution: int
+    monotone: bool
+    evaluations: int
+    exceptions: list[str] = field(default_factory=list)
+
+    @property
+    def headroom(self) -> int | None:
+        return None if self.min_capacity is None else self.min_capacity - self.lower_bound
+
+    @property
+    def headroom_ratio(self) -> float | None:
+        if self.min_capacity is None or not self.lower_bound:
+            return None
+        return self.min_capacity / self.lower_bound - 1
+
+    def to_json_dict(self) -> dict:
+        data = asdict(self)
+        data["headroom"] = self.headroom
+        data["headroom_ratio"] = None if self.headroom_ratio is None else round(self.headroom_ratio, 6)
+        return data
+
+
+def _completes(trace: Trace, spec: PolicySpec, device: DeviceProfile, capacity: int) -> bool:
+    return replay(trace, spec, device.with_capacity(capacity), stop_on_oom=True).completed
+
+
+def min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile, *,
+                 resolution: int = MiB) -> CapacityAnswer:
+    """The smallest capacity (a multiple of ``resolution``) at which ``trace`` completes."""
+    spec = normalize_spec(policy)
+    peak_live, _ = trace.peak_live()
+    evaluations = 0
+
+    def works(capacity: int) -> bool:
+        nonlocal evaluations
+        evaluations += 1
+        return _completes(trace, spec, device, capacity)
+
+    lower = max(resolution, peak_live // resolution * resolution)
+    if spec == OFFLINE_NAME:
+        # The plan does not depend on capacity: it fits exactly when its heap does.
+        heap = offline_result(trace, device.with_capacity(PROBE_CAPACITY)).peak_reserved
+        return CapacityAnswer(OFFLINE_NAME, round_up(max(heap, 1), resolution), peak_live,
+                              resolution, True, 1)
+    # A capacity that works: what the policy reserved with (practically) no limit, doubled
+    # until it works — preallocation and fractions make the needed size a multiple of it.
+    probe = replay(trace, spec, device.with_capacity(PROBE_CAPACITY))
+    evaluations += 1
+    if not probe.completed:
+        return CapacityAnswer(str(spec), None, peak_live, resolution, True, evaluations)
+    high = max(lower, round_up(max(probe.peak_reserved, 1), resolution))
+    while not works(high):
+        high *= 2
+        if high > PROBE_CAPACITY:
+            return CapacityAnswer(str(spec), None, peak_live, resolution, True, evaluations)
+    low = lower - resolution            # < peak live: fails without a run (no data moves)
+    while high - low > resolution:
+        middle = (low + high) // 2 // resolution * resolution
+        if middle <= low:
+            middle = low + resolution
+        if works(middle):
+            high = middle
+        else:
+            low = middle
+    answer = high
+    exceptions: list[str] = []
+    for step in range(1, VERIFY_ABOVE + 1):
+        capacity = answer + step * resolution
+        if not works(capacity):
+            exceptions.append(f"fails at {format_size(capacity)} above the answer")
+    below = np.unique(np.linspace(lower, answer - resolution, VERIFY_BELOW).astype(np.int64)
+                      // resolution * resolution) if answer - resolution >= lower else []
+    for capacity in (int(c) for c in below):
+        if capacity < answer and works(capacity):
+            exceptions.append(f"completes at {format_size(capacity)} below the answer")
+            answer = capacity
+    return CapacityAnswer(str(spec), answer, peak_live, resolution, not exceptions, evaluations,
+                          exceptions)
+
+
+def min_capacities(trace: Trace, policies: Sequence[str | PolicySpec], device: DeviceProfile, *,
+                   resolution: int = MiB,
+                   progress: Callable[[str], None] | None = None) -> list[CapacityAnswer]:
+    answers = []
+    for policy in policies:
+        if progress:
+            progress(str(policy))
+        answers.append(min_capacity(trace, policy, device, resolution=resolution))
+    return answers
