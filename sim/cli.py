@@ -167,6 +167,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if outcome.ok else 1
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from sim.html_report import load_results, write_report
+    path = write_report(load_results(args.results), args.output, args.title)
+    print(f"wrote {path}")
+    return 0
+
+
 def cmd_gen(args: argparse.Namespace) -> int:
     params = synth.parse_params(args.kind, args.params)
     trace = synth.generate(args.kind, seed=args.seed, **params)
@@ -298,6 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("baseline")
     p.add_argument("--tolerance", default="1%", help="relative slack, e.g. 1%% or 0.01 (default 1%%)")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("report", help="one self-contained HTML page from results files")
+    p.add_argument("results", nargs="+", help="results.json of compare --out, min_capacity.json")
+    p.add_argument("-o", "--output", default="report.html")
+    p.add_argument("--title", default="allocsim report")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("gen", help="generate a synthetic trace")
     p.add_argument("kind", help=f"one of: {', '.join(synth.GENERATORS)}")

@@ -65,10 +65,13 @@ def comparison_text(comparison: Comparison) -> str:
 
 
 def write_json(data: Any, path: str | Path) -> None:
-    """Write JSON atomically (temp file + rename), sorted keys off: the schema order is kept."""
+    """Write JSON atomically (temp file + rename); keys in schema order, not sorted."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)   # mkstemp makes 0600; a results file is as readable as any
     with os.fdopen(handle, "w") as out:
         json.dump(data, out, indent=2)
         out.write("\n")
@@ -159,15 +162,19 @@ def plot_fragmentation(results: Sequence[RunResult], path: str | Path, title: st
 
 
 def write_comparison(comparison: Comparison, out_dir: str | Path, *, stem: str = "") -> list[Path]:
-    """results.json and the three figures into ``out_dir``; returns the paths written."""
+    """results.json, report.html and the three figures into ``out_dir``; returns the paths."""
+    from sim.html_report import write_report
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prefix = f"{stem}-" if stem else ""
     json_path = out / f"{prefix}results.json"
-    write_json(comparison.to_json_dict(timeline=True), json_path)
+    document = comparison.to_json_dict(timeline=True)
+    write_json(document, json_path)
     name = comparison.trace["name"]
     return [
         json_path,
+        write_report([document], out / f"{prefix}report.html", f"allocsim: {name}"),
         plot_timelines(comparison.results, out / f"{prefix}memory_timeline.png", f"trace {name}"),
         plot_peaks(comparison.results, out / f"{prefix}peaks.png", f"trace {name}"),
         plot_fragmentation(comparison.results, out / f"{prefix}fragmentation.png", f"trace {name}"),
