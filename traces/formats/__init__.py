@@ -218,3 +218,8 @@ def _remove(path: Path) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+# Importers of other tools' files register themselves on import (after the native formats, so
+# their content detection is consulted first).
+from traces.formats import torch_snapshot  # noqa: E402,F401

@@ -1,0 +1,737 @@
+"""Tests for traces.formats.torch_snapshot: safe unpickling, parsing, the backwards rebuild of
+the state at the start, reference events, tags, and export for PyTorch's memory viewer.
+
+Facts about the real snapshots are computed here independently, by a plain walk over the
+pickle's entries, never by calling the module under test.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import traces.formats.torch_snapshot as ts
+from traces.formats import format_for, load, load_with_report
+from traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
+from traces.validate import validate
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
+EOR = SHARED / "torch-snapshot-eor.pickle"
+LM = SHARED / "torch-snapshot-lm-inference.pickle"
+REAL = [pytest.param(EOR, id="eor"), pytest.param(LM, id="lm-inference")]
+ACTIVE = ("active_allocated", "active_pending_free", "active_awaiting_free")
+REFERENCE = ("segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom", "snapshot")
+MiB = 1 << 20
+
+
+def need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"{path} is not here (shared traces are absent)")
+    return path
+
+
+# ---------------------------------------------------------------------- independent reading
+class _PlainUnpickler(pickle.Unpickler):
+    """The test's own reader: plain data only (it must not share code with the module)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"class {module}.{name} in a test snapshot")
+
+
+def raw_snapshot(path: Path) -> dict:
+    with open(path, "rb") as f:
+        return _PlainUnpickler(f).load()
+
+
+def active_requested_bytes(snapshot: dict, device: int = 0) -> int:
+    return sum(b["requested_size"] for seg in snapshot["segments"]
+               if seg.get("device", device) == device
+               for b in seg["blocks"] if b["state"] in ACTIVE)
+
+
+# ---------------------------------------------------------------------- synthetic snapshots
+def entry(action: str, addr: int, size: int, stream: int = 0, t: float | None = None,
+          frames: list | None = None, **extra: Any) -> dict:
+    e = {"action": action, "addr": addr, "size": size, "stream": stream,
+         "frames": frames or []}
+    if t is not None:
+        e["time_us"] = t
+    e.update(extra)
+    return e
+
+
+def block(address: int, size: int, requested: int, state: str) -> dict:
+    return {"address": address, "size": size, "requested_size": requested, "state": state,
+            "frames": []}
+
+
+def segment(address: int, total: int, blocks: list[dict], stream: int = 0, device: int = 0,
+            kind: str = "large", expandable: bool = False) -> dict:
+    return {"device": device, "address": address, "total_size": total, "stream": stream,
+            "segment_type": kind, "is_expandable": expandable, "frames": [], "blocks": blocks}
+
+
+def read(obj: Any, **options: Any) -> Trace:
+    return ts.read_snapshot(pickle.dumps(obj, protocol=2), "snap.pickle", "snap", **options)
+
+
+def one_line_error(call, *args, **kwargs) -> TraceError:
+    with pytest.raises(TraceError) as caught:
+        call(*args, **kwargs)
+    assert "\n" not in str(caught.value)
+    return caught.value
+
+
+def walk_plain(value: Any) -> None:
+    """Fail unless ``value`` is made of dicts, lists, str, int, float, bool and None only."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            assert type(k) is str
+            walk_plain(v)
+    elif isinstance(value, list):
+        for v in value:
+            walk_plain(v)
+    else:
+        assert value is None or type(value) in (str, int, float, bool), type(value)
+
+
+def events_of(trace: Trace) -> list[tuple[int, int, int, int]]:
+    return list(zip(trace.op.tolist(), trace.size.tolist(), trace.stream.tolist(),
+                    trace.time_ns.tolist()))
+
+
+# ====================================================================== real snapshots
+@pytest.fixture(scope="module")
+def eor() -> tuple[Trace, dict]:
+    path = need(EOR)
+    return ts.read_snapshot(path.read_bytes(), str(path), path.stem), raw_snapshot(path)
+
+
+@pytest.fixture(scope="module")
+def lm() -> tuple[Trace, dict]:
+    path = need(LM)
+    return ts.read_snapshot(path.read_bytes(), str(path), path.stem), raw_snapshot(path)
+
+
+def test_eor_file_facts(eor):
+    trace, raw = eor
+    entries = raw["device_traces"][0]
+    counts = collections.Counter(e["action"] for e in entries)
+    assert (len(entries), counts["alloc"], counts["segment_alloc"], counts["snapshot"]) == \
+        (5803, 1935, 7, 9)
+    assert trace.metadata["actions"] == dict(counts)
+    # Ten segments at the end, seven of them allocated during the trace: three at the start.
+    assert len(raw["segments"]) == 10
+    assert len(trace.metadata["initial_segments"]) == 3
+
+
+def test_lm_inference_file_facts(lm):
+    trace, raw = lm
+    assert len(raw["device_traces"][0]) == 3840
+    assert len(raw["segments"]) == 98
+    # No segment events: the 98 segments were all there when recording started.
+    assert len(trace.metadata["initial_segments"]) == 98
+    assert trace.metadata["allocator_settings"]["expandable_segments"] is False
+
+
+@pytest.mark.parametrize("which", ["eor", "lm"])
+def test_real_snapshot_rebuilds_the_start(which, request):
+    trace, raw = request.getfixturevalue(which)
+    meta = trace.metadata
+    entries = raw["device_traces"][0]
+    counts = collections.Counter(e["action"] for e in entries)
+
+    validate(trace, strict=True)  # every free matches an alloc, time never goes back
+    prologue = meta["prologue_events"]
+    assert trace.n_allocs - prologue == counts["alloc"]
+    assert trace.n_frees == counts["free_completed"]
+    # The backwards rebuild is right iff the live bytes at the end are the active blocks'.
+    assert int(trace.live_bytes()[-1]) == active_requested_bytes(raw)
+    # The prologue: the first events, all allocs, at the first time, with their own tag.
+    head = slice(0, prologue)
+    assert np.all(trace.op[head] == OP_ALLOC)
+    assert np.all(trace.time_ns[head] == 0)
+    assert {trace.tags[t] for t in trace.tag[head].tolist()} == {ts.PROLOGUE_TAG}
+    assert ts.PROLOGUE_TAG not in {trace.tags[t] for t in trace.tag[prologue:].tolist()
+                                   if t != NO_TAG}
+    # The initial segments tile their memory and hold exactly the prologue's bytes.
+    held = 0
+    for seg in meta["initial_segments"]:
+        assert sum(b["size"] for b in seg["blocks"]) == seg["total_size"]
+        assert seg["blocks"][0]["address"] == seg["address"]
+        held += sum(b["requested_size"] for b in seg["blocks"] if b["state"] != "inactive")
+    assert held == int(trace.size[head].sum())
+    # Times: nanoseconds from the first entry (the prologue sits there).
+    last = [e for e in entries if e["action"] in ("alloc", "free_completed")][-1]
+    assert trace.time_ns[-1] == (last["time_us"] - entries[0]["time_us"]) * 1000
+    assert meta["time_origin_us"] == entries[0]["time_us"]
+    assert meta["synthetic_times"] is False and meta["times_clamped"] == 0
+    assert meta["stream_handles"] == {"0": 0}
+    assert meta["devices"] == {"0": len(entries)}
+    json.dumps(meta)
+
+
+@pytest.mark.parametrize("which", ["eor", "lm"])
+def test_real_snapshot_reference_events(which, request):
+    trace, raw = request.getfixturevalue(which)
+    refs = trace.metadata["reference_events"]
+    expected = [e for e in raw["device_traces"][0] if e["action"] in REFERENCE]
+    assert len(refs) == len(expected)
+    assert [(r["action"], r["addr"], r["size"]) for r in refs] == \
+        [(e["action"], e.get("addr"), e["size"]) for e in expected]
+    assert all(0 <= r["event"] <= len(trace) for r in refs)
+    assert [r["event"] for r in refs] == sorted(r["event"] for r in refs)
+
+
+def test_eor_reference_event_points_at_the_next_event(eor):
+    trace, raw = eor
+    entries = raw["device_traces"][0]
+    first = next(i for i, e in enumerate(entries) if e["action"] == "segment_alloc")
+    allocs_before = sum(1 for e in entries[:first] if e["action"] == "alloc")
+    frees_before = sum(1 for e in entries[:first] if e["action"] == "free_completed")
+    ref = trace.metadata["reference_events"][0]
+    assert ref["event"] == trace.metadata["prologue_events"] + allocs_before + frees_before
+    assert ref["time_ns"] == (entries[first]["time_us"] - entries[0]["time_us"]) * 1000
+
+
+def test_real_snapshot_tags_are_user_call_sites(lm):
+    trace, _ = lm
+    meta = trace.metadata
+    k = meta["prologue_events"]
+    tagged = [trace.tags[t] for t in trace.tag[k:][trace.op[k:] == OP_ALLOC].tolist()
+              if t != NO_TAG]
+    assert len(tagged) == trace.n_allocs - meta["prologue_events"]  # every alloc has one
+    # The user's files, never torch/nn/modules/module.py that sits between them and the op.
+    assert {t.split(":")[0] for t in tagged} == {"model.py", "nn_utils.py"}
+    for tag, stack in meta["tag_stacks"].items():
+        assert 0 < len(stack) <= ts.MAX_STACK_FRAMES
+        assert all(isinstance(frame, str) and frame.count(":") >= 2 for frame in stack)
+
+
+def test_backward_pass_allocs_are_tagged_by_autograd_node(eor):
+    trace, raw = eor
+    allocs = [e for e in raw["device_traces"][0] if e["action"] == "alloc"]
+    no_python = sum(1 for e in allocs
+                    if not any(f["filename"].endswith(".py") for f in e["frames"]))
+    k = trace.metadata["prologue_events"]
+    tags = [trace.tag_name(t) for t in trace.tag[k:][trace.op[k:] == OP_ALLOC].tolist()]
+    assert no_python > 1000  # the backward pass runs on the autograd engine's C++ thread
+    assert None not in tags
+    assert sum(1 for t in tags if t.startswith(("autograd:", "aten::"))) == no_python
+    assert "autograd:ConvolutionBackward0" in tags
+
+
+def test_real_snapshot_through_the_registry(eor):
+    trace, _ = eor
+    loaded, report = load_with_report(EOR)
+    assert report.repairs() == {}  # nothing for lenient validation to repair
+    assert "validation" not in loaded.metadata
+    assert events_of(loaded) == events_of(trace)
+    assert loaded.metadata["source"] == str(EOR)
+    assert loaded.metadata["name"] == "torch-snapshot-eor"
+    assert format_for(EOR, EOR.read_bytes()[:64]) == "torch-snapshot"
+
+
+def test_truncated_real_file_is_one_line_error():
+    data = need(EOR).read_bytes()[:5000]
+    err = one_line_error(ts.read_snapshot, data, "cut.pickle", "cut")
+    assert str(err).startswith("cut.pickle: not a readable pickle")
+
+
+@pytest.mark.parametrize("which", ["eor", "lm"])
+def test_real_snapshot_export_round_trip(which, request):
+    trace, _ = request.getfixturevalue(which)
+    buffer = io.BytesIO()
+    ts.write_snapshot(trace, buffer)
+    again = ts.read_snapshot(buffer.getvalue(), "again.pickle", "again")
+    validate(again, strict=True)
+    assert again.metadata["prologue_events"] == 0  # every block is allocated in the trace
+    assert events_of(again) == events_of(trace)
+    assert np.array_equal(again.live_bytes(), trace.live_bytes())
+    assert again.metadata["stream_handles"] == trace.metadata["stream_handles"]
+    assert [again.tags[t] if t != NO_TAG else None for t in again.tag.tolist()] == \
+        [trace.tags[t] if t != NO_TAG else None for t in trace.tag.tolist()]
+
+
+# ====================================================================== safe loading
+class _SystemCall:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+class _EvalCall:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (eval, (f"open({str(self.marker)!r}, 'w').write('pwned')",))
+
+
+@pytest.mark.parametrize("payload", [_SystemCall, _EvalCall])
+def test_malicious_pickle_runs_nothing(tmp_path, payload):
+    marker = tmp_path / "marker"
+    data = pickle.dumps(payload(marker), protocol=2)
+    err = one_line_error(ts.read_snapshot, data, "evil.pickle", "evil")
+    assert str(err).startswith("evil.pickle: refuses to load class ")
+    assert "a snapshot holds only plain data" in str(err)
+    assert not marker.exists()
+    # Hidden inside an otherwise valid snapshot, and through load(): the same.
+    nested = {"segments": [], "device_traces": [[entry("alloc", 1, 8, frames=[
+        {"filename": "x.py", "line": 1, "name": payload(marker)}])]]}
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(pickle.dumps(nested, protocol=0))
+    err = one_line_error(load, path)
+    assert str(err).startswith(f"{path}: refuses to load class")
+    assert not marker.exists()
+
+
+def test_ordered_dicts_are_allowed():
+    snap = collections.OrderedDict(segments=[], device_traces=[[
+        collections.OrderedDict(entry("alloc", 4096, 100, t=1)),
+        collections.OrderedDict(entry("free_requested", 4096, 100, t=2)),
+        collections.OrderedDict(entry("free_completed", 4096, 100, t=3))]])
+    trace = read(snap)
+    assert events_of(trace) == [(OP_ALLOC, 100, 0, 0), (OP_FREE, 100, 0, 2000)]
+
+
+@pytest.mark.parametrize("data", [b"", b"\x80\x04\x95garbage", b"not a pickle at all",
+                                  pickle.dumps({"segments": []})[:-3]])
+def test_garbage_is_one_line_error_naming_the_file(data):
+    err = one_line_error(ts.read_snapshot, data, "bad.pickle", "bad")
+    assert str(err).startswith("bad.pickle: ")
+
+
+@pytest.mark.parametrize("obj, words", [
+    ([1, 2, 3], "segments[0] is a int"),
+    ("hello", "holds a str"),
+    ({"foo": 1}, "no 'segments' or 'device_traces'"),
+    ({"segments": [], "device_traces": [1]}, "one list of entries per device"),
+    ({"segments": [], "device_traces": [[5]]}, "entry 0 is a int"),
+    ({"segments": [], "device_traces": [[{"addr": 1}]]}, "'action' should be a string"),
+    ({"segments": [], "device_traces": [[entry("alloc", 1, "big")]]}, "'size' is 'big'"),
+    ({"segments": [], "device_traces": [[entry("alloc", 1, -5)]]}, "expected at least 0"),
+    ({"segments": [], "device_traces": [[entry("alloc", None, 5)]]}, "'addr' is None"),
+    ({"segments": [{"address": 0}], "device_traces": []}, "'total_size' is missing"),
+    ({"segments": [], "device_traces": [[entry("alloc", 1, 8, t="x")]]}, "'time_us' is 'x'"),
+    ({"segments": [], "device_traces": [[entry("alloc", 1, 1 << 70)]]}, "fit in 64 bits"),
+    ({"segments": [], "device_traces": [[entry("alloc", 1, 8, t=0),
+                                         entry("alloc", 2, 8, t=1e30)]]}, "more than 64 bits"),
+])
+def test_wrong_shape_is_one_line_error(obj, words):
+    err = one_line_error(read, obj)
+    assert str(err).startswith("snap.pickle: ")
+    assert words in str(err)
+
+
+# ====================================================================== parsing
+def test_times_without_time_us_are_synthetic():
+    snap = {"segments": [], "device_traces": [[
+        entry("alloc", 0x1000, 10), entry("alloc", 0x2000, 20),
+        entry("free_requested", 0x1000, 10), entry("free_completed", 0x1000, 10)]]}
+    trace = read(snap)
+    assert trace.metadata["synthetic_times"] is True
+    assert "time_origin_us" not in trace.metadata
+    # One microsecond per entry, in file order (free_requested takes a tick too).
+    assert trace.time_ns.tolist() == [0, 1000, 3000]
+    validate(trace, strict=True)
+
+
+def test_times_going_backwards_are_clamped_and_counted():
+    snap = {"segments": [], "device_traces": [[
+        entry("alloc", 0x1000, 10, t=100), entry("alloc", 0x2000, 20, t=99.5),
+        entry("free_requested", 0x1000, 10, t=101), entry("free_completed", 0x1000, 10, t=98)]]}
+    trace = read(snap)
+    assert trace.time_ns.tolist() == [0, 0, 1000]
+    assert trace.metadata["times_clamped"] == 2
+    assert trace.metadata["times_clamped_max_ns"] == 3000
+    validate(trace, strict=True)
+
+
+def multi_device() -> dict:
+    return {"segments": [segment(0x9000, 2 * MiB, [block(0x9000, 2 * MiB, 0, "inactive")],
+                                 device=2)],
+            "device_traces": [
+                [entry("alloc", 0x1000, 1, t=1)],
+                [entry("alloc", 0x1000, 1, t=1), entry("alloc", 0x2000, 2, t=2),
+                 entry("free_requested", 0x2000, 2, t=3), entry("free_completed", 0x2000, 2, t=4)],
+                [],
+            ]}
+
+
+def test_default_device_is_the_busiest():
+    trace = read(multi_device())
+    assert trace.metadata["device"] == 1
+    assert trace.metadata["devices"] == {"0": 1, "1": 4, "2": 0}
+    assert trace.n_allocs == 2
+
+
+def test_device_index_chooses_and_errors_list_devices(tmp_path):
+    assert read(multi_device(), device_index=0).n_allocs == 1
+    err = one_line_error(read, multi_device(), device_index=2)
+    assert "device 2 has no trace entries" in str(err)
+    assert "0 (1 entries), 1 (4 entries)" in str(err)
+    assert "device 7" in str(one_line_error(read, multi_device(), device_index=7))
+    path = tmp_path / "multi.pkl"
+    path.write_bytes(pickle.dumps(multi_device(), protocol=4))
+    assert load(path, device_index=0).metadata["device"] == 0
+    assert load(path).metadata["device"] == 1
+
+
+def test_streams_become_small_ids_in_order_of_first_appearance():
+    a, b = 0x7F00AA, 0x7F00BB
+    snap = {"segments": [segment(0x100000, 2 * MiB, [block(0x100000, 2 * MiB, 0, "inactive")],
+                                 stream=0x7F00CC)],
+            "device_traces": [[
+                entry("alloc", 0x1000, 10, stream=a, t=1),
+                entry("alloc", 0x2000, 20, stream=0, t=2),
+                entry("alloc", 0x3000, 30, stream=b, t=3),
+                entry("free_requested", 0x1000, 10, stream=a, t=4),
+                entry("free_completed", 0x1000, 10, stream=a, t=5)]]}
+    trace = read(snap)
+    assert trace.stream.tolist() == [0, 1, 2, 0]
+    assert trace.metadata["stream_handles"] == {"0": a, "1": 0, "2": b, "3": 0x7F00CC}
+    assert trace.metadata["initial_segments"][0]["stream"] == 3
+
+
+def test_block_pending_since_before_recording_is_counted():
+    snap = {"segments": [segment(0x100000, 2 * MiB, [
+                block(0x100000, 512, 100, "active_pending_free"),
+                block(0x100200, 2 * MiB - 512, 0, "inactive")], kind="small")],
+            "device_traces": [[entry("alloc", 0x300000, 8, t=1),
+                               entry("free_requested", 0x300000, 8, t=2),
+                               entry("free_completed", 0x300000, 8, t=3)]]}
+    trace = read(snap)
+    assert trace.metadata["prologue_events"] == 1
+    assert trace.metadata["frees_pending_at_end"] == 1
+    assert trace.metadata["initial_segments"][0]["blocks"][0]["state"] == "active_pending_free"
+
+
+def test_pending_free_at_the_end_stays_live():
+    snap = {"segments": [segment(0x100000, 2 * MiB, [
+                block(0x100000, 512, 100, "active_pending_free"),
+                block(0x100200, 2 * MiB - 512, 0, "inactive")], kind="small")],
+            "device_traces": [[entry("alloc", 0x100000, 100, t=1),
+                               entry("free_requested", 0x100000, 100, t=2)]]}
+    trace = read(snap)
+    assert trace.metadata["frees_pending_at_end"] == 1
+    assert trace.metadata["prologue_events"] == 0
+    assert events_of(trace) == [(OP_ALLOC, 100, 0, 0)]
+    assert int(trace.live_bytes()[-1]) == active_requested_bytes(snap)
+
+
+def pre_recording_snapshot() -> dict:
+    """Recording starts mid-run: block A (at base) was allocated before and is freed in the
+    trace; block B (base + 3 MiB) was allocated before and is still live; C reuses A's
+    memory."""
+    base = 0x100000
+    return {"segments": [segment(base, 20 * MiB, [
+                block(base, 1 * MiB, 1 * MiB - 4, "active_allocated"),              # C
+                block(base + 1 * MiB, 2 * MiB, 0, "inactive"),
+                block(base + 3 * MiB, 4 * MiB, 4 * MiB - 100, "active_allocated"),  # B
+                block(base + 7 * MiB, 13 * MiB, 0, "inactive")])],
+            "device_traces": [[
+                entry("free_requested", base, 3 * MiB - 1000, t=10),
+                entry("free_completed", base, 3 * MiB - 1000, t=11),
+                entry("alloc", base, 1 * MiB - 4, t=12),
+                entry("oom", 0, 64 * MiB, t=13, device_free=5 * MiB),
+                entry("segment_alloc", 0x9000000, 2 * MiB, t=14),
+                entry("segment_free", 0x9000000, 2 * MiB, t=15)]]}
+
+
+def test_blocks_from_before_recording_become_the_prologue():
+    snap = pre_recording_snapshot()
+    trace = read(snap)
+    validate(trace, strict=True)
+    meta = trace.metadata
+    assert meta["prologue_events"] == 2
+    assert events_of(trace) == [
+        (OP_ALLOC, 3 * MiB - 1000, 0, 0),   # A, by address
+        (OP_ALLOC, 4 * MiB - 100, 0, 0),    # B
+        (OP_FREE, 3 * MiB - 1000, 0, 1000),
+        (OP_ALLOC, 1 * MiB - 4, 0, 2000)]
+    assert int(trace.live_bytes()[-1]) == active_requested_bytes(snap)
+    (seg,) = meta["initial_segments"]  # the segment allocated and freed in the trace is gone
+    base = 0x100000
+    assert seg["address"] == base and seg["total_size"] == 20 * MiB
+    # A's rounded size is inferred: 3 MiB - 512 leaves 512 bytes before B, too little for the
+    # allocator to split off a large-pool block, so A had them too.
+    assert [(b["address"], b["size"], b["requested_size"], b["state"]) for b in seg["blocks"]] == [
+        (base, 3 * MiB, 3 * MiB - 1000, "active_allocated"),
+        (base + 3 * MiB, 4 * MiB, 4 * MiB - 100, "active_allocated"),
+        (base + 7 * MiB, 13 * MiB, 0, "inactive")]
+    assert meta["initial_block_sizes_inferred"] == 1
+    assert "inconsistencies" not in meta
+
+
+def test_reference_events_keep_file_order_and_point_at_the_next_event():
+    trace = read(pre_recording_snapshot())
+    refs = trace.metadata["reference_events"]
+    assert refs == [
+        {"action": "oom", "addr": None, "size": 64 * MiB, "stream": 0, "time_ns": 3000,
+         "event": 4, "device_free": 5 * MiB},
+        {"action": "segment_alloc", "addr": 0x9000000, "size": 2 * MiB, "stream": 0,
+         "time_ns": 4000, "event": 4},
+        {"action": "segment_free", "addr": 0x9000000, "size": 2 * MiB, "stream": 0,
+         "time_ns": 5000, "event": 4}]
+
+
+def test_alloc_before_its_segment_alloc_keeps_file_order():
+    snap = {"segments": [segment(0x200000, 2 * MiB, [block(0x200000, 512, 8, "active_allocated"),
+                                                      block(0x200200, 2 * MiB - 512, 0, "inactive")],
+                                 kind="small")],
+            "device_traces": [[entry("alloc", 0x200000, 8, t=1),
+                               entry("segment_alloc", 0x200000, 2 * MiB, t=1)]]}
+    trace = read(snap)
+    assert trace.metadata["reference_events"][0]["event"] == 1  # after the alloc, as in the file
+    assert trace.metadata["initial_segments"] == []
+    assert trace.metadata["prologue_events"] == 0
+
+
+def test_expandable_segments_are_unmapped_backwards():
+    base = 0x40000000
+    snap = {"segments": [segment(base, 4 * MiB, [block(base, 3 * MiB, 3 * MiB, "active_allocated"),
+                                                  block(base + 3 * MiB, MiB, 0, "inactive")],
+                                 expandable=True)],
+            "device_traces": [[entry("segment_map", base + 2 * MiB, 2 * MiB, t=1),
+                               entry("alloc", base, 3 * MiB, t=2)]]}
+    trace = read(snap)
+    (seg,) = trace.metadata["initial_segments"]
+    assert (seg["address"], seg["total_size"], seg["is_expandable"]) == (base, 2 * MiB, True)
+    assert trace.metadata["prologue_events"] == 0
+
+
+def test_legacy_list_is_the_state_only():
+    snap = [segment(0x100000, 2 * MiB, [block(0x100000, 1024, 1000, "active_allocated"),
+                                        block(0x100400, 2 * MiB - 1024, 0, "inactive")],
+                    kind="small")]
+    trace = read(snap)
+    assert trace.metadata["legacy"] is True and "segments only" in trace.metadata["note"]
+    assert events_of(trace) == [(OP_ALLOC, 1000, 0, 0)]
+    assert trace.metadata["prologue_events"] == 1
+    assert trace.metadata["reference_events"] == []
+
+
+def test_inconsistent_files_are_counted_not_hidden():
+    snap = {"segments": [], "device_traces": [[
+        entry("alloc", 0x1000, 10, t=1), entry("free_completed", 0x1000, 10, t=2),
+        entry("free_completed", 0x1000, 10, t=3)]]}
+    trace = read(snap)
+    validate(trace, strict=True)
+    assert trace.metadata["inconsistencies"]["unmatched_frees_dropped"] == 1
+
+
+def test_annotations_and_unknown_actions_are_counted_only():
+    snap = {"segments": [], "device_traces": [[
+        {"action": "annotate", "stream": 0x55, "time_us": 1},
+        entry("alloc", 0x1000, 10, stream=0x66, t=2)]]}
+    trace = read(snap)
+    assert trace.metadata["actions"] == {"annotate": 1, "alloc": 1}
+    assert trace.metadata["stream_handles"] == {"0": 0x66}
+
+
+# ====================================================================== tags
+CPP = [{"filename": "??", "line": 0, "name": "torch::unwind::unwind()"},
+       {"filename": "CUDACachingAllocator.cpp", "line": 0, "name": "malloc"},
+       {"filename": "", "line": 0, "name": "at::empty"},
+       {"filename": "??", "line": 0, "name": "_PyEval_EvalFrameDefault"}]
+TORCH = [{"filename": "/venv/lib/python3.12/site-packages/torch/nn/functional.py",
+          "line": 2000, "name": "linear"},
+         {"filename": "/usr/lib/python3.12/contextlib.py", "line": 81, "name": "inner"}]
+USER = [{"filename": "/home/me/train.py", "line": 42, "name": "step"},
+        {"filename": "/home/me/train.py", "line": 99, "name": "<module>"}]
+
+
+def tagged(frames_per_alloc: list[list[dict]]) -> Trace:
+    entries = [entry("alloc", 0x1000 * (i + 1), 8, t=i, frames=frames)
+               for i, frames in enumerate(frames_per_alloc)]
+    return read({"segments": [], "device_traces": [entries]})
+
+
+def test_tag_is_the_first_user_frame():
+    trace = tagged([CPP + TORCH + USER, CPP, CPP + TORCH, []])
+    names = [trace.tag_name(t) for t in trace.tag.tolist()]
+    # No user frame: the first kept Python frame (a torch call site); none at all: no tag.
+    assert names == ["train.py:42:step", None, "functional.py:2000:linear", None]
+    stack = trace.metadata["tag_stacks"]["train.py:42:step"]
+    assert stack[0] == "CUDACachingAllocator.cpp:0:malloc"      # filtered like _memory_viz
+    assert "/home/me/train.py:42:step" in stack
+    assert not any("unwind" in f or "_PyEval" in f for f in stack)
+
+
+def test_cpp_only_stacks_are_tagged_by_autograd_node_or_op():
+    op = {"filename": "??", "line": 0, "name": "at::_ops::mul_Tensor::call(at::Tensor const&)"}
+    node = {"filename": "??", "line": 0,
+            "name": "torch::autograd::generated::MulBackward0::apply(std::vector<at::Tensor>&&)"}
+    trace = tagged([CPP + [op, node], CPP + [op]])
+    assert [trace.tag_name(t) for t in trace.tag.tolist()] == ["autograd:MulBackward0",
+                                                               "aten::mul_Tensor"]
+
+
+def test_tag_stacks_are_capped():
+    deep = [{"filename": f"/home/me/m{i}.py", "line": i, "name": "f"} for i in range(200)]
+    trace = tagged([deep])
+    assert len(trace.metadata["tag_stacks"]["m0.py:0:f"]) == ts.MAX_STACK_FRAMES
+
+
+# ====================================================================== export
+def small_trace() -> Trace:
+    trace = Trace.from_events([
+        (0, "alloc", 1, 1000, 0), (1500, "alloc", 2, 513, 1), (2001, "free", 1, 1000, 0),
+        (3000, "alloc", 3, 0, 0), (3000, "alloc", 1, 64, 1), (9999, "free", 2, None, 1),
+        (10000, "free", 3, 0, 0)], name="small")
+    trace.tags = ["aten::empty", "train.py:42:step"]
+    trace.tag[:] = [0, 1, 0, -1, 1, 1, -1]
+    return trace
+
+
+def test_write_snapshot_is_plain_protocol_4_and_reads_back(tmp_path):
+    trace = small_trace()
+    buffer = io.BytesIO()
+    ts.write_snapshot(trace, buffer)
+    data = buffer.getvalue()
+    assert data[:2] == b"\x80\x04"  # MemoryViz.js reads protocols 2 to 4
+    snapshot = _PlainUnpickler(io.BytesIO(data)).load()
+    walk_plain(snapshot)
+    assert set(snapshot) == {"segments", "device_traces", "allocator_settings"}
+    actions = collections.Counter(e["action"] for e in snapshot["device_traces"][0])
+    assert actions == {"alloc": 4, "free_requested": 3, "free_completed": 3}
+
+    again = ts.read_snapshot(data, "x.pickle", "x")
+    validate(again, strict=True)
+    assert events_of(again) == [(o, s if o == OP_ALLOC else m, st, t) for (o, s, st, t), m in
+                                zip(events_of(trace), trace.matched_sizes().tolist())]
+    assert np.array_equal(again.live_bytes(), trace.live_bytes())
+    assert [again.tag_name(t) for t in again.tag.tolist()] == \
+        [trace.tag_name(t) for t in trace.tag.tolist()]
+    # Through save/load by extension, once the integrator registers the module.
+    path = tmp_path / "small.pickle"
+    with open(path, "wb") as f:
+        ts.write_snapshot(trace, f)
+    assert events_of(load(path)) == events_of(again)
+
+
+def test_export_lays_out_blocks_without_overlap():
+    snapshot = ts.snapshot_of_run(small_trace())
+    allocs = [e for e in snapshot["device_traces"][0] if e["action"] == "alloc"]
+    addresses = [e["addr"] for e in allocs]
+    assert addresses == sorted(set(addresses))  # bump pointer: never reused
+    assert all(a % 512 == 0 for a in addresses)
+    (seg,) = snapshot["segments"]
+    assert sum(b["size"] for b in seg["blocks"]) == seg["total_size"]
+    live = [b for b in seg["blocks"] if b["state"] == "active_allocated"]
+    assert [(b["address"], b["requested_size"]) for b in live] == [(addresses[3], 64)]
+
+
+def test_snapshot_of_run_uses_addresses_and_device_calls():
+    trace = Trace.from_events([
+        (0, "alloc", 1, 100, 0), (10, "alloc", 2, 300, 0), (20, "free", 1, 100, 0),
+        (30, "alloc", 3, 200, 0), (40, "free", 2, 300, 0), (50, "free", 3, 200, 0)])
+    base = 0x7F0000000000
+    addresses = {0: base, 1: base + 512, 3: base}
+    calls = [{"action": "segment_alloc", "addr": base, "size": 2 * MiB, "stream": 0, "event": 0},
+             {"action": "snapshot", "addr": 0, "size": 400, "stream": 0, "event": 3},
+             {"action": "segment_free", "addr": base, "size": 2 * MiB, "stream": 0, "event": 6}]
+    snapshot = ts.snapshot_of_run(trace, addresses, calls)
+    walk_plain(snapshot)
+    entries = snapshot["device_traces"][0]
+    assert [e["action"] for e in entries] == [
+        "segment_alloc", "alloc", "alloc", "free_requested", "free_completed", "snapshot",
+        "alloc", "free_requested", "free_completed", "free_requested", "free_completed",
+        "segment_free"]
+    assert [e["addr"] for e in entries if e["action"] == "alloc"] == [base, base + 512, base]
+    assert snapshot["segments"] == []
+
+    again = ts.read_snapshot(pickle.dumps(snapshot, protocol=4), "run.pickle", "run")
+    validate(again, strict=True)
+    assert events_of(again) == events_of(trace)
+    assert [{k: r[k] for k in ("action", "addr", "size", "stream", "event")}
+            for r in again.metadata["reference_events"]] == calls
+    assert again.metadata["initial_segments"] == [] and again.metadata["prologue_events"] == 0
+    # A pure function of its inputs.
+    assert ts.snapshot_of_run(trace, addresses, calls) == snapshot
+
+
+def test_snapshot_of_run_refuses_what_the_viewer_cannot_draw():
+    trace = Trace.from_events([(0, "alloc", 1, 100, 0), (5, "free", 1, 100, 0)])
+    call = {"action": "segment_alloc", "addr": 4096, "size": 2 * MiB, "stream": 0, "event": 0}
+    err = one_line_error(ts.snapshot_of_run, trace, {0: 1 << 40}, [call])
+    assert "event 0" in str(err) and "in no segment" in str(err)
+    assert "event 0" in str(one_line_error(ts.snapshot_of_run, trace, {}, None))
+    assert "need the addresses" in str(one_line_error(ts.snapshot_of_run, trace, None, [call]))
+    bad = dict(call, event=9)
+    assert "'event' is 9" in str(one_line_error(ts.snapshot_of_run, trace, {0: 4096}, [bad]))
+    # Without device calls, segments cover the given addresses.
+    snapshot = ts.snapshot_of_run(trace, {0: np.int64(1 << 40)})
+    assert snapshot["segments"][0]["address"] == 1 << 40
+
+
+def test_detect():
+    assert ts.detect_snapshot("whatever.bin", b"\x80\x04\x95")
+    assert ts.detect_snapshot("old.pkl", b"(dp0\n")
+    assert ts.detect_snapshot("X.PICKLE", b"")
+    assert not ts.detect_snapshot("t.csv", b"time_ns,op,id,size\n")
+    assert format_for("run.pickle", b"\x80\x04") == "torch-snapshot"
+
+
+# ---------------------------------------------------------------------- property: round trip
+@st.composite
+def valid_traces(draw) -> Trace:
+    steps = draw(st.lists(st.tuples(st.booleans(), st.integers(0, 5 * MiB), st.integers(0, 2),
+                                    st.integers(0, 3000), st.integers(-1, 2)), max_size=40))
+    live: list[int] = []
+    rows, tags, time, next_id = [], [], 0, 0
+    for is_alloc, size, stream, gap, tag in steps:
+        time += gap
+        if is_alloc or not live:
+            rows.append((time, "alloc", next_id, size, stream))
+            live.append(next_id)
+            next_id += 1
+        else:
+            key = live.pop(size % len(live))
+            rows.append((time, "free", key, None, 0))
+        tags.append(tag)
+    trace = Trace.from_events(rows)
+    # A free's stream is its buffer's stream, as every importer writes it.
+    stream_of = {}
+    for i, (t, op, key, size, stream) in enumerate(rows):
+        if op == "alloc":
+            stream_of[key] = stream
+        trace.stream[i] = stream_of[key]
+    trace.tags = ["a.py:1:f", "x", "<odd tag>"]
+    trace.tag[:] = tags
+    return trace
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_traces())
+def test_export_import_round_trip(trace):
+    buffer = io.BytesIO()
+    ts.write_snapshot(trace, buffer)
+    again = ts.read_snapshot(buffer.getvalue(), "p.pickle", "p")
+    validate(again, strict=True)
+    # Times come back from the first event on (a snapshot's clock is absolute), and stream
+    # ids in order of first appearance (the file holds raw handles only).
+    start = int(trace.time_ns[0]) if len(trace) else 0
+    renumber: dict[int, int] = {}
+    streams = [renumber.setdefault(s_, len(renumber)) for s_ in trace.stream.tolist()]
+    assert [(o, st_, t) for o, _, st_, t in events_of(again)] == \
+        [(o, st_, t - start) for (o, _, _, t), st_ in zip(events_of(trace), streams)]
+    allocs = trace.op == OP_ALLOC
+    assert again.size[allocs].tolist() == trace.size[allocs].tolist()
+    assert np.array_equal(again.live_bytes(), trace.live_bytes())
+    assert [again.tag_name(t) for t in again.tag[allocs].tolist()] == \
+        [trace.tag_name(t) for t in trace.tag[allocs].tolist()]
