@@ -16,13 +16,15 @@ from policies.base import DeviceMemory, Param, Policy
 from policies.best_fit import BestFitAllocator
 from policies.bfc import BFCAllocator, PreallocateAllocator
 from policies.on_demand import OnDemandAllocator
+from policies.pytorch_caching import PyTorchCachingAllocator
 from policies.units import format_size, parse_size
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (OnDemandAllocator, PreallocateAllocator, BestFitAllocator, BFCAllocator)
+    for cls in (OnDemandAllocator, PreallocateAllocator, BestFitAllocator, BFCAllocator,
+                PyTorchCachingAllocator)
 }
-DEFAULT_POLICIES = ("on-demand", "preallocate", "best-fit", "bfc")
+DEFAULT_POLICIES = ("on-demand", "preallocate", "best-fit", "bfc", "pytorch")
 
 # Presets: names users know from their framework's settings, each mapping onto a policy above.
 # A preset keeps its own name in reports ("jax:preallocate=false") and builds the policy it
@@ -132,6 +134,33 @@ class PolicySpec:
         return self.name + ":" + ",".join(f"{k}={_show(declared[k], v)}" for k, v in self.params)
 
 
+def _split_params(text: str) -> list[str]:
+    """Split ``a=1,b=[256:1,>:4]`` on the commas outside brackets (PyTorch's list syntax)."""
+    parts, depth, current = [], 0, []
+    for char in text:
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth = max(0, depth - 1)
+        if char == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return parts
+
+
+def alloc_conf_spec(text: str) -> PolicySpec:
+    """The ``pytorch`` policy for a PYTORCH_CUDA_ALLOC_CONF string given as-is."""
+    from policies.pytorch_caching import parse_alloc_conf
+    try:
+        params = parse_alloc_conf(text)
+    except ValueError as err:
+        raise PolicySpecError(str(err)) from None
+    return parse_policy("pytorch:" + ",".join(f"{k}={v}" for k, v in params.items()))
+
+
 def _declared(name: str) -> dict[str, Param]:
     return PRESETS[name][0] if name in PRESETS else POLICIES[name].PARAMS
 
@@ -147,7 +176,7 @@ def parse_policy(spec: str | PolicySpec) -> PolicySpec:
         raise PolicySpecError(f"unknown policy {name!r}; known policies: {known}")
     declared = _declared(name)
     values: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
+    for item in filter(None, (part.strip() for part in _split_params(rest))):
         key, equals, text = item.partition("=")
         key = key.strip()
         if not equals:

@@ -21,6 +21,7 @@ from typing import Sequence
 
 from policies import DEFAULT_POLICIES, PolicySpecError, describe_policies, format_size, parse_policy
 from policies import parse_size
+from policies.registry import alloc_conf_spec
 from sim.capacity import min_capacities
 from sim.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare, normalize_spec, trace_facts
 from sim.regress import check_baseline, make_baseline
@@ -71,6 +72,7 @@ def _add_reading_options(parser: argparse.ArgumentParser) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     device = resolve_device(args.device, args.capacity, args.device_profile)
     policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
+    policies += [str(alloc_conf_spec(text)) for text in args.alloc_conf or []]
     traces = [_load_trace(p, args) for p in args.traces] if args.traces else [load_default_trace()]
     progress = _progress_printer(sys.stderr.isatty() and not args.json)
     comparisons: list[Comparison] = []
@@ -257,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("traces", nargs="*", help=f"trace files (default: the bundled {DEFAULT_TRACE_NAME})")
     p.add_argument("--policies", nargs="+", metavar="SPEC",
                    help=f"policy specs, e.g. bfc:allow_growth=false (default: {' '.join(DEFAULT_POLICIES)})")
+    p.add_argument("--alloc-conf", action="append", metavar="CONF",
+                   help="add the pytorch policy configured by a PYTORCH_CUDA_ALLOC_CONF string "
+                        "as-is, e.g. 'max_split_size_mb:128,expandable_segments:True' (repeatable)")
     p.add_argument("--device", help=f"device profile (default {DEFAULT_PROFILE}; see `allocsim devices`)")
     p.add_argument("--capacity", help="device capacity, e.g. 24GiB (overrides the profile's)")
     p.add_argument("--device-profile", help="a device-profile JSON file (from `allocsim calibrate`)")
