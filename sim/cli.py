@@ -169,6 +169,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if outcome.ok else 1
 
 
+def cmd_record(args: argparse.Namespace) -> int:
+    from traces.record import run_script
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UserError("record: give the program after --, e.g. allocsim record -o run.npz -- python train.py")
+    trace = run_script(command, args.output, log=args.log)
+    peak, _ = trace.peak_live()
+    print(f"wrote {args.output}: {len(trace):,} events, peak live {format_size(peak)}",
+          file=sys.stderr)
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from sim.html_report import load_results, write_report
     path = write_report(load_results(args.results), args.output, args.title)
@@ -310,6 +324,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("baseline")
     p.add_argument("--tolerance", default="1%", help="relative slack, e.g. 1%% or 0.01 (default 1%%)")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("record", help="run a Python program and record its CuPy allocations",
+                       description="allocsim record -o run.npz -- python train.py args: installs a "
+                                   "CuPy memory hook, runs the script, writes a native trace (time, "
+                                   "size, stream, call site). From your own code: "
+                                   "`with traces.record.cupy('run.npz'): ...`.")
+    p.add_argument("-o", "--output", required=True, help="trace file to write (.npz, .csv, ...)")
+    p.add_argument("--log", help="also write the raw hook calls as a CuPy JSON-lines log")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- python script.py args")
+    p.set_defaults(func=cmd_record)
 
     p = sub.add_parser("report", help="one self-contained HTML page from results files")
     p.add_argument("results", nargs="+", help="results.json of compare --out, min_capacity.json")

@@ -1,8 +1,9 @@
 """The sample traces shipped inside the package, so ``allocsim compare`` works with no input.
 
-``default-training.npz`` is the synthetic DNN training loop from :mod:`traces.synth.training`
-at its default parameters and seed 0 (regenerate with ``python -m traces.bundled``); recorded
-samples join it as the recorders are built.
+- ``default-training.npz``: the synthetic DNN training loop from :mod:`traces.synth.training`
+  at its default parameters and seed 0 (regenerate with ``python -m traces.bundled``);
+- ``sample-torch-cpu-mlp.npz``, ``sample-torch-cpu-transformer.npz``: real PyTorch runs
+  (CPU) recorded with :func:`traces.record.record_torch` by ``experiments/record_samples.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ DEFAULT_TRACE_NAME = "default-training.npz"
 
 def bundled_path(name: str = DEFAULT_TRACE_NAME) -> Path:
     return Path(str(resources.files("traces") / "data" / name))
+
+
+def bundled_names() -> list[str]:
+    """Every sample trace shipped with the package."""
+    folder = bundled_path().parent
+    return sorted(p.name for p in folder.glob("*.npz"))
 
 
 def load_default_trace() -> Trace:

@@ -223,3 +223,5 @@ def _remove(path: Path) -> None:
 # Importers of other tools' files register themselves on import (after the native formats, so
 # their content detection is consulted first).
 from traces.formats import torch_snapshot  # noqa: E402,F401
+from traces.formats import torch_profiler  # noqa: E402,F401  (before cupy_log, rmm_csv: helpers)
+from traces.formats import cupy_log, malloclab, rmm_csv  # noqa: E402,F401

@@ -249,14 +249,16 @@ def read_npz(data: bytes, source: str, name: str) -> Trace:
 
 # ====================================================================== .csv
 def detect_csv(path: str, head: bytes) -> bool:
-    """Text whose first line that is not blank or a ``#`` comment does not start with ``{``/``[``.
-
-    The catch-all text format: more specific detectors are asked first.
+    """Text whose first line that is not blank or a ``#`` comment is a header naming
+    ``time_ns`` — so another tool's CSV (an RMM log, say) is left to its own importer. A file
+    no format claims is read by its extension's reader, which says what is wrong with it.
     """
     if b"\x00" in head or head.startswith(_ZIP_MAGIC):
         return False
     line = _first_content_line(head)
-    return line is not None and not line.startswith((b"{", b"["))
+    if line is None or line.startswith((b"{", b"[")):
+        return False
+    return b"time_ns" in [field.strip().strip(b'"').lower() for field in line.split(b",")]
 
 
 def _first_content_line(head: bytes) -> bytes | None:

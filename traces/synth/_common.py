@@ -72,6 +72,12 @@ class StepProgram:
 
     Buffers are *slots*: ``alloc`` returns a slot number, ``free`` takes it. Each step renders
     every slot under a fresh id, so ids are never reused and steps cannot interfere.
+
+    The one exception is a buffer that outlives its step and is freed by the next one (a
+    functional optimizer's new parameters replace the old ones one step later): ``inherit``
+    declares a slot for the buffer the *previous* step handed on, and ``hand_on(old, new)`` says
+    that this step's ``new`` (left live) is what the next step knows as ``old``. Step 0's
+    inherited buffers come from before the program (``render(initial_ids=...)``).
     """
 
     def __init__(self, features: Sequence[str], tags: TagTable) -> None:
@@ -86,6 +92,7 @@ class StepProgram:
         self._slot_size: list[np.ndarray] = []
         self._slot_tag: list[str] = []
         self._live: set[int] = set()
+        self._inherited: dict[int, int | None] = {}  # inherited slot -> the slot handed on
 
     # ------------------------------------------------------------------ writing
     def _form(self, value: Linear, dtype: type) -> np.ndarray:
@@ -108,6 +115,25 @@ class StepProgram:
         self._append(OP_ALLOC, slot, tag, coefficients, work)
         self._live.add(slot)
         return slot
+
+    def inherit(self, tag: str, size: Linear) -> int:
+        """A slot for a live buffer that the previous step handed on; free it, never alloc it."""
+        slot = len(self._slot_size)
+        self._slot_size.append(self._form(size, np.int64))
+        self._slot_tag.append(tag)
+        self._live.add(slot)
+        self._inherited[slot] = None
+        return slot
+
+    def hand_on(self, old: int, new: int) -> None:
+        """This step's ``new`` buffer (left live) is the next step's inherited ``old``."""
+        if old not in self._inherited or self._inherited[old] is not None:
+            raise ValueError(f"slot {old} is not an inherited slot still waiting for a successor")
+        if new in self._inherited or new not in self._live:
+            raise ValueError(f"slot {new} is not a buffer this step allocated and left live")
+        if not np.array_equal(self._slot_size[old], self._slot_size[new]):
+            raise ValueError(f"slot {new} must have the size of the slot {old} it replaces")
+        self._inherited[old] = new
 
     def free(self, *slots: int, work: Linear = 0.0) -> None:
         """Free the buffers in ``slots``, in that order (``work`` precedes the first)."""
@@ -138,16 +164,28 @@ class StepProgram:
         return sorted(self._live)
 
     def require_closed(self) -> None:
-        """Raise unless every buffer the program allocated is freed (a per-step invariant)."""
-        if self._live:
-            raise AssertionError(f"step program leaves slots live: {sorted(self._live)}")
+        """Raise unless every buffer the step allocated is freed (a per-step invariant).
+
+        The exception: buffers handed on to the next step (:meth:`hand_on`), which must free
+        its inherited copies; every inherited slot must have been freed and handed on.
+        """
+        handed_on = set(self._inherited.values())
+        if None in handed_on:
+            raise AssertionError("an inherited slot was not handed on to the next step")
+        if self._live != handed_on:
+            raise AssertionError(f"step program leaves slots live: {sorted(self._live - handed_on)}"
+                                 if self._live - handed_on else
+                                 "a buffer handed on to the next step was freed")
 
     # ------------------------------------------------------------------ rendering
-    def render(self, values: np.ndarray, *, first_id: int, rng: np.random.Generator) -> dict:
+    def render(self, values: np.ndarray, *, first_id: int, rng: np.random.Generator,
+               initial_ids: Mapping[int, int] | None = None) -> dict:
         """Columns for ``len(values)`` steps; ``values[step, feature]`` in ``self.features`` order.
 
         Returns ``op``, ``id``, ``size``, ``tag`` and ``gap_ns`` (time since the previous event),
-        step-major. Every size is checked to be positive.
+        step-major. Every size is checked to be positive. ``initial_ids`` maps each inherited
+        slot to the id of the live buffer step 0 inherits; later steps inherit the buffer the
+        step before handed on. The last step's handed-on buffers stay live.
         """
         values = np.asarray(values, dtype=np.int64).reshape(-1, len(self.features))
         n_steps, n_events = len(values), self.n_events
@@ -171,6 +209,16 @@ class StepProgram:
         gap = jittered(rng, (work + overhead).ravel())
         ids = first_id + (np.arange(n_steps, dtype=np.int64)[:, None] * self.n_slots
                           + np.array(self._slot, dtype=np.int64)[None, :])
+        if self._inherited:
+            missing = set(self._inherited) - set(initial_ids or {})
+            if missing:
+                raise ValueError(f"render needs initial_ids for inherited slots {sorted(missing)}")
+            slots = np.array(self._slot, dtype=np.int64)
+            for old, new in self._inherited.items():
+                events = np.flatnonzero(slots == old)
+                ids[0, events] = initial_ids[old]
+                ids[1:, events] = (first_id + np.arange(n_steps - 1, dtype=np.int64)[:, None]
+                                   * self.n_slots + new)
         return {
             "op": np.tile(ops, n_steps),
             "id": ids.ravel(),
@@ -264,3 +312,69 @@ def _base_type(hint: Any) -> type:
             return args[0]
     return hint
 
+
+
+# ---------------------------------------------------------------------- optimizer updates
+OPTIMIZER_MODES = ("inplace", "functional")
+
+
+def check_optimizer_mode(optimizer_mode: str, donate: bool) -> None:
+    """Validate ``optimizer_mode`` and ``donate`` together (donation needs a functional update)."""
+    choice("optimizer_mode", optimizer_mode, OPTIMIZER_MODES)
+    if donate and optimizer_mode != "functional":
+        raise ValueError("donate=true needs optimizer_mode=functional (an in-place optimizer "
+                         "already updates its buffers where they are)")
+
+
+def _owner(name: str) -> str:
+    return name.split("/")[0]
+
+
+def inherit_persistent(p: StepProgram, shapes: Mapping[str, int], elt_bytes: int,
+                       state_buffers: int) -> tuple[list[int], list[list[int]], dict[int, int]]:
+    """Inherited slots for the parameters and optimizer state that the prologue left live.
+
+    The prologue must have allocated, from id 0, one ``param/<owner>`` buffer per entry of
+    ``shapes`` in order, then ``state_buffers`` ``optimizer/state/<owner>`` buffers per entry.
+    Returns (parameter slots, state slots per parameter, the ``initial_ids`` for render).
+    """
+    params: list[int] = []
+    states: list[list[int]] = []
+    initial: dict[int, int] = {}
+    for index, (name, elements) in enumerate(shapes.items()):
+        slot = p.inherit(f"param/{_owner(name)}", elements * elt_bytes)
+        params.append(slot)
+        initial[slot] = index
+    for index, (name, elements) in enumerate(shapes.items()):
+        row = []
+        for k in range(state_buffers):
+            slot = p.inherit(f"optimizer/state/{_owner(name)}", elements * elt_bytes)
+            row.append(slot)
+            initial[slot] = len(shapes) + index * state_buffers + k
+        states.append(row)
+    return params, states, initial
+
+
+def functional_update(p: StepProgram, shapes: Mapping[str, int], elt_bytes: int,
+                      params: Sequence[int], states: Sequence[Sequence[int]], *,
+                      adam: bool) -> None:
+    """A functional optimizer step without buffer donation (JAX/optax without donate_argnums).
+
+    For each parameter, in order: the update kernel allocates its NEW optimizer state buffers
+    and NEW parameter while the old ones are still live (Adam also builds its ``denom``
+    temporary, as the in-place step does, so the two modes differ only in the new buffers). The
+    new buffers are handed on to the next step; the caller frees the old ones (``params`` and
+    ``states``) after the step, when the training loop rebinds its variables.
+    """
+    for index, (name, elements) in enumerate(shapes.items()):
+        nbytes = elements * elt_bytes
+        tmp = None
+        if adam:
+            tmp = p.alloc("optimizer/tmp", nbytes, work=memory_ns(4 * nbytes))
+        work = 0.0 if adam else memory_ns(3 * nbytes)  # SGD: momentum and parameter update
+        for old in states[index]:
+            p.hand_on(old, p.alloc(f"optimizer/state/{_owner(name)}", nbytes, work=work))
+            work = 0.0
+        p.hand_on(params[index], p.alloc(f"param/{_owner(name)}", nbytes, work=work))
+        if tmp is not None:
+            p.free(tmp, work=memory_ns(4 * nbytes))

@@ -18,6 +18,53 @@ request size repeats exactly, so a good allocator reaches a steady state -- and 
 (weights, activations) with tiny (4-byte scalars, per-sample statistics) requests. It is the
 project's default trace.
 
+Compilation and checkpointing (``mode``), for "what does compilation change" experiments. Per
+block (sizes for batch b, width h, inner width 4h, e bytes per element):
+
+- ``eager`` (the default, the behaviour described above): every op's output is a buffer. An
+  elementwise op's output lives until its consumer has run or, when backward needs it, until
+  backward. Forward per block: LayerNorm output (b*h*e) and stats, fc1 output (b*4h*e, saved
+  for GELU's backward), GELU output (b*4h*e, saved as fc2's input), fc2 output (b*h*e, freed
+  after the residual add) and the residual sum (b*h*e, the next block's input). With
+  ``separate_bias`` each Linear is a matmul then a bias add (one more intermediate each); with
+  ``dropout`` > 0 dropout follows GELU and fc2, each a 1 byte/element mask (saved) plus its
+  output -- GELU's output is then freed after dropout, and the dropped activation is what fc2
+  saves.
+- ``fused`` (torch.compile / XLA): elementwise chains are fused into the kernel that produces
+  their input. fc1 + bias + GELU (+ dropout) is one kernel writing the pre-activation (saved for
+  GELU's backward), the mask (saved) and the activation fc2 consumes, which is freed right after
+  fc2 (not saved); fc2 + bias (+ dropout) + residual add is one kernel writing only the block
+  output. Backward recomputes the GELU activation for fc2's weight gradient (a short-lived
+  buffer) and applies GELU' in the dgrad matmul's epilogue (no separate GELU-gradient buffer).
+  Fewer allocations and a lower activation peak than eager; ``separate_bias`` has no effect.
+- ``remat`` (activation checkpointing per block, as ``torch.utils.checkpoint`` does, with the
+  eager kernels): forward keeps only each block's input (the checkpoint) and frees every other
+  buffer as soon as its consumer has run. Backward, block by block, first replays the block's
+  forward from its checkpoint (tags ``recompute/layerN/...``) up to the last buffer backward
+  needs, then runs the eager backward, which frees them. The lowest activation peak, but more
+  allocations than eager and a longer step (the recomputed forward's kernels).
+
+The head (logits, log-softmax, loss) is the same in all modes. At the default sizes the step's
+peak is set by parameters + optimizer state + gradients at the end of backward, so the modes
+change the activation peak (eager 250 MiB, fused 156 MiB, remat 52 MiB) but not the overall
+peak; with a larger batch (or fewer, wider layers) activations dominate and the overall peak
+follows them.
+
+Optimizer updates (``optimizer_mode``, ``donate``), for buffer-donation experiments:
+
+- ``inplace`` (default): PyTorch's ``optimizer.step()`` updates parameters and state where they
+  are (the behaviour described above).
+- ``functional`` without ``donate``: a JAX/optax-style step returns NEW parameters and state.
+  For each parameter in turn the update allocates the new optimizer-state buffer(s) and the new
+  parameter while the old ones are live (Adam's ``denom`` temporary as in the in-place step);
+  after the gradients are freed, the old parameters and state are freed (the loop rebinds its
+  variables after the step returns). The new buffers carry into the next step, which frees them
+  in turn, so for a moment two copies of parameters + state are live: the peak rises by about
+  one copy of parameters + state.
+- ``functional`` with ``donate=True`` (JAX's ``donate_argnums``): the step writes its outputs
+  into the donated input buffers, so it allocates nothing new -- modelled as exactly the in-place
+  step's events. ``donate=True`` with ``optimizer_mode=inplace`` is an error.
+
 Parameters, gradients' lifetimes and the optimizer state follow PyTorch; two simplifications:
 the optimizer state is allocated up front with the parameters (PyTorch creates it lazily in
 the first ``step()``), and persistent buffers (parameters, optimizer state) are left live at the
@@ -31,10 +78,12 @@ import numpy as np
 
 from traces.model import Trace
 from traces.synth._common import (
-    StepProgram, TagTable, assemble, choice, matmul_ns, memory_ns, positive, steps_for_events,
+    StepProgram, TagTable, assemble, check_optimizer_mode, choice, functional_update,
+    inherit_persistent, matmul_ns, memory_ns, positive, steps_for_events,
 )
 
 OPTIMIZERS = ("adam", "sgd")
+MODES = ("eager", "fused", "remat")
 _STATE_BUFFERS = {"adam": 2, "sgd": 1}  # exp_avg + exp_avg_sq; momentum buffer
 SCALAR = 4  # a 0-dim float32 tensor: loss, a norm, a clip coefficient
 
@@ -45,6 +94,23 @@ HELP = {
     "classes": "outputs of the classifier head",
     "dtype_bytes": "bytes per element of parameters, activations and gradients (4 fp32, 2 half)",
     "optimizer": "adam (2 state buffers per parameter) or sgd (1 momentum buffer)",
+    "mode": "eager (every op's output is a buffer; intermediates live until their consumer ran "
+            "or, if saved, until backward), fused (torch.compile/XLA-style: elementwise chains "
+            "fused into their producer, so only kernel outputs and what backward needs exist) "
+            "or remat (activation checkpointing: forward keeps only each block's input; backward "
+            "recomputes the block's activations, block by block)",
+    "dropout": "dropout probability after GELU and on each block's residual branch; 0 (the "
+               "default) means no dropout layers. Only its presence changes the trace: a 1 "
+               "byte/element mask is saved for backward",
+    "separate_bias": "eager and remat: Linear layers run matmul then a separate bias add (x @ W "
+                     "+ b), leaving the matmul output as an extra intermediate; false (default) "
+                     "is nn.Linear's addmm with the bias fused in. No effect with mode=fused",
+    "optimizer_mode": "inplace (default: PyTorch's optimizer.step() updates parameters and "
+                      "state where they are) or functional (JAX/optax style: the step returns "
+                      "new parameters and state)",
+    "donate": "functional only: donate the old parameter and state buffers to the step (JAX's "
+              "donate_argnums), which then updates them in place: no new buffers, the in-place "
+              "trace. Without donation the new buffers are allocated while the old still live",
     "steps": "training steps",
     "events": "if given, choose steps so the trace has about this many events (overrides steps)",
     "seed": "random seed (only the timing jitter depends on it)",
@@ -53,21 +119,32 @@ HELP = {
 
 def training(*, layers: int = 12, hidden: int = 1024, batch: int = 512, classes: int = 1000,
              dtype_bytes: int = 4, optimizer: str = "adam", steps: int = 25,
-             events: int | None = None, seed: int = 0) -> Trace:
+             events: int | None = None, mode: str = "eager", dropout: float = 0.0,
+             separate_bias: bool = False, optimizer_mode: str = "inplace", donate: bool = False,
+             seed: int = 0) -> Trace:
     """A training-loop trace; see the module docstring. Deterministic in all parameters."""
     positive(layers=layers, hidden=hidden, batch=batch, classes=classes,
              dtype_bytes=dtype_bytes, steps=steps)
     choice("optimizer", optimizer, OPTIMIZERS)
+    choice("mode", mode, MODES)
+    check_optimizer_mode(optimizer_mode, donate)
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
     if events is not None:
         positive(events=events)
     params = dict(layers=layers, hidden=hidden, batch=batch, classes=classes,
                   dtype_bytes=dtype_bytes, optimizer=optimizer, steps=steps, events=events,
-                  seed=seed)
+                  mode=mode, dropout=dropout, separate_bias=separate_bias,
+                  optimizer_mode=optimizer_mode, donate=donate, seed=seed)
 
     tags = TagTable()
     shapes = parameter_shapes(layers, hidden, classes)
     prologue = persistent_program(shapes, dtype_bytes, optimizer, tags)
-    step = step_program(layers, hidden, batch, classes, dtype_bytes, optimizer, shapes, tags)
+    # A donated functional update writes into the old buffers: the in-place step's allocations.
+    functional = optimizer_mode == "functional" and not donate
+    step, initial_ids = step_program(layers, hidden, batch, classes, dtype_bytes, optimizer,
+                                     shapes, tags, mode=mode, dropout=dropout,
+                                     separate_bias=separate_bias, functional=functional)
     if events is not None:
         steps = steps_for_events(events, prologue.n_events, step.n_events)
         params["steps"] = steps
@@ -75,7 +152,8 @@ def training(*, layers: int = 12, hidden: int = 1024, batch: int = 512, classes:
     rng = np.random.default_rng(seed)
     parts = [
         prologue.render(np.ones((1, 1)), first_id=0, rng=rng),
-        step.render(np.ones((steps, 1)), first_id=prologue.n_slots, rng=rng),
+        step.render(np.ones((steps, 1)), first_id=prologue.n_slots, rng=rng,
+                    initial_ids=initial_ids),
     ]
     return assemble(parts, tags, kind="training", params=params)
 
@@ -116,29 +194,119 @@ def persistent_program(shapes: dict[str, int], dtype_bytes: int, optimizer: str,
 
 
 def step_program(layers: int, hidden: int, batch: int, classes: int, dtype_bytes: int,
-                 optimizer: str, shapes: dict[str, int], tags: TagTable) -> StepProgram:
-    """One training step: data, forward, backward, clipping, optimizer, zero_grad."""
+                 optimizer: str, shapes: dict[str, int], tags: TagTable, *,
+                 mode: str = "eager", dropout: float = 0.0, separate_bias: bool = False,
+                 functional: bool = False) -> tuple[StepProgram, dict[int, int]]:
+    """One training step: data, forward, backward, clipping, optimizer, zero_grad.
+
+    Returns the program and the ``initial_ids`` its render needs (empty unless ``functional``:
+    then the step frees the parameters and optimizer state the previous step handed on).
+    """
     p = StepProgram((), tags)
     e, b, h, f = dtype_bytes, batch, hidden, 4 * hidden
     act_h, act_f = b * h * e, b * f * e
     stats = b * 2 * 4  # LayerNorm saves per-sample mean and rstd in fp32
+    mask_h, mask_f = b * h, b * f  # dropout masks: one byte (bool) per element
+
+    old_params: list[int] = []
+    old_states: list[list[int]] = []
+    initial_ids: dict[int, int] = {}
+    if functional:
+        old_params, old_states, initial_ids = inherit_persistent(
+            p, shapes, e, _STATE_BUFFERS[optimizer])
+
+    # ---- one block's forward, op by op (modes "eager" and "remat").
+    def eager_forward(t: str, x: int, *, save: bool,
+                      recompute: bool = False) -> tuple[dict[str, int], int | None]:
+        """Every op's output is a buffer. ``save``: keep what backward needs (else free each
+        buffer once its consumer has run, as under no_grad). ``recompute``: stop as soon as
+        the saved buffers exist (checkpoint's early stop) and return no block output."""
+        s = {"x": x}
+        ln = p.alloc(f"{t}/act", act_h, work=memory_ns(2 * act_h))
+        st = p.alloc(f"{t}/stats", stats)
+        if save:
+            s["ln"], s["stats"] = ln, st
+        else:
+            p.free(st)
+        if separate_bias:  # x @ W, then + b: the matmul output is an intermediate
+            mm = p.alloc(f"{t}/tmp", act_f, work=matmul_ns(b, h, f))
+            fc1 = p.alloc(f"{t}/act", act_f, work=memory_ns(2 * act_f))
+            p.free(mm)
+        else:  # addmm: nn.Linear's bias is fused into the matmul
+            fc1 = p.alloc(f"{t}/act", act_f, work=matmul_ns(b, h, f))
+        if not save:
+            p.free(ln)
+        gelu = p.alloc(f"{t}/act", act_f, work=memory_ns(2 * act_f))
+        if save:
+            s["fc1"] = fc1  # GELU's backward needs its input
+        else:
+            p.free(fc1)
+        fc2_in = gelu
+        if dropout:  # one kernel: a bool mask and the scaled output; GELU's output is done
+            mask = p.alloc(f"{t}/dropout_mask", mask_f, work=memory_ns(2 * act_f + mask_f))
+            fc2_in = p.alloc(f"{t}/act", act_f)
+            p.free(gelu)
+            if save:
+                s["mask"] = mask
+            else:
+                p.free(mask)
+        if save:
+            s["fc2_in"] = fc2_in  # fc2's weight gradient needs its input
+        if recompute and not dropout:
+            return s, None  # nothing after fc2's input is saved for backward
+        out = p.alloc(f"{t}/tmp", act_h, work=matmul_ns(b, f, h))
+        if not save:
+            p.free(fc2_in)
+        if separate_bias:
+            biased = p.alloc(f"{t}/tmp", act_h, work=memory_ns(2 * act_h))
+            p.free(out)
+            out = biased
+        if dropout:  # dropout on the residual branch
+            mask2 = p.alloc(f"{t}/dropout_mask", mask_h, work=memory_ns(2 * act_h + mask_h))
+            dropped = p.alloc(f"{t}/tmp", act_h)
+            p.free(out)
+            out = dropped
+            if save:
+                s["mask2"] = mask2
+            else:
+                p.free(mask2)
+        if recompute:
+            p.free(out)
+            return s, None
+        x_out = p.alloc(f"{t}/act", act_h, work=memory_ns(3 * act_h))  # residual add
+        p.free(out)
+        return s, x_out
+
+    def fused_forward(t: str, x: int) -> tuple[dict[str, int], int]:
+        """Elementwise chains fused into their producer: only saved and kernel outputs exist."""
+        s = {"x": x}
+        s["ln"] = p.alloc(f"{t}/act", act_h, work=memory_ns(2 * act_h))
+        s["stats"] = p.alloc(f"{t}/stats", stats)
+        # fc1 + bias + GELU (+ dropout) in one kernel: writes the pre-activation (saved for
+        # GELU's backward), the mask, and the activation fc2 consumes (not saved: recomputed).
+        s["fc1"] = p.alloc(f"{t}/act", act_f, work=matmul_ns(b, h, f))
+        if dropout:
+            s["mask"] = p.alloc(f"{t}/dropout_mask", mask_f)
+        a = p.alloc(f"{t}/fused", act_f, work=memory_ns(act_f))
+        # fc2 + bias (+ dropout) + residual add in one kernel.
+        if dropout:
+            s["mask2"] = p.alloc(f"{t}/dropout_mask", mask_h)
+        x_out = p.alloc(f"{t}/act", act_h, work=matmul_ns(b, f, h) + memory_ns(2 * act_h))
+        p.free(a)
+        return s, x_out
 
     # ---- data: the input batch and integer labels are copied in.
     x = p.alloc("data/input", act_h, work=memory_ns(act_h))
     labels = p.alloc("data/labels", b * 8)
 
-    # ---- forward: saved activations per layer, kept for backward.
+    # ---- forward: saved activations per layer, kept for backward (remat: only the inputs).
     saved: list[dict[str, int]] = []
     for layer in range(layers):
         t = f"forward/layer{layer}"
-        s = {"x": x}
-        s["ln"] = p.alloc(f"{t}/act", act_h, work=memory_ns(2 * act_h))
-        s["stats"] = p.alloc(f"{t}/stats", stats)
-        s["fc1"] = p.alloc(f"{t}/act", act_f, work=matmul_ns(b, h, f))
-        s["gelu"] = p.alloc(f"{t}/act", act_f, work=memory_ns(2 * act_f))
-        out = p.alloc(f"{t}/tmp", act_h, work=matmul_ns(b, f, h))
-        x = p.alloc(f"{t}/act", act_h, work=memory_ns(3 * act_h))  # residual add
-        p.free(out)
+        if mode == "fused":
+            s, x = fused_forward(t, x)
+        else:
+            s, x = eager_forward(t, x, save=mode == "eager")
         saved.append(s)
     logits = p.alloc("forward/head/act", b * classes * e, work=matmul_ns(b, h, classes))
     logp = p.alloc("forward/loss/act", b * classes * 4, work=memory_ns(b * classes * 8))
@@ -162,15 +330,38 @@ def step_program(layers: int, hidden: int, batch: int, classes: int, dtype_bytes
     for layer in reversed(range(layers)):
         t, s = f"backward/layer{layer}", saved[layer]
         owner = f"layer{layer}"
-        # fc2: the residual passes g through unchanged, so fc2 sees g too.
+        if mode == "remat":  # replay the block's forward from its checkpoint (its input)
+            s, _ = eager_forward(f"recompute/layer{layer}", s["x"], save=True, recompute=True)
+        # fc2: the residual passes g through unchanged, so fc2 sees g too (after dropout's
+        # backward, g * mask2, when the branch has dropout).
+        g_branch = g
+        if dropout:
+            g_branch = p.alloc(f"{t}/act_grad", act_h, work=memory_ns(2 * act_h + mask_h))
+            p.free(s["mask2"])
+        if mode == "fused":  # fc2's input was not saved: recompute GELU (and dropout)
+            s["fc2_in"] = p.alloc(f"{t}/recompute", act_f,
+                                  work=memory_ns(2 * act_f + (mask_f if dropout else 0)))
         ws = p.alloc(f"{t}/workspace", _workspace(b, f, h, e), work=0.0)
         weight_grad(owner, "fc2.weight", matmul_ns(f, b, h))
         p.free(ws)
+        if mode == "fused":
+            p.free(s["fc2_in"])
         weight_grad(owner, "fc2.bias", memory_ns(act_h))
-        g_gelu = p.alloc(f"{t}/act_grad", act_f, work=matmul_ns(b, h, f))
-        p.free(s["gelu"])
-        g_fc1 = p.alloc(f"{t}/act_grad", act_f, work=memory_ns(3 * act_f))
-        p.free(g_gelu, s["fc1"])
+        if mode == "fused":  # dgrad matmul with the GELU' (and mask) epilogue
+            g_fc1 = p.alloc(f"{t}/act_grad", act_f,
+                            work=matmul_ns(b, h, f) + memory_ns(2 * act_f))
+            p.free(s["fc1"], *([s["mask"]] if dropout else []))
+        else:
+            g_in = p.alloc(f"{t}/act_grad", act_f, work=matmul_ns(b, h, f))
+            p.free(s["fc2_in"])
+            if dropout:
+                g_gelu = p.alloc(f"{t}/act_grad", act_f, work=memory_ns(2 * act_f + mask_f))
+                p.free(g_in, s["mask"])
+                g_in = g_gelu
+            g_fc1 = p.alloc(f"{t}/act_grad", act_f, work=memory_ns(3 * act_f))
+            p.free(g_in, s["fc1"])
+        if g_branch != g:
+            p.free(g_branch)
         ws = p.alloc(f"{t}/workspace", _workspace(b, h, f, e), work=0.0)
         weight_grad(owner, "fc1.weight", matmul_ns(h, b, f))
         p.free(ws)
@@ -193,6 +384,15 @@ def step_program(layers: int, hidden: int, batch: int, classes: int, dtype_bytes
     coef = p.alloc("optimizer/norm", SCALAR)
     p.free(total, coef)
 
+    if functional:
+        # ---- functional step without donation: new parameters and state beside the old ones;
+        # the gradients go, then the old parameters and state once the step has returned.
+        functional_update(p, shapes, e, old_params, old_states, adam=optimizer == "adam")
+        p.free(*grads)
+        p.free(*old_params, *[slot for row in old_states for slot in row])
+        p.require_closed()
+        return p, initial_ids
+
     # ---- optimizer step: Adam builds one denominator temporary per parameter.
     for name, elements in shapes.items():
         if optimizer == "adam":
@@ -203,7 +403,7 @@ def step_program(layers: int, hidden: int, batch: int, classes: int, dtype_bytes
     sgd_ns = memory_ns(3 * sum(shapes.values()) * e) if optimizer == "sgd" else 0.0
     p.free(*grads, work=sgd_ns)
     p.require_closed()
-    return p
+    return p, initial_ids
 
 
 def _workspace(m: int, k: int, n: int, e: int) -> int:

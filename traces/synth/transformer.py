@@ -14,10 +14,32 @@ almost-but-not-quite right; splitting them leaves slivers, and reserved memory c
 (users ask: "dynamic shapes make reserved memory creep: how far?").
 Bucketing sequence lengths (``seq_dist=bucketed``) is the usual mitigation and can be compared.
 
+``static_shapes=True`` pads every step to ``max_seq`` (what XLA or CUDA graphs need), so every
+step's sizes are identical: the "static vs dynamic shapes" comparison. The lengths are still
+drawn (so the timing jitter matches the unpadded trace's) and recorded as
+``metadata["unpadded_seq_lens"]``; ``seq_lens`` holds the lengths actually used.
+
+``mode`` and ``optimizer_mode``/``donate`` work as in :mod:`traces.synth.training`:
+
+- ``eager`` (default): every op's output is a buffer, as described above.
+- ``fused``: elementwise chains fused into their producer. The scale + softmax + dropout kernel
+  writes the probabilities and the mask (saved) and the dropped probabilities PV consumes (freed
+  after PV, recomputed in backward for dV); the out-projection and fc2 kernels add bias and the
+  residual in their epilogue (no separate matmul outputs); fc1 + GELU writes the pre-activation
+  (saved) and the activation fc2 consumes (freed after fc2, recomputed in backward). Backward
+  fuses dropout's and softmax's backward into one kernel and applies GELU' in fc1's dgrad
+  epilogue. Score matrices are still materialised: this is fusion, not a flash-attention kernel.
+- ``remat``: per-block activation checkpointing with the eager kernels: forward keeps only each
+  block's input; backward replays the block's forward (tags ``recompute/layerN/...``) up to
+  GELU, then runs its eager backward.
+- ``optimizer_mode=functional`` without ``donate``: Adam returns new parameters and state,
+  allocated while the old ones are live and carried into the next step (the old ones freed at
+  the end of the step); with ``donate=True`` the update reuses the old buffers: the in-place
+  trace.
+
 As in :mod:`traces.synth.training`: parameters and optimizer state are allocated first and left
 live; per-step buffers are all freed within their step; ids are never reused. Not modelled:
-autocast's cached low-precision weight copies, fused attention kernels, activation
-checkpointing.
+autocast's cached low-precision weight copies, flash-attention kernels.
 """
 
 from __future__ import annotations
@@ -26,11 +48,12 @@ import numpy as np
 
 from traces.model import Trace
 from traces.synth._common import (
-    FLOP_PER_NS, BYTES_PER_NS, StepProgram, TagTable, assemble, choice, positive,
-    steps_for_events,
+    FLOP_PER_NS, BYTES_PER_NS, StepProgram, TagTable, assemble, check_optimizer_mode, choice,
+    functional_update, inherit_persistent, positive, steps_for_events,
 )
 
 SEQ_DISTRIBUTIONS = ("uniform", "bucketed", "lognormal")
+MODES = ("eager", "fused", "remat")
 SCALAR = 4
 FP32 = 4
 
@@ -46,6 +69,21 @@ HELP = {
                 "of bucket) or lognormal (mostly short, long tail)",
     "bucket": "bucket width in tokens for seq_dist=bucketed",
     "act_bytes": "bytes per activation element (2 for bf16/fp16 autocast, 4 for fp32)",
+    "static_shapes": "pad every step to max_seq (static shapes, as XLA or CUDA graphs need), so "
+                     "sizes never change between steps; lengths are still drawn (and the timing "
+                     "jitter is the same as without padding) but only recorded as "
+                     "unpadded_seq_lens",
+    "mode": "eager (every op's output is a buffer), fused (torch.compile/XLA-style: elementwise "
+            "chains fused into their producer; softmax+dropout and GELU outputs that feed a "
+            "matmul are recomputed in backward instead of saved) or remat (activation "
+            "checkpointing: forward keeps only each block's input; backward recomputes the "
+            "block's activations, block by block)",
+    "optimizer_mode": "inplace (default: PyTorch's Adam updates parameters and state where "
+                      "they are) or functional (JAX/optax style: the step returns new "
+                      "parameters and state)",
+    "donate": "functional only: donate the old parameter and state buffers to the step (JAX's "
+              "donate_argnums), which then updates them in place: no new buffers, the in-place "
+              "trace. Without donation the new buffers are allocated while the old still live",
     "steps": "training steps",
     "events": "if given, choose steps so the trace has about this many events (overrides steps)",
     "seed": "random seed (sequence lengths and timing jitter)",
@@ -55,38 +93,49 @@ HELP = {
 def transformer(*, layers: int = 6, d_model: int = 512, heads: int = 8, vocab: int = 32000,
                 batch: int = 4, min_seq: int = 64, max_seq: int = 512,
                 seq_dist: str = "uniform", bucket: int = 64, act_bytes: int = 2,
-                steps: int = 20, events: int | None = None, seed: int = 0) -> Trace:
+                steps: int = 20, events: int | None = None, static_shapes: bool = False,
+                mode: str = "eager", optimizer_mode: str = "inplace", donate: bool = False,
+                seed: int = 0) -> Trace:
     """A variable-sequence-length transformer training trace; see the module docstring."""
     positive(layers=layers, d_model=d_model, heads=heads, vocab=vocab, batch=batch,
              min_seq=min_seq, max_seq=max_seq, bucket=bucket, act_bytes=act_bytes, steps=steps)
     choice("seq_dist", seq_dist, SEQ_DISTRIBUTIONS)
+    choice("mode", mode, MODES)
+    check_optimizer_mode(optimizer_mode, donate)
     if min_seq > max_seq:
         raise ValueError(f"min_seq ({min_seq}) must be <= max_seq ({max_seq})")
     if events is not None:
         positive(events=events)
     params = dict(layers=layers, d_model=d_model, heads=heads, vocab=vocab, batch=batch,
                   min_seq=min_seq, max_seq=max_seq, seq_dist=seq_dist, bucket=bucket,
-                  act_bytes=act_bytes, steps=steps, events=events, seed=seed)
+                  act_bytes=act_bytes, steps=steps, events=events, static_shapes=static_shapes,
+                  mode=mode, optimizer_mode=optimizer_mode, donate=donate, seed=seed)
 
     tags = TagTable()
     shapes = parameter_shapes(layers, d_model, vocab, max_seq)
     prologue = persistent_program(shapes, tags)
-    step = step_program(layers, d_model, heads, vocab, act_bytes, shapes, tags)
+    # A donated functional update writes into the old buffers: the in-place step's allocations.
+    functional = optimizer_mode == "functional" and not donate
+    step, initial_ids = step_program(layers, d_model, heads, vocab, act_bytes, shapes, tags,
+                                     mode=mode, functional=functional)
     if events is not None:
         steps = steps_for_events(events, prologue.n_events, step.n_events)
         params["steps"] = steps
 
     rng = np.random.default_rng(seed)
-    seq = sequence_lengths(rng, steps, min_seq, max_seq, seq_dist, bucket)
+    drawn = sequence_lengths(rng, steps, min_seq, max_seq, seq_dist, bucket)
+    seq = np.full_like(drawn, max_seq) if static_shapes else drawn
     tokens = batch * seq
     values = np.stack([np.ones_like(seq), tokens, tokens * seq], axis=1)  # one, tokens, sq
     parts = [
         prologue.render(np.ones((1, 1)), first_id=0, rng=rng),
-        step.render(values, first_id=prologue.n_slots, rng=rng),
+        step.render(values, first_id=prologue.n_slots, rng=rng, initial_ids=initial_ids),
     ]
     trace = assemble(parts, tags, kind="transformer", params=params)
     if steps <= 10_000:  # small enough to keep: which length each step drew
         trace.metadata["seq_lens"] = [int(s) for s in seq]
+        if static_shapes:
+            trace.metadata["unpadded_seq_lens"] = [int(s) for s in drawn]
     return trace
 
 
@@ -139,8 +188,13 @@ def persistent_program(shapes: dict[str, int], tags: TagTable) -> StepProgram:
 
 
 def step_program(layers: int, d: int, heads: int, vocab: int, e: int,
-                 shapes: dict[str, int], tags: TagTable) -> StepProgram:
-    """One step, symbolically in the features tokens (= B*S) and sq (= B*S*S)."""
+                 shapes: dict[str, int], tags: TagTable, *, mode: str = "eager",
+                 functional: bool = False) -> tuple[StepProgram, dict[int, int]]:
+    """One step, symbolically in the features tokens (= B*S) and sq (= B*S*S).
+
+    Returns the program and the ``initial_ids`` its render needs (empty unless ``functional``:
+    then the step frees the parameters and optimizer state the previous step handed on).
+    """
     p = StepProgram(("tokens", "sq"), tags)
 
     def tok(bytes_per_token: float) -> dict[str, float]:
@@ -157,8 +211,96 @@ def step_program(layers: int, d: int, heads: int, vocab: int, e: int,
         """Work of a bandwidth-bound kernel over activations."""
         return {"tokens": bytes_per_token / BYTES_PER_NS, "sq": bytes_per_sq / BYTES_PER_NS}
 
+    def plus(*works: dict[str, float]) -> dict[str, float]:
+        """The work of several kernels fused into one: the sum of their linear forms."""
+        total: dict[str, float] = {}
+        for work in works:
+            for name, value in work.items():
+                total[name] = total.get(name, 0.0) + value
+        return total
+
     attn_mm = {"sq": 2.0 * d / FLOP_PER_NS}  # QK^T or PV over all heads: 2 * B * S^2 * d flops
     hs = heads  # score entries per (sample, query, key)
+
+    old_params: list[int] = []
+    old_states: list[list[int]] = []
+    initial_ids: dict[int, int] = {}
+    if functional:
+        old_params, old_states, initial_ids = inherit_persistent(p, shapes, FP32, 2)
+
+    # ---- one block's forward, op by op (modes "eager" and "remat").
+    def eager_forward(t: str, x: int, *, save: bool,
+                      recompute: bool = False) -> tuple[dict[str, int], int | None]:
+        """Every op's output is a buffer. ``save``: keep what backward needs (else free each
+        buffer once its consumer has run, as under no_grad). ``recompute``: stop as soon as
+        the saved buffers exist (checkpoint's early stop) and return no block output."""
+        s = {"x": x}
+
+        def keep(name: str, slot: int) -> None:
+            if save:
+                s[name] = slot
+            else:
+                p.free(slot)
+
+        ln1 = p.alloc(f"{t}/act", tok(d * e), work=bw(2 * d * e))
+        keep("ln1_stats", p.alloc(f"{t}/stats", tok(2 * FP32)))
+        qkv = p.alloc(f"{t}/act", tok(3 * d * e), work=mm(d, 3 * d))
+        keep("ln1", ln1)
+        scores = p.alloc(f"{t}/attn_scores", sq(hs * e), work=attn_mm)
+        probs = p.alloc(f"{t}/attn_probs", sq(hs * e), work=bw(0, 2 * hs * e))
+        p.free(scores)
+        mask = p.alloc(f"{t}/attn_mask", sq(hs), work=bw(0, hs))  # dropout mask, bool
+        dprobs = p.alloc(f"{t}/attn_probs", sq(hs * e), work=bw(0, 2 * hs * e))
+        keep("probs", probs)
+        keep("mask", mask)
+        ctx = p.alloc(f"{t}/act", tok(d * e), work=attn_mm)
+        keep("dprobs", dprobs)
+        keep("qkv", qkv)
+        proj = p.alloc(f"{t}/tmp", tok(d * e), work=mm(d, d))
+        keep("ctx", ctx)
+        h1 = p.alloc(f"{t}/act", tok(d * e), work=bw(3 * d * e))
+        p.free(proj)
+        ln2 = p.alloc(f"{t}/act", tok(d * e), work=bw(2 * d * e))
+        keep("ln2_stats", p.alloc(f"{t}/stats", tok(2 * FP32)))
+        fc1 = p.alloc(f"{t}/act", tok(4 * d * e), work=mm(d, 4 * d))
+        keep("ln2", ln2)
+        gelu = p.alloc(f"{t}/act", tok(4 * d * e), work=bw(8 * d * e))
+        keep("fc1", fc1)
+        if recompute:  # nothing after fc2's input is saved for backward
+            s["h1"], s["gelu"] = h1, gelu
+            return s, None
+        out = p.alloc(f"{t}/tmp", tok(d * e), work=mm(4 * d, d))
+        keep("gelu", gelu)
+        x = p.alloc(f"{t}/act", tok(d * e), work=bw(3 * d * e))
+        keep("h1", h1)
+        p.free(out)
+        return s, x
+
+    def fused_forward(t: str, x: int) -> tuple[dict[str, int], int]:
+        """Elementwise chains fused into their producer: only saved and kernel outputs exist."""
+        s = {"x": x}
+        s["ln1"] = p.alloc(f"{t}/act", tok(d * e), work=bw(2 * d * e))
+        s["ln1_stats"] = p.alloc(f"{t}/stats", tok(2 * FP32))
+        s["qkv"] = p.alloc(f"{t}/act", tok(3 * d * e), work=mm(d, 3 * d))
+        scores = p.alloc(f"{t}/attn_scores", sq(hs * e), work=attn_mm)
+        # scale + softmax + dropout in one kernel: probs and the mask are saved for backward;
+        # the dropped probabilities feed PV and are recomputed in backward.
+        s["probs"] = p.alloc(f"{t}/attn_probs", sq(hs * e), work=bw(0, (3 * e + 1) * hs))
+        s["mask"] = p.alloc(f"{t}/attn_mask", sq(hs))
+        dprobs = p.alloc(f"{t}/fused", sq(hs * e))
+        p.free(scores)
+        s["ctx"] = p.alloc(f"{t}/act", tok(d * e), work=attn_mm)
+        p.free(dprobs)
+        # out-projection + bias + residual add in one kernel
+        s["h1"] = p.alloc(f"{t}/act", tok(d * e), work=plus(mm(d, d), bw(2 * d * e)))
+        s["ln2"] = p.alloc(f"{t}/act", tok(d * e), work=bw(2 * d * e))
+        s["ln2_stats"] = p.alloc(f"{t}/stats", tok(2 * FP32))
+        # fc1 + bias + GELU: the pre-activation (saved) and the activation fc2 consumes
+        s["fc1"] = p.alloc(f"{t}/act", tok(4 * d * e), work=mm(d, 4 * d))
+        a = p.alloc(f"{t}/fused", tok(4 * d * e), work=bw(4 * d * e))
+        x = p.alloc(f"{t}/act", tok(d * e), work=plus(mm(4 * d, d), bw(2 * d * e)))
+        p.free(a)
+        return s, x
 
     # ---- data: token ids and targets (int64), embedding lookup + positions.
     ids = p.alloc("data/tokens", tok(8))
@@ -168,26 +310,10 @@ def step_program(layers: int, d: int, heads: int, vocab: int, e: int,
     saved: list[dict[str, int]] = []
     for layer in range(layers):
         t = f"forward/layer{layer}"
-        s = {"x": x}
-        s["ln1"] = p.alloc(f"{t}/act", tok(d * e), work=bw(2 * d * e))
-        s["ln1_stats"] = p.alloc(f"{t}/stats", tok(2 * FP32))
-        s["qkv"] = p.alloc(f"{t}/act", tok(3 * d * e), work=mm(d, 3 * d))
-        scores = p.alloc(f"{t}/attn_scores", sq(hs * e), work=attn_mm)
-        s["probs"] = p.alloc(f"{t}/attn_probs", sq(hs * e), work=bw(0, 2 * hs * e))
-        p.free(scores)
-        s["mask"] = p.alloc(f"{t}/attn_mask", sq(hs), work=bw(0, hs))  # dropout mask, bool
-        s["dprobs"] = p.alloc(f"{t}/attn_probs", sq(hs * e), work=bw(0, 2 * hs * e))
-        s["ctx"] = p.alloc(f"{t}/act", tok(d * e), work=attn_mm)
-        proj = p.alloc(f"{t}/tmp", tok(d * e), work=mm(d, d))
-        s["h1"] = p.alloc(f"{t}/act", tok(d * e), work=bw(3 * d * e))
-        p.free(proj)
-        s["ln2"] = p.alloc(f"{t}/act", tok(d * e), work=bw(2 * d * e))
-        s["ln2_stats"] = p.alloc(f"{t}/stats", tok(2 * FP32))
-        s["fc1"] = p.alloc(f"{t}/act", tok(4 * d * e), work=mm(d, 4 * d))
-        s["gelu"] = p.alloc(f"{t}/act", tok(4 * d * e), work=bw(8 * d * e))
-        out = p.alloc(f"{t}/tmp", tok(d * e), work=mm(4 * d, d))
-        x = p.alloc(f"{t}/act", tok(d * e), work=bw(3 * d * e))
-        p.free(out)
+        if mode == "fused":
+            s, x = fused_forward(t, x)
+        else:
+            s, x = eager_forward(t, x, save=mode == "eager")
         saved.append(s)
     lnf = p.alloc("forward/lnf/act", tok(d * e), work=bw(2 * d * e))
     lnf_stats = p.alloc("forward/lnf/stats", tok(2 * FP32))
@@ -216,13 +342,26 @@ def step_program(layers: int, d: int, heads: int, vocab: int, e: int,
 
     for layer in reversed(range(layers)):
         t, s, o = f"backward/layer{layer}", saved[layer], f"layer{layer}"
+        if mode == "remat":  # replay the block's forward from its checkpoint (its input)
+            s, _ = eager_forward(f"recompute/layer{layer}", s["x"], save=True, recompute=True)
         # MLP branch (g is the gradient of the block output; the residual passes it through)
-        weight_grad(f"{o}/fc2.weight", mm(4 * d, d))
-        weight_grad(f"{o}/fc2.bias", bw(d * e))
-        g_gelu = p.alloc(f"{t}/act_grad", tok(4 * d * e), work=mm(d, 4 * d))
-        p.free(s["gelu"])
-        g_fc1 = p.alloc(f"{t}/act_grad", tok(4 * d * e), work=bw(12 * d * e))
-        p.free(g_gelu, s["fc1"])
+        if mode == "fused":
+            # fc2's input was not saved: recompute GELU(fc1) for its weight gradient; the dgrad
+            # matmul applies GELU' in its epilogue.
+            a = p.alloc(f"{t}/recompute", tok(4 * d * e), work=bw(8 * d * e))
+            weight_grad(f"{o}/fc2.weight", mm(4 * d, d))
+            p.free(a)
+            weight_grad(f"{o}/fc2.bias", bw(d * e))
+            g_fc1 = p.alloc(f"{t}/act_grad", tok(4 * d * e),
+                            work=plus(mm(d, 4 * d), bw(8 * d * e)))
+            p.free(s["fc1"])
+        else:
+            weight_grad(f"{o}/fc2.weight", mm(4 * d, d))
+            weight_grad(f"{o}/fc2.bias", bw(d * e))
+            g_gelu = p.alloc(f"{t}/act_grad", tok(4 * d * e), work=mm(d, 4 * d))
+            p.free(s["gelu"])
+            g_fc1 = p.alloc(f"{t}/act_grad", tok(4 * d * e), work=bw(12 * d * e))
+            p.free(g_gelu, s["fc1"])
         weight_grad(f"{o}/fc1.weight", mm(d, 4 * d))
         weight_grad(f"{o}/fc1.bias", bw(4 * d * e))
         g_ln2 = p.alloc(f"{t}/act_grad", tok(d * e), work=mm(4 * d, d))
@@ -237,12 +376,21 @@ def step_program(layers: int, d: int, heads: int, vocab: int, e: int,
         weight_grad(f"{o}/proj.bias", bw(d * e))
         g_ctx = p.alloc(f"{t}/act_grad", tok(d * e), work=mm(d, d))
         g_dprobs = p.alloc(f"{t}/attn_grad", sq(hs * e), work=attn_mm)
-        g_v_part = p.alloc(f"{t}/tmp", tok(d * e), work=attn_mm)  # dV = P^T @ dCtx
-        p.free(s["dprobs"])
-        g_probs = p.alloc(f"{t}/attn_grad", sq(hs * e), work=bw(0, 3 * hs * e))
-        p.free(g_dprobs, s["mask"])
-        g_scores = p.alloc(f"{t}/attn_grad", sq(hs * e), work=bw(0, 3 * hs * e))
-        p.free(g_probs, s["probs"])
+        if mode == "fused":
+            # the dropped probabilities were not saved: recompute probs * mask for dV; dropout's
+            # and softmax's backward run as one kernel.
+            dprobs = p.alloc(f"{t}/recompute", sq(hs * e), work=bw(0, (2 * e + 1) * hs))
+            g_v_part = p.alloc(f"{t}/tmp", tok(d * e), work=attn_mm)  # dV = P^T @ dCtx
+            p.free(dprobs)
+            g_scores = p.alloc(f"{t}/attn_grad", sq(hs * e), work=bw(0, (4 * e + 1) * hs))
+            p.free(g_dprobs, s["mask"], s["probs"])
+        else:
+            g_v_part = p.alloc(f"{t}/tmp", tok(d * e), work=attn_mm)  # dV = P^T @ dCtx
+            p.free(s["dprobs"])
+            g_probs = p.alloc(f"{t}/attn_grad", sq(hs * e), work=bw(0, 3 * hs * e))
+            p.free(g_dprobs, s["mask"])
+            g_scores = p.alloc(f"{t}/attn_grad", sq(hs * e), work=bw(0, 3 * hs * e))
+            p.free(g_probs, s["probs"])
         g_qkv = p.alloc(f"{t}/act_grad", tok(3 * d * e), work=attn_mm)
         p.free(g_scores, g_v_part, g_ctx, s["ctx"])
         weight_grad(f"{o}/qkv.weight", mm(d, 3 * d))
@@ -268,9 +416,17 @@ def step_program(layers: int, d: int, heads: int, vocab: int, e: int,
     p.free(*norms, stacked)
     coef = p.alloc("optimizer/norm", SCALAR)
     p.free(total, coef)
+    if functional:
+        # functional Adam without donation: new parameters and state beside the old ones; the
+        # gradients go, then the old parameters and state once the step has returned.
+        functional_update(p, shapes, FP32, old_params, old_states, adam=True)
+        p.free(*[grads[name] for name in shapes if name in grads])
+        p.free(*old_params, *[slot for row in old_states for slot in row])
+        p.require_closed()
+        return p, initial_ids
     for name, elements in shapes.items():
         tmp = p.alloc("optimizer/tmp", elements * FP32, work=4 * elements * FP32 / BYTES_PER_NS)
         p.free(tmp, work=4 * elements * FP32 / BYTES_PER_NS)
     p.free(*[grads[name] for name in shapes if name in grads])
     p.require_closed()
-    return p
+    return p, initial_ids

@@ -1,0 +1,300 @@
+"""A CuPy memory hook that records an allocation trace of the program it runs in.
+
+Follows ``shared/reference/allocators.md`` §4: CuPy calls a memory hook's keyword callbacks
+``malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id)`` after every request to its
+memory pool, ``free_postprocess(device_id, mem_size, mem_ptr, pmem_id)`` after a buffer goes
+back to the pool, and ``alloc_postprocess(device_id, mem_size, mem_ptr)`` after a pool miss
+(cudaMalloc). CuPy gives neither time nor stream, so :class:`TraceRecorderHook` adds
+``time.perf_counter_ns()`` (from the start of recording), the current stream
+(``cupy.cuda.get_current_stream().ptr``; 0 without CuPy) and the Python call site
+(``file:line:function`` of the first frame outside CuPy and outside this package) itself.
+
+Events are kept in memory as compact ``array('q')`` columns (about 80 bytes per event) and,
+when recording ends, turned into a :class:`~traces.model.Trace` by the same code that imports
+CuPy hook logs (:func:`traces.formats.cupy_log.hook_events_to_trace`), so a recorded trace
+and the import of its log agree. The trace is saved with :func:`traces.formats.save` (format
+from the extension: ``.npz``, ``.csv``, ``.jsonl``, ...) and, if asked, the raw hook calls as
+a CuPy JSON-lines log (format (a) of :mod:`traces.formats.cupy_log`).
+
+When CuPy is importable the class subclasses ``cupy.cuda.memory_hook.MemoryHook``, and ``with
+hook:`` registers it the way CuPy does (per thread: only the thread that entered is recorded).
+Without CuPy it is a plain object with the same callbacks, so it can be driven directly
+(tests, or a program that reports its own allocations).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+import runpy
+import sys
+import threading
+import time
+import warnings
+from array import array
+from pathlib import Path
+from types import CodeType, FrameType, ModuleType
+from typing import Any, Callable
+
+import numpy as np
+
+from traces.formats import save
+from traces.formats.cupy_log import (HOOK_ALLOC, HOOK_FREE, HOOK_MALLOC, HookEvents,
+                                     hook_events_to_trace, write_hook_log)
+from traces.model import NO_TAG, Trace
+from traces.validate import validate
+
+__all__ = ["TraceRecorderHook", "run_script", "active_recorder", "CUPY_AVAILABLE"]
+
+RECORDER = "allocsim TraceRecorderHook (CuPy memory hooks)"
+_COLUMNS = ("hook", "t", "device", "size", "mem_size", "ptr", "pmem_id", "stream", "tag")
+_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$", re.IGNORECASE)
+
+
+def _import_cupy() -> tuple[type, ModuleType | None]:
+    """``(MemoryHook base class, cupy module)``, or ``(object, None)`` without CuPy."""
+    try:
+        import cupy  # noqa: F401 - CuPy itself, for the version and streams
+        from cupy.cuda import memory_hook
+        return memory_hook.MemoryHook, cupy
+    except Exception:  # not installed, or installed without a usable CUDA library
+        return object, None
+
+
+_MemoryHook, _cupy = _import_cupy()
+CUPY_AVAILABLE = _cupy is not None
+_ACTIVE: list["TraceRecorderHook"] = []  # recorders inside their with-block, innermost last
+
+
+def active_recorder() -> "TraceRecorderHook | None":
+    """The innermost recorder whose with-block is running (e.g. the one :func:`run_script`
+    installed), or None."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def _default_stream() -> Callable[[], int]:
+    if _cupy is None:
+        return lambda: 0
+    get_stream = _cupy.cuda.get_current_stream
+
+    def current() -> int:
+        try:
+            return int(get_stream().ptr)
+        except Exception:  # no CUDA context yet (e.g. callbacks driven without a device)
+            return 0
+    return current
+
+
+def _skipped_dirs() -> tuple[str, ...]:
+    """Directories whose frames are not call sites: this package and CuPy's packages."""
+    dirs = [str(Path(__file__).resolve().parent)]
+    if _cupy is not None and getattr(_cupy, "__file__", None):
+        site = Path(_cupy.__file__).resolve().parent.parent
+        dirs += [str(site / name) for name in ("cupy", "cupyx", "cupy_backends")]
+    return tuple(d + os.sep for d in dirs)
+
+
+class TraceRecorderHook(_MemoryHook):  # type: ignore[misc, valid-type]
+    """Records CuPy memory-pool hooks; saves a trace (and optionally a hook log) on close.
+
+    ``output``: trace file written by :meth:`close` (None: keep in memory only); ``log``: also
+    write the hook calls as a CuPy JSON-lines log; ``device_index``: device whose events form
+    the trace (default: the busiest); ``call_sites``: tag events with the Python call site;
+    ``stream``: a function returning the current stream handle (default: CuPy's current
+    stream, or 0 without CuPy); ``metadata``: added to the trace's metadata.
+    """
+
+    name = "allocsim-trace-recorder"  # CuPy's key for the hook in its per-thread registry
+
+    def __init__(self, output: str | os.PathLike[str] | None = None, *,
+                 log: str | os.PathLike[str] | None = None, device_index: object = None,
+                 call_sites: bool = True, stream: Callable[[], int] | None = None,
+                 metadata: dict[str, Any] | None = None) -> None:
+        self.output = None if output is None else os.fspath(output)
+        self.log = None if log is None else os.fspath(log)
+        self.device_index = device_index
+        self.call_sites = call_sites
+        self.metadata = dict(metadata or {})
+        self.trace: Trace | None = None  # set by close()
+        self._stream = stream or _default_stream()
+        self._cols = {name: array("q") for name in _COLUMNS}
+        self._tags: list[str] = []
+        self._tag_of: dict[tuple[CodeType, int], int] = {}
+        self._skip = _skipped_dirs()
+        self._cwd = os.getcwd() + os.sep
+        self._lock = threading.Lock()
+        self._t0 = time.perf_counter_ns()
+        self._started = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ with-block
+    def __enter__(self) -> "TraceRecorderHook":
+        if not self._started and not len(self):
+            self._t0 = time.perf_counter_ns()  # times count from the start of recording
+        self._started = True
+        if _MemoryHook is not object:
+            super().__enter__()  # CuPy registers the hook for this thread
+        _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        try:
+            if _MemoryHook is not object:
+                super().__exit__(*exc_info)
+        finally:
+            if self in _ACTIVE:
+                _ACTIVE.remove(self)
+            self.close()
+
+    # ------------------------------------------------------------------ CuPy callbacks
+    def alloc_postprocess(self, **kwargs: Any) -> None:
+        """A pool miss: CuPy cudaMalloc'ed ``mem_size`` bytes."""
+        self._record(HOOK_ALLOC, kwargs.get("device_id", 0), -1, kwargs.get("mem_size", 0),
+                     kwargs.get("mem_ptr", 0), -1)
+
+    def malloc_postprocess(self, **kwargs: Any) -> None:
+        """A request of ``size`` bytes, served at ``mem_ptr`` (0 if it failed)."""
+        self._record(HOOK_MALLOC, kwargs.get("device_id", 0), kwargs.get("size", 0),
+                     kwargs.get("mem_size", 0), kwargs.get("mem_ptr", 0),
+                     kwargs.get("pmem_id", 0))
+
+    def free_postprocess(self, **kwargs: Any) -> None:
+        """The buffer at ``mem_ptr`` went back to the pool."""
+        self._record(HOOK_FREE, kwargs.get("device_id", 0), -1, kwargs.get("mem_size", 0),
+                     kwargs.get("mem_ptr", 0), kwargs.get("pmem_id", 0))
+
+    def _record(self, hook: int, device: int, size: int, mem_size: int, ptr: int,
+                pmem_id: int) -> None:
+        t = time.perf_counter_ns() - self._t0
+        stream = self._stream()
+        tag = self._call_site() if self.call_sites else NO_TAG
+        values = (hook, t, device, size, mem_size, ptr, pmem_id, stream, tag)
+        with self._lock:  # one event's columns stay aligned if threads share the hook
+            for column, value in zip(self._cols.values(), values):
+                column.append(value)
+
+    def _call_site(self) -> int:
+        """Tag index of the first frame outside CuPy and this package (cached per line)."""
+        try:
+            frame: FrameType | None = sys._getframe(3)  # _call_site, _record, the callback
+        except ValueError:  # called from a shallower stack than CuPy's callbacks
+            frame = None
+        skip = self._skip
+        while frame is not None and frame.f_code.co_filename.startswith(skip):
+            frame = frame.f_back
+        if frame is None:
+            return NO_TAG
+        key = (frame.f_code, frame.f_lineno)
+        tag = self._tag_of.get(key)
+        if tag is None:
+            code = frame.f_code
+            filename = code.co_filename
+            if filename.startswith(self._cwd):
+                filename = filename[len(self._cwd):]
+            tag = self._tag_of[key] = len(self._tags)
+            self._tags.append(f"{filename}:{frame.f_lineno}:{code.co_name}")
+        return tag
+
+    # ------------------------------------------------------------------ results
+    def __len__(self) -> int:
+        return len(self._cols["hook"])
+
+    def events(self) -> HookEvents:
+        """The hook calls so far, as columns."""
+        c = {name: column.tolist() for name, column in self._cols.items()}
+        return HookEvents(hook=c["hook"], device=c["device"], size=c["size"],
+                          mem_size=c["mem_size"], ptr=c["ptr"], pmem_id=c["pmem_id"],
+                          stream=c["stream"], tag=c["tag"], tags=list(self._tags), t=c["t"])
+
+    def build_trace(self) -> Trace:
+        """The trace of the hook calls so far (validated leniently, times never backwards)."""
+        meta = {"recorder": RECORDER, "cupy": getattr(_cupy, "__version__", None),
+                "python": platform.python_version(),
+                "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                    timespec="seconds")}
+        meta.update(self.metadata)
+        name = Path(self.output).name.split(".")[0] if self.output else "cupy-recording"
+        source = self.output or "<cupy recorder>"
+        trace = hook_events_to_trace(self.events(), source=source, name=name,
+                                     device_index=self.device_index, metadata=meta)
+        # Threads sharing one hook may append slightly out of time order.
+        trace.time_ns = np.maximum.accumulate(trace.time_ns) if len(trace) else trace.time_ns
+        trace, report = validate(trace, strict=False)
+        if report.repairs():
+            trace.metadata["validation"] = {"summary": report.summary(),
+                                            "repairs": report.repairs()}
+        return trace
+
+    def close(self) -> Trace:
+        """Build the trace and write ``output`` (and ``log``) once; returns the trace."""
+        if self._closed and self.trace is not None:
+            return self.trace
+        self._closed = True
+        self.trace = self.build_trace()
+        if self.output is not None:
+            save(self.trace, self.output)
+        if self.log is not None:
+            with open(self.log, "wb") as stream:
+                meta = {k: v for k, v in self.trace.metadata.items()
+                        if k in ("recorder", "cupy", "python", "recorded_at")
+                        or k in self.metadata}
+                write_hook_log(self.events(), stream, meta)
+        return self.trace
+
+
+# ====================================================================== run a script
+def _split_argv(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
+    """``(script path, module name, arguments)`` of ``[python] script args`` or
+    ``[python] -m module args``."""
+    args = list(argv)
+    if args and (_PYTHON.match(os.path.basename(args[0])) or args[0] == sys.executable):
+        args = args[1:]
+    if not args:
+        raise ValueError("no script to run: expected [python] script.py [args...]")
+    if args[0] == "-m":
+        if len(args) < 2:
+            raise ValueError("-m needs a module name")
+        return None, args[1], args[2:]
+    return args[0], None, args[1:]
+
+
+def run_script(argv: list[str], output: str | os.PathLike[str], *,
+               log: str | os.PathLike[str] | None = None, device_index: object = None,
+               metadata: dict[str, Any] | None = None) -> Trace:
+    """Run a Python script (``runpy``, as ``__main__``, with ``sys.argv`` set) under a
+    :class:`TraceRecorderHook`, save its trace to ``output`` and return it.
+
+    ``argv`` is ``[python] script.py args...`` or ``[python] -m module args...``. The trace is
+    saved even when the script fails; a failure (an exception, or ``SystemExit`` with a
+    nonzero code) is then re-raised. Inside the script :func:`active_recorder` is the
+    recorder. Without CuPy nothing calls the hook, so a RuntimeWarning says so.
+    """
+    script, module, args = _split_argv(argv)
+    if script is not None and not Path(script).is_file():
+        raise FileNotFoundError(f"no such script: {script}")
+    if _cupy is None:
+        warnings.warn("CuPy is not importable: only allocations reported to the recorder "
+                      "directly will be recorded", RuntimeWarning, stacklevel=2)
+    meta = {"script": script if script is not None else f"-m {module}", "argv": list(argv)}
+    meta.update(metadata or {})
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [script if script is not None else str(module), *args]
+    # As `python script.py` does: the script's folder comes first on the import path.
+    sys.path.insert(0, str(Path(script).resolve().parent) if script is not None else os.getcwd())
+    hook = TraceRecorderHook(output, log=log, device_index=device_index, metadata=meta)
+    try:
+        with hook:
+            if script is not None:
+                runpy.run_path(script, run_name="__main__")
+            else:
+                runpy.run_module(str(module), run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        if stop.code not in (None, 0):
+            raise
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+    assert hook.trace is not None
+    return hook.trace
