@@ -263,6 +263,16 @@ class ProcessDevice:
         self.frees += 1
         self._charge("unmap", nbytes, True, self._costs.unmap(nbytes))
 
+    def exit(self) -> int:
+        """The process ends: the driver takes back everything it held (no policy involved, no
+        cost charged). Returns the bytes released."""
+        released = self.reserved
+        self.device.used -= released
+        self.reserved = 0
+        self._ranges.clear()
+        self._mapped.clear()
+        return released
+
     def holdings(self) -> list[tuple[int, int]]:
         """``(address, bytes)`` of the memory held now: cudaMalloc'd ranges, and mapped pages
         with touching pieces joined (a heap grown page by page is one span)."""

@@ -299,12 +299,16 @@ class SharedRun:
 
 def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
                stop_on_oom: bool = False) -> SharedRun:
-    """Run several processes concurrently against one device in simpy simulated time."""
+    """Run several processes concurrently against one device in simpy simulated time.
+
+    A process that reaches the end of its trace (or stops at its first OOM with
+    ``stop_on_oom``) exits, and its memory goes back to the device."""
     env = simpy.Environment()
     shared = SimulatedDevice(device)
     runs: list[ProcessReplay] = []
     device_times: list[int] = [0]
     device_used: list[int] = [0]
+    final_reserved: dict[int, int] = {}
 
     def process_body(run: ProcessReplay):
         times = run.trace.time_ns
@@ -332,6 +336,12 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
                 if cost_ns:
                     delay_ns += cost_ns
                     yield env.timeout(cost_ns)
+        # The process exits (or dies of its OOM): the driver frees whatever it still held, so
+        # a process that starts later can have it.
+        final_reserved[run.process] = run.view.reserved
+        if run.view.exit():
+            device_times.append(int(env.now))
+            device_used.append(shared.used)
 
     for index, spec in enumerate(processes):
         process = index if spec.process is None else spec.process
@@ -340,8 +350,11 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
         runs.append(run)
         env.process(process_body(run))
     env.run()
+    results = [run.result(device.name) for run in runs]
+    for run, result in zip(runs, results):
+        result.final_reserved = final_reserved.get(run.process, result.final_reserved)
     return SharedRun(
-        results=[run.result(device.name) for run in runs],
+        results=results,
         device_time_ns=np.asarray(device_times, dtype=np.int64),
         device_used=np.asarray(device_used, dtype=np.int64),
         device_peak=shared.peak_used,

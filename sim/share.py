@@ -57,9 +57,14 @@ def parse_share_spec(text: str) -> ShareSpec:
 
 
 def share(traces: Sequence[Trace], specs: Sequence[ShareSpec], device: DeviceProfile) -> SharedRun:
-    """Run the processes together; ``traces[i]`` is the loaded trace of ``specs[i]``."""
+    """Run the processes together; ``traces[i]`` is the loaded trace of ``specs[i]``.
+
+    As on a real GPU, a process dies at its first OOM and every process's memory goes back to
+    the device when it ends, so what a later process can get depends on who is still running.
+    """
     return run_shared([SharedProcess(trace, spec.policy, spec.start_ns, process=index)
-                       for index, (trace, spec) in enumerate(zip(traces, specs))], device)
+                       for index, (trace, spec) in enumerate(zip(traces, specs))], device,
+                      stop_on_oom=True)
 
 
 def share_json(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile) -> dict[str, Any]:

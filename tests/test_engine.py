@@ -144,3 +144,13 @@ def test_no_winner_when_every_policy_runs_out_of_memory() -> None:
     trace = Trace.from_events([(0, "alloc", 1, 2 * GiB)])
     result = compare(trace, ["bfc", "on-demand"], device(GiB))
     assert result.winner is None and "no policy completes" in result.reason
+
+
+def test_a_process_that_ends_gives_its_memory_back_to_the_device() -> None:
+    keeps = Trace.from_events([(0, "alloc", 1, 700 * MiB), (1_000_000, "alloc", 2, 1)])  # never frees
+    later = Trace.from_events([(0, "alloc", 1, 700 * MiB)])
+    run = run_shared([SharedProcess(keeps, "on-demand"),
+                      SharedProcess(later, "on-demand", start_ns=5_000_000)], device(GiB))
+    assert all(r.completed for r in run.results)
+    assert run.results[0].final_reserved == 700 * MiB + 512     # what it held when it exited
+    assert run.device_used[-1] == 0
