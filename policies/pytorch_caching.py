@@ -65,6 +65,10 @@ Modelled but worth knowing:
 - one ``device.map`` call per map_block (PyTorch creates one handle per page; the cost model
   therefore under-counts page-by-page mapping cost), one ``device.unmap`` per unmapped range.
 
+Starting mid-run: :meth:`PyTorchCachingAllocator.seed` lays out a recorded segment list
+(memory_snapshot()'s shape) before the first malloc, so a replay of a snapshot recorded
+mid-run starts from the state the recording started in (sim/fidelity.py uses it).
+
 Not modelled: record_stream / cross-stream frees (every free is complete at once, so
 process_events and the event queues are empty), CUDA graph private pools and MemPools,
 free-memory callbacks, cudaMallocAsync, IPC, release_lock_on_cudamalloc, toggling
@@ -76,7 +80,7 @@ pool only as current values (computed on demand), peaks are kept for the aggrega
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from policies.base import DeviceMemory, Param, Policy, PolicyStats
 
@@ -965,6 +969,115 @@ class PyTorchCachingAllocator(Policy):
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache(): release_cached_blocks."""
         self._release_cached_blocks()
+
+    def seed(self, segments: Iterable[dict[str, Any]]) -> dict[int, int]:
+        """Start from a recorded state instead of an empty cache (a snapshot recorded mid-run).
+
+        ``segments`` have the shape of :meth:`segments` (and of memory_snapshot()'s, as the
+        snapshot importer writes them to ``metadata["initial_segments"]``): ``address``,
+        ``total_size``, ``stream`` (small id), ``segment_type``, ``blocks`` of ``{address, size,
+        requested_size, state}`` tiling the segment. Each segment is taken from the device with
+        one ``reserve`` (so the device counts it; its address is the device's), its blocks are
+        laid out at the same offsets: ``active_*`` blocks become allocated blocks (requested
+        bytes = requested_size, or size when that is 0), ``inactive`` ones cached free blocks,
+        touching ones joined as free_block would have. Returns ``{recorded block address: this
+        model's address}`` of the active blocks, so a caller can ``free`` them later.
+
+        Only on a fresh allocator; expandable segments (and an expandable-segments model) are
+        refused with ValueError, as are blocks that do not tile their segment and segments the
+        device cannot hold.
+        """
+        if self.num_allocs or self.segment_map:
+            raise ValueError("seed() needs a fresh allocator (no malloc before it)")
+        if self.expandable:
+            raise ValueError("seeding an expandable-segments allocator is not modelled")
+        mapping: dict[int, int] = {}
+        for seg in sorted(segments, key=lambda s: int(s["address"])):
+            if seg.get("is_expandable"):
+                raise ValueError(f"segment {int(seg['address']):#x} is an expandable segment; "
+                                 "seeding those is not modelled")
+            recorded = int(seg["address"])
+            total = int(seg["total_size"])
+            pieces: list[list[int]] = []        # [offset, size, requested or -1 when free]
+            cursor = recorded
+            for block in seg.get("blocks") or [{"size": total, "state": "inactive"}]:
+                address = int(block.get("address", cursor))
+                size = int(block["size"])
+                if address != cursor or size <= 0:
+                    raise ValueError(f"segment {recorded:#x}: its blocks do not tile it "
+                                     f"(block at {address:#x}, expected {cursor:#x})")
+                cursor += size
+                if str(block.get("state", "inactive")).startswith("active"):
+                    pieces.append([address - recorded, size,
+                                   int(block.get("requested_size") or 0) or size])
+                elif pieces and pieces[-1][2] < 0:
+                    pieces[-1][1] += size
+                else:
+                    pieces.append([address - recorded, size, -1])
+            if cursor != recorded + total:
+                raise ValueError(f"segment {recorded:#x}: its blocks cover {cursor - recorded} "
+                                 f"of its {total} bytes")
+            kind = seg.get("segment_type")
+            small = kind == "small" if kind in ("small", "large") else total <= K_SMALL_BUFFER
+            base = self.device.reserve(total)
+            if base is None:
+                raise ValueError(f"the device cannot hold the recorded segment {recorded:#x} "
+                                 f"({total} bytes)")
+            self._seed_segment(_Segment(base, total, int(seg.get("stream", 0)), small, False),
+                               pieces, recorded, mapping)
+        return mapping
+
+    def _seed_segment(self, segment: _Segment, pieces: list[list[int]], recorded: int,
+                      mapping: dict[int, int]) -> None:
+        """Lay out one seeded segment's blocks and count them as malloc/free would have."""
+        self._new_segment(segment)
+        base, pool_key = segment.base, segment.pool_key
+        split = len(pieces) > 1
+        previous = 0
+        for offset, size, requested in pieces:
+            address = base + offset
+            self._size[address] = size
+            self._prev[address] = previous
+            self._next[address] = 0
+            self._home[address] = pool_key
+            if previous:
+                self._next[previous] = address
+            previous = address
+        for offset, size, requested in pieces:
+            address = base + offset
+            if requested < 0:
+                self._insert_free(address)
+                if split:
+                    self.inactive_split += 1
+                    self.inactive_split_total += 1
+                    self.inactive_split_bytes += size
+                    self.inactive_split_bytes_total += size
+                continue
+            mapping[recorded + offset] = address
+            self._req[address] = requested
+            self.bytes_in_use += size
+            self.allocated_total += size
+            self.requested += requested
+            self.requested_total += requested
+            self.num_allocs += 1
+            if size >= self.max_split_size:
+                self._oversize_allocation()
+        self.peak_bytes_in_use = max(self.peak_bytes_in_use, self.bytes_in_use)
+        self.peak_requested = max(self.peak_requested, self.requested)
+        self.peak_allocations = max(self.peak_allocations, self.num_allocs - self.num_frees)
+        self.peak_inactive_split = max(self.peak_inactive_split, self.inactive_split)
+        self.peak_inactive_split_bytes = max(self.peak_inactive_split_bytes,
+                                             self.inactive_split_bytes)
+        self._reserved_change(segment.size)
+        self.num_segments += 1
+        self.segments_total += 1
+        self.peak_segments = max(self.peak_segments, self.num_segments)
+        if segment.size >= self.max_split_size:
+            self.oversize_segments += 1
+            self.oversize_segments_total += 1
+            self.peak_oversize_segments = max(self.peak_oversize_segments,
+                                              self.oversize_segments)
+        self.num_device_alloc += 1
 
     def _chain(self, base: int) -> Iterator[int]:
         address = base

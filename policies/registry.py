@@ -16,13 +16,16 @@ from policies.base import DeviceMemory, Param, Policy
 from policies.best_fit import BestFitAllocator
 from policies.bfc import BFCAllocator, PreallocateAllocator
 from policies.on_demand import OnDemandAllocator
+from policies.buddy import BuddyAllocator
+from policies.cuda_async import CudaAsyncAllocator
+from policies.cupy_pool import CuPyPoolAllocator
 from policies.pytorch_caching import PyTorchCachingAllocator
 from policies.units import format_size, parse_size
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (OnDemandAllocator, PreallocateAllocator, BestFitAllocator, BFCAllocator,
-                PyTorchCachingAllocator)
+                PyTorchCachingAllocator, CuPyPoolAllocator, CudaAsyncAllocator, BuddyAllocator)
 }
 DEFAULT_POLICIES = ("on-demand", "preallocate", "best-fit", "bfc", "pytorch")
 

@@ -248,6 +248,13 @@ class ProcessDevice:
 
     def unmap(self, address: int, nbytes: int) -> None:
         end = address + nbytes
+        if self._mapped.get(address) == nbytes:   # the common case: exactly what was mapped
+            del self._mapped[address]
+            self.device.used -= nbytes
+            self.reserved -= nbytes
+            self.frees += 1
+            self._charge("unmap", nbytes, True, self._costs.unmap(nbytes))
+            return
         # Pages may be unmapped in other pieces than they were mapped in: cut the intervals.
         for start, size in list(self._mapped.items()):
             stop = start + size

@@ -1,0 +1,424 @@
+"""The CUDA stream-ordered pool (cudaMallocAsync / cudaFreeAsync), as JAX and CuPy drive it.
+
+The pool lives in the closed driver: what is documented is modelled, what is not is assumed,
+and both are listed below. Sources:
+
+- CUDA Programming Guide, "Stream-Ordered Memory Allocator" (physical page caching, release
+  threshold, reuse policies, synchronization API actions) and the driver API reference of
+  cuMemPoolTrimTo / cudaMemPoolTrimTo;
+- openxla/xla xla/stream_executor/gpu/gpu_cudamallocasync_allocator.cc (JAX's
+  XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async; the current copy vendored in tensorflow/tensorflow
+  third_party/xla): one compute stream; the pool's release threshold is
+  set to pool_size; ``SetStreamAndPreallocateMemory`` allocates and frees pool_size when
+  reserve_memory (= preallocate) is set; ``AllocateRaw`` synchronises the stream and retries
+  once on CUDA_ERROR_OUT_OF_MEMORY; stats count requested bytes. xla/pjrt/gpu/gpu_helpers.cc
+  (CreateCudaAsyncAllocator): pool_size = total memory × memory_fraction;
+- cupy/cupy cupy/cuda/memory.pyx ``MemoryAsyncPool``: rounds requests with ``_round_size``
+  (512 B), retries after ``stream.synchronize()`` on cudaErrorMemoryAllocation,
+  ``free_all_blocks`` = synchronize + ``memPoolTrimTo(pool, 0)``, ``used_bytes`` /
+  ``total_bytes`` = cudaMemPoolAttrUsedMemCurrent / ReservedMemCurrent, and — easy to miss —
+  its ``set_limit`` sets cudaMemPoolAttrReleaseThreshold: it is not a cap.
+
+Modelled (documented):
+- Memory freed to the pool stays reserved; at a synchronisation, if the pool holds more than
+  the release threshold, it releases free physical memory (Programming Guide, "Physical Page
+  Caching Behavior" and "Synchronization API Actions"). The default threshold is 0 ("by
+  default, the allocator tries to minimize the physical memory owned by a pool"); a threshold
+  ≥ capacity never releases (CUDA's UINT64_MAX).
+- A trim never takes the pool below the threshold: "if the pool has less than minBytesToKeep
+  reserved, the TrimTo operation is a no-op. Otherwise the pool will be guaranteed to have at
+  least minBytesToKeep bytes reserved after the operation", and it cannot release physical
+  memory that backs live allocations ("OS allocations may happen at different granularity
+  from the user allocations").
+- Memory freed on a stream is reusable at once by that stream; by other streams after a
+  synchronisation ("Memory Reuse Policies").
+- On an out-of-memory the caller synchronises and retries (XLA's AllocateRaw retries once,
+  which the model follows; CuPy's MemoryAsyncPool.malloc retries twice).
+- JAX: threshold = fraction × capacity; preallocate takes that much up front and frees it
+  into the pool, where it stays (it is not above the threshold).
+
+Assumed (undocumented; each a parameter where it matters):
+- Growth: a miss maps one new physical chunk of round_up(request, ``chunk``) bytes, ``chunk``
+  = the device's mapping granularity (2 MiB) by default, into a virtual range of its own
+  (``address_range`` + ``map``). Chunks never merge and an allocation never spans two chunks.
+  A chunk is released (``unmap``) only when wholly free; the newest (highest address) first.
+- Placement inside the pool: best fit by (size, address) with immediate coalescing, always
+  splitting, the caller keeping the low end; requests round up to ``alignment`` (512 B, as
+  CuPy rounds before calling cudaMallocAsync).
+- When synchronisations happen (a trace records none): ``sync=free`` (default) — after every
+  free, so freed memory is shared by all streams and the threshold is applied after each free
+  (an upper bound on releases and re-maps: a program that synchronises once a step releases
+  less);
+  ``sync=none`` — never, except on an out-of-memory and ``empty_cache()``: freed memory stays
+  with its stream (it merges with free neighbours that are its stream's or shared, and the
+  result is the stream's; an allocation takes the best fit among its stream's chunks and the
+  shared ones) and nothing is released.
+- Out of memory: in the retry after the synchronisation, if nothing in the pool fits, the
+  driver is assumed to remap its cached physical memory for the request ("more flexibility for
+  blocks coalescing and doing memory remapping", XLA's comment): every wholly free chunk is
+  released, then the map is tried once more (two device attempts per out-of-memory). Memory
+  behind live allocations is never remapped.
+- Preallocation happens at the first allocation (as this project's ``preallocate`` policy),
+  so the device call shows in the timeline; the pool's stats ignore it (XLA's ClearStats).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from typing import Iterator
+
+from policies.base import DeviceMemory, Param, Policy, PolicyStats
+from policies.chunks import BIN, KEY_SHIFT, FreeIndex
+from policies.units import round_up
+
+NONE = -1
+SHARED = -(1 << 62)        # owner of free memory any stream may reuse (after a sync)
+SYNC_MODES = ("free", "none")
+
+
+class CudaAsyncAllocator(Policy):
+    name = "cuda-async"
+    description = "CUDA stream-ordered pool (cudaMallocAsync): 2 MiB chunks, release threshold"
+    PARAMS = {
+        "release_threshold": Param(
+            "size", 0, "bytes the pool keeps at a sync (cudaMemPoolAttrReleaseThreshold); "
+                       "≥ capacity = never release"),
+        "fraction": Param("float", 0.0, "threshold = fraction × capacity when > 0 (JAX: 0.75)"),
+        "preallocate": Param("bool", False, "take the threshold up front (JAX preallocate)"),
+        "chunk": Param("size", 0, "physical growth unit; 0 = the device's mapping granularity"),
+        "alignment": Param("size", 512, "allocation sizes round up to this"),
+        "sync": Param("str", "free", "when the pool synchronises: free (after each) or none"),
+    }
+
+    def __init__(self, device: DeviceMemory, release_threshold: int = 0, fraction: float = 0.0,
+                 preallocate: bool = False, chunk: int = 0, alignment: int = 512,
+                 sync: str = "free") -> None:
+        super().__init__(device)
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+        if release_threshold and fraction:
+            raise ValueError("give release_threshold or fraction, not both")
+        if sync not in SYNC_MODES:
+            raise ValueError(f"sync must be one of {', '.join(SYNC_MODES)}, got {sync!r}")
+        self.threshold = int(release_threshold) or int(fraction * device.capacity)
+        self.chunk = int(chunk) or device.map_granularity
+        if self.chunk % device.map_granularity:
+            raise ValueError(f"chunk must be a multiple of the device's mapping granularity "
+                             f"({device.map_granularity} bytes)")
+        if alignment <= 0:
+            raise ValueError(f"alignment must be positive, got {alignment}")
+        self.alignment = int(alignment)
+        self.sync_on_free = sync == "free"
+        self._preallocate_pending = preallocate and self.threshold > 0
+        self.size_of: dict[int, int] = {}        # chunk address -> size
+        self.prev_of: dict[int, int] = {}        # chunk address -> previous in region / NONE
+        self.next_of: dict[int, int] = {}        # chunk address -> next in region / NONE
+        self.in_use: dict[int, int] = {}         # chunk address in use -> its stream
+        self.owner_of: dict[int, int] = {}      # free chunk -> owner (SHARED or a stream)
+        self.requested: dict[int, int] = {}
+        self.shared = FreeIndex()                # free memory every stream may take
+        self._shared_best_fit = self.shared.best_fit   # bound once: the hot path
+        self.indexes: dict[int, FreeIndex] = {SHARED: self.shared}
+        self.regions: dict[int, int] = {}        # mapped physical chunk base -> bytes
+        self.free_regions: set[int] = set()      # regions that are one shared free chunk
+        self.mapped = 0
+        self.peak_mapped = 0
+        self.peak_bytes_in_use = 0
+
+    # -- allocation ------------------------------------------------------------------
+    def malloc(self, size: int, stream: int = 0) -> int | None:
+        if size <= 0:
+            return None
+        if self._preallocate_pending:
+            self._preallocate()
+        rounded = -(-size // self.alignment) * self.alignment
+        if self.sync_on_free:
+            found, owner = self._shared_best_fit(rounded), SHARED
+        else:
+            found, owner = self._find(rounded, stream)
+        if found is not None:
+            address = found[0]
+            self._take(address, found[1], owner, rounded)
+        else:
+            address = self._grow(rounded, stream)
+            if address is None:
+                self.num_ooms += 1
+                return None
+        self.in_use[address] = stream
+        self.requested[address] = size
+        self.bytes_in_use += rounded
+        if self.bytes_in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = self.bytes_in_use
+        self.num_allocs += 1
+        return address
+
+    def _find(self, rounded: int, stream: int) -> tuple[tuple[int, int] | None, int]:
+        """Best fit by (size, address) among shared free memory and the stream's own:
+        ``((address, size), owner)`` or ``(None, SHARED)``."""
+        found = self._shared_best_fit(rounded)
+        owner = SHARED
+        if not self.sync_on_free:
+            own = self.indexes.get(stream)
+            if own is not None:
+                mine = own.best_fit(rounded)
+                if mine is not None and (found is None
+                                         or (mine[1], mine[0]) < (found[1], found[0])):
+                    found, owner = mine, stream
+        return found, owner
+
+    def _grow(self, rounded: int, stream: int) -> int | None:
+        """A miss: map a new chunk and carve the allocation from its low end. If the device
+        refuses: synchronise and retry (XLA's AllocateRaw) — the pool first, then (assumed) the
+        wholly free chunks are remapped for it. Returns the allocation's address or None."""
+        base = self._map_chunk(rounded)
+        if base is None:
+            self.synchronize()
+            found, owner = self._find(rounded, stream)
+            if found is not None:
+                self._take(found[0], found[1], owner, rounded)
+                return found[0]
+            self._trim(0)
+            base = self._map_chunk(rounded)
+            if base is None:
+                return None
+        nbytes = self.regions[base]
+        if nbytes > rounded:
+            rest = base + rounded
+            self.size_of[base] = rounded
+            self.size_of[rest] = nbytes - rounded
+            self.prev_of[rest] = base
+            self.next_of[rest] = NONE
+            self.next_of[base] = rest
+            self.shared.add(nbytes - rounded, rest)
+            if not self.sync_on_free:
+                self.owner_of[rest] = SHARED
+        return base
+
+    def _map_chunk(self, rounded: int) -> int | None:
+        """Map a new physical chunk of round_up(rounded, chunk) bytes in a virtual range of its
+        own; it is one chunk, in no index yet. Returns its base or None if refused."""
+        nbytes = round_up(rounded, self.chunk)
+        base = self.device.address_range(nbytes)
+        if not self.device.map(base, nbytes):
+            return None
+        self.regions[base] = nbytes
+        self.size_of[base] = nbytes
+        self.prev_of[base] = NONE
+        self.next_of[base] = NONE
+        self.mapped += nbytes
+        if self.mapped > self.peak_mapped:
+            self.peak_mapped = self.mapped
+        return base
+
+    def _take(self, address: int, chunk_size: int, owner: int, rounded: int) -> None:
+        """Hand out free chunk ``address``; the rest (if any) stays free with the same owner.
+        The free-index updates are FreeIndex.remove/add written out (the hot path)."""
+        index = self.indexes[owner]
+        bins = index.bins
+        number = BIN[chunk_size.bit_length()]
+        keys = bins[number]
+        del keys[bisect_left(keys, chunk_size << KEY_SHIFT | address)]
+        if not keys:
+            index.nonempty &= ~(1 << number)
+        next_of = self.next_of
+        after = next_of[address]
+        if after == NONE and self.prev_of[address] == NONE:
+            self.free_regions.discard(address)
+        if not self.sync_on_free:
+            del self.owner_of[address]
+        if chunk_size == rounded:
+            return
+        rest = address + rounded
+        rest_size = chunk_size - rounded
+        size_of = self.size_of
+        size_of[address] = rounded
+        size_of[rest] = rest_size
+        self.prev_of[rest] = address
+        next_of[rest] = after
+        next_of[address] = rest
+        if after != NONE:
+            self.prev_of[after] = rest
+        number = BIN[rest_size.bit_length()]
+        keys = bins[number]
+        key = rest_size << KEY_SHIFT | rest
+        if not keys:
+            index.nonempty |= 1 << number
+            keys.append(key)
+        elif key > keys[-1]:
+            keys.append(key)
+        else:
+            insort(keys, key)
+        if not self.sync_on_free:
+            self.owner_of[rest] = owner
+
+    # -- free ------------------------------------------------------------------------
+    def free(self, address: int) -> None:
+        stream = self.in_use.pop(address)
+        del self.requested[address]
+        self.bytes_in_use -= self.size_of[address]
+        self.num_frees += 1
+        if self.sync_on_free:
+            self._give_back(address, SHARED)
+            # The synchronisation after the free applies the release threshold.
+            if self.free_regions and self.mapped > self.threshold:
+                self._trim(self.threshold)
+        else:
+            self._give_back(address, stream)
+
+    def _give_back(self, address: int, owner: int) -> None:
+        """Return a chunk (in no index) as free memory of ``owner``, merging with the next free
+        neighbour, then the previous one (as BFC and CuPy). With per-stream ownership a
+        neighbour merges if it is shared or ``owner``'s: both parts are usable by ``owner``, and
+        the merged chunk is ``owner``'s until the next synchronisation."""
+        size_of, next_of, prev_of, in_use = self.size_of, self.next_of, self.prev_of, self.in_use
+        owner_of = None if self.sync_on_free else self.owner_of
+        indexes = self.indexes
+        index = indexes.get(owner)
+        if index is None:
+            index = indexes[owner] = FreeIndex()
+        size = size_of[address]
+        after = next_of[address]
+        if after != NONE and after not in in_use:
+            neighbour_index = index
+            if owner_of is not None:
+                neighbour_owner = owner_of[after]
+                neighbour_index = indexes[neighbour_owner]
+                if neighbour_owner != owner and neighbour_owner != SHARED:
+                    neighbour_index = None
+            if neighbour_index is not None:
+                merged_size = size_of.pop(after)
+                number = BIN[merged_size.bit_length()]
+                keys = neighbour_index.bins[number]
+                del keys[bisect_left(keys, merged_size << KEY_SHIFT | after)]
+                if not keys:
+                    neighbour_index.nonempty &= ~(1 << number)
+                size += merged_size
+                following = next_of.pop(after)
+                del prev_of[after]
+                if owner_of is not None:
+                    del owner_of[after]
+                next_of[address] = following
+                if following != NONE:
+                    prev_of[following] = address
+                after = following
+        before = prev_of[address]
+        if before != NONE and before not in in_use:
+            neighbour_index = index
+            if owner_of is not None:
+                neighbour_owner = owner_of[before]
+                neighbour_index = indexes[neighbour_owner]
+                if neighbour_owner != owner and neighbour_owner != SHARED:
+                    neighbour_index = None
+            if neighbour_index is not None:
+                before_size = size_of[before]
+                number = BIN[before_size.bit_length()]
+                keys = neighbour_index.bins[number]
+                del keys[bisect_left(keys, before_size << KEY_SHIFT | before)]
+                if not keys:
+                    neighbour_index.nonempty &= ~(1 << number)
+                del size_of[address], prev_of[address], next_of[address]
+                address = before
+                size += before_size
+                next_of[address] = after
+                if after != NONE:
+                    prev_of[after] = address
+        size_of[address] = size
+        number = BIN[size.bit_length()]
+        keys = index.bins[number]
+        key = size << KEY_SHIFT | address
+        if not keys:
+            index.nonempty |= 1 << number
+            keys.append(key)
+        elif key > keys[-1]:
+            keys.append(key)
+        else:
+            insort(keys, key)
+        if owner_of is not None:
+            owner_of[address] = owner
+        if owner == SHARED and after == NONE and prev_of[address] == NONE:
+            self.free_regions.add(address)
+
+    # -- synchronisation and release ---------------------------------------------------
+    def synchronize(self) -> None:
+        """A stream/device synchronisation: every stream's freed memory becomes shared (merging
+        with shared neighbours), then memory above the release threshold is released."""
+        for owner, index in list(self.indexes.items()):
+            if owner == SHARED or not len(index):
+                continue
+            for size, address in list(index.keys()):
+                index.remove(size, address)
+                del self.owner_of[address]
+                self._give_back(address, SHARED)
+        if self.free_regions and self.mapped > self.threshold:
+            self._trim(self.threshold)
+
+    def _trim(self, keep: int) -> bool:
+        """cuMemPoolTrimTo(keep): release wholly free chunks, newest first, never taking the pool
+        below ``keep`` bytes. Returns whether anything was released."""
+        if self.mapped <= keep:
+            return False
+        released = False
+        for base in sorted(self.free_regions, reverse=True):
+            nbytes = self.regions[base]
+            if self.mapped - nbytes < keep:
+                continue
+            self.free_regions.discard(base)
+            self.shared.remove(nbytes, base)
+            del self.regions[base], self.size_of[base], self.prev_of[base], self.next_of[base]
+            if not self.sync_on_free:
+                del self.owner_of[base]
+            self.mapped -= nbytes
+            self.device.unmap(base, nbytes)
+            released = True
+            if self.mapped <= keep:
+                break
+        return released
+
+    def trim_to(self, min_bytes_to_keep: int) -> None:
+        """cudaMemPoolTrimTo after a synchronisation."""
+        self.synchronize()
+        self._trim(min_bytes_to_keep)
+
+    def empty_cache(self) -> None:
+        """CuPy's MemoryAsyncPool.free_all_blocks: synchronize, then memPoolTrimTo(pool, 0)."""
+        self.trim_to(0)
+
+    def _preallocate(self) -> None:
+        """XLA's SetStreamAndPreallocateMemory: AllocateRaw(threshold) then DeallocateRaw; the
+        chunk stays as shared free memory (it is not above the threshold)."""
+        self._preallocate_pending = False
+        base = self._map_chunk(self.threshold)
+        if base is not None:
+            self.shared.add(self.regions[base], base)
+            self.free_regions.add(base)
+            if not self.sync_on_free:
+                self.owner_of[base] = SHARED
+
+    # -- CuPy MemoryAsyncPool / pool attributes ----------------------------------------
+    def used_bytes(self) -> int:
+        """cudaMemPoolAttrUsedMemCurrent (allocation sizes after rounding)."""
+        return self.bytes_in_use
+
+    def total_bytes(self) -> int:
+        """cudaMemPoolAttrReservedMemCurrent: physical memory the pool holds."""
+        return self.mapped
+
+    def free_bytes(self) -> int:
+        return self.mapped - self.bytes_in_use
+
+    # -- views -----------------------------------------------------------------------
+    def blocks(self) -> Iterator[tuple[int, int, bool]]:
+        for base in sorted(self.regions):
+            address = base
+            while address != NONE:
+                yield address, self.size_of[address], address in self.in_use
+                address = self.next_of[address]
+
+    def stats(self) -> PolicyStats:
+        return PolicyStats(
+            num_allocs=self.num_allocs, num_frees=self.num_frees, num_ooms=self.num_ooms,
+            bytes_in_use=self.bytes_in_use, peak_bytes_in_use=self.peak_bytes_in_use,
+            bytes_requested=sum(self.requested.values()), pool_bytes=self.mapped,
+            peak_pool_bytes=self.peak_mapped,
+            largest_free_block=max(index.largest() for index in self.indexes.values()),
+            free_blocks=sum(len(index) for index in self.indexes.values()))

@@ -1,0 +1,382 @@
+"""CuPy's default memory pool (``cupy.get_default_memory_pool()``), rule for rule.
+
+Followed: cupy/cupy cupy/cuda/memory.pyx as restructured by cupy/cupy#9437 (the ``_Arena``
+holding a ``std::set<pair<size_t, uintptr_t>>`` of free chunks; earlier releases kept one Python
+``set`` per exact size, ``(size − 1) // 512``, and popped an arbitrary element of the smallest
+non-empty fitting bin — the same size choice, a different tie choice). Functions named below
+are that file's.
+
+- ``_round_size``: every request rounds up to a multiple of ALLOCATION_UNIT_SIZE = 512.
+  ``_malloc``: a 0-byte request returns ``MemoryPointer(Memory(0), 0)``, a null pointer that never
+  touches the pool; here ``malloc(0)`` returns None without counting an OOM (the engine skips
+  0-byte events anyway).
+- ``_get_stream_identifier`` / ``_arena``: free chunks live in one arena per stream. A chunk keeps
+  the arena of the stream whose allocation created its cudaMalloc'd block (``_Chunk.arena``;
+  ``split`` hands the remainder the same arena), and ``free`` returns it to that arena, so a
+  whole cudaMalloc'd block belongs to one stream for life: memory freed on stream 1 never serves
+  stream 0 until ``free_all_blocks`` returns the block to the device.
+- ``_Arena.get_chunk``: ``index.lower_bound((size, 0))`` — the smallest free chunk with
+  size ≥ request in that stream's arena; among equal sizes the lowest ``_Chunk`` *Python object
+  address*. Object addresses are not device addresses and no model can reproduce them; this
+  model breaks ties by the chunk object's creation order (older first), a stable stand-in for
+  ``id()``: like the real key it does not change while the chunk object lives, the remainder of
+  a split is a new (younger) object, and a merge keeps the lower chunk's object
+  (``try_merge_chunk``). Device address is NOT the tie-break (the source does not support it).
+- ``_Chunk.split``: a larger chunk is ALWAYS split (no threshold); the allocation keeps the low
+  offset and the remainder is inserted without merging (its next neighbour cannot be free).
+- ``_Arena.try_merge_chunk`` / ``insert_chunk``: on free, merge with the next chunk while it is
+  free, then with the previous one; only chunks of the same cudaMalloc'd block are linked, so
+  blocks never merge.
+- ``_malloc`` → ``_try_malloc`` on a miss: cudaMalloc for exactly the rounded size (no
+  growth policy, no minimum). Limit (``_try_block_total_bytes``): with limit L ≠ 0, a request
+  > L raises OutOfMemoryError at once; if total_bytes + size > L, ``free_all_blocks()`` and check
+  again, then ``gc.collect()`` + ``free_all_blocks()`` and check again, then OutOfMemoryError
+  (this limit retry came with cupy/cupy#7679; older releases raised at once). Device refusal
+  (cudaErrorMemoryAllocation): ``free_all_blocks()`` and retry, then ``gc.collect()`` ×2 +
+  ``free_all_blocks()`` and retry, then OutOfMemoryError — three cudaMalloc attempts in all.
+  The simulation has no Python garbage, so the second free_all_blocks finds nothing new, but the
+  third device attempt is still made (and counted as a failed device malloc).
+- ``free_all_blocks`` / ``_Arena.free_all``: cudaFree every free chunk that is a whole
+  cudaMalloc'd block (``prev is None and next is None``), in every arena; split blocks stay.
+- ``set_limit(size=, fraction=)``: size and fraction are exclusive; fraction in [0, 1] means
+  ``fraction × total device memory`` (``memGetInfo``'s total, i.e. capacity), truncated to
+  bytes; 0 disables the limit. The limit counts total_bytes (cached free blocks included).
+- ``used_bytes`` = sum of in-use chunk sizes (rounded), ``total_bytes`` = bytes held in
+  cudaMalloc'd blocks, ``free_bytes`` = total − used, ``n_free_blocks`` = free chunks in all
+  arenas. Policy ``empty_cache()`` = ``free_all_blocks()``.
+
+Not modelled: memory hooks, the pending-free list used when another thread holds the arena lock
+(single-threaded replay always takes the lock), CUPY_GPU_MEMORY_LIMIT (use the parameters), and
+the non-pooled allocators. reference/allocators.md §4 says a limit hit triggers the
+free_all_blocks retry without noting that a request larger than the limit fails at once, and
+describes v14.1+ ties only as "Python object address".
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from typing import Iterator
+
+from policies.base import DeviceMemory, Param, Policy, PolicyStats
+
+ALLOCATION_UNIT_SIZE = 512
+NONE = -1
+
+# A free chunk's key orders by (size, creation id), the model of CuPy's (size, id(chunk)); the
+# device address rides in the low bits so a key decodes without a lookup.
+SIZE_SHIFT = 104
+CID_SHIFT = 52
+ADDRESS_MASK = (1 << CID_SHIFT) - 1
+NUM_BINS = 64           # bin b holds sizes with bit length b: [2^(b-1), 2^b)
+
+
+def round_size(nbytes: int) -> int:
+    """CuPy's ``_round_size``: up to a multiple of 512 (0 stays 0)."""
+    return -(-nbytes // ALLOCATION_UNIT_SIZE) * ALLOCATION_UNIT_SIZE
+
+
+class _Arena:
+    """The free chunks of one stream: sorted key lists binned by size bit length, plus a
+    bitmask of non-empty bins. The smallest key ≥ (size, 0) is CuPy's ``lower_bound``."""
+
+    __slots__ = ("bins", "nonempty")
+
+    def __init__(self) -> None:
+        self.bins: list[list[int]] = [[] for _ in range(NUM_BINS)]
+        self.nonempty = 0
+
+    def add(self, key: int, size: int) -> None:
+        number = size.bit_length()
+        keys = self.bins[number]
+        if not keys:
+            self.nonempty |= 1 << number
+            keys.append(key)
+        elif key > keys[-1]:
+            keys.append(key)
+        else:
+            insort(keys, key)
+
+    def remove(self, key: int, size: int) -> None:
+        number = size.bit_length()
+        keys = self.bins[number]
+        del keys[bisect_left(keys, key)]
+        if not keys:
+            self.nonempty &= ~(1 << number)
+
+    def keys(self) -> Iterator[int]:
+        for keys in self.bins:
+            yield from keys
+
+    def __len__(self) -> int:
+        return sum(len(keys) for keys in self.bins)
+
+    def largest(self) -> int:
+        if not self.nonempty:
+            return 0
+        return self.bins[self.nonempty.bit_length() - 1][-1] >> SIZE_SHIFT
+
+
+class CuPyPoolAllocator(Policy):
+    name = "cupy"
+    description = "CuPy MemoryPool: 512 B rounding, per-stream best fit, always split"
+    PARAMS = {
+        "limit": Param("size", 0, "set_limit(size=): cap on total_bytes; 0 = no limit"),
+        "fraction": Param("float", 0.0, "set_limit(fraction=): cap = fraction × capacity"),
+    }
+
+    def __init__(self, device: DeviceMemory, limit: int = 0, fraction: float = 0.0) -> None:
+        super().__init__(device)
+        self.size_of: dict[int, int] = {}       # chunk address -> size
+        self.prev_of: dict[int, int] = {}       # chunk address -> previous chunk in block / NONE
+        self.next_of: dict[int, int] = {}       # chunk address -> next chunk in block / NONE
+        self.cid_of: dict[int, int] = {}        # chunk address -> creation id (object identity)
+        self.in_use: dict[int, _Arena] = {}     # chunk address in use -> its arena
+        self.requested: dict[int, int] = {}     # chunk address in use -> requested bytes
+        self.held: dict[int, int] = {}          # cudaMalloc'd block base -> bytes
+        self.arenas: dict[int, _Arena] = {}     # stream -> arena
+        self._next_cid = 0
+        self._total_bytes = 0
+        self._limit = 0
+        self.peak_bytes_in_use = 0
+        self.peak_total_bytes = 0
+        self.set_limit(size=limit or None, fraction=fraction or None)
+
+    # -- CuPy's public pool API ------------------------------------------------------
+    def set_limit(self, size: int | None = None, fraction: float | None = None) -> None:
+        """SingleDeviceMemoryPool.set_limit: ``size`` bytes or ``fraction`` × capacity; neither
+        (or 0) removes the limit."""
+        if size is None:
+            if fraction is None:
+                size = 0
+            else:
+                if not 0 <= fraction <= 1:
+                    raise ValueError(f"memory limit fraction out of range: {fraction}")
+                size = int(fraction * self.device.capacity)
+        elif fraction is not None:
+            raise ValueError("size and fraction cannot be specified at one time")
+        if size < 0:
+            raise ValueError(f"memory limit size out of range: {size}")
+        self._limit = int(size)
+
+    def get_limit(self) -> int:
+        return self._limit
+
+    def used_bytes(self) -> int:
+        return self.bytes_in_use
+
+    def total_bytes(self) -> int:
+        return self._total_bytes
+
+    def free_bytes(self) -> int:
+        return self._total_bytes - self.bytes_in_use
+
+    def n_free_blocks(self) -> int:
+        return sum(len(arena) for arena in self.arenas.values())
+
+    def free_all_blocks(self, stream: int | None = None) -> None:
+        """cudaFree every free chunk that is a whole block, in all arenas or one stream's."""
+        arenas = self.arenas.values() if stream is None else [self.arenas.get(stream)]
+        prev_of, next_of = self.prev_of, self.next_of
+        for arena in arenas:
+            if arena is None or not arena.nonempty:
+                continue
+            for number, keys in enumerate(arena.bins):
+                if not keys:
+                    continue
+                kept = []
+                for key in keys:
+                    address = key & ADDRESS_MASK
+                    if prev_of[address] != NONE or next_of[address] != NONE:
+                        kept.append(key)
+                        continue
+                    nbytes = self.size_of.pop(address)
+                    del prev_of[address], next_of[address], self.cid_of[address]
+                    del self.held[address]
+                    self._total_bytes -= nbytes
+                    self.device.release(address)
+                if len(kept) != len(keys):
+                    arena.bins[number] = kept
+                    if not kept:
+                        arena.nonempty &= ~(1 << number)
+
+    # -- allocation ------------------------------------------------------------------
+    def malloc(self, size: int, stream: int = 0) -> int | None:
+        if size <= 0:
+            return None
+        rounded = -(-size // ALLOCATION_UNIT_SIZE) * ALLOCATION_UNIT_SIZE
+        arena = self.arenas.get(stream)
+        if arena is None:
+            arena = self.arenas[stream] = _Arena()
+        # _Arena.get_chunk: the smallest key ≥ (rounded, 0).
+        number = rounded.bit_length()
+        keys = arena.bins[number]
+        key = 0
+        if keys:
+            position = bisect_left(keys, rounded << SIZE_SHIFT)
+            if position < len(keys):
+                key = keys[position]
+                del keys[position]
+                if not keys:
+                    arena.nonempty &= ~(1 << number)
+        if not key:
+            above = arena.nonempty >> (number + 1)
+            if above:
+                number += (above & -above).bit_length()
+                keys = arena.bins[number]
+                key = keys[0]
+                del keys[0]
+                if not keys:
+                    arena.nonempty &= ~(1 << number)
+        size_of = self.size_of
+        if key:
+            address = key & ADDRESS_MASK
+            chunk_size = key >> SIZE_SHIFT
+            if chunk_size != rounded:
+                # _Chunk.split: the caller keeps the low end; the rest is a new chunk object.
+                rest = address + rounded
+                rest_size = chunk_size - rounded
+                next_of = self.next_of
+                after = next_of[address]
+                size_of[address] = rounded
+                size_of[rest] = rest_size
+                self.prev_of[rest] = address
+                next_of[rest] = after
+                next_of[address] = rest
+                if after != NONE:
+                    self.prev_of[after] = rest
+                cid = self._next_cid
+                self._next_cid = cid + 1
+                self.cid_of[rest] = cid
+                rest_key = (rest_size << SIZE_SHIFT) | (cid << CID_SHIFT) | rest
+                number = rest_size.bit_length()
+                keys = arena.bins[number]
+                if not keys:
+                    arena.nonempty |= 1 << number
+                    keys.append(rest_key)
+                elif rest_key > keys[-1]:
+                    keys.append(rest_key)
+                else:
+                    insort(keys, rest_key)
+        else:
+            address = self._try_malloc(rounded)
+            if address is None:
+                self.num_ooms += 1
+                return None
+            size_of[address] = rounded
+            self.prev_of[address] = NONE
+            self.next_of[address] = NONE
+            self.cid_of[address] = self._next_cid
+            self._next_cid += 1
+        self.in_use[address] = arena
+        self.requested[address] = size
+        self.bytes_in_use += rounded
+        if self.bytes_in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = self.bytes_in_use
+        self.num_allocs += 1
+        return address
+
+    def _fits_limit(self, rounded: int) -> bool:
+        return self._total_bytes + rounded <= self._limit
+
+    def _try_malloc(self, rounded: int) -> int | None:
+        """SingleDeviceMemoryPool._try_malloc: the limit check with its two free_all_blocks
+        retries, then cudaMalloc with its two free_all_blocks retries. None = OutOfMemoryError."""
+        if self._limit:
+            if rounded > self._limit:
+                return None
+            if not self._fits_limit(rounded):
+                self.free_all_blocks()
+                if not self._fits_limit(rounded):
+                    self.free_all_blocks()          # after gc.collect(): nothing new here
+                    if not self._fits_limit(rounded):
+                        return None
+        self._total_bytes += rounded
+        reserve = self.device.reserve
+        base = reserve(rounded)
+        if base is None:
+            self.free_all_blocks()
+            base = reserve(rounded)
+            if base is None:
+                self.free_all_blocks()              # after gc.collect() ×2: nothing new here
+                base = reserve(rounded)
+                if base is None:
+                    self._total_bytes -= rounded
+                    return None
+        self.held[base] = rounded
+        if self._total_bytes > self.peak_total_bytes:
+            self.peak_total_bytes = self._total_bytes
+        return base
+
+    def free(self, address: int) -> None:
+        arena = self.in_use.pop(address)
+        del self.requested[address]
+        in_use = self.in_use
+        size_of, next_of, prev_of, cid_of = self.size_of, self.next_of, self.prev_of, self.cid_of
+        size = size_of[address]
+        self.bytes_in_use -= size
+        self.num_frees += 1
+        bins = arena.bins
+        # _Arena.try_merge_chunk: the next chunk if free (this chunk object survives) ...
+        after = next_of[address]
+        if after != NONE and after not in in_use:
+            merged = after
+            merged_size = size_of.pop(merged)
+            number = merged_size.bit_length()
+            keys = bins[number]
+            merged_key = (merged_size << SIZE_SHIFT) | (cid_of.pop(merged) << CID_SHIFT) | merged
+            del keys[bisect_left(keys, merged_key)]
+            if not keys:
+                arena.nonempty &= ~(1 << number)
+            size += merged_size
+            after = next_of.pop(merged)
+            del prev_of[merged]
+            next_of[address] = after
+            if after != NONE:
+                prev_of[after] = address
+        # ... then the previous chunk if free (the previous chunk's object survives).
+        before = prev_of[address]
+        if before != NONE and before not in in_use:
+            before_size = size_of[before]
+            number = before_size.bit_length()
+            keys = bins[number]
+            del keys[bisect_left(keys, (before_size << SIZE_SHIFT) | (cid_of[before] << CID_SHIFT)
+                                 | before)]
+            if not keys:
+                arena.nonempty &= ~(1 << number)
+            del size_of[address], prev_of[address], next_of[address], cid_of[address]
+            address = before
+            size += before_size
+            next_of[address] = after
+            if after != NONE:
+                prev_of[after] = address
+        size_of[address] = size
+        key = (size << SIZE_SHIFT) | (cid_of[address] << CID_SHIFT) | address
+        number = size.bit_length()
+        keys = bins[number]
+        if not keys:
+            arena.nonempty |= 1 << number
+            keys.append(key)
+        elif key > keys[-1]:
+            keys.append(key)
+        else:
+            insort(keys, key)
+
+    def empty_cache(self) -> None:
+        self.free_all_blocks()
+
+    # -- views -----------------------------------------------------------------------
+    def blocks(self) -> Iterator[tuple[int, int, bool]]:
+        for base in sorted(self.held):
+            address = base
+            while address != NONE:
+                yield address, self.size_of[address], address in self.in_use
+                address = self.next_of[address]
+
+    def stats(self) -> PolicyStats:
+        return PolicyStats(
+            num_allocs=self.num_allocs, num_frees=self.num_frees, num_ooms=self.num_ooms,
+            bytes_in_use=self.bytes_in_use, peak_bytes_in_use=self.peak_bytes_in_use,
+            bytes_requested=sum(self.requested.values()), pool_bytes=self._total_bytes,
+            peak_pool_bytes=self.peak_total_bytes,
+            largest_free_block=max((a.largest() for a in self.arenas.values()), default=0),
+            free_blocks=self.n_free_blocks())
