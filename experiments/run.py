@@ -76,8 +76,10 @@ def load_traces(definition: dict[str, Any]) -> tuple[dict[str, Trace], list[str]
     return traces, skipped
 
 
-def run_experiment(name: str, *, quiet: bool = False) -> dict[str, Any]:
-    folder = HERE / name
+def run_experiment(name: str | Path, *, quiet: bool = False) -> dict[str, Any]:
+    """Run ``experiments/NAME`` (or any folder holding an experiment.toml)."""
+    folder = Path(name) if Path(name).is_dir() else HERE / str(name)
+    name = folder.name
     definition = tomllib.loads((folder / "experiment.toml").read_text())
     device = resolve_device(definition.get("device"), definition.get("capacity"))
     policies = definition.get("policies", [])
