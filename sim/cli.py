@@ -361,6 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_reading_options(p)
     p.set_defaults(func=cmd_convert)
 
+    from sim.validator import add_calibrate_parser, add_validate_parser
+    add_validate_parser(sub)
+    add_calibrate_parser(sub)
+
     sub.add_parser("policies", help="list policies and parameters").set_defaults(func=cmd_policies)
     sub.add_parser("devices", help="list device profiles").set_defaults(func=cmd_devices)
     return parser
