@@ -7,6 +7,12 @@ Every user mistake (bad file, bad spec, bad size) ends in ONE line on stderr sta
     allocsim gen KIND [key=value ...] -o FILE
     allocsim info TRACE
     allocsim convert IN OUT
+    allocsim min-capacity TRACE [--policies ...] [--resolution 1MiB]
+    allocsim share TRACE[:POLICY][@START] ... [--device NAME | --capacity SIZE]
+    allocsim baseline TRACES... -o baseline.json ; allocsim check baseline.json [--tolerance 1%]
+    allocsim fidelity SNAPSHOT ; allocsim explain-oom TRACE [--policy P --capacity SIZE]
+    allocsim validate TRACE --policy P [--backend B] ; allocsim calibrate [-o FILE]
+    allocsim record -o run.npz -- python train.py ; allocsim report RESULTS... -o report.html
     allocsim policies | allocsim devices
 """
 
@@ -361,7 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_reading_options(p)
     p.set_defaults(func=cmd_convert)
 
+    from sim.explain import add_explain_parser
+    from sim.fidelity import add_fidelity_parser
     from sim.validator import add_calibrate_parser, add_validate_parser
+    add_fidelity_parser(sub)
+    add_explain_parser(sub)
     add_validate_parser(sub)
     add_calibrate_parser(sub)
 

@@ -1,0 +1,346 @@
+"""``allocsim fidelity``: the pytorch model against recorded PyTorch snapshots (sim/fidelity.py).
+
+The round-trip guarantee: a snapshot made by running the model itself (simulate_snapshot:
+its addresses, device calls, OOMs, empty_cache() calls, final segments, allocator_settings),
+written as a pickle and read back by the importer, must match 100%. Then deliberate changes
+must be caught where they are, and a recording started mid-run must be replayed from the
+state the importer rebuilt (PyTorchCachingAllocator.seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policies import parse_policy
+from policies.pytorch_caching import PyTorchCachingAllocator
+from sim.device import DeviceProfile, SimulatedDevice
+from sim.fidelity import (
+    COMPARED_ACTIONS, FidelityError, add_fidelity_parser, fidelity, settings_from_snapshot,
+    simulate_snapshot)
+from traces import formats, synth
+from traces.formats.torch_snapshot import read_snapshot
+from traces.model import Trace
+
+MiB = 1 << 20
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+
+def imported(snapshot: dict[str, Any], name: str = "sim") -> Trace:
+    """A snapshot dict through the pickle and the importer, as a user's file would go."""
+    return read_snapshot(pickle.dumps(snapshot, protocol=4), f"{name}.pickle", name)
+
+
+def training(steps: int = 4) -> Trace:
+    return synth.generate("training", seed=0, steps=steps)
+
+
+def profile(capacity: int) -> DeviceProfile:
+    return DeviceProfile("small", capacity, granularity=512)
+
+
+def consistent(report) -> None:
+    """What every report must satisfy, matched or not."""
+    assert 0 <= report.matched <= report.total
+    assert sum(c["recorded"] for c in report.by_action.values()) == report.total
+    assert sum(c["matched"] for c in report.by_action.values()) == report.matched
+    assert report.exit_status == (0 if report.all_matched and report.final_segments_match else 1)
+    data = report.to_json_dict()
+    assert json.loads(json.dumps(data))["matched"] == report.matched
+    assert report.text().count("\n") < 40
+
+
+# -- the round trip ----------------------------------------------------------------------
+@pytest.mark.parametrize("spec", ["pytorch", "pytorch:max_split_size_mb=64",
+                                  "pytorch:roundup_power2_divisions=4",
+                                  "pytorch:expandable_segments=true"])
+def test_the_model_matches_its_own_snapshot(spec: str) -> None:
+    trace = training()
+    snapshot = simulate_snapshot(trace, spec, empty_cache_before=[len(trace) // 2, len(trace)])
+    report = fidelity(imported(snapshot))
+    consistent(report)
+    assert report.total > 20 and report.matched == report.total and report.extra == 0
+    assert report.final_segments_match and report.exit_status == 0
+    assert report.policy == str(parse_policy(spec))           # settings read back
+    # An empty_cache() that releases nothing leaves no trace in a recording (with expandable
+    # segments the one in the middle finds no wholly free page to unmap).
+    assert report.empty_cache_calls == (1 if "expandable" in spec else 2)
+    assert report.first_divergence is None
+
+
+@pytest.mark.parametrize("spec", ["pytorch", "pytorch:max_split_size_mb=20",
+                                  "pytorch:expandable_segments=true"])
+def test_recorded_ooms_set_the_capacity_and_are_replayed(spec: str) -> None:
+    trace = synth.generate("random", seed=2)
+    capacity = int(trace.peak_live()[0] * 1.05) // (2 * MiB) * (2 * MiB)
+    snapshot = simulate_snapshot(trace, spec, profile(capacity))
+    assert any(e["action"] == "oom" for e in snapshot["device_traces"][0])
+    report = fidelity(imported(snapshot))
+    consistent(report)
+    assert report.capacity == capacity and "device_free" in report.capacity_source
+    assert report.injected_ooms == report.by_action["oom"]["recorded"] > 0
+    assert report.exit_status == 0, report.text()
+
+
+@pytest.mark.parametrize("spec", ["pytorch", "pytorch:expandable_segments=true"])
+def test_several_streams_round_trip(spec: str) -> None:
+    """The importer numbers streams by first appearance; PyTorch orders its pools (and so
+    what empty_cache() releases first) by the raw stream handle: the model must too."""
+    trace = synth.generate("random", seed=3, streams=3)
+    capacity = int(trace.peak_live()[0] * 1.05) // (2 * MiB) * (2 * MiB)
+    snapshot = simulate_snapshot(trace, spec, profile(capacity), empty_cache_before=[5000])
+    recorded = imported(snapshot)
+    assert recorded.metadata["stream_handles"] != {"0": 0, "1": 1, "2": 2}
+    report = fidelity(recorded)
+    assert report.empty_cache_calls == 1 and report.injected_ooms > 0
+    assert report.exit_status == 0, report.text()
+
+
+# -- divergences -------------------------------------------------------------------------
+def test_a_changed_recorded_size_is_reported_where_it_is() -> None:
+    trace = imported(simulate_snapshot(training()))
+    refs = trace.metadata["reference_events"]
+    k = next(j for j, r in enumerate(refs) if r["action"] == "segment_alloc" and j > 20)
+    original = refs[k]["size"]
+    refs[k]["size"] = original + 2 * MiB
+    report = fidelity(trace)
+    consistent(report)
+    assert report.exit_status == 1
+    assert report.matched == report.total - 1 and report.extra == 1
+    d = report.first_divergence
+    assert d["index"] == k and d["event"] == refs[k]["event"] and d["where"] == "alloc"
+    assert d["recorded"] == {"action": "segment_alloc", "size": original + 2 * MiB,
+                             "addr": refs[k]["addr"], "stream": 0, "time_ns": refs[k]["time_ns"]}
+    assert d["simulated"] == {"action": "segment_alloc", "size": original}
+    assert d["recorded_reserved"] == d["model_reserved"]       # the state before agreed
+    assert any(e["index"] == d["event"] for e in d["trace_events"])
+    assert d["model_segments"] and not report.final_segments_match
+    assert report.final_segments["only_recorded"] == [original + 2 * MiB]
+    assert "DIVERGES" in report.text()
+
+
+def test_a_call_the_recording_did_not_make_is_a_divergence() -> None:
+    trace = imported(simulate_snapshot(training()))
+    refs = trace.metadata["reference_events"]
+    k = next(j for j, r in enumerate(refs) if r["action"] == "segment_alloc" and j > 10)
+    removed = refs.pop(k)
+    report = fidelity(trace)
+    consistent(report)
+    assert report.exit_status == 1 and report.extra >= 1
+    d = report.first_divergence
+    assert d["event"] == removed["event"] and d["recorded"] is None
+    assert d["simulated"] == {"action": "segment_alloc", "size": removed["size"]}
+
+
+# -- empty_cache() ---------------------------------------------------------------------------
+def burst_trace() -> Trace:
+    """Three 30 MiB buffers freed; later a free and a 40 MiB alloc (a new segment)."""
+    return Trace.from_events([(0, "alloc", 1, 30 * MiB), (1, "alloc", 2, 30 * MiB),
+                              (2, "alloc", 3, 30 * MiB), (3, "alloc", 4, 512),
+                              (4, "free", 1, None), (5, "free", 2, None),
+                              (6, "free", 3, None), (7, "free", 4, None),
+                              (8, "alloc", 5, 40 * MiB)], name="bursts")
+
+
+@pytest.mark.parametrize("before, released", [
+    (7, 3),     # before a free: the three 30 MiB segments (the 512 B block still holds its own)
+    (8, 4),     # before an alloc that then takes a new segment: the small segment goes too
+])
+def test_empty_cache_bursts_are_detected_and_replayed(before: int, released: int) -> None:
+    snapshot = simulate_snapshot(burst_trace(), empty_cache_before=[before])
+    frees = [e for e in snapshot["device_traces"][0] if e["action"] == "segment_free"]
+    assert len(frees) == released
+    report = fidelity(imported(snapshot))
+    assert report.empty_cache_calls == 1
+    assert report.by_action["segment_free"] == {"recorded": released, "matched": released}
+    assert report.exit_status == 0
+
+
+def test_a_burst_that_a_failed_cudamalloc_explains_is_not_an_empty_cache() -> None:
+    """max_split_size set: a failed cudaMalloc frees only the oversize block that fits
+    (release_available_cached_blocks); empty_cache() would free both cached segments."""
+    trace = Trace.from_events([(0, "alloc", 1, 12 * MiB), (1, "alloc", 2, 80 * MiB),
+                               (2, "free", 1, None), (3, "free", 2, None),
+                               (4, "alloc", 3, 50 * MiB)], name="retry")
+    snapshot = simulate_snapshot(trace, "pytorch:max_split_size_mb=20", profile(100 * MiB))
+    actions = [(e["action"], e["size"] // MiB) for e in snapshot["device_traces"][0]
+               if e["action"].startswith("segment")]
+    assert actions[-2:] == [("segment_free", 80), ("segment_alloc", 50)]
+    report = fidelity(imported(snapshot))          # no oom entry: the capacity is unknown
+    assert report.capacity_source.startswith("no oom entry")
+    assert report.empty_cache_calls == 0 and report.exit_status == 0, report.text()
+
+
+# -- starting mid-run ------------------------------------------------------------------------
+@pytest.mark.parametrize("fraction", [0.3, 0.6])
+@pytest.mark.parametrize("kind", ["training", "transformer"])
+def test_a_recording_started_mid_run_starts_from_the_rebuilt_state(kind: str,
+                                                                    fraction: float) -> None:
+    trace = synth.generate(kind, seed=5)
+    snapshot = simulate_snapshot(trace, empty_cache_before=[len(trace) * 3 // 4])
+    entries = snapshot["device_traces"][0]
+    allocs = [k for k, e in enumerate(entries) if e["action"] == "alloc"]
+    late = dict(snapshot, device_traces=[entries[allocs[int(len(allocs) * fraction)]:]])
+    cut = imported(late)
+    initial = cut.metadata["initial_segments"]
+    assert initial and cut.metadata["prologue_events"] > 0
+    report = fidelity(cut)
+    consistent(report)
+    assert report.seeded_segments == len(initial)
+    assert report.seeded_blocks == cut.metadata["prologue_events"]
+    assert report.exit_status == 0, report.text()
+    # Without the start state the model takes new segments for blocks that already had one.
+    unseeded = copy.deepcopy(cut.metadata)
+    unseeded["initial_segments"] = []
+    bare = fidelity(Trace(cut.time_ns, cut.op, cut.id, cut.size, cut.stream, cut.process,
+                          cut.tag, cut.tags, unseeded))
+    assert bare.exit_status == 1 and bare.extra > 0
+
+
+def seeded(segments: list[dict[str, Any]], **params: Any):
+    view = SimulatedDevice(DeviceProfile("t", 1 << 30, granularity=512)).view(0)
+    policy = PyTorchCachingAllocator(view, **params)
+    return policy, policy.seed(segments), view
+
+
+def block(address: int, size: int, state: str = "inactive", requested: int = 0) -> dict:
+    return {"address": address, "size": size, "state": state, "requested_size": requested}
+
+
+def test_seed_lays_out_blocks_and_counts_them() -> None:
+    base = 1 << 40
+    large = {"address": base, "total_size": 20 * MiB, "stream": 0, "segment_type": "large",
+             "blocks": [block(base, 4 * MiB, "active_allocated", 4 * MiB - 100),
+                        block(base + 4 * MiB, 6 * MiB), block(base + 10 * MiB, 2 * MiB),
+                        block(base + 12 * MiB, 8 * MiB, "active_pending_free", 8 * MiB)]}
+    small = {"address": base + 64 * MiB, "total_size": 2 * MiB, "stream": 0,
+             "segment_type": "small", "blocks": [block(base + 64 * MiB, 2 * MiB)]}
+    policy, mapping, view = seeded([small, large])
+    assert sorted(mapping) == [base, base + 12 * MiB]
+    assert view.reserved == 22 * MiB and view.mallocs == 2
+    segments = policy.segments()
+    assert [s["total_size"] for s in segments] == [20 * MiB, 2 * MiB]
+    # The two touching inactive blocks were joined, as free_block would have.
+    assert [(b["size"], b["state"]) for b in segments[0]["blocks"]] == [
+        (4 * MiB, "active_allocated"), (8 * MiB, "inactive"), (8 * MiB, "active_allocated")]
+    stats = policy.memory_stats()
+    assert stats["allocated_bytes.all.current"] == 12 * MiB
+    assert stats["requested_bytes.all.current"] == 12 * MiB - 100
+    assert stats["segment.all.current"] == 2
+    assert stats["inactive_split.all.current"] == 1
+    assert stats["inactive_split_bytes.all.current"] == 8 * MiB
+    # Cached blocks serve requests; freeing the seeded blocks merges the segment whole.
+    assert policy.malloc(512 * 1024) is not None and view.mallocs == 2
+    got = policy.malloc(8 * MiB)
+    assert got == mapping[base] + 4 * MiB
+    policy.free(got)
+    policy.free(mapping[base])
+    policy.free(mapping[base + 12 * MiB])
+    large_seg = [s for s in policy.segments() if s["segment_type"] == "large"][0]
+    assert [(b["size"], b["state"]) for b in large_seg["blocks"]] == [(20 * MiB, "inactive")]
+    policy.empty_cache()
+    assert view.reserved == 2 * MiB       # the small segment holds the 512 KiB block
+
+
+def test_seed_refuses_what_it_cannot_model() -> None:
+    base = 1 << 40
+    gap = {"address": base, "total_size": 20 * MiB, "blocks": [block(base, 4 * MiB)]}
+    with pytest.raises(ValueError, match="cover"):
+        seeded([gap])
+    expandable = {"address": base, "total_size": 20 * MiB, "is_expandable": True,
+                  "blocks": [block(base, 20 * MiB)]}
+    with pytest.raises(ValueError, match="expandable"):
+        seeded([expandable])
+    policy, _, _ = seeded([])
+    policy.malloc(512)
+    with pytest.raises(ValueError, match="fresh"):
+        policy.seed([])
+
+
+# -- settings ----------------------------------------------------------------------------
+def test_allocator_settings_map_onto_the_policy_parameters() -> None:
+    divisions = {str(1 << k): 0 for k in range(16)}
+    recorded = {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
+                "garbage_collection_threshold": 0.0, "expandable_segments": False,
+                "pinned_num_register_threads": 1, "release_lock_on_cudamalloc": False,
+                "pinned_use_cuda_host_register": False,
+                "graph_capture_record_stream_reuse": False,
+                "roundup_power2_divisions": divisions}
+    plain = settings_from_snapshot(recorded)
+    assert str(plain.spec) == "pytorch" and not plain.not_modelled
+    tuned = dict(recorded, max_split_size=128 * MiB, expandable_segments=True,
+                 roundup_power2_divisions=dict(divisions, **{"256": 4, "512": 8}),
+                 garbage_collection_threshold=0.6, some_new_knob=3)
+    settings = settings_from_snapshot(tuned)
+    assert settings.params["max_split_size_mb"] == 128
+    assert settings.params["expandable_segments"] is True
+    table = settings.spec.build(SimulatedDevice(profile(1 << 30)).view(0)).divisions
+    assert table[8] == 4 and table[9] == 8 and table[7] == 0
+    assert settings.not_modelled == ["some_new_knob=3"]
+    assert any("memory fraction" in note for note in settings.notes)
+    every = settings_from_snapshot(dict(recorded, roundup_power2_divisions={
+        str(1 << k): 4 for k in range(16)}))
+    assert str(every.spec) == "pytorch:roundup_power2_divisions=4"
+    conf = settings_from_snapshot(dict(recorded,
+                                       PYTORCH_CUDA_ALLOC_CONF="max_non_split_rounding_mb:64"))
+    assert conf.params == {"max_non_split_rounding_mb": 64}
+    missing = settings_from_snapshot(None)
+    assert str(missing.spec) == "pytorch" and "defaults" in missing.notes[0]
+    with pytest.raises(FidelityError, match="MiB"):
+        settings_from_snapshot(dict(recorded, max_split_size=100 * MiB + 1))
+
+
+def test_a_trace_that_is_not_a_snapshot_is_refused_in_one_line() -> None:
+    with pytest.raises(FidelityError, match="not a PyTorch memory snapshot") as err:
+        fidelity(training())
+    assert "\n" not in str(err.value)
+
+
+# -- the command ---------------------------------------------------------------------------
+def run_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="allocsim")
+    add_fidelity_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_the_command_exits_0_on_a_match_and_1_on_a_divergence(tmp_path, capsys) -> None:
+    snapshot = simulate_snapshot(training())
+    good = tmp_path / "good.pickle"
+    good.write_bytes(pickle.dumps(snapshot, protocol=4))
+    assert run_command(["fidelity", str(good)]) == 0
+    assert "every recorded decision reproduced" in capsys.readouterr().out
+    entry = next(e for e in snapshot["device_traces"][0] if e["action"] == "segment_alloc")
+    entry["size"] += 2 * MiB
+    bad = tmp_path / "bad.pickle"
+    bad.write_bytes(pickle.dumps(snapshot, protocol=4))
+    assert run_command(["fidelity", str(bad), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["exit_status"] == 1 and data["first_divergence"]["index"] == 0
+
+
+# -- the real recordings -------------------------------------------------------------------
+@pytest.mark.parametrize("name, recorded, segments", [
+    ("torch-snapshot-eor.pickle", 7, 10),            # 7 segment_alloc; 10 segments at the end
+    ("torch-snapshot-lm-inference.pickle", 0, 98),   # no device call recorded; 98 segments
+])
+def test_real_snapshots(name: str, recorded: int, segments: int) -> None:
+    path = SHARED / name
+    if not path.exists():
+        pytest.skip(f"{path} not available")
+    trace = formats.load(str(path))
+    report = fidelity(trace)
+    consistent(report)
+    assert report.total == recorded == sum(
+        1 for r in trace.metadata["reference_events"] if r["action"] in COMPARED_ACTIONS)
+    assert report.seeded_segments == len(trace.metadata["initial_segments"])
+    assert report.final_segments["recorded_count"] == segments
+    # Measured: every recorded decision and the final segment list are reproduced.
+    assert report.matched == report.total and report.extra == 0
+    assert report.final_segments_match and report.exit_status == 0
