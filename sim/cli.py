@@ -9,6 +9,7 @@ Every user mistake (bad file, bad spec, bad size) ends in ONE line on stderr sta
     allocsim convert IN OUT
     allocsim min-capacity TRACE [--policies ...] [--resolution 1MiB]
     allocsim share TRACE[:POLICY][@START] ... [--device NAME | --capacity SIZE]
+    allocsim sweep FILE.toml [--executor dask://HOST:PORT]
     allocsim baseline TRACES... -o baseline.json ; allocsim check baseline.json [--tolerance 1%]
     allocsim fidelity SNAPSHOT ; allocsim explain-oom TRACE [--policy P --capacity SIZE]
     allocsim validate TRACE --policy P [--backend B] ; allocsim calibrate [-o FILE]
@@ -366,6 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output")
     _add_reading_options(p)
     p.set_defaults(func=cmd_convert)
+
+    from sim.sweep import add_sweep_arguments, cmd_sweep
+    p = sub.add_parser("sweep", help="a grid of traces × policies × devices × capacities, "
+                                     "in parallel, resumable (local cores or a Dask cluster)")
+    add_sweep_arguments(p)
+    p.set_defaults(func=cmd_sweep)
 
     from sim.explain import add_explain_parser
     from sim.fidelity import add_fidelity_parser
