@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         formats.save(trace, path)
         print(f"trace: {args.kind}, {len(trace):,} events "
               f"(generated and saved in {time.perf_counter() - start:.2f} s)")
-        print(f"{'policy':14s} {'events/s':>12s} {'bytes/event':>12s} {'seconds':>8s} "
+        print(f"{'policy':34s} {'events/s':>12s} {'bytes/event':>12s} {'seconds':>8s} "
               f"{'load bytes/event':>17s}")
         rows = []
         for policy in args.policies:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                  "--one", policy, path], check=True, capture_output=True, text=True).stdout
             row = json.loads(output.strip().splitlines()[-1])
             rows.append(row)
-            print(f"{policy:14s} {row['events_per_s']:12,.0f} {row['bytes_per_event']:12.1f} "
+            print(f"{policy:34s} {row['events_per_s']:12,.0f} {row['bytes_per_event']:12.1f} "
                   f"{row['seconds']:8.2f} {row['load_bytes_per_event']:17.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")

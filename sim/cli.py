@@ -14,6 +14,7 @@ Every user mistake (bad file, bad spec, bad size) ends in ONE line on stderr sta
     allocsim fidelity SNAPSHOT ; allocsim explain-oom TRACE [--policy P --capacity SIZE]
     allocsim validate TRACE --policy P [--backend B] ; allocsim calibrate [-o FILE]
     allocsim record -o run.npz -- python train.py ; allocsim report RESULTS... -o report.html
+    allocsim export-snapshot TRACE --policy P -o run.pickle   (open in pytorch.org/memory_viz)
     allocsim policies | allocsim devices
 """
 
@@ -190,6 +191,15 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_snapshot(args: argparse.Namespace) -> int:
+    from sim.export import export_snapshot
+    device = resolve_device(args.device, args.capacity, args.device_profile)
+    trace = _trace_or_default(args.trace, args)
+    path = export_snapshot(trace, args.policy, device, args.output)
+    print(f"wrote {path}: open it at https://pytorch.org/memory_viz (drag and drop)")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from sim.html_report import load_results, write_report
     path = write_report(load_results(args.results), args.output, args.title)
@@ -341,6 +351,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log", help="also write the raw hook calls as a CuPy JSON-lines log")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- python script.py args")
     p.set_defaults(func=cmd_record)
+
+    p = sub.add_parser("export-snapshot",
+                       help="a policy's simulated run as a PyTorch memory snapshot (for memory_viz)")
+    p.add_argument("trace", help="trace file, or 'default' for the bundled one")
+    p.add_argument("--policy", default="pytorch", help="policy spec (default pytorch)")
+    p.add_argument("--device", help=f"device profile (default {DEFAULT_PROFILE})")
+    p.add_argument("--capacity", help="device capacity, e.g. 24GiB")
+    p.add_argument("--device-profile", help="a device-profile JSON file")
+    p.add_argument("-o", "--output", required=True, help="the .pickle to write")
+    _add_reading_options(p)
+    p.set_defaults(func=cmd_export_snapshot)
 
     p = sub.add_parser("report", help="one self-contained HTML page from results files")
     p.add_argument("results", nargs="+", help="results.json of compare --out, min_capacity.json")

@@ -134,6 +134,7 @@ class DeviceCall:
     nbytes: int
     ok: bool
     cost_s: float
+    address: int | None = None   # the range's base / the mapped address (None if refused)
 
 
 class SimulatedDevice:
@@ -195,12 +196,13 @@ class ProcessDevice:
         self.log: list[DeviceCall] | None = None  # set to a list to keep every call
 
     # -- bookkeeping -----------------------------------------------------------------
-    def _charge(self, kind: str, nbytes: int, ok: bool, cost: float) -> None:
+    def _charge(self, kind: str, nbytes: int, ok: bool, cost: float,
+                address: int | None = None) -> None:
         self.calls += 1
         self.cost_s += cost
         self.pending_cost_s += cost
         if self.log is not None:
-            self.log.append(DeviceCall(self.process, kind, nbytes, ok, cost))
+            self.log.append(DeviceCall(self.process, kind, nbytes, ok, cost, address))
 
     def _grew(self, nbytes: int) -> None:
         self.reserved += nbytes
@@ -210,13 +212,13 @@ class ProcessDevice:
     # -- cudaMalloc / cudaFree -------------------------------------------------------
     def reserve(self, nbytes: int) -> int | None:
         taken = round_up(nbytes, self._granularity)
-        ok = self.device._take(taken)
-        self._charge("malloc", nbytes, ok, self._costs.malloc(nbytes))
-        if not ok:
+        if not self.device._take(taken):
+            self._charge("malloc", nbytes, False, self._costs.malloc(nbytes))
             self.failed_mallocs += 1
             return None
         self.mallocs += 1
         base = self.device._address_range(taken)
+        self._charge("malloc", nbytes, True, self._costs.malloc(nbytes), base)
         self._ranges[base] = taken
         self._grew(taken)
         return base
@@ -226,7 +228,7 @@ class ProcessDevice:
         self.device.used -= taken
         self.reserved -= taken
         self.frees += 1
-        self._charge("free", taken, True, self._costs.free(taken))
+        self._charge("free", taken, True, self._costs.free(taken), base)
 
     # -- virtual memory (cuMemAddressReserve / cuMemMap / cuMemUnmap) ----------------
     def address_range(self, nbytes: int) -> int:
@@ -237,7 +239,7 @@ class ProcessDevice:
             raise ValueError(f"map of {nbytes} bytes is not a multiple of the mapping "
                              f"granularity {self.map_granularity}")
         ok = self.device._take(nbytes)
-        self._charge("map", nbytes, ok, self._costs.map(nbytes))
+        self._charge("map", nbytes, ok, self._costs.map(nbytes), address if ok else None)
         if not ok:
             self.failed_mallocs += 1
             return False
@@ -253,7 +255,7 @@ class ProcessDevice:
             self.device.used -= nbytes
             self.reserved -= nbytes
             self.frees += 1
-            self._charge("unmap", nbytes, True, self._costs.unmap(nbytes))
+            self._charge("unmap", nbytes, True, self._costs.unmap(nbytes), address)
             return
         # Pages may be unmapped in other pieces than they were mapped in: cut the intervals.
         for start, size in list(self._mapped.items()):
@@ -268,7 +270,7 @@ class ProcessDevice:
         self.device.used -= nbytes
         self.reserved -= nbytes
         self.frees += 1
-        self._charge("unmap", nbytes, True, self._costs.unmap(nbytes))
+        self._charge("unmap", nbytes, True, self._costs.unmap(nbytes), address)
 
     def exit(self) -> int:
         """The process ends: the driver takes back everything it held (no policy involved, no
