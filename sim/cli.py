@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from policies import DEFAULT_POLICIES, PolicySpecError, describe_policies, format_size, parse_policy
+from policies import DEFAULT_POLICIES, PolicySpecError, describe_policies, format_size
 from policies import parse_size
 from policies.registry import alloc_conf_spec
 from sim.capacity import min_capacities

@@ -90,3 +90,41 @@ class Referee:
         holdings = self.view.holdings()
         region = lambda x: next(base for base, n in holdings if base <= x < base + n)
         return region(a) != region(b)
+
+
+# -- shared random-workload drivers (every policy's invariant tests use these) ----------------
+def workload_actions():
+    """A hypothesis strategy: (alloc?, size, which live buffer to free) steps."""
+    from hypothesis import strategies as st
+    sizes = st.one_of(st.integers(1, 4096), st.integers(4096, 1 << 20),
+                      st.integers(1 << 20, 24 << 20))
+    return st.lists(st.tuples(st.booleans(), sizes, st.integers(0, 10**6)),
+                    min_size=1, max_size=120)
+
+
+def play(referee: Referee, actions) -> None:
+    """Run the steps, check every invariant after each, free everything, check coalescing."""
+    next_id = 0
+    for is_alloc, size, pick in actions:
+        if is_alloc or not referee.live:
+            referee.malloc(next_id, size)
+            next_id += 1
+        else:
+            referee.free(sorted(referee.live)[pick % len(referee.live)])
+        referee.check()
+    for ident in sorted(referee.live):
+        referee.free(ident)
+        referee.check()
+    referee.check_fully_coalesced()
+
+
+def exhaust(referee: Referee, count: int = 40, size: int = 3 << 20) -> None:
+    """Allocate until the device is exhausted (checking as it goes), then free everything."""
+    for ident in range(count):
+        referee.malloc(ident, size)
+        referee.check()
+    assert referee.ooms > 0
+    assert referee.view.reserved <= referee.profile.capacity
+    for ident in sorted(referee.live):
+        referee.free(ident)
+    referee.check_fully_coalesced()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
-from traces import Trace, formats
+from traces import formats
 
 RESULT_KEYS = {"policy", "completed", "peak_allocated", "peak_reserved", "utilization",
                "fragmentation", "ooms", "first_oom_event", "device_mallocs", "device_frees",

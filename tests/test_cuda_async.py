@@ -7,12 +7,12 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
 
 from policies import PolicySpecError, parse_policy
 from policies.cuda_async import CudaAsyncAllocator
 from policies.registry import register
-from policy_checks import Referee, small_device
+from policy_checks import Referee, exhaust, play, small_device, workload_actions
 from sim.device import DeviceProfile, SimulatedDevice
 
 register(CudaAsyncAllocator)
@@ -209,8 +209,7 @@ def test_a_larger_chunk_parameter_grows_the_pool_in_bigger_steps() -> None:
 # -- invariants on random workloads -------------------------------------------------
 SPECS = ["cuda-async", "cuda-async:fraction=0.25", "cuda-async:release_threshold=1GiB",
          "cuda-async:sync=none", "cuda-async:fraction=0.5,preallocate=true"]
-sizes = st.one_of(st.integers(1, 4096), st.integers(4096, 1 << 20), st.integers(1 << 20, 24 << 20))
-actions = st.lists(st.tuples(st.booleans(), sizes, st.integers(0, 10**6)), min_size=1, max_size=120)
+actions = workload_actions()
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -218,18 +217,7 @@ actions = st.lists(st.tuples(st.booleans(), sizes, st.integers(0, 10**6)), min_s
 @given(actions=actions)
 def test_invariants_hold_after_every_event(spec: str, actions) -> None:
     referee = Referee.of(spec, small_device(capacity=256 << 20))
-    next_id = 0
-    for is_alloc, size, pick in actions:
-        if is_alloc or not referee.live:
-            referee.malloc(next_id, size)
-            next_id += 1
-        else:
-            referee.free(sorted(referee.live)[pick % len(referee.live)])
-        referee.check()
-    for ident in sorted(referee.live):
-        referee.free(ident)
-        referee.check()
-    referee.check_fully_coalesced()
+    play(referee, actions)
     policy = referee.policy
     assert policy.total_bytes() == referee.view.reserved
     if policy.sync_on_free:
@@ -243,14 +231,7 @@ def test_invariants_hold_after_every_event(spec: str, actions) -> None:
 @pytest.mark.parametrize("spec", SPECS)
 def test_out_of_memory_leaves_the_policy_consistent(spec: str) -> None:
     referee = Referee.of(spec, small_device(capacity=32 << 20))
-    for ident in range(40):
-        referee.malloc(ident, 3 << 20)
-        referee.check()
-    assert referee.ooms > 0
-    assert referee.view.reserved <= 32 << 20
-    for ident in sorted(referee.live):
-        referee.free(ident)
-    referee.check_fully_coalesced()
+    exhaust(referee)
 
 
 @pytest.mark.parametrize("sync", ["free", "none"])

@@ -13,7 +13,7 @@ from policies.pytorch_caching import (
     PyTorchCachingAllocator, divisions_index, get_allocation_size, parse_alloc_conf,
     parse_roundup_power2_divisions, round_size, roundup_power2_next_division)
 from policies.registry import register
-from policy_checks import Referee, small_device
+from policy_checks import Referee, small_device, exhaust
 from sim.device import DeviceProfile, SimulatedDevice
 
 register(PyTorchCachingAllocator)
@@ -589,14 +589,7 @@ def test_invariants_hold_under_memory_pressure(spec: str) -> None:
 @pytest.mark.parametrize("spec", SPECS)
 def test_out_of_memory_leaves_the_policy_consistent(spec: str) -> None:
     referee = Referee.of(spec, small_device(capacity=32 << 20))
-    for ident in range(40):
-        referee.malloc(ident, 3 << 20)
-        referee.check()
-    assert referee.ooms > 0
-    assert referee.view.reserved <= 32 << 20
-    for ident in sorted(referee.live):
-        referee.free(ident)
-    referee.check_fully_coalesced()
+    exhaust(referee)
 
 
 @pytest.mark.parametrize("params", [{}, {"max_split_size_mb": 20}, {"max_split_size_mb": 24,

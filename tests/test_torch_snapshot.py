@@ -12,7 +12,6 @@ import io
 import json
 import os
 import pickle
-import sys
 from pathlib import Path
 from typing import Any
 
