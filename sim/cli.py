@@ -35,10 +35,10 @@ from sim.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare, normalize_spe
 from sim.regress import check_baseline, make_baseline
 from sim.share import parse_share_spec, plot_share, share, share_json, share_text
 from sim.device import DEFAULT_PROFILE, PROFILES, resolve_device
-from sim.report import comparison_text, format_table, write_comparison, write_json
+from sim.report import comparison_text, format_table, write_comparisons, write_json
 from traces import Trace, TraceError
 from traces import formats, synth
-from traces.bundled import DEFAULT_TRACE_NAME, load_default_trace
+from traces.bundled import DEFAULT_TRACE_NAME, load_bundled_traces, load_default_trace
 from traces.summary import summarize
 
 
@@ -81,19 +81,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     device = resolve_device(args.device, args.capacity, args.device_profile)
     policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
     policies += [str(alloc_conf_spec(text)) for text in args.alloc_conf or []]
-    traces = [_load_trace(p, args) for p in args.traces] if args.traces else [load_default_trace()]
+    traces = ([_load_trace(p, args) for p in args.traces] if args.traces
+              else load_bundled_traces())
     progress = _progress_printer(sys.stderr.isatty() and not args.json)
     comparisons: list[Comparison] = []
     for trace in traces:
         comparisons.append(compare(trace, policies, device, progress=progress,
                                    max_slowdown=None if args.max_slowdown == float("inf")
                                    else args.max_slowdown))
+    if args.out:
+        written = write_comparisons(comparisons, args.out)
+        if not args.json:
+            print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
     for index, comparison in enumerate(comparisons):
-        if args.out:
-            stem = "" if len(comparisons) == 1 else f"{index:02d}-{comparison.trace['name']}"
-            written = write_comparison(comparison, args.out, stem=stem)
-            if not args.json:
-                print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
         if not args.json:
             if index:
                 print()
@@ -287,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("compare", help="replay traces through policies and name the winner")
-    p.add_argument("traces", nargs="*", help=f"trace files (default: the bundled {DEFAULT_TRACE_NAME})")
+    p.add_argument("traces", nargs="*", help=f"trace files (default: the bundled traces, "
+                                             f"{DEFAULT_TRACE_NAME} and the recorded samples)")
     p.add_argument("--policies", nargs="+", metavar="SPEC",
                    help=f"policy specs, e.g. bfc:allow_growth=false (default: {' '.join(DEFAULT_POLICIES)})")
     p.add_argument("--alloc-conf", action="append", metavar="CONF",

@@ -161,21 +161,26 @@ def plot_fragmentation(results: Sequence[RunResult], path: str | Path, title: st
     return Path(path)
 
 
-def write_comparison(comparison: Comparison, out_dir: str | Path, *, stem: str = "") -> list[Path]:
-    """results.json, report.html and the three figures into ``out_dir``; returns the paths."""
+def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path) -> list[Path]:
+    """Into ``out_dir``: ``results.json`` (one object, or an array for several traces, as
+    ``--json`` prints), ``report.html`` with every trace, and the three figures per trace
+    (prefixed ``NN-NAME-`` when there are several). Returns the paths written."""
     from sim.html_report import write_report
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    prefix = f"{stem}-" if stem else ""
-    json_path = out / f"{prefix}results.json"
-    document = comparison.to_json_dict(timeline=True)
-    write_json(document, json_path)
-    name = comparison.trace["name"]
-    return [
-        json_path,
-        write_report([document], out / f"{prefix}report.html", f"allocsim: {name}"),
-        plot_timelines(comparison.results, out / f"{prefix}memory_timeline.png", f"trace {name}"),
-        plot_peaks(comparison.results, out / f"{prefix}peaks.png", f"trace {name}"),
-        plot_fragmentation(comparison.results, out / f"{prefix}fragmentation.png", f"trace {name}"),
-    ]
+    documents = [c.to_json_dict(timeline=True) for c in comparisons]
+    json_path = out / "results.json"
+    write_json(documents[0] if len(documents) == 1 else documents, json_path)
+    title = ("allocsim: " + documents[0]["trace"]["name"]) if len(documents) == 1 \
+        else f"allocsim: {len(documents)} traces"
+    written = [json_path, write_report(documents, out / "report.html", title)]
+    for index, comparison in enumerate(comparisons):
+        name = comparison.trace["name"]
+        prefix = "" if len(comparisons) == 1 else f"{index:02d}-{name}-"
+        written += [
+            plot_timelines(comparison.results, out / f"{prefix}memory_timeline.png", f"trace {name}"),
+            plot_peaks(comparison.results, out / f"{prefix}peaks.png", f"trace {name}"),
+            plot_fragmentation(comparison.results, out / f"{prefix}fragmentation.png", f"trace {name}"),
+        ]
+    return written

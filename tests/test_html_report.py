@@ -12,12 +12,14 @@ import pytest
 
 from sim.cli import main
 from sim.html_report import load_results, render_report
+from traces.bundled import bundled_path
 
 
 @pytest.fixture(scope="module")
 def results_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report")
-    assert main(["compare", "--policies", "bfc", "best-fit", "offline", "--out", str(out)]) == 0
+    assert main(["compare", str(bundled_path()), "--policies", "bfc", "best-fit", "offline",
+                 "--out", str(out)]) == 0
     assert main(["min-capacity", "default", "--policies", "bfc", "on-demand", "--out", str(out)]) == 0
     return out
 
@@ -36,6 +38,15 @@ def test_report_combines_comparisons_and_capacity_answers(results_dir: Path, cap
     page = out.read_text()
     assert "<title>nightly</title>" in page and "minimum capacity" in page
     assert page.count("data:image/png;base64,") == 4
+
+
+def test_compare_out_with_several_traces_writes_one_array_and_one_page(tmp_path: Path) -> None:
+    assert main(["compare", "--policies", "bfc", "--out", str(tmp_path)]) == 0   # all bundled traces
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert isinstance(data, list) and len(data) == 3
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 9
+    assert (tmp_path / "01-sample-torch-cpu-mlp-peaks.png").exists()
 
 
 def test_a_file_that_is_not_results_is_one_clear_error(tmp_path: Path, capsys) -> None:

@@ -26,6 +26,14 @@ def bundled_names() -> list[str]:
     return sorted(p.name for p in folder.glob("*.npz"))
 
 
+def load_bundled_traces() -> list[Trace]:
+    """The default trace first, then the recorded samples (what ``allocsim compare`` runs
+    with no arguments)."""
+    from traces import formats
+    names = [DEFAULT_TRACE_NAME] + [n for n in bundled_names() if n != DEFAULT_TRACE_NAME]
+    return [formats.load(bundled_path(name)) for name in names]
+
+
 def load_default_trace() -> Trace:
     from traces import formats
     return formats.load(bundled_path())
