@@ -31,6 +31,7 @@ from policies import DEFAULT_POLICIES, PolicySpecError, describe_policies, forma
 from policies import parse_size
 from policies.registry import alloc_conf_spec
 from sim.capacity import min_capacities
+from sim.cli_common import add_reading_options, load_trace
 from sim.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare, normalize_spec, trace_facts
 from sim.regress import check_baseline, make_baseline
 from sim.share import parse_share_spec, plot_share, share, share_json, share_text
@@ -59,22 +60,8 @@ def _progress_printer(enabled: bool):
     return show
 
 
-def _load_trace(path: str, args: argparse.Namespace | None = None) -> Trace:
-    """Load with the reading options every trace-taking command shares."""
-    strict = getattr(args, "strict", None) or None
-    device_index = getattr(args, "device_index", None)
-    if isinstance(device_index, str) and device_index.isdigit():
-        device_index = int(device_index)  # "1" means device 1; "cpu" / "cuda:1" stay text
-    return formats.load(path, strict=strict, device_index=device_index)
-
-
-def _add_reading_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--strict", action="store_true",
-                        help="fail on the first anomaly in a recorded trace (default: repair "
-                             "what can be repaired and report it)")
-    parser.add_argument("--device-index", metavar="N",
-                        help="which device of a multi-device recording (default: the one with "
-                             "the most events)")
+_load_trace = load_trace
+_add_reading_options = add_reading_options
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

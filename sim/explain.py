@@ -51,10 +51,10 @@ from policies.pytorch_caching import PyTorchCachingAllocator, get_allocation_siz
 from sim.device import DEFAULT_PROFILE, DeviceProfile, SimulatedDevice, resolve_device
 from sim.engine import ProcessReplay, replay
 from sim.fidelity import (
-    FidelityError, add_reading_options, check_snapshot_trace, model_at_recorded_oom,
+    FidelityError, check_snapshot_trace, model_at_recorded_oom,
     recorded_oom)
+from sim.cli_common import add_reading_options, load_trace
 from sim.offline import offline_result
-from traces import formats
 from traces.model import NO_TAG, OP_ALLOC, Trace
 
 __all__ = ["explain_oom", "OOMExplanation", "Alternative", "NoOOMError", "add_explain_parser",
@@ -372,10 +372,7 @@ def _until_request(trace: Trace, event: int, request: int, stream: int) -> Trace
 # ============================================================================ the command
 def cmd_explain_oom(args: argparse.Namespace) -> int:
     """``allocsim explain-oom TRACE``: exit 0 with the explanation."""
-    device_index = getattr(args, "device_index", None)
-    if isinstance(device_index, str) and device_index.isdigit():
-        device_index = int(device_index)
-    trace = formats.load(args.trace, strict=args.strict or None, device_index=device_index)
+    trace = load_trace(args.trace, args)
     spec = args.policy
     if args.alloc_conf:
         from policies.registry import alloc_conf_spec
@@ -420,18 +417,3 @@ def add_explain_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_explain_oom)
     return p
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sim.explain TRACE ...`` until the integrator wires it into allocsim."""
-    parser = argparse.ArgumentParser(prog="allocsim")
-    add_explain_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["explain-oom", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except ValueError as err:
-        print(f"allocsim: error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -78,7 +78,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -86,7 +86,7 @@ from policies import PolicySpec, format_size, parse_policy, parse_size
 from policies.pytorch_caching import (
     MiB, PyTorchCachingAllocator, parse_alloc_conf, parse_roundup_power2_divisions, round_size)
 from sim.device import ADDRESS_BASE, RANGE_ALIGN, DeviceProfile, ProcessDevice, SimulatedDevice
-from traces import formats
+from sim.cli_common import add_reading_options, load_trace
 from traces.model import OP_ALLOC, Trace
 
 __all__ = ["fidelity", "FidelityReport", "FidelityError", "SnapshotSettings",
@@ -1167,27 +1167,9 @@ def _snapshot_segment(seg: dict[str, Any], handles: dict[int, int]) -> dict[str,
 
 
 # ============================================================================ the command
-def _load(args: argparse.Namespace, path: str) -> Trace:
-    device_index = getattr(args, "device_index", None)
-    if isinstance(device_index, str) and device_index.isdigit():
-        device_index = int(device_index)
-    return formats.load(path, strict=getattr(args, "strict", None) or None,
-                        device_index=device_index)
-
-
-def add_reading_options(parser: argparse.ArgumentParser) -> None:
-    """--strict and --device-index, as sim/cli.py's trace-taking commands have them."""
-    parser.add_argument("--strict", action="store_true",
-                        help="fail on the first anomaly in a recorded trace (default: repair "
-                             "what can be repaired and report it)")
-    parser.add_argument("--device-index", metavar="N",
-                        help="which device of a multi-device recording (default: the one with "
-                             "the most events)")
-
-
 def cmd_fidelity(args: argparse.Namespace) -> int:
     """``allocsim fidelity SNAPSHOT``: exit 0 when everything matched, 1 on divergence."""
-    trace = _load(args, args.snapshot)
+    trace = load_trace(args.snapshot, args)
     capacity = parse_size(args.capacity) if args.capacity else None
     report = fidelity(trace, capacity=capacity)
     if args.json:
@@ -1214,18 +1196,3 @@ def add_fidelity_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_fidelity)
     return p
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sim.fidelity SNAPSHOT`` until the integrator wires it into allocsim."""
-    parser = argparse.ArgumentParser(prog="allocsim")
-    add_fidelity_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["fidelity", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except ValueError as err:
-        print(f"allocsim: error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
