@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from typing import Any
+
 from policies import PolicySpec, parse_policy
+from policies.bfc import BFCAllocator
 from sim.device import DeviceProfile, SimulatedDevice
 
 
@@ -128,3 +131,54 @@ def exhaust(referee: Referee, count: int = 40, size: int = 3 << 20) -> None:
     for ident in sorted(referee.live):
         referee.free(ident)
     referee.check_fully_coalesced()
+
+
+# -- deliberately broken policies (the validator must catch them) -----------------------------
+class SameAddressBFC(BFCAllocator):
+    """BFC underneath, but every block is reported at the first address it ever gave."""
+
+    name = "broken-same-address"
+
+    def __init__(self, device: Any, **params: Any) -> None:
+        super().__init__(device, **params)
+        self.first: int | None = None
+        self.real: list[int] = []
+
+    def malloc(self, size: int, stream: int = 0) -> int | None:
+        address = super().malloc(size, stream)
+        if address is None:
+            return None
+        self.real.append(address)
+        if self.first is None:
+            self.first = address
+        return self.first
+
+    def free(self, address: int) -> None:
+        super().free(self.real.pop())
+
+
+class OverlapBFC(BFCAllocator):
+    """BFC underneath, but every second block is reported 256 bytes below where BFC put it,
+    into the tail of the block under it (shifting every block alike would overlap nothing)."""
+
+    name = "broken-overlap"
+
+    def __init__(self, device: Any, **params: Any) -> None:
+        super().__init__(device, **params)
+        self.count = 0
+        self.real: dict[int, list[int]] = {}
+
+    def malloc(self, size: int, stream: int = 0) -> int | None:
+        address = super().malloc(size, stream)
+        if address is None:
+            return None
+        self.count += 1
+        shown = address - 256 if self.count % 2 == 0 else address
+        self.real.setdefault(shown, []).append(address)
+        return shown
+
+    def free(self, address: int) -> None:
+        reals = self.real[address]
+        super().free(reals.pop())
+        if not reals:
+            del self.real[address]

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from policies import POLICIES, parse_policy
-from policies.bfc import BFCAllocator
 from sim.compare import compare
 from sim.device import DeviceProfile, resolve_device
 from sim.engine import replay
@@ -25,6 +24,8 @@ from sim.validator import (BACKENDS, DeviceCalls, HostDevice, NoGPUError, Valida
                            validate_results)
 from traces import Trace, formats, synth
 from traces.bundled import bundled_path
+
+from policy_checks import OverlapBFC, SameAddressBFC
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -94,56 +95,6 @@ def test_other_policies_when_they_exist(traces) -> None:
 
 
 # -- broken placements are caught ------------------------------------------------------
-
-
-class SameAddressBFC(BFCAllocator):
-    """BFC underneath, but every block is reported at the first address it ever gave."""
-
-    name = "broken-same-address"
-
-    def __init__(self, device: Any, **params: Any) -> None:
-        super().__init__(device, **params)
-        self.first: int | None = None
-        self.real: list[int] = []
-
-    def malloc(self, size: int, stream: int = 0) -> int | None:
-        address = super().malloc(size, stream)
-        if address is None:
-            return None
-        self.real.append(address)
-        if self.first is None:
-            self.first = address
-        return self.first
-
-    def free(self, address: int) -> None:
-        super().free(self.real.pop())
-
-
-class OverlapBFC(BFCAllocator):
-    """BFC underneath, but every second block is reported 256 bytes below where BFC put it,
-    into the tail of the block under it (shifting every block alike would overlap nothing)."""
-
-    name = "broken-overlap"
-
-    def __init__(self, device: Any, **params: Any) -> None:
-        super().__init__(device, **params)
-        self.count = 0
-        self.real: dict[int, list[int]] = {}
-
-    def malloc(self, size: int, stream: int = 0) -> int | None:
-        address = super().malloc(size, stream)
-        if address is None:
-            return None
-        self.count += 1
-        shown = address - 256 if self.count % 2 == 0 else address
-        self.real.setdefault(shown, []).append(address)
-        return shown
-
-    def free(self, address: int) -> None:
-        reals = self.real[address]
-        super().free(reals.pop())
-        if not reals:
-            del self.real[address]
 
 
 @pytest.mark.parametrize("broken", [SameAddressBFC, OverlapBFC])

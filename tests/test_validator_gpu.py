@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 
 from policies import POLICIES, parse_policy
-from policies.bfc import BFCAllocator
 from sim.validator import ValidationReport, calibrate, validate
 from traces import Trace, formats
 from traces.bundled import bundled_path
+
+from policy_checks import OverlapBFC, SameAddressBFC
 
 pytestmark = pytest.mark.gpu
 
@@ -112,56 +113,6 @@ def test_policy_backend_has_zero_corruptions(trace: Trace, spec: str) -> None:
     oom = report.metric("first OOM event")
     assert oom.simulated == oom.measured
     assert report.passed, report.verdict()
-
-
-class SameAddressBFC(BFCAllocator):
-    """BFC underneath, but every block is reported at the first address it ever gave."""
-
-    name = "broken-same-address"
-
-    def __init__(self, device: Any, **params: Any) -> None:
-        super().__init__(device, **params)
-        self.first: int | None = None
-        self.real: list[int] = []
-
-    def malloc(self, size: int, stream: int = 0) -> int | None:
-        address = super().malloc(size, stream)
-        if address is None:
-            return None
-        self.real.append(address)
-        if self.first is None:
-            self.first = address
-        return self.first
-
-    def free(self, address: int) -> None:
-        super().free(self.real.pop())
-
-
-class OverlapBFC(BFCAllocator):
-    """BFC underneath, but every second block is reported 256 bytes below where BFC put it,
-    into the tail of the block under it (shifting every block alike would overlap nothing)."""
-
-    name = "broken-overlap"
-
-    def __init__(self, device: Any, **params: Any) -> None:
-        super().__init__(device, **params)
-        self.count = 0
-        self.real: dict[int, list[int]] = {}
-
-    def malloc(self, size: int, stream: int = 0) -> int | None:
-        address = super().malloc(size, stream)
-        if address is None:
-            return None
-        self.count += 1
-        shown = address - 256 if self.count % 2 == 0 else address
-        self.real.setdefault(shown, []).append(address)
-        return shown
-
-    def free(self, address: int) -> None:
-        reals = self.real[address]
-        super().free(reals.pop())
-        if not reals:
-            del self.real[address]
 
 
 @pytest.mark.parametrize("broken", [OverlapBFC, SameAddressBFC], ids=lambda c: c.name)
