@@ -182,3 +182,14 @@ class OverlapBFC(BFCAllocator):
         super().free(reals.pop())
         if not reals:
             del self.real[address]
+
+
+def build(cls: type, capacity: int = 1 << 30, **params: Any) -> tuple[Any, Any]:
+    """A policy of class ``cls`` on a fresh device of ``capacity``: ``(policy, device view)``."""
+    view = SimulatedDevice(DeviceProfile("t", capacity, granularity=512)).view(0)
+    return cls(view, **params), view
+
+
+def free_blocks(policy: Any) -> list[tuple[int, int]]:
+    """``(address, size)`` of every free block the policy reports."""
+    return [(address, size) for address, size, used in policy.blocks() if not used]

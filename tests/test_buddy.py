@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from policies import PolicySpecError, parse_policy
 from policies.buddy import BuddyAllocator
 from policies.registry import register
-from policy_checks import Referee, exhaust, play, small_device, workload_actions
-from sim.device import DeviceProfile, SimulatedDevice
+from policy_checks import Referee, build, exhaust, free_blocks, play, small_device, workload_actions
+from sim.device import SimulatedDevice
 
 register(BuddyAllocator)
 
@@ -19,12 +19,7 @@ KiB, MiB = 1 << 10, 1 << 20
 
 
 def buddy(capacity: int = 1 << 30, **params) -> tuple[BuddyAllocator, object]:
-    view = SimulatedDevice(DeviceProfile("t", capacity, granularity=512)).view(0)
-    return BuddyAllocator(view, **params), view
-
-
-def free_blocks(policy: BuddyAllocator) -> list[tuple[int, int]]:
-    return [(address, size) for address, size, used in policy.blocks() if not used]
+    return build(BuddyAllocator, capacity, **params)
 
 
 def test_splitting_a_64_kib_arena_for_3_kib_leaves_free_buddies_of_4_8_16_32_kib() -> None:

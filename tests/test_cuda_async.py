@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from policies import PolicySpecError, parse_policy
 from policies.cuda_async import CudaAsyncAllocator
 from policies.registry import register
-from policy_checks import Referee, exhaust, play, small_device, workload_actions
-from sim.device import DeviceProfile, SimulatedDevice
+from policy_checks import Referee, build, exhaust, free_blocks, play, small_device, workload_actions
+from sim.device import SimulatedDevice
 
 register(CudaAsyncAllocator)
 
@@ -21,12 +21,11 @@ KiB, MiB = 1 << 10, 1 << 20
 
 
 def pool(capacity: int = 1 << 30, **params) -> tuple[CudaAsyncAllocator, object]:
-    view = SimulatedDevice(DeviceProfile("t", capacity, granularity=512)).view(0)
-    return CudaAsyncAllocator(view, **params), view
+    return build(CudaAsyncAllocator, capacity, **params)
 
 
 def free_chunks(policy: CudaAsyncAllocator) -> list[tuple[int, int]]:
-    return [(address, size) for address, size, used in policy.blocks() if not used]
+    return free_blocks(policy)
 
 
 def test_the_pool_grows_in_2_mib_chunks_and_big_requests_round_up_to_2_mib() -> None:

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from policies import PolicySpecError, parse_policy
 from policies.cupy_pool import CuPyPoolAllocator, round_size
 from policies.registry import register
-from policy_checks import Referee, exhaust, play, small_device, workload_actions
-from sim.device import DeviceProfile, SimulatedDevice
+from policy_checks import Referee, build, exhaust, free_blocks, play, small_device, workload_actions
+from sim.device import SimulatedDevice
 
 register(CuPyPoolAllocator)
 
@@ -21,12 +21,11 @@ KiB, MiB = 1 << 10, 1 << 20
 
 
 def pool(capacity: int = 1 << 30, **params) -> tuple[CuPyPoolAllocator, object]:
-    view = SimulatedDevice(DeviceProfile("t", capacity, granularity=512)).view(0)
-    return CuPyPoolAllocator(view, **params), view
+    return build(CuPyPoolAllocator, capacity, **params)
 
 
 def free_chunks(policy: CuPyPoolAllocator) -> list[tuple[int, int]]:
-    return [(address, size) for address, size, used in policy.blocks() if not used]
+    return free_blocks(policy)
 
 
 def test_requests_round_up_to_multiples_of_512_and_zero_bytes_never_touch_the_pool() -> None:
