@@ -261,12 +261,16 @@ def replay(trace: Trace, policy: str | PolicySpec, device: DeviceProfile, *,
            stop_on_oom: bool = False, progress: Progress | None = None) -> RunResult:
     """Replay a single-process trace through ``policy`` on a fresh ``device``.
 
-    A trace with several processes is run with :func:`run_shared` (one policy each, all on one
-    device) and this returns the first process's result; use run_shared to see them all.
+    A trace with several processes is refused (one result could not describe them): run them
+    together with :func:`run_shared` (``allocsim share``), or one at a time with
+    ``trace.for_process(p)``.
     """
-    if len(trace.processes()) > 1:
-        return run_shared([SharedProcess(trace.for_process(p), policy, process=p)
-                           for p in trace.processes()], device).results[0]
+    processes = trace.processes()
+    if len(processes) > 1:
+        raise ValueError(f"{trace.metadata.get('source', trace.name)}: the trace holds "
+                         f"{len(processes)} processes ({', '.join(map(str, processes))}); replay "
+                         "them together with `allocsim share` / run_shared, or one at a time "
+                         "with trace.for_process(p)")
     run = ProcessReplay(trace, _as_spec(policy), SimulatedDevice(device), stop_on_oom=stop_on_oom)
     total = run.n
     step = CHUNK_EVENTS * 4

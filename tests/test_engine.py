@@ -154,3 +154,11 @@ def test_a_process_that_ends_gives_its_memory_back_to_the_device() -> None:
     assert all(r.completed for r in run.results)
     assert run.results[0].final_reserved == 700 * MiB + 512     # what it held when it exited
     assert run.device_used[-1] == 0
+
+
+def test_a_trace_of_several_processes_is_not_silently_reduced_to_one() -> None:
+    trace = Trace.from_events([(0, "alloc", 1, 10, 0, 0), (1, "alloc", 2, 10, 0, 1)])
+    with pytest.raises(ValueError, match="2 processes"):
+        replay(trace, "bfc", device())
+    both = run_shared([SharedProcess(trace.for_process(p), "bfc", process=p) for p in (0, 1)], device())
+    assert [r.peak_allocated for r in both.results] == [10, 10]
