@@ -126,7 +126,13 @@ def compare(trace: Trace, policies: Sequence[str | PolicySpec], device: DevicePr
             continue
         report = None if progress is None else (lambda done, total, s=str(spec): progress(s, done, total))
         results.append(replay(trace, spec, device, progress=report))
-    winner, reason = pick_winner(results, max_slowdown)
+    if trace.metadata.get("synthetic_times") and max_slowdown is not None:
+        # Made-up timestamps give made-up slowdowns: judge on memory alone, and say so.
+        winner, reason = pick_winner(results, None)
+        reason += "; the trace's times are synthesised, so no slowdown budget was applied"
+        max_slowdown = None
+    else:
+        winner, reason = pick_winner(results, max_slowdown)
     return Comparison(trace=trace_facts(trace), device=device, results=results,
                       winner=winner.policy if winner else None, reason=reason,
                       max_slowdown=max_slowdown)

@@ -162,3 +162,10 @@ def test_a_trace_of_several_processes_is_not_silently_reduced_to_one() -> None:
         replay(trace, "bfc", device())
     both = run_shared([SharedProcess(trace.for_process(p), "bfc", process=p) for p in (0, 1)], device())
     assert [r.peak_allocated for r in both.results] == [10, 10]
+
+
+def test_traces_with_synthesised_times_are_judged_on_memory_alone() -> None:
+    trace = Trace.from_events([(0, "alloc", 1, 100), (1000, "free", 1, None)], synthetic_times=True)
+    result = compare(trace, ["bfc", "on-demand"], device())
+    assert result.winner == "on-demand" and "no slowdown budget" in result.reason
+    assert result.to_json_dict()["max_slowdown"] is None
