@@ -64,11 +64,10 @@ Assumed (undocumented; each a parameter where it matters):
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from typing import Iterator
 
 from policies.base import DeviceMemory, Param, Policy, PolicyStats
-from policies.chunks import BIN, KEY_SHIFT, FreeIndex
+from policies.chunks import FreeIndex
 from policies.units import round_up
 
 NONE = -1
@@ -211,15 +210,9 @@ class CudaAsyncAllocator(Policy):
         return base
 
     def _take(self, address: int, chunk_size: int, owner: int, rounded: int) -> None:
-        """Hand out free chunk ``address``; the rest (if any) stays free with the same owner.
-        The free-index updates are FreeIndex.remove/add written out (the hot path)."""
+        """Hand out free chunk ``address``; the rest (if any) stays free with the same owner."""
         index = self.indexes[owner]
-        bins = index.bins
-        number = BIN[chunk_size.bit_length()]
-        keys = bins[number]
-        del keys[bisect_left(keys, chunk_size << KEY_SHIFT | address)]
-        if not keys:
-            index.nonempty &= ~(1 << number)
+        index.remove(chunk_size, address)
         next_of = self.next_of
         after = next_of[address]
         if after == NONE and self.prev_of[address] == NONE:
@@ -238,16 +231,7 @@ class CudaAsyncAllocator(Policy):
         next_of[address] = rest
         if after != NONE:
             self.prev_of[after] = rest
-        number = BIN[rest_size.bit_length()]
-        keys = bins[number]
-        key = rest_size << KEY_SHIFT | rest
-        if not keys:
-            index.nonempty |= 1 << number
-            keys.append(key)
-        elif key > keys[-1]:
-            keys.append(key)
-        else:
-            insort(keys, key)
+        index.add(rest_size, rest)
         if not self.sync_on_free:
             self.owner_of[rest] = owner
 
@@ -287,11 +271,7 @@ class CudaAsyncAllocator(Policy):
                     neighbour_index = None
             if neighbour_index is not None:
                 merged_size = size_of.pop(after)
-                number = BIN[merged_size.bit_length()]
-                keys = neighbour_index.bins[number]
-                del keys[bisect_left(keys, merged_size << KEY_SHIFT | after)]
-                if not keys:
-                    neighbour_index.nonempty &= ~(1 << number)
+                neighbour_index.remove(merged_size, after)
                 size += merged_size
                 following = next_of.pop(after)
                 del prev_of[after]
@@ -311,11 +291,7 @@ class CudaAsyncAllocator(Policy):
                     neighbour_index = None
             if neighbour_index is not None:
                 before_size = size_of[before]
-                number = BIN[before_size.bit_length()]
-                keys = neighbour_index.bins[number]
-                del keys[bisect_left(keys, before_size << KEY_SHIFT | before)]
-                if not keys:
-                    neighbour_index.nonempty &= ~(1 << number)
+                neighbour_index.remove(before_size, before)
                 del size_of[address], prev_of[address], next_of[address]
                 address = before
                 size += before_size
@@ -323,16 +299,7 @@ class CudaAsyncAllocator(Policy):
                 if after != NONE:
                     prev_of[after] = address
         size_of[address] = size
-        number = BIN[size.bit_length()]
-        keys = index.bins[number]
-        key = size << KEY_SHIFT | address
-        if not keys:
-            index.nonempty |= 1 << number
-            keys.append(key)
-        elif key > keys[-1]:
-            keys.append(key)
-        else:
-            insort(keys, key)
+        index.add(size, address)
         if owner_of is not None:
             owner_of[address] = owner
         if owner == SHARED and after == NONE and prev_of[address] == NONE:

@@ -247,16 +247,7 @@ class CuPyPoolAllocator(Policy):
                 cid = self._next_cid
                 self._next_cid = cid + 1
                 self.cid_of[rest] = cid
-                rest_key = (rest_size << SIZE_SHIFT) | (cid << CID_SHIFT) | rest
-                number = rest_size.bit_length()
-                keys = arena.bins[number]
-                if not keys:
-                    arena.nonempty |= 1 << number
-                    keys.append(rest_key)
-                elif rest_key > keys[-1]:
-                    keys.append(rest_key)
-                else:
-                    insort(keys, rest_key)
+                arena.add((rest_size << SIZE_SHIFT) | (cid << CID_SHIFT) | rest, rest_size)
         else:
             address = self._try_malloc(rounded)
             if address is None:
@@ -315,18 +306,13 @@ class CuPyPoolAllocator(Policy):
         size = size_of[address]
         self.bytes_in_use -= size
         self.num_frees += 1
-        bins = arena.bins
         # _Arena.try_merge_chunk: the next chunk if free (this chunk object survives) ...
         after = next_of[address]
         if after != NONE and after not in in_use:
             merged = after
             merged_size = size_of.pop(merged)
-            number = merged_size.bit_length()
-            keys = bins[number]
-            merged_key = (merged_size << SIZE_SHIFT) | (cid_of.pop(merged) << CID_SHIFT) | merged
-            del keys[bisect_left(keys, merged_key)]
-            if not keys:
-                arena.nonempty &= ~(1 << number)
+            arena.remove((merged_size << SIZE_SHIFT) | (cid_of.pop(merged) << CID_SHIFT) | merged,
+                         merged_size)
             size += merged_size
             after = next_of.pop(merged)
             del prev_of[merged]
@@ -337,12 +323,8 @@ class CuPyPoolAllocator(Policy):
         before = prev_of[address]
         if before != NONE and before not in in_use:
             before_size = size_of[before]
-            number = before_size.bit_length()
-            keys = bins[number]
-            del keys[bisect_left(keys, (before_size << SIZE_SHIFT) | (cid_of[before] << CID_SHIFT)
-                                 | before)]
-            if not keys:
-                arena.nonempty &= ~(1 << number)
+            arena.remove((before_size << SIZE_SHIFT) | (cid_of[before] << CID_SHIFT) | before,
+                         before_size)
             del size_of[address], prev_of[address], next_of[address], cid_of[address]
             address = before
             size += before_size
@@ -350,16 +332,7 @@ class CuPyPoolAllocator(Policy):
             if after != NONE:
                 prev_of[after] = address
         size_of[address] = size
-        key = (size << SIZE_SHIFT) | (cid_of[address] << CID_SHIFT) | address
-        number = size.bit_length()
-        keys = bins[number]
-        if not keys:
-            arena.nonempty |= 1 << number
-            keys.append(key)
-        elif key > keys[-1]:
-            keys.append(key)
-        else:
-            insort(keys, key)
+        arena.add((size << SIZE_SHIFT) | (cid_of[address] << CID_SHIFT) | address, size)
 
     def empty_cache(self) -> None:
         self.free_all_blocks()
