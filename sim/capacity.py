@@ -66,6 +66,8 @@ def _completes(trace: Trace, spec: PolicySpec, device: DeviceProfile, capacity: 
 def min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile, *,
                  resolution: int = MiB) -> CapacityAnswer:
     """The smallest capacity (a multiple of ``resolution``) at which ``trace`` completes."""
+    if resolution <= 0:
+        raise ValueError(f"resolution must be a positive size, got {resolution}")
     spec = normalize_spec(policy)
     peak_live, _ = trace.peak_live()
     evaluations = 0

@@ -121,7 +121,10 @@ def resolve_device(name: str | None = None, capacity: str | int | None = None,
             raise ValueError(f"unknown device {name!r}; known devices: {', '.join(PROFILES)}")
         profile = PROFILES[key]
     if capacity is not None:
-        profile = profile.with_capacity(parse_size(capacity))
+        nbytes = parse_size(capacity)
+        if nbytes <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity!r}")
+        profile = profile.with_capacity(nbytes)
     return profile
 
 

@@ -127,3 +127,12 @@ def test_policies_and_devices_are_listed(capsys) -> None:
     assert run(capsys, "policies")[1].count("bfc") >= 1
     out = run(capsys, "devices")[1]
     assert "a100-40g" in out and "h200-141g" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["min-capacity", "default", "--resolution", "0"], "resolution must be a positive size"),
+    (["compare", "--capacity=0"], "capacity must be positive"),
+])
+def test_meaningless_sizes_are_refused_in_one_line(capsys, argv, message) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
