@@ -52,13 +52,7 @@ if ! "$PY" -c "import simpy, sortedcontainers" 2>/dev/null; then
     fi
 fi
 
-# `allocsim validate` once the integrator has added it to sim/cli.py; until then the same
-# commands run from sim/validator.py itself.
-if "$PY" -m sim.cli validate --help >/dev/null 2>&1; then
-    ALLOCSIM=("$PY" -m sim.cli)
-else
-    ALLOCSIM=("$PY" -m sim.validator)
-fi
+ALLOCSIM=("$PY" -m sim.cli)
 
 # -- where the reports go -------------------------------------------------------------------
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)

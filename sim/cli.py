@@ -385,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from sim.explain import add_explain_parser
     from sim.fidelity import add_fidelity_parser
-    from sim.validator import add_calibrate_parser, add_validate_parser
+    from sim.calibrate import add_calibrate_parser
+    from sim.validator import add_validate_parser
     add_fidelity_parser(sub)
     add_explain_parser(sub)
     add_validate_parser(sub)

@@ -17,11 +17,11 @@ from policies import POLICIES, parse_policy
 from sim.compare import compare
 from sim.device import DeviceProfile, resolve_device
 from sim.engine import replay
-from sim.validator import (BACKENDS, DeviceCalls, HostDevice, NoGPUError, ValidationReport,
-                           ValidatorError, add_calibrate_parser, add_validate_parser,
-                           count_pattern_errors, fill_pattern, fit_linear,
-                           granularity_from_footprints, main, measure_profile, validate,
-                           validate_results)
+from sim.calibrate import (DeviceCalls, add_calibrate_parser, fit_linear,
+                           granularity_from_footprints, measure_profile)
+from sim.validator import (BACKENDS, HostDevice, NoGPUError, ValidationReport, ValidatorError,
+                           add_validate_parser, count_pattern_errors, fill_pattern, main,
+                           validate, validate_results)
 from traces import Trace, formats, synth
 from traces.bundled import bundled_path
 
@@ -407,7 +407,7 @@ def test_fit_linear_is_least_squares() -> None:
 def test_calibrate_without_a_gpu_says_so(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(NoGPUError, match="allocsim calibrate needs one$"):
-        from sim.validator import calibrate
+        from sim.calibrate import calibrate
         calibrate()
 
 

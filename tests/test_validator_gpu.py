@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from policies import POLICIES, parse_policy
-from sim.validator import ValidationReport, calibrate, validate
+from sim.calibrate import calibrate
+from sim.validator import ValidationReport, validate
 from traces import Trace, formats
 from traces.bundled import bundled_path
 
