@@ -34,7 +34,8 @@ from sim.capacity import min_capacities
 from sim.cli_common import add_reading_options, load_trace
 from sim.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare, normalize_spec, trace_facts
 from sim.regress import check_baseline, make_baseline
-from sim.share import parse_share_spec, plot_share, share, share_json, share_text
+from sim.share import (expand_processes, parse_share_spec, plot_share, share, share_json,
+                       share_text)
 from sim.device import DEFAULT_PROFILE, PROFILES, resolve_device
 from sim.report import comparison_text, format_table, write_comparisons, write_json
 from traces import Trace, TraceError
@@ -133,6 +134,7 @@ def cmd_share(args: argparse.Namespace) -> int:
     device = resolve_device(args.device, args.capacity, args.device_profile)
     specs = [parse_share_spec(text) for text in args.specs]
     traces = [_trace_or_default(spec.trace, args) for spec in specs]
+    traces, specs = expand_processes(traces, specs)
     run = share(traces, specs, device)
     if args.out:
         out = Path(args.out)

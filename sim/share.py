@@ -56,8 +56,28 @@ def parse_share_spec(text: str) -> ShareSpec:
     return ShareSpec(trace, policy, parse_start(start))
 
 
+def expand_processes(traces: Sequence[Trace], specs: Sequence[ShareSpec]
+                     ) -> tuple[list[Trace], list[ShareSpec]]:
+    """A trace recorded from several processes (its ``process`` column) becomes one process of
+    the shared run per recorded process, each with the spec's policy and start."""
+    out_traces: list[Trace] = []
+    out_specs: list[ShareSpec] = []
+    for trace, spec in zip(traces, specs):
+        processes = trace.processes()
+        if len(processes) <= 1:
+            out_traces.append(trace)
+            out_specs.append(spec)
+            continue
+        for process in processes:
+            out_traces.append(trace.for_process(process))
+            out_specs.append(ShareSpec(f"{spec.trace}[process {process}]", spec.policy,
+                                       spec.start_ns))
+    return out_traces, out_specs
+
+
 def share(traces: Sequence[Trace], specs: Sequence[ShareSpec], device: DeviceProfile) -> SharedRun:
-    """Run the processes together; ``traces[i]`` is the loaded trace of ``specs[i]``.
+    """Run the processes together; ``traces[i]`` is the loaded trace of ``specs[i]`` (call
+    :func:`expand_processes` first for traces recorded from several processes).
 
     As on a real GPU, a process dies at its first OOM and every process's memory goes back to
     the device when it ends, so what a later process can get depends on who is still running.

@@ -138,3 +138,14 @@ def test_check_reports_a_new_oom_whatever_the_tolerance(capsys, tmp_path: Path) 
     baseline.write_text(json.dumps(document))
     assert main(["check", str(baseline), "--tolerance", "1000%"]) == 1
     assert "now runs out of memory" in capsys.readouterr().out
+
+
+def test_share_runs_each_recorded_process_of_a_multi_process_trace(capsys, tmp_path: Path) -> None:
+    two = Trace.from_events([(0, "alloc", 1, 600 * MiB, 0, 0), (1000, "alloc", 2, 600 * MiB, 0, 1),
+                             (10_000_000, "free", 1, None, 0, 0), (10_000_000, "free", 2, None, 0, 1)])
+    path = tmp_path / "two.npz"
+    formats.save(two, path)
+    assert main(["share", f"{path}:on-demand", "--capacity", "1GiB", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert [p["trace"] for p in data["processes"]] == [f"{path}[process 0]", f"{path}[process 1]"]
+    assert [p["completed"] for p in data["processes"]] == [True, False]
