@@ -510,7 +510,7 @@ def test_parsers_plug_into_the_allocsim_cli() -> None:
 
 from sortedcontainers import SortedDict  # noqa: E402
 
-import sim.validator as validator_module  # noqa: E402
+import sim.cuda_device as cuda_device_module  # noqa: E402
 
 
 def _round(value: int, multiple: int) -> int:
@@ -723,7 +723,7 @@ class FakeVMM:
 def fake_gpu(monkeypatch) -> FakeCupy:
     fake = FakeCupy()
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setattr(validator_module, "CudaVMM", lambda device_id: FakeVMM(fake.mem))
+    monkeypatch.setattr(cuda_device_module, "CudaVMM", lambda device_id: FakeVMM(fake.mem))
     return fake
 
 
