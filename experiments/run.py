@@ -144,7 +144,7 @@ def _figures(results: dict[str, Any], folder: Path) -> list[str]:
             ax.bar(x + k * width, values, width, label=policy)
         ax.axhline(1.0, color="black", lw=1, ls="--", label="peak live")
         ax.set_xticks(x + width * (len(policies) - 1) / 2, [c["trace"]["name"] for c in comparisons],
-                      fontsize=8)
+                      fontsize=8, rotation=15, ha="right")
         ax.set_ylabel("peak reserved / peak live")
         ax.set_yscale("log")
         ax.legend(fontsize=7, ncol=2)
@@ -167,8 +167,10 @@ def _figures(results: dict[str, Any], folder: Path) -> list[str]:
                 values.append((answer["min_capacity"] or 0) / max(answer["lower_bound"], 1))
             ax.bar(np.arange(len(labels)) + k * width, values, width, label=policy)
         ax.axhline(1.0, color="black", lw=1, ls="--", label="peak live")
-        ax.set_xticks(np.arange(len(labels)) + width * (len(policies) - 1) / 2, labels, fontsize=8)
+        ax.set_xticks(np.arange(len(labels)) + width * (len(policies) - 1) / 2, labels, fontsize=8,
+                      rotation=15, ha="right")
         ax.set_ylabel("min capacity / peak live")
+        ax.set_ylim(bottom=0.9)   # every ratio is ≥ 1: start near it so differences show
         ax.legend(fontsize=7, ncol=2)
         ax.set_title("smallest device each policy needs", fontsize=10)
         fig.tight_layout()
