@@ -890,7 +890,8 @@ def _run_cupy_async(trace: Trace, profile: DeviceProfile, spec: PolicySpec) -> M
     return measured
 
 
-def _run_torch(trace: Trace, profile: DeviceProfile, capacity: int | None) -> Measured:
+def _require_torch() -> Any:
+    """torch, once it has been seen to reach a CUDA device; else a one-line error."""
     try:
         import torch  # noqa: PLC0415 - optional, and heavy
     except ImportError:
@@ -900,6 +901,11 @@ def _run_torch(trace: Trace, profile: DeviceProfile, capacity: int | None) -> Me
         raise NoGPUError(f"no CUDA GPU visible (torch {torch.__version__}: "
                          f"torch.cuda.is_available() is false): allocsim validate needs one "
                          f"except with --backend host")
+    return torch
+
+
+def _run_torch(trace: Trace, profile: DeviceProfile, capacity: int | None) -> Measured:
+    torch = _require_torch()
     device = torch.cuda.current_device()
     name = torch.cuda.get_device_name(device)
     versions = {"torch": torch.__version__, "torch_cuda": str(torch.version.cuda),
@@ -1173,15 +1179,7 @@ def _default_gpu_profile(cp: Any) -> DeviceProfile | None:
 
 
 def _torch_profile(profile: DeviceProfile) -> DeviceProfile:
-    try:
-        import torch  # noqa: PLC0415
-    except ImportError:
-        raise ValidatorError("backend torch needs PyTorch with CUDA (torch is not installed)"
-                             ) from None
-    if not torch.cuda.is_available():
-        raise NoGPUError(f"no CUDA GPU visible (torch {torch.__version__}: "
-                         f"torch.cuda.is_available() is false): allocsim validate needs one "
-                         f"except with --backend host")
+    torch = _require_torch()
     free = int(torch.cuda.mem_get_info()[0])
     return profile.with_capacity(free // profile.granularity * profile.granularity)
 

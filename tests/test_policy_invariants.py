@@ -24,7 +24,19 @@ def test_invariants_hold_after_every_event(spec: str, actions) -> None:
     play(referee, actions)
 
 
-@pytest.mark.parametrize("spec", SPECS)
+# Every registered model, in the configurations their own test files exercise.
+OOM_SPECS = SPECS + [
+    "pytorch", "pytorch:expandable_segments=true", "pytorch:max_split_size_mb=20",
+    "pytorch:roundup_power2_divisions=[1:4;>:8]",
+    "pytorch:garbage_collection_threshold=0.5,per_process_memory_fraction=0.5",
+    "pytorch:max_split_size_mb=20,expandable_segments=true",
+    "cupy", "cupy:limit=64MiB", "cupy:fraction=0.25",
+    "cuda-async", "cuda-async:fraction=0.25", "cuda-async:release_threshold=1GiB",
+    "cuda-async:sync=none", "cuda-async:fraction=0.5,preallocate=true",
+    "buddy", "buddy:release=true", "buddy:arena=1MiB,min_block=4KiB"]
+
+
+@pytest.mark.parametrize("spec", OOM_SPECS)
 def test_out_of_memory_leaves_the_policy_consistent(spec: str) -> None:
     referee = Referee.of(spec, small_device(capacity=32 << 20))
     exhaust(referee)
