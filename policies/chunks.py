@@ -110,6 +110,18 @@ class FreeIndex:
 ADDRESS_MASK = (1 << KEY_SHIFT) - 1
 
 
+def walk_chunks(bases, size_of: dict[int, int], next_of: dict[int, int],
+                in_use) -> Iterator[tuple[int, int, bool]]:
+    """Every chunk of the regions starting at ``bases``, as ``(address, size, in_use)``, region
+    by region in address order, following ``next_of`` links. O(n). Shared by every policy that
+    keeps chunks linked by address (ChunkMap, the CuPy pool, the stream-ordered pool)."""
+    for base in sorted(bases):
+        address = base
+        while address != NONE:
+            yield address, size_of[address], address in in_use
+            address = next_of[address]
+
+
 class ChunkMap:
     """The chunks of all regions a policy holds. Every method states its cost (n = chunks)."""
 
@@ -307,11 +319,7 @@ class ChunkMap:
 
     def chunks(self) -> Iterator[tuple[int, int, bool]]:
         """Every chunk as ``(address, size, in_use)``, region by region in address order. O(n)."""
-        for base in sorted(self.regions):
-            address = base
-            while address != NONE:
-                yield address, self.size[address], address in self.in_use
-                address = self.next[address]
+        return walk_chunks(self.regions, self.size, self.next, self.in_use)
 
     def region_chunks(self, base: int) -> Iterator[int]:
         address = base

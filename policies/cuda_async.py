@@ -67,7 +67,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from policies.base import DeviceMemory, Param, Policy, PolicyStats
-from policies.chunks import FreeIndex
+from policies.chunks import FreeIndex, walk_chunks
 from policies.units import round_up
 
 NONE = -1
@@ -375,11 +375,7 @@ class CudaAsyncAllocator(Policy):
 
     # -- views -----------------------------------------------------------------------
     def blocks(self) -> Iterator[tuple[int, int, bool]]:
-        for base in sorted(self.regions):
-            address = base
-            while address != NONE:
-                yield address, self.size_of[address], address in self.in_use
-                address = self.next_of[address]
+        return walk_chunks(self.regions, self.size_of, self.next_of, self.in_use)
 
     def stats(self) -> PolicyStats:
         return PolicyStats(

@@ -58,6 +58,7 @@ from bisect import bisect_left, insort
 from typing import Iterator
 
 from policies.base import DeviceMemory, Param, Policy, PolicyStats
+from policies.chunks import walk_chunks
 
 ALLOCATION_UNIT_SIZE = 512
 NONE = -1
@@ -339,11 +340,7 @@ class CuPyPoolAllocator(Policy):
 
     # -- views -----------------------------------------------------------------------
     def blocks(self) -> Iterator[tuple[int, int, bool]]:
-        for base in sorted(self.held):
-            address = base
-            while address != NONE:
-                yield address, self.size_of[address], address in self.in_use
-                address = self.next_of[address]
+        return walk_chunks(self.held, self.size_of, self.next_of, self.in_use)
 
     def stats(self) -> PolicyStats:
         return PolicyStats(
