@@ -20,6 +20,11 @@ from sim.device import DeviceProfile
 
 from sim.real_memory import PATTERN_KEYS, CallLog, ValidatorError, _one_line, _Spans
 
+# cudaErrorMemoryAllocation, the status of a cudaMalloc that found no memory. CuPy's runtime
+# module gives the enum no Python name (checked on CuPy 14.2.0: ``cupy.cuda.runtime`` has no
+# ``errorMemoryAllocation``; memory.pyx compares against the cimported C enum).
+CUDA_ERROR_MEMORY_ALLOCATION = 2
+
 # -- GPU backends --------------------------------------------------------------------------
 
 _PATTERN_KERNELS = r"""
@@ -106,6 +111,25 @@ class _CUmemAccessDesc(ctypes.Structure):
     _fields_ = [("location", _CUmemLocation), ("flags", ctypes.c_int)]
 
 
+_u64, _size_t = ctypes.c_uint64, ctypes.c_size_t
+
+# The driver calls CudaVMM makes, as cuda.h declares them (CUdeviceptr and
+# CUmemGenericAllocationHandle are 64-bit; enums are C ints). tests/test_cuda_abi.py compiles
+# against cuda.h, where one is installed, to check these and the structs above.
+DRIVER_SIGNATURES: dict[str, list[Any]] = {
+    "cuMemGetAllocationGranularity": [ctypes.POINTER(_size_t),
+                                      ctypes.POINTER(_CUmemAllocationProp), ctypes.c_int],
+    "cuMemAddressReserve": [ctypes.POINTER(_u64), _size_t, _size_t, _u64, ctypes.c_ulonglong],
+    "cuMemAddressFree": [_u64, _size_t],
+    "cuMemCreate": [ctypes.POINTER(_u64), _size_t, ctypes.POINTER(_CUmemAllocationProp),
+                    ctypes.c_ulonglong],
+    "cuMemRelease": [_u64],
+    "cuMemMap": [_u64, _size_t, _size_t, _u64, ctypes.c_ulonglong],
+    "cuMemUnmap": [_u64, _size_t],
+    "cuMemSetAccess": [_u64, _size_t, ctypes.POINTER(_CUmemAccessDesc), _size_t],
+}
+
+
 class CudaVMM:
     """The CUDA virtual-memory driver calls, through ``libcuda`` with ctypes (CuPy does not
     wrap them): cuMemAddressReserve/Free, cuMemCreate/Release, cuMemMap/Unmap, cuMemSetAccess.
@@ -122,20 +146,7 @@ class CudaVMM:
         except OSError as err:
             raise ValidatorError(f"backend policy does not support VMM policies here: cannot "
                                  f"load libcuda ({_one_line(err)})") from None
-        u64, size_t = ctypes.c_uint64, ctypes.c_size_t
-        signatures = {
-            "cuMemGetAllocationGranularity": [ctypes.POINTER(size_t),
-                                              ctypes.POINTER(_CUmemAllocationProp), ctypes.c_int],
-            "cuMemAddressReserve": [ctypes.POINTER(u64), size_t, size_t, u64, ctypes.c_ulonglong],
-            "cuMemAddressFree": [u64, size_t],
-            "cuMemCreate": [ctypes.POINTER(u64), size_t, ctypes.POINTER(_CUmemAllocationProp),
-                            ctypes.c_ulonglong],
-            "cuMemRelease": [u64],
-            "cuMemMap": [u64, size_t, size_t, u64, ctypes.c_ulonglong],
-            "cuMemUnmap": [u64, size_t],
-            "cuMemSetAccess": [u64, size_t, ctypes.POINTER(_CUmemAccessDesc), size_t],
-        }
-        for name, argtypes in signatures.items():
+        for name, argtypes in DRIVER_SIGNATURES.items():
             try:
                 function = getattr(self.lib, name)
             except AttributeError:
@@ -249,7 +260,7 @@ class CupyDevice:
         try:
             ptr = int(self.rt.malloc(nbytes))
         except self.rt.CUDARuntimeError as err:
-            if err.status != self.rt.errorMemoryAllocation:
+            if err.status != CUDA_ERROR_MEMORY_ALLOCATION:
                 raise
             self._called("malloc", nbytes, False, start)
             return None

@@ -59,7 +59,7 @@ from sim.device import DeviceProfile, SimulatedDevice, resolve_device
 from sim.engine import ProcessReplay
 from sim.results import RunResult
 from traces.model import OP_ALLOC, Trace
-from sim.cuda_device import CudaVMM, CupyDevice
+from sim.cuda_device import CUDA_ERROR_MEMORY_ALLOCATION, CudaVMM, CupyDevice
 from sim.real_memory import (CallLog, Corruption, HostDevice, Measured, NoGPUError,
                              ValidatorError, _one_line, _require_gpu, count_pattern_errors,
                              fill_pattern, pattern_word)
@@ -819,7 +819,7 @@ def _run_cupy_raw(trace: Trace, profile: DeviceProfile) -> Measured:
         try:
             ptr = int(rt.malloc(size))
         except rt.CUDARuntimeError as err:
-            if err.status != rt.errorMemoryAllocation:
+            if err.status != CUDA_ERROR_MEMORY_ALLOCATION:
                 raise
             log.add(state["event"], "malloc", size, False, time.perf_counter_ns() - start)
             return None

@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from sim.validator import (BACKENDS, HostDevice, NoGPUError, ValidationReport, V
 from traces import Trace, formats, synth
 from traces.bundled import bundled_path
 
+from fake_gpu import FakeCupy, FakeTorch, install_fake_gpu
 from policy_checks import OverlapBFC, SameAddressBFC
 
 MiB = 1 << 20
@@ -508,223 +508,10 @@ def test_parsers_plug_into_the_allocsim_cli() -> None:
 # capacity rule, pattern safety, clean-up), NOT that real CuPy/CUDA behave as assumed: that is
 # what tests/test_validator_gpu.py does on a GPU.
 
-from sortedcontainers import SortedDict  # noqa: E402
-
-import sim.cuda_device as cuda_device_module  # noqa: E402
-
-
-def _round(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-class FakeCudaRuntimeError(RuntimeError):
-    def __init__(self, status: int) -> None:
-        self.status = status
-        super().__init__(f"cudaError {status}")
-
-
-class FakeDeviceMemory:
-    """Host buffers at fake device addresses; memory counted in 2 MiB granules like a GPU's
-    cudaMemGetInfo."""
-
-    def __init__(self, total: int = 8 * GiB, granularity: int = 2 * MiB) -> None:
-        self.total, self.granularity = total, granularity
-        self.spans: SortedDict = SortedDict()
-        self.next = 0x7000_0000_0000
-        self.used = 0
-
-    def add(self, nbytes: int, at: int | None = None) -> int:
-        taken = _round(max(nbytes, 1), self.granularity)
-        if self.used + taken > self.total:
-            raise FakeCudaRuntimeError(2)
-        if at is None:
-            at, self.next = self.next, self.next + taken + self.granularity
-        self.spans[at] = np.zeros(nbytes, dtype=np.uint8)
-        self.used += taken
-        return at
-
-    def remove(self, ptr: int) -> None:
-        buffer = self.spans.pop(ptr)      # KeyError: a free of something never allocated
-        self.used -= _round(max(len(buffer), 1), self.granularity)
-
-    def views(self, ptr: int, nbytes: int) -> list[np.ndarray]:
-        out, cursor, end = [], ptr, ptr + nbytes
-        while cursor < end:
-            index = self.spans.bisect_right(cursor) - 1
-            start, buffer = self.spans.peekitem(index) if index >= 0 else (0, np.zeros(0))
-            if not start <= cursor < start + len(buffer):
-                raise AssertionError(f"illegal device access at 0x{cursor:x}")
-            take = min(end, start + len(buffer)) - cursor
-            out.append(buffer[cursor - start:cursor - start + take])
-            cursor += take
-        return out
-
-
-class FakeCupy:
-    __version__ = "13.9.9-fake"
-
-    def __init__(self, total: int = 8 * GiB) -> None:
-        import types
-        mem = self.mem = FakeDeviceMemory(total)
-
-        class Runtime:
-            errorMemoryAllocation = 2
-            memcpyDeviceToHost = 2
-            CUDARuntimeError = FakeCudaRuntimeError
-
-            def getDeviceCount(self) -> int: return 1  # noqa: E704,N802
-            def getDevice(self) -> int: return 0  # noqa: E704,N802
-            def getDeviceProperties(self, i: int) -> dict: return {"name": b"Fake GPU"}  # noqa
-            def runtimeGetVersion(self) -> int: return 12040  # noqa: E704,N802
-            def driverGetVersion(self) -> int: return 12060  # noqa: E704,N802
-            def deviceSynchronize(self) -> None: pass  # noqa: E704,N802
-            def memGetInfo(self) -> tuple[int, int]: return mem.total - mem.used, mem.total  # noqa
-            def malloc(self, n: int) -> int: return mem.add(n)  # noqa: E704
-            def free(self, ptr: int) -> None: mem.remove(ptr)  # noqa: E704
-
-            def memset(self, ptr: int, value: int, n: int) -> None:
-                for view in mem.views(ptr, n):
-                    view[:] = value
-
-            def memcpy(self, dst: int, src: int, n: int, kind: int) -> None:
-                data = b"".join(v.tobytes() for v in mem.views(src, n))
-                import ctypes
-                ctypes.memmove(dst, data, n)
-
-        runtime = Runtime()
-
-        class Kernel:
-            def __init__(self, name: str) -> None:
-                self.name = name
-
-            def __call__(self, grid: tuple, block: tuple, args: tuple) -> None:
-                ptr, n, key = int(args[0]), int(args[1]), int(args[2])
-                phase, bad = 0, 0
-                for view in mem.views(ptr, n):
-                    if self.name == "allocsim_fill":
-                        fill_pattern(view, key, phase)
-                    else:
-                        bad += count_pattern_errors(view, key, phase)
-                    phase += len(view)
-                if self.name == "allocsim_check":
-                    counter = mem.views(int(args[3]), 8)[0].view("<u8")
-                    counter[0] += bad
-
-        class RawModule:
-            def __init__(self, code: str) -> None:
-                assert "allocsim_fill" in code and "allocsim_check" in code
-
-            def get_function(self, name: str) -> Kernel:
-                return Kernel(name)
-
-        class OutOfMemoryError(MemoryError):
-            pass
-
-        class Pointer:
-            def __init__(self, ptr: int, on_free) -> None:
-                self.ptr, self._on_free = ptr, on_free
-
-            def __del__(self) -> None:
-                self._on_free(self.ptr)
-
-        class PythonFunctionAllocator:
-            def __init__(self, malloc_func, free_func) -> None:
-                self.malloc_func, self.free_func = malloc_func, free_func
-
-            def malloc(self, size: int) -> Pointer:
-                return Pointer(self.malloc_func(size, 0), lambda p: self.free_func(p, 0))
-
-        class Pooled:
-            def __init__(self, inner: Pointer, size: int, pool: "MemoryPool") -> None:
-                self.inner, self.size, self.pool, self.ptr = inner, size, pool, inner.ptr
-
-            def __del__(self) -> None:
-                self.pool.used -= self.size
-                self.pool.total -= self.size
-
-        class MemoryPool:
-            """No caching at all (so it matches on-demand with 512-byte rounding)."""
-
-            def __init__(self, allocator=None) -> None:
-                self.allocator = allocator or (lambda n: Pointer(runtime.malloc(n),
-                                                                  runtime.free))
-                self.limit = self.used = self.total = 0
-
-            def set_limit(self, size: int) -> None:
-                self.limit = size
-
-            def malloc(self, size: int) -> Pooled:
-                rounded = _round(size, 512)
-                if self.limit and self.total + rounded > self.limit:
-                    raise OutOfMemoryError(size)
-                try:
-                    inner = self.allocator(rounded)
-                except FakeCudaRuntimeError:
-                    raise OutOfMemoryError(size) from None
-                self.used += rounded
-                self.total += rounded
-                return Pooled(inner, rounded, self)
-
-            def used_bytes(self) -> int: return self.used  # noqa: E704
-            def total_bytes(self) -> int: return self.total  # noqa: E704
-            def free_all_blocks(self, stream=None) -> None: pass  # noqa: E704
-
-        class MemoryAsyncPool(MemoryPool):
-            def __init__(self, pool_handles: str = "default") -> None:
-                super().__init__()
-
-        class Stream:
-            null: "Stream"
-
-            def __init__(self, non_blocking: bool = False) -> None:
-                pass
-
-            def __enter__(self) -> "Stream": return self  # noqa: E704
-            def __exit__(self, *exc: Any) -> None: pass  # noqa: E704
-
-        Stream.null = Stream()
-        memory = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError,
-                                       PythonFunctionAllocator=PythonFunctionAllocator)
-        self.cuda = types.SimpleNamespace(runtime=runtime, memory=memory, MemoryPool=MemoryPool,
-                                          MemoryAsyncPool=MemoryAsyncPool, Stream=Stream)
-        self.RawModule = RawModule
-
-
-class FakeVMM:
-    """CudaVMM on the fake's memory: address ranges are numbers, pages are buffers."""
-
-    granularity = 2 * MiB
-
-    def __init__(self, mem: FakeDeviceMemory) -> None:
-        self.mem, self.next = mem, 0x7800_0000_0000
-        self.ranges: dict[int, int] = {}
-
-    def reserve(self, nbytes: int) -> int:
-        ptr, self.next = self.next, self.next + nbytes + self.granularity
-        self.ranges[ptr] = nbytes
-        return ptr
-
-    def free_range(self, ptr: int, nbytes: int) -> None:
-        assert self.ranges.pop(ptr) == nbytes
-
-    def create_and_map(self, ptr: int, nbytes: int) -> int | None:
-        assert any(b <= ptr and ptr + nbytes <= b + n for b, n in self.ranges.items())
-        try:
-            return self.mem.add(nbytes, at=ptr)
-        except FakeCudaRuntimeError:
-            return None
-
-    def unmap_and_release(self, ptr: int, nbytes: int, handle: int) -> None:
-        assert handle == ptr
-        self.mem.remove(ptr)
-
 
 @pytest.fixture()
 def fake_gpu(monkeypatch) -> FakeCupy:
-    fake = FakeCupy()
-    monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setattr(cuda_device_module, "CudaVMM", lambda device_id: FakeVMM(fake.mem))
-    return fake
+    return install_fake_gpu(monkeypatch)
 
 
 @pytest.mark.parametrize("spec", POLICY_SPECS)
@@ -787,43 +574,7 @@ def test_cupy_async_code_path_on_a_fake_gpu(traces, fake_gpu) -> None:
 
 
 def test_torch_code_path_on_a_fake_torch(traces, monkeypatch) -> None:
-    import types
-    mem = FakeDeviceMemory(8 * GiB)
-    state = {"reserved": 0, "allocs": 0, "frees": 0, "fraction": 1.0}
-    sizes: dict[int, int] = {}
-
-    def alloc(size: int, device: int, stream: Any) -> int:
-        rounded = _round(size, 512)
-        if state["reserved"] + rounded > state["fraction"] * mem.total:
-            raise torch.cuda.OutOfMemoryError("fake")
-        ptr = mem.add(rounded)
-        sizes[ptr] = rounded
-        state["reserved"] += rounded
-        state["allocs"] += 1
-        return ptr
-
-    def delete(ptr: int) -> None:
-        state["reserved"] -= sizes.pop(ptr)
-        state["frees"] += 1
-        mem.remove(ptr)
-
-    def fraction(value: float, device: int) -> None:
-        state["fraction"] = value
-
-    cuda = types.SimpleNamespace(
-        is_available=lambda: True, current_device=lambda: 0,
-        get_device_name=lambda d: "Fake GPU", synchronize=lambda: None,
-        empty_cache=lambda: None, reset_peak_memory_stats=lambda: None,
-        reset_accumulated_memory_stats=lambda: None,
-        memory_reserved=lambda d: state["reserved"], memory_allocated=lambda d: state["reserved"],
-        mem_get_info=lambda d=0: (mem.total - mem.used, mem.total),
-        set_per_process_memory_fraction=fraction, current_stream=lambda d: "s0",
-        Stream=lambda d: "s1", OutOfMemoryError=type("OutOfMemoryError", (RuntimeError,), {}),
-        caching_allocator_alloc=alloc, caching_allocator_delete=delete,
-        memory_stats=lambda d: {"num_device_alloc": state["allocs"],
-                                "num_device_free": state["frees"]})
-    torch = types.SimpleNamespace(__version__="2.9.9-fake", cuda=cuda,
-                                  version=types.SimpleNamespace(cuda="12.4"))
+    torch = FakeTorch()
     monkeypatch.setitem(sys.modules, "torch", torch)
     trace = synth.generate("random", events=3000, align=512)   # on-demand counts requested
     report = validate(trace, "on-demand", "torch", "a100-80g", capacity="512MiB")
@@ -834,7 +585,7 @@ def test_torch_code_path_on_a_fake_torch(traces, monkeypatch) -> None:
     calls = report.metric("device calls")
     assert calls.measured == calls.simulated       # from memory_stats()
     assert report.passed, report.verdict()
-    assert state["fraction"] == 1.0 and mem.used == 0
+    assert torch.state["fraction"] == 1.0 and torch.mem.used == 0
 
 
 def test_calibrate_code_path_on_a_fake_gpu(fake_gpu, tmp_path, capsys) -> None:
