@@ -54,6 +54,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from policies import PolicySpec, PolicySpecError, format_size, parse_policy, parse_size
+from policies.registry import alloc_conf_spec
 from policies.units import round_up
 from sim.device import DeviceProfile, SimulatedDevice, resolve_device
 from sim.engine import ProcessReplay
@@ -913,7 +914,7 @@ def _run_torch(trace: Trace, profile: DeviceProfile, capacity: int | None) -> Me
     driver = _nvidia_driver_version()
     if driver:
         versions["nvidia_driver"] = driver
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    conf = torch_alloc_conf()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -971,8 +972,8 @@ def _run_torch(trace: Trace, profile: DeviceProfile, capacity: int | None) -> Me
                           "memory_allocated(); device-call time = wall time of the events "
                           "that changed memory_reserved() (an upper bound)")
     if conf:
-        measured.notes.append(f"PYTORCH_CUDA_ALLOC_CONF={conf}: the pytorch model must be "
-                              f"given the same settings with --policy")
+        measured.notes.append(f"{conf[0]}={conf[1]}: the real allocator's settings (the "
+                              f"pytorch model was given the same unless --policy said otherwise)")
     return measured
 
 
@@ -1089,6 +1090,33 @@ def _resolve_spec(backend: Backend, policy: str | PolicySpec | None) -> PolicySp
         raise
 
 
+def torch_alloc_conf() -> tuple[str, str] | None:
+    """The allocator settings PyTorch reads from this process's environment: (variable, value)
+    of PYTORCH_ALLOC_CONF, else of the older PYTORCH_CUDA_ALLOC_CONF, else None."""
+    for variable in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        value = os.environ.get(variable, "").strip()
+        if value:
+            return variable, value
+    return None
+
+
+def _torch_model_spec(backend: Backend, capped: bool) -> PolicySpec:
+    """The ``pytorch`` model with the settings the real caching allocator has here."""
+    conf = torch_alloc_conf()
+    if conf is None:
+        spec = _resolve_spec(backend, None)
+    else:
+        try:
+            spec = alloc_conf_spec(conf[1])
+        except PolicySpecError as err:
+            raise ValidatorError(f"{conf[0]}={conf[1]}: the pytorch model cannot take these "
+                                 f"settings ({err})") from None
+    if capped:
+        spec = parse_policy(f"{spec},per_process_memory_fraction=1.0" if ":" in str(spec)
+                            else f"{spec}:per_process_memory_fraction=1.0")
+    return spec
+
+
 def _load_trace(trace: Trace | str | Path) -> Trace:
     if isinstance(trace, Trace):
         return trace
@@ -1118,13 +1146,14 @@ def validate(trace: Trace | str | Path, policy_spec: str | PolicySpec | None = N
     size = None if capacity is None else parse_size(capacity)
     if size is not None and size != profile.capacity:
         profile = profile.with_capacity(size)
-    if policy_spec is None and size is not None:
-        # The real allocator is capped at the capacity by its own setting, checked before any
-        # device call; the model gets the same setting so it fails the same way (no device call).
-        if chosen.name == "cupy-pool":          # pool.set_limit(size=capacity)
-            spec = _resolve_spec(chosen, f"cupy:limit={size}")
-        elif chosen.name == "torch":            # set_per_process_memory_fraction: allowed = C
-            spec = _resolve_spec(chosen, "pytorch:per_process_memory_fraction=1.0")
+    if policy_spec is None and chosen.name == "torch":
+        # The model is configured as the real allocator of this process is: by the allocator
+        # settings in its environment, and, with a capacity, capped by its own setting
+        # (set_per_process_memory_fraction: allowed = C), checked before any device call, so
+        # the model fails the same way (no device call).
+        spec = _torch_model_spec(chosen, capped=size is not None)
+    elif policy_spec is None and size is not None and chosen.name == "cupy-pool":
+        spec = _resolve_spec(chosen, f"cupy:limit={size}")     # pool.set_limit(size=capacity)
     trace = _load_trace(trace)
     if len(trace.processes()) > 1:
         raise ValidatorError(f"{trace.name}: the validator replays one process, and this trace "

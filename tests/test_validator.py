@@ -610,3 +610,32 @@ def test_cli_validate_on_a_fake_gpu(fake_gpu, tmp_path, capsys) -> None:
     assert "PASS" in capsys.readouterr().out
     data = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
     assert data["backend"] == "policy" and data["device"] == "Fake GPU"
+
+
+@pytest.mark.parametrize("environment, model", [
+    ({}, "pytorch"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "pytorch:expandable_segments=true"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",      # the newer name wins
+      "PYTORCH_ALLOC_CONF": "max_split_size_mb:64"}, "pytorch:max_split_size_mb=64"),
+])
+def test_torch_backend_models_the_allocator_settings_of_this_process(monkeypatch, environment,
+                                                                      model) -> None:
+    for variable in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(variable, raising=False)
+    for variable, value in environment.items():
+        monkeypatch.setenv(variable, value)
+    monkeypatch.setitem(sys.modules, "torch", FakeTorch())
+    trace = synth.generate("random", events=300, align=512)
+    report = validate(trace, None, "torch", "a100-80g")
+    assert report.policy == model
+    if environment:
+        assert any("ALLOC_CONF=" in note for note in report.notes)
+    capped = validate(trace, None, "torch", "a100-80g", capacity="256MiB")
+    assert capped.policy.endswith("per_process_memory_fraction=1.0")
+
+
+def test_torch_backend_refuses_settings_the_model_cannot_take(monkeypatch) -> None:
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "backend:cudaMallocAsync")
+    monkeypatch.setitem(sys.modules, "torch", FakeTorch())
+    with pytest.raises(ValidatorError, match="PYTORCH_ALLOC_CONF=backend:cudaMallocAsync"):
+        validate(synth.generate("random", events=300), None, "torch", "a100-80g")
