@@ -32,6 +32,9 @@ GiB = 1 << 30
 DEFAULT_CALIBRATION_SIZES = (512, 4 << 10, 64 << 10, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB,
                              1 * GiB)
 GRANULARITY_PROBES = (1, 512, 1 * MiB, 2 * MiB + 1)
+# How the driver packs small cudaMallocs (not modelled yet: the data to model it from).
+PACKING_SIZES = (512, 4 << 10, 64 << 10, 256 << 10, 1 * MiB)
+PACKING_COUNT = 64
 _CANDIDATE_GRANULARITIES = tuple(512 << k for k in range(18))   # 512 B .. 64 MiB
 
 
@@ -72,6 +75,7 @@ class Calibration:
     latencies: list[LatencySample]
     footprints: dict[int, float]       # probe size -> bytes cudaMemGetInfo moved per allocation
     date: str
+    packing: dict[int, "PackingCurve"] = field(default_factory=dict)
 
     def profile_json(self) -> dict[str, Any]:
         """The profile file's content: exactly what :meth:`DeviceProfile.from_dict` reads."""
@@ -85,7 +89,47 @@ class Calibration:
     def measurements_json(self) -> dict[str, Any]:
         return {"date": self.date, "latencies": [asdict(s) for s in self.latencies],
                 "footprints": {str(k): v for k, v in self.footprints.items()},
+                "packing": {str(k): curve.as_dict() for k, curve in self.packing.items()},
                 "profile": self.profile_json()}
+
+
+@dataclass
+class PackingCurve:
+    """Device bytes in use (the drop of cudaMemGetInfo's free bytes since the start) after each
+    of ``count`` cudaMallocs of one size, then after each cudaFree of them in the same order:
+    how the driver packs small allocations into pages, and whether it gives pages back."""
+
+    size: int
+    after_malloc: list[int]
+    after_free: list[int]
+
+    def as_dict(self) -> dict[str, Any]:
+        moves = [b - a for a, b in zip([0] + self.after_malloc, self.after_malloc) if b != a]
+        return {"size": self.size, "count": len(self.after_malloc),
+                "after_malloc": self.after_malloc, "after_free": self.after_free,
+                "pages_taken": len(moves), "page_sizes": sorted(set(moves)),
+                "left_after_freeing_all": self.after_free[-1] if self.after_free else 0}
+
+
+def measure_packing(calls: DeviceCalls, sizes: Sequence[int] = PACKING_SIZES,
+                    count: int = PACKING_COUNT) -> dict[int, PackingCurve]:
+    """A :class:`PackingCurve` per size (sizes that would not fit twice over are left out)."""
+    curves: dict[int, PackingCurve] = {}
+    for size in sizes:
+        if 2 * size * count > calls.mem_info()[0]:
+            continue
+        calls.synchronize()
+        start = calls.mem_info()[0]
+        handles, after_malloc, after_free = [], [], []
+        for _ in range(count):
+            handles.append(calls.malloc(size))
+            after_malloc.append(int(start - calls.mem_info()[0]))
+        for handle in handles:
+            calls.free(handle)
+            calls.synchronize()
+            after_free.append(int(start - calls.mem_info()[0]))
+        curves[int(size)] = PackingCurve(int(size), after_malloc, after_free)
+    return curves
 
 
 def fit_linear(sizes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
@@ -170,6 +214,7 @@ def measure_profile(calls: DeviceCalls, *, sizes: Sequence[int] = DEFAULT_CALIBR
             calls.free(handle)
         footprints[int(size)] = (before - after) / probe_count
     granularity = granularity_from_footprints(footprints)
+    packing = measure_packing(calls)
 
     where = f"{calls.name}" + (f" ({', '.join(f'{k} {v}' for k, v in calls.versions.items())})"
                                if calls.versions else "")
@@ -198,7 +243,8 @@ def measure_profile(calls: DeviceCalls, *, sizes: Sequence[int] = DEFAULT_CALIBR
                             capacity=int(total), granularity=int(granularity or 512),
                             map_granularity=int(calls.map_granularity or 2 * MiB), costs=costs,
                             source=source)
-    return Calibration(profile=profile, latencies=latencies, footprints=footprints, date=date)
+    return Calibration(profile=profile, latencies=latencies, footprints=footprints, date=date,
+                       packing=packing)
 
 
 def cupy_device_calls() -> DeviceCalls:
@@ -250,7 +296,8 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
                        format_size(s, 0) for s in DEFAULT_CALIBRATION_SIZES) + ")")
     p.add_argument("--repeats", type=int, default=5, help="calls per size (median; default 5)")
     p.add_argument("--measurements", metavar="FILE",
-                   help="also write the raw measurements (latency per size, footprints) here")
+                   help="also write the raw measurements (latency per size, footprints, how "
+                        "small allocations pack into pages) here")
     p.set_defaults(func=cmd_calibrate)
     return p
 

@@ -17,7 +17,7 @@ from sim.compare import compare
 from sim.device import DeviceProfile, resolve_device
 from sim.engine import replay
 from sim.calibrate import (DeviceCalls, add_calibrate_parser, fit_linear,
-                           granularity_from_footprints, measure_profile)
+                           granularity_from_footprints, measure_packing, measure_profile)
 from sim.validator import (BACKENDS, HostDevice, NoGPUError, ValidationReport, ValidatorError,
                            add_validate_parser, count_pattern_errors, fill_pattern, main,
                            validate, validate_results)
@@ -501,6 +501,48 @@ def test_parsers_plug_into_the_allocsim_cli() -> None:
     assert args.func.__name__ == "cmd_calibrate" and args.output == "gpu.json"
 
 
+def test_packing_curves_show_how_small_allocations_share_pages() -> None:
+    # A driver that packs allocations under 1 MiB into 2 MiB pages (4 KiB slots here) and gives
+    # a page back when its last allocation goes; larger ones take whole 2 MiB granules.
+    state = {"used": 0, "pages": {}, "next": 1}
+
+    def malloc(size: int) -> tuple:
+        if size < MiB:
+            slot = -(-size // 4096) * 4096
+            page = next((p for p, free in state["pages"].items() if free >= slot), None)
+            if page is None:
+                page, state["next"] = state["next"], state["next"] + 1
+                state["pages"][page] = 2 * MiB
+                state["used"] += 2 * MiB
+            state["pages"][page] -= slot
+            return ("small", page, slot)
+        taken = -(-size // (2 * MiB)) * 2 * MiB
+        state["used"] += taken
+        return ("large", None, taken)
+
+    def free(handle: tuple) -> None:
+        kind, page, taken = handle
+        if kind == "large":
+            state["used"] -= taken
+            return
+        state["pages"][page] += taken
+        if state["pages"][page] == 2 * MiB:
+            del state["pages"][page]
+            state["used"] -= 2 * MiB
+
+    calls = DeviceCalls(malloc=malloc, free=free,
+                        mem_info=lambda: (80 * GiB - state["used"], 80 * GiB))
+    curves = measure_packing(calls, sizes=(512, 64 << 10, MiB), count=64)
+    small = curves[512].as_dict()          # 64 × 4 KiB slots fit one page
+    assert small["pages_taken"] == 1 and small["page_sizes"] == [2 * MiB]
+    assert small["after_malloc"][0] == small["after_malloc"][-1] == 2 * MiB
+    assert small["after_free"][-1] == small["left_after_freeing_all"] == 0
+    assert curves[64 << 10].as_dict()["pages_taken"] == 2     # 32 per page
+    large = curves[MiB].as_dict()                               # one granule each
+    assert large["pages_taken"] == 64 and large["after_malloc"][-1] == 128 * MiB
+    assert measure_packing(calls, sizes=(GiB,), count=64) == {}   # would not fit: left out
+
+
 # -- the GPU backends' code paths on a fake CuPy -------------------------------------------
 # These run every GPU backend's Python against a fake ``cupy`` (and ``torch``) whose device
 # memory is host buffers at fake addresses, whose two "kernels" are numpy, and which raises on
@@ -599,6 +641,8 @@ def test_calibrate_code_path_on_a_fake_gpu(fake_gpu, tmp_path, capsys) -> None:
     assert "Fake GPU" in profile.source
     raw = json.loads((tmp_path / "raw.json").read_text())
     assert [s["size"] for s in raw["latencies"]] == [4096, MiB, 64 * MiB]
+    # The fake rounds every allocation to its own 2 MiB granule: one page per allocation.
+    assert raw["packing"]["512"]["pages_taken"] == raw["packing"]["512"]["count"] == 64
     assert fake_gpu.mem.used == 0
 
 
