@@ -143,6 +143,13 @@ def simulate(trace: Trace, spec: PolicySpec, profile: DeviceProfile) -> Simulate
 
 
 
+def _event_columns(trace: Trace) -> tuple[list[int], list[int], list[int], list[int]]:
+    """op, id, size (frees carry their alloc's) and stream of every event, as Python lists:
+    the replay loops index them once per event, and list indexing is the fastest there is."""
+    return (trace.op.tolist(), trace.id.tolist(), trace.matched_sizes().tolist(),
+            trace.stream.tolist())
+
+
 def drive(trace: Trace, spec: PolicySpec, device: Any, *, patterns: bool = True,
           device_used: Callable[[], int] | None = None) -> Measured:
     """Replay ``trace`` with the policy object of ``spec`` drawing from ``device`` (a
@@ -151,10 +158,7 @@ def drive(trace: Trace, spec: PolicySpec, device: Any, *, patterns: bool = True,
     checking patterns, and reading the device's reserved bytes after every event."""
     policy = spec.build(device)
     n = len(trace)
-    ops = trace.op.tolist()
-    ids = trace.id.tolist()
-    sizes = trace.matched_sizes().tolist()
-    streams = trace.stream.tolist()
+    ops, ids, sizes, streams = _event_columns(trace)
     reserved = np.zeros(n, dtype=np.int64)
     used_by_device = np.zeros(n, dtype=np.int64) if device_used is not None else None
     live: dict[int, tuple[int, int, int | None]] = {}   # id -> (address, size, pattern key)
@@ -1009,10 +1013,7 @@ def _replay_allocator(trace: Trace, alloc: Callable[[int, int], Any],
     runs once the replay is over, before what is still live is freed; ``after_free`` after
     every free of the replay."""
     n = len(trace)
-    ops = trace.op.tolist()
-    ids = trace.id.tolist()
-    sizes = trace.matched_sizes().tolist()
-    streams = trace.stream.tolist()
+    ops, ids, sizes, streams = _event_columns(trace)
     out_reserved = np.zeros(n, dtype=np.int64)
     out_used = np.zeros(n, dtype=np.int64) if used is not None else None
     out_device = np.zeros(n, dtype=np.int64) if device_used is not None else None
