@@ -581,19 +581,9 @@ def build_report(backend: Backend, spec: PolicySpec, trace: Trace, profile: Devi
                         f"simulated {_event_text(result.first_oom_event)}, measured "
                         f"{_event_text(measured.first_oom_event)}"))
     if backend.exact:
-        ok = reserved_error.mismatched_events == 0
-        checks.append(Check(
-            "reserved", ok, f"reserved identical after all {n:,} events" if ok else
-            f"reserved differs after {reserved_error.mismatched_events:,} events, first at "
-            f"event {reserved_error.first_mismatch_event}, by up to "
-            f"{format_size(reserved_error.max_abs)}"))
+        checks.append(_identical_check("reserved", "reserved", "differs", reserved_error, n))
         if used_error is not None:
-            ok = used_error.mismatched_events == 0
-            checks.append(Check(
-                "in use", ok, f"bytes in use identical after all {n:,} events" if ok else
-                f"bytes in use differ after {used_error.mismatched_events:,} events, first at "
-                f"event {used_error.first_mismatch_event}, by up to "
-                f"{format_size(used_error.max_abs)}"))
+            checks.append(_identical_check("in use", "bytes in use", "differ", used_error, n))
     elif tolerance_bytes is not None:
         ok = reserved_error.max_abs <= tolerance_bytes
         judged: bool | None = ok if backend.name == "cupy-raw" else None
@@ -642,6 +632,14 @@ def _kinds(corruptions: list[Corruption]) -> dict[str, int]:
     for corruption in corruptions:
         counts[corruption.kind] = counts.get(corruption.kind, 0) + 1
     return counts
+
+
+def _identical_check(name: str, subject: str, differ: str, error: Any, events: int) -> Check:
+    """The byte-for-byte check of one measured series against the simulated one."""
+    ok = error.mismatched_events == 0
+    return Check(name, ok, f"{subject} identical after all {events:,} events" if ok else
+                 f"{subject} {differ} after {error.mismatched_events:,} events, first at event "
+                 f"{error.first_mismatch_event}, by up to {format_size(error.max_abs)}")
 
 
 def _event_text(event: int | None) -> str:
