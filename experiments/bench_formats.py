@@ -20,8 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     args = parser.parse_args(argv)
 
-    from traces import formats, synth
-    from traces.validate import validate
+    from allocsim.traces import formats, synth
+    from allocsim.traces.validate import validate
 
     trace = synth.generate("training", seed=0, events=args.events)
     start = time.perf_counter()

@@ -51,9 +51,9 @@ def measure_one(policy: str, path: str, device: str) -> dict:
     """Load the trace and replay it through ``policy`` (run in a subprocess). A policy written
     ``simpy:SPEC`` goes through the simpy engine as a one-process shared run instead of the
     plain loop, to measure what the event scheduler costs."""
-    from sim.device import resolve_device
-    from sim.engine import SharedProcess, replay, run_shared
-    from traces import formats
+    from allocsim.sim.kernel.device import resolve_device
+    from allocsim.sim.kernel.engine import SharedProcess, replay, run_shared
+    from allocsim.traces import formats
 
     through_simpy = policy.startswith("simpy:")
     spec = policy.removeprefix("simpy:")
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure_one(args.one[0], args.one[1], args.device)))
         return 0
 
-    from traces import formats, synth
+    from allocsim.traces import formats, synth
 
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "bench.npz")

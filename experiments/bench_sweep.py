@@ -32,7 +32,7 @@ DEFAULT_POLICIES = ("on-demand", "preallocate", "best-fit", "bfc")
 
 
 def make_traces(folder: Path, count: int, events: int) -> list[Path]:
-    from traces import formats, synth
+    from allocsim.traces import formats, synth
 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -67,7 +67,7 @@ def cpu_seconds() -> float:
 
 
 def results_by_cell(path: Path) -> dict[str, tuple]:
-    from sim.sweep import latest_records, load_results
+    from allocsim.sim.sweeps.sweep import latest_records, load_results
 
     return {key: (r["status"], r["error"], r["result"])
             for key, r in latest_records(load_results(path)).items()}
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = parser.parse_args(argv)
 
-    from sim.sweep import _usable_cores, run_sweep
+    from allocsim.sim.sweeps.sweep import _usable_cores, run_sweep
 
     workers = args.workers or _usable_cores()
     figures: dict[str, object] = {"traces": args.traces, "events": args.events,

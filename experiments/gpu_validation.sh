@@ -73,7 +73,7 @@ if ! "$PY" -c "import simpy, sortedcontainers" 2>/dev/null; then
     fi
 fi
 
-ALLOCSIM=("$PY" -m sim.cli)
+ALLOCSIM=("$PY" -m allocsim.sim.cli)
 
 # -- where the reports go -------------------------------------------------------------------
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)

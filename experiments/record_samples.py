@@ -8,7 +8,7 @@ Needs torch (CPU build is enough; it is not a project dependency). Writes
 - ``sample-torch-cpu-transformer.npz`` — inference of a 2-layer transformer encoder on
   batches of varying sequence length;
 
-each recorded with :func:`traces.record.record_torch` (CPU allocations, ops as tags). The
+each recorded with :func:`allocsim.traces.record.record_torch` (CPU allocations, ops as tags). The
 model is built inside the recorded function so that every buffer is seen from its allocation;
 seeds and a single intra-op thread keep the recordings close to reproducible (the profiler's
 times still vary from run to run). Metadata names the recorder, torch version and this script.
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("record_samples: needs torch (pip install torch)", file=sys.stderr)
         return 1
-    from traces.record import record_torch
+    from allocsim.traces.record import record_torch
 
     torch.set_num_threads(1)
     for name, (workload, description) in WORKLOADS.items():

@@ -43,14 +43,14 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from policies import format_size, parse_size
-from sim.capacity import min_capacity
-from sim.compare import compare
-from sim.device import resolve_device
-from sim.report import _pyplot, format_table, write_json
-from sim.share import parse_share_spec, share
-from traces import formats, synth
-from traces.model import Trace
+from allocsim.policies import format_size, parse_size
+from allocsim.sim.questions.capacity import min_capacity
+from allocsim.sim.questions.compare import compare
+from allocsim.sim.kernel.device import resolve_device
+from allocsim.sim.output.report import _pyplot, format_table, write_json
+from allocsim.sim.questions.share import parse_share_spec, share
+from allocsim.traces import formats, synth
+from allocsim.traces.model import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent

@@ -5,10 +5,10 @@ and, behind a CuPy-backed device, on a real GPU. Make one from a spec string wit
 :func:`parse_policy` and build it against a device with :meth:`PolicySpec.build`.
 """
 
-from policies.base import DeviceMemory, Param, Policy, PolicyStats
-from policies.registry import (DEFAULT_POLICIES, POLICIES, PolicySpec, PolicySpecError,
+from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
+from allocsim.policies.registry import (DEFAULT_POLICIES, POLICIES, PolicySpec, PolicySpecError,
                                describe_policies, parse_policy, register)
-from policies.units import format_size, parse_size
+from allocsim.policies.units import format_size, parse_size
 
 __all__ = [
     "DeviceMemory", "Param", "Policy", "PolicyStats", "PolicySpec", "PolicySpecError",

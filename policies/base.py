@@ -80,7 +80,7 @@ class Policy:
     """Base class of allocator models. Subclasses set ``name``, ``PARAMS``, ``description``.
 
     Constructor-only parameters (scikit-learn style): ``Policy(device, **params)``; the
-    registry in :mod:`policies.registry` turns a spec string into that call.
+    registry in :mod:`allocsim.policies.registry` turns a spec string into that call.
     """
 
     name: ClassVar[str] = ""

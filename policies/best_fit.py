@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from policies.base import DeviceMemory, Param, Policy, PolicyStats
-from policies.chunks import ChunkMap
-from policies.units import round_up
+from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
+from allocsim.policies.chunks import ChunkMap
+from allocsim.policies.units import round_up
 
 
 class BestFitAllocator(Policy):

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from policies.base import DeviceMemory, Param, Policy, PolicyStats
-from policies.chunks import ChunkMap, bin_for_size  # bin_for_size: BFC's BinNumForSize, public here
+from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
+from allocsim.policies.chunks import ChunkMap, bin_for_size  # bin_for_size: BFC's BinNumForSize, public here
 
 MIN_ALLOCATION = 256
 DEFAULT_MAX_INTERNAL_FRAGMENTATION = 128 << 20

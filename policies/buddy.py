@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from policies.base import DeviceMemory, Param, Policy, PolicyStats
+from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
 
 MAX_ORDERS = 64
 

@@ -66,9 +66,9 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from policies.base import DeviceMemory, Param, Policy, PolicyStats
-from policies.chunks import FreeIndex, walk_chunks
-from policies.units import round_up
+from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
+from allocsim.policies.chunks import FreeIndex, walk_chunks
+from allocsim.policies.units import round_up
 
 NONE = -1
 SHARED = -(1 << 62)        # owner of free memory any stream may reuse (after a sync)

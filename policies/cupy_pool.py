@@ -57,8 +57,8 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from typing import Iterator
 
-from policies.base import DeviceMemory, Param, Policy, PolicyStats
-from policies.chunks import walk_chunks
+from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
+from allocsim.policies.chunks import walk_chunks
 
 ALLOCATION_UNIT_SIZE = 512
 NONE = -1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from policies.base import DeviceMemory, Policy, PolicyStats
+from allocsim.policies.base import DeviceMemory, Policy, PolicyStats
 
 
 class OnDemandAllocator(Policy):

@@ -82,7 +82,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from typing import Any, Iterable, Iterator
 
-from policies.base import DeviceMemory, Param, Policy, PolicyStats
+from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
 
 MiB = 1 << 20
 K_MIN_BLOCK_SIZE = 512               # all sizes are rounded to at least 512 bytes

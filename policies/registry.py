@@ -1,7 +1,7 @@
 """Turn a policy spec string into a policy: ``"bfc:allow_growth=false,fraction=0.9"``.
 
 A spec is ``NAME`` or ``NAME:key=value,key=value``. Values are typed by the policy's declared
-:class:`~policies.base.Param` (sizes accept ``512MiB``; bools ``true/false/1/0/yes/no``).
+:class:`~allocsim.policies.base.Param` (sizes accept ``512MiB``; bools ``true/false/1/0/yes/no``).
 Unknown names or parameters raise :class:`PolicySpecError` with one line listing what exists.
 A parsed :class:`PolicySpec` is a value (hashable, printable back to a canonical string) and
 builds a fresh policy for each run with :meth:`PolicySpec.build`.
@@ -12,15 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from policies.base import DeviceMemory, Param, Policy
-from policies.best_fit import BestFitAllocator
-from policies.bfc import BFCAllocator, PreallocateAllocator
-from policies.on_demand import OnDemandAllocator
-from policies.buddy import BuddyAllocator
-from policies.cuda_async import CudaAsyncAllocator
-from policies.cupy_pool import CuPyPoolAllocator
-from policies.pytorch_caching import PyTorchCachingAllocator
-from policies.units import format_size, parse_size
+from allocsim.policies.base import DeviceMemory, Param, Policy
+from allocsim.policies.best_fit import BestFitAllocator
+from allocsim.policies.bfc import BFCAllocator, PreallocateAllocator
+from allocsim.policies.on_demand import OnDemandAllocator
+from allocsim.policies.buddy import BuddyAllocator
+from allocsim.policies.cuda_async import CudaAsyncAllocator
+from allocsim.policies.cupy_pool import CuPyPoolAllocator
+from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
+from allocsim.policies.units import format_size, parse_size
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
@@ -156,7 +156,7 @@ def _split_params(text: str) -> list[str]:
 
 def alloc_conf_spec(text: str) -> PolicySpec:
     """The ``pytorch`` policy for a PYTORCH_CUDA_ALLOC_CONF string given as-is."""
-    from policies.pytorch_caching import parse_alloc_conf
+    from allocsim.policies.pytorch_caching import parse_alloc_conf
     try:
         params = parse_alloc_conf(text)
     except ValueError as err:

@@ -1,1 +1,1 @@
-import sys, pathlib; sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+"""Shared pytest setup: the helpers (policy_checks, fake_gpu) are imported from this folder."""

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from sortedcontainers import SortedDict
 
-import sim.cuda_device as cuda_device_module
-from sim.real_memory import count_pattern_errors, fill_pattern
+import allocsim.sim.validation.cuda_device as cuda_device_module
+from allocsim.sim.validation.real_memory import count_pattern_errors, fill_pattern
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 from typing import Any
 
-from policies import PolicySpec, parse_policy
-from policies.bfc import BFCAllocator
-from sim.device import DeviceProfile, SimulatedDevice
+from allocsim.policies import PolicySpec, parse_policy
+from allocsim.policies.bfc import BFCAllocator
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 
 
 def small_device(capacity: int = 1 << 30, granularity: int = 512) -> DeviceProfile:

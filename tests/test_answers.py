@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from sim.capacity import min_capacity
-from sim.cli import main
-from sim.device import DeviceProfile
-from sim.share import ShareSpec, parse_share_spec, parse_start, share
-from traces import Trace, formats
+from allocsim.sim.questions.capacity import min_capacity
+from allocsim.sim.cli import main
+from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.questions.share import ShareSpec, parse_share_spec, parse_start, share
+from allocsim.traces import Trace, formats
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -54,7 +54,7 @@ def test_bfc_needs_more_than_the_live_peak_because_regions_do_not_merge() -> Non
     on_demand = min_capacity(steps([10, 20, 30]), "on-demand", device())
     assert answer.min_capacity > on_demand.min_capacity
     # The answer is minimal: one resolution step less fails.
-    from sim.engine import replay
+    from allocsim.sim.kernel.engine import replay
     below = replay(steps([10, 20, 30]), "bfc", device(answer.min_capacity - MiB), stop_on_oom=True)
     assert not below.completed
 

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from policies.bfc import BFCAllocator, bin_for_size, round_bytes
-from policies.chunks import ChunkMap
+from allocsim.policies.bfc import BFCAllocator, bin_for_size, round_bytes
+from allocsim.policies.chunks import ChunkMap
 from policy_checks import Referee, small_device
-from sim.device import DeviceProfile, SimulatedDevice
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 
 MiB = 1 << 20
 

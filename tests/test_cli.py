@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
-from traces import formats
+from allocsim.sim.cli import main
+from allocsim.traces import formats
 
 RESULT_KEYS = {"policy", "completed", "peak_allocated", "peak_reserved", "utilization",
                "fragmentation", "ooms", "first_oom_event", "device_mallocs", "device_frees",

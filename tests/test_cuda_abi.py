@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from sim import cuda_device
-from sim.cuda_device import (CUDA_ERROR_MEMORY_ALLOCATION, DRIVER_SIGNATURES, CudaVMM,
+from allocsim.sim.validation import cuda_device
+from allocsim.sim.validation.cuda_device import (CUDA_ERROR_MEMORY_ALLOCATION, DRIVER_SIGNATURES, CudaVMM,
                              _CUmemAccessDesc, _CUmemAllocationProp, _CUmemLocation)
 
 

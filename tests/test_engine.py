@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from sim.compare import compare, pick_winner
-from sim.device import CostModel, DeviceProfile
-from sim.engine import SharedProcess, replay, run_shared
-from traces import Trace
+from allocsim.sim.questions.compare import compare, pick_winner
+from allocsim.sim.kernel.device import CostModel, DeviceProfile
+from allocsim.sim.kernel.engine import SharedProcess, replay, run_shared
+from allocsim.traces import Trace
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -9,14 +9,14 @@ import pickle
 
 import pytest
 
-from policies import parse_policy
-from sim.device import DeviceProfile
-from sim.explain import (
+from allocsim.policies import parse_policy
+from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.questions.explain import (
     FRAGMENTATION, REAL_SHORTAGE, NoOOMError, add_explain_parser, explain_oom, variant_specs)
-from sim.fidelity import simulate_snapshot
-from traces import formats, synth
-from traces.formats.torch_snapshot import read_snapshot
-from traces.model import Trace
+from allocsim.sim.questions.fidelity import simulate_snapshot
+from allocsim.traces import formats, synth
+from allocsim.traces.formats.torch_snapshot import read_snapshot
+from allocsim.traces.model import Trace
 
 MiB = 1 << 20
 

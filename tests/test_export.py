@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
-from sim.device import DeviceProfile
-from sim.export import run_as_snapshot
-from sim.fidelity import fidelity
-from traces import Trace, formats
-from traces.synth import generate
+from allocsim.sim.cli import main
+from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.output.export import run_as_snapshot
+from allocsim.sim.questions.fidelity import fidelity
+from allocsim.traces import Trace, formats
+from allocsim.traces.synth import generate
 
 MiB = 1 << 20
 

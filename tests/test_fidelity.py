@@ -18,15 +18,15 @@ from typing import Any
 
 import pytest
 
-from policies import parse_policy
-from policies.pytorch_caching import PyTorchCachingAllocator
-from sim.device import DeviceProfile, SimulatedDevice
-from sim.fidelity import (
+from allocsim.policies import parse_policy
+from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
+from allocsim.sim.questions.fidelity import (
     COMPARED_ACTIONS, FidelityError, add_fidelity_parser, fidelity, settings_from_snapshot,
     simulate_snapshot)
-from traces import formats, synth
-from traces.formats.torch_snapshot import read_snapshot
-from traces.model import Trace
+from allocsim.traces import formats, synth
+from allocsim.traces.formats.torch_snapshot import read_snapshot
+from allocsim.traces.model import Trace
 
 MiB = 1 << 20
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
+from allocsim.sim.cli import main
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 ALL_POLICIES = ["on-demand", "preallocate", "best-fit", "bfc", "pytorch", "cupy", "cuda-async",

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
-from sim.html_report import load_results, render_report
-from traces.bundled import bundled_path
+from allocsim.sim.cli import main
+from allocsim.sim.output.html_report import load_results, render_report
+from allocsim.traces.bundled import bundled_path
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from traces.formats import format_for, load, load_with_report
-from traces.formats import cupy_log, malloclab, rmm_csv, torch_profiler  # registers them
-from traces.formats.cupy_log import read_cupy_log
-from traces.formats.malloclab import read_malloclab
-from traces.formats.rmm_csv import parse_time, read_rmm_csv
-from traces.formats.torch_profiler import PROLOGUE_TAG, read_torch_profiler
-from traces.model import OP_ALLOC, SIZE_UNKNOWN, Trace, TraceError
-from traces.validate import validate
+from allocsim.traces.formats import format_for, load, load_with_report
+from allocsim.traces.formats import cupy_log, malloclab, rmm_csv, torch_profiler  # registers them
+from allocsim.traces.formats.cupy_log import read_cupy_log
+from allocsim.traces.formats.malloclab import read_malloclab
+from allocsim.traces.formats.rmm_csv import parse_time, read_rmm_csv
+from allocsim.traces.formats.torch_profiler import PROLOGUE_TAG, read_torch_profiler
+from allocsim.traces.model import OP_ALLOC, SIZE_UNKNOWN, Trace, TraceError
+from allocsim.traces.validate import validate
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 

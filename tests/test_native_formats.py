@@ -1,4 +1,4 @@
-"""Tests for traces.formats: native .npz / .csv / .jsonl round trips, readers' errors, load/save."""
+"""Tests for allocsim.traces.formats: native .npz / .csv / .jsonl round trips, readers' errors, load/save."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from traces.formats import FORMATS, load, load_with_report, native, register_format, save
-from traces.model import NO_TAG, OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace, TraceError
+from allocsim.traces.formats import FORMATS, load, load_with_report, native, register_format, save
+from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace, TraceError
 
 EXTENSIONS = [".npz", ".csv", ".csv.gz", ".jsonl", ".jsonl.gz"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from sim.compare import compare
-from sim.device import DeviceProfile
-from sim.offline import _best_gap, plan_offline
-from traces import Trace
+from allocsim.sim.questions.compare import compare
+from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.questions.offline import _best_gap, plan_offline
+from allocsim.traces import Trace
 
 GiB = 1 << 30
 

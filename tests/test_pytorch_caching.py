@@ -8,12 +8,12 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from policies import PolicySpecError, parse_policy
-from policies.pytorch_caching import (
+from allocsim.policies import PolicySpecError, parse_policy
+from allocsim.policies.pytorch_caching import (
     PyTorchCachingAllocator, divisions_index, get_allocation_size, parse_alloc_conf,
     parse_roundup_power2_divisions, round_size, roundup_power2_next_division)
 from policy_checks import Referee, small_device
-from sim.device import DeviceProfile, SimulatedDevice
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 
 
 KiB = 1 << 10

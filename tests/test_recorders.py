@@ -1,4 +1,4 @@
-"""Tests for traces.record: the CuPy hook recorder (driven directly, as CuPy would call it),
+"""Tests for allocsim.traces.record: the CuPy hook recorder (driven directly, as CuPy would call it),
 run_script, the torch profiler recorder (skipped without torch) and the bundled samples."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import traces.record
-from traces.formats import load
-from traces.formats.cupy_log import read_cupy_log
-from traces.model import OP_ALLOC, OP_FREE
-from traces.record import cupy_hook
-from traces.record.cupy_hook import TraceRecorderHook, active_recorder, run_script
-from traces.validate import validate
+import allocsim.traces.record
+from allocsim.traces.formats import load
+from allocsim.traces.formats.cupy_log import read_cupy_log
+from allocsim.traces.model import OP_ALLOC, OP_FREE
+from allocsim.traces.record import cupy_hook
+from allocsim.traces.record.cupy_hook import TraceRecorderHook, active_recorder, run_script
+from allocsim.traces.validate import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "traces" / "data"
@@ -37,12 +37,12 @@ def drive(hook: TraceRecorderHook) -> None:
 
 
 def test_importing_traces_record_imports_neither_cupy_nor_torch():
-    code = ("import sys, traces.record; "
+    code = ("import sys, allocsim.traces.record; "
             "assert 'cupy' not in sys.modules and 'torch' not in sys.modules, 'imported'")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True)
     assert done.returncode == 0, done.stderr
-    assert traces.record.TraceRecorderHook is TraceRecorderHook
+    assert allocsim.traces.record.TraceRecorderHook is TraceRecorderHook
 
 
 def test_hook_callbacks_make_the_right_trace():
@@ -77,7 +77,7 @@ def test_hook_without_call_sites_or_events():
 
 def test_context_manager_writes_trace_and_log(tmp_path):
     out, log = tmp_path / "run.npz", tmp_path / "run.cupy.jsonl"
-    with traces.record.cupy(out, log=log, metadata={"workload": "test"}) as hook:
+    with allocsim.traces.record.cupy(out, log=log, metadata={"workload": "test"}) as hook:
         assert active_recorder() is hook
         drive(hook)
     assert active_recorder() is None
@@ -98,7 +98,7 @@ def test_context_manager_writes_trace_and_log(tmp_path):
 def test_context_manager_saves_csv_on_error(tmp_path):
     out = tmp_path / "partial.csv"
     with pytest.raises(RuntimeError):
-        with traces.record.cupy(out) as hook:
+        with allocsim.traces.record.cupy(out) as hook:
             hook.malloc_postprocess(device_id=0, size=8, mem_size=512, mem_ptr=1, pmem_id=1)
             raise RuntimeError("the program failed")
     assert load(out).n_allocs == 1
@@ -106,7 +106,7 @@ def test_context_manager_saves_csv_on_error(tmp_path):
 
 SCRIPT = """\
 import sys
-from traces.record.cupy_hook import active_recorder
+from allocsim.traces.record.cupy_hook import active_recorder
 
 def allocate(hook, n):
     for i in range(n):
@@ -150,7 +150,7 @@ def test_run_script_records_a_script(tmp_path, quiet_without_cupy):
     assert loaded.metadata["argv"] == ["python", str(script), "--steps", "3"]
     assert {loaded.tag_name(int(t)).rsplit(":", 1)[1] for t in loaded.tag} == {"allocate"}
     # Also through the package-level entry point, without the interpreter name.
-    assert len(traces.record.run_script([str(script), "--steps", "3"], out)) == 6
+    assert len(allocsim.traces.record.run_script([str(script), "--steps", "3"], out)) == 6
 
 
 def test_run_script_saves_then_reraises_a_failure(tmp_path, quiet_without_cupy):
@@ -178,7 +178,7 @@ def test_run_script_warns_without_cupy(tmp_path):
 
 def test_record_torch(tmp_path):
     torch = pytest.importorskip("torch")
-    from traces.record.torch_profiler import record_torch
+    from allocsim.traces.record.torch_profiler import record_torch
 
     def work(n: int) -> None:
         layer = torch.nn.Linear(32, 64)
@@ -222,13 +222,13 @@ FAKE_CUPY = {
         "    for hook in list(_hooks.values()):\n"
         "        hook.free_postprocess(device_id=0, mem_size=512, mem_ptr=ptr, pmem_id=ptr)\n"),
     "use_pool.py": (
-        "import sys, traces.record\n"
-        "from traces.formats import load\n"
-        "from traces.record import cupy_hook\n"
+        "import sys, allocsim.traces.record\n"
+        "from allocsim.traces.formats import load\n"
+        "from allocsim.traces.record import cupy_hook\n"
         "from cupy.cuda import memory_hook\n"
         "assert cupy_hook.CUPY_AVAILABLE\n"
         "assert issubclass(cupy_hook.TraceRecorderHook, memory_hook.MemoryHook)\n"
-        "with traces.record.cupy(sys.argv[1]):\n"
+        "with allocsim.traces.record.cupy(sys.argv[1]):\n"
         "    assert list(memory_hook.get_memory_hooks()) == ['allocsim-trace-recorder']\n"
         "    memory_hook.pool_malloc(8, 4096)\n"
         "    memory_hook.pool_free(4096)\n"
@@ -257,7 +257,7 @@ def test_with_cupy_importable_the_hook_is_a_memory_hook(tmp_path):
 def test_cupy_recorder_on_a_gpu(tmp_path):
     cupy = pytest.importorskip("cupy")
     out = tmp_path / "gpu.npz"
-    with traces.record.cupy(out):
+    with allocsim.traces.record.cupy(out):
         a = cupy.ones((1024, 1024), dtype=cupy.float32)
         b = a * 2
         del a

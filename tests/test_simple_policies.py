@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from policies import PolicySpecError, describe_policies, parse_policy
+from allocsim.policies import PolicySpecError, describe_policies, parse_policy
 from policy_checks import Referee, small_device
-from sim.device import DeviceProfile, SimulatedDevice
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 
 MiB = 1 << 20
 GiB = 1 << 30

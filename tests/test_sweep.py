@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from sim import sweep as sweep_module
-from sim.device import resolve_device
-from sim.engine import replay
-from sim.sweep import (SweepError, add_sweep_arguments, best_policies, best_policies_text,
+from allocsim.sim.sweeps import sweep as sweep_module
+from allocsim.sim.kernel.device import resolve_device
+from allocsim.sim.kernel.engine import replay
+from allocsim.sim.sweeps.sweep import (SweepError, add_sweep_arguments, best_policies, best_policies_text,
                        cmd_sweep, expand_ranges, latest_records, load_definition, load_results,
                        parse_definition, run_sweep)
-from traces import formats, synth
+from allocsim.traces import formats, synth
 
 EVENTS = 3000
 POLICIES = ["on-demand", "best-fit", "bfc"]
@@ -395,7 +395,7 @@ class _CrashingPolicy:
 def test_a_dying_worker_fails_only_its_cell(tmp_path, trace_dir, monkeypatch):
     import multiprocessing
 
-    from policies import registry
+    from allocsim.policies import registry
 
     if multiprocessing.get_start_method() != "fork":
         pytest.skip("the test policy reaches the workers only through fork")

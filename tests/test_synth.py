@@ -1,6 +1,6 @@
-"""Tests of the synthetic workload generators (traces.synth).
+"""Tests of the synthetic workload generators (allocsim.traces.synth).
 
-The validity checker here is deliberately independent of traces.model's helpers: it walks the
+The validity checker here is deliberately independent of allocsim.traces.model's helpers: it walks the
 events with a dict of live ids, so a bug shared by a generator and Trace.live_bytes cannot hide.
 """
 
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from traces.model import COLUMN_DTYPES, OP_ALLOC, OP_FREE, Trace
-from traces.synth import GENERATORS, GeneratorInfo, generate, parse_params
+from allocsim.traces.model import COLUMN_DTYPES, OP_ALLOC, OP_FREE, Trace
+from allocsim.traces.synth import GENERATORS, GeneratorInfo, generate, parse_params
 
 KINDS = ["training", "transformer", "kvcache", "random"]
 
@@ -337,9 +337,9 @@ def test_a_million_events_can_be_generated(kind):
 
 # ---------------------------------------------------------------------------- compilation modes,
 # buffer donation and static shapes (issue 7)
-from traces.synth._common import StepProgram, TagTable  # noqa: E402
-from traces.synth.training import parameter_shapes as training_shapes  # noqa: E402
-from traces.synth.transformer import parameter_shapes as transformer_shapes  # noqa: E402
+from allocsim.traces.synth._common import StepProgram, TagTable  # noqa: E402
+from allocsim.traces.synth.training import parameter_shapes as training_shapes  # noqa: E402
+from allocsim.traces.synth.transformer import parameter_shapes as transformer_shapes  # noqa: E402
 
 MODES = ["eager", "fused", "remat"]
 PERSISTENT = ("param/", "optimizer/state/")
@@ -392,7 +392,7 @@ def test_training_modes_at_default_sizes():
 
 
 def test_training_eager_is_the_default_and_the_bundled_trace_is_unchanged():
-    from traces.bundled import load_default_trace
+    from allocsim.traces.bundled import load_default_trace
     default = generate("training", seed=0)
     assert columns_equal(default, generate("training", seed=0, mode="eager", dropout=0.0,
                                            separate_bias=False, optimizer_mode="inplace"))

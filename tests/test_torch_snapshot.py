@@ -1,4 +1,4 @@
-"""Tests for traces.formats.torch_snapshot: safe unpickling, parsing, the backwards rebuild of
+"""Tests for allocsim.traces.formats.torch_snapshot: safe unpickling, parsing, the backwards rebuild of
 the state at the start, reference events, tags, and export for PyTorch's memory viewer.
 
 Facts about the real snapshots are computed here independently, by a plain walk over the
@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import traces.formats.torch_snapshot as ts
-from traces.formats import format_for, load, load_with_report
-from traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
-from traces.validate import validate
+import allocsim.traces.formats.torch_snapshot as ts
+from allocsim.traces.formats import format_for, load, load_with_report
+from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
+from allocsim.traces.validate import validate
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 EOR = SHARED / "torch-snapshot-eor.pickle"

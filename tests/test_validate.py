@@ -1,4 +1,4 @@
-"""Tests for traces.validate: one-line errors at the first bad event, lenient repairs, speed."""
+"""Tests for allocsim.traces.validate: one-line errors at the first bad event, lenient repairs, speed."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traces.model import (COLUMN_DTYPES, OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace,
+from allocsim.traces.model import (COLUMN_DTYPES, OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace,
                           TraceError)
-from traces.validate import ValidationReport, validate
+from allocsim.traces.validate import ValidationReport, validate
 
 
 def trace_of(*events, **metadata) -> Trace:

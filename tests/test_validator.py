@@ -12,17 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies import POLICIES, parse_policy
-from sim.compare import compare
-from sim.device import DeviceProfile, resolve_device
-from sim.engine import replay
-from sim.calibrate import (DeviceCalls, add_calibrate_parser, fit_linear,
+from allocsim.policies import POLICIES, parse_policy
+from allocsim.sim.questions.compare import compare
+from allocsim.sim.kernel.device import DeviceProfile, resolve_device
+from allocsim.sim.kernel.engine import replay
+from allocsim.sim.validation.calibrate import (DeviceCalls, add_calibrate_parser, fit_linear,
                            granularity_from_footprints, measure_packing, measure_profile)
-from sim.validator import (BACKENDS, HostDevice, NoGPUError, ValidationReport, ValidatorError,
+from allocsim.sim.validation.validator import (BACKENDS, HostDevice, NoGPUError, ValidationReport, ValidatorError,
                            add_validate_parser, count_pattern_errors, fill_pattern, main,
                            validate, validate_results)
-from traces import Trace, formats, synth
-from traces.bundled import bundled_path
+from allocsim.traces import Trace, formats, synth
+from allocsim.traces.bundled import bundled_path
 
 from fake_gpu import FakeCupy, FakeTorch, install_fake_gpu
 from policy_checks import OverlapBFC, SameAddressBFC
@@ -222,7 +222,7 @@ def test_cli_no_gpu_exits_2_with_one_line(tmp_path, monkeypatch, capsys) -> None
 
 
 def test_importing_the_validator_needs_no_cupy() -> None:
-    code = ("import sys, sim.validator; "
+    code = ("import sys, allocsim.sim.validation.validator; "
             "print(sorted(m for m in ('cupy', 'torch', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[1], check=True).stdout
@@ -292,9 +292,9 @@ def test_validate_results_json_needs_a_trace_file(tmp_path) -> None:
 def test_validate_results_json_of_the_bundled_trace(tmp_path) -> None:
     """`allocsim compare` with no trace records the generator as source: the bundled file is
     found by name and facts."""
-    from sim.validator import _bundled_match
-    from traces.bundled import load_default_trace
-    from sim.compare import trace_facts
+    from allocsim.sim.validation.validator import _bundled_match
+    from allocsim.traces.bundled import load_default_trace
+    from allocsim.sim.questions.compare import trace_facts
     facts = trace_facts(load_default_trace())
     assert _bundled_match(facts) is not None
     assert _bundled_match({**facts, "events": facts["events"] + 1}) is None
@@ -407,7 +407,7 @@ def test_fit_linear_is_least_squares() -> None:
 def test_calibrate_without_a_gpu_says_so(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(NoGPUError, match="allocsim calibrate needs one$"):
-        from sim.calibrate import calibrate
+        from allocsim.sim.validation.calibrate import calibrate
         calibrate()
 
 

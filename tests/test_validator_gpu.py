@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from policies import POLICIES, parse_policy
-from sim.calibrate import calibrate
-from sim.validator import ValidationReport, validate
-from traces import Trace, formats
-from traces.bundled import bundled_path
+from allocsim.policies import POLICIES, parse_policy
+from allocsim.sim.validation.calibrate import calibrate
+from allocsim.sim.validation.validator import ValidationReport, validate
+from allocsim.traces import Trace, formats
+from allocsim.traces.bundled import bundled_path
 
 from policy_checks import OverlapBFC, SameAddressBFC
 
@@ -148,5 +148,5 @@ def test_calibrate_measures_this_gpu(tmp_path) -> None:
     assert profile.capacity == int(cp.cuda.runtime.memGetInfo()[1])
     assert profile.granularity >= 512 and profile.granularity & (profile.granularity - 1) == 0
     assert profile.costs.malloc_base_s > 0 and profile.costs.free_base_s >= 0
-    from sim.device import resolve_device
+    from allocsim.sim.kernel.device import resolve_device
     assert resolve_device(profile_file=tmp_path / "gpu.json") == profile

@@ -1,9 +1,9 @@
 """The sample traces shipped inside the package, so ``allocsim compare`` works with no input.
 
-- ``default-training.npz``: the synthetic DNN training loop from :mod:`traces.synth.training`
-  at its default parameters and seed 0 (regenerate with ``python -m traces.bundled``);
+- ``default-training.npz``: the synthetic DNN training loop from :mod:`allocsim.traces.synth.training`
+  at its default parameters and seed 0 (regenerate with ``python -m allocsim.traces.bundled``);
 - ``sample-torch-cpu-mlp.npz``, ``sample-torch-cpu-transformer.npz``: real PyTorch runs
-  (CPU) recorded with :func:`traces.record.record_torch` by ``experiments/record_samples.py``.
+  (CPU) recorded with :func:`allocsim.traces.record.record_torch` by ``experiments/record_samples.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from traces.model import Trace
+from allocsim.traces.model import Trace
 
 DEFAULT_TRACE_NAME = "default-training.npz"
 
@@ -29,19 +29,19 @@ def bundled_names() -> list[str]:
 def load_bundled_traces() -> list[Trace]:
     """The default trace first, then the recorded samples (what ``allocsim compare`` runs
     with no arguments)."""
-    from traces import formats
+    from allocsim.traces import formats
     names = [DEFAULT_TRACE_NAME] + [n for n in bundled_names() if n != DEFAULT_TRACE_NAME]
     return [formats.load(bundled_path(name)) for name in names]
 
 
 def load_default_trace() -> Trace:
-    from traces import formats
+    from allocsim.traces import formats
     return formats.load(bundled_path())
 
 
 def regenerate() -> Path:
     """Write the default trace again from its generator (deterministic)."""
-    from traces import formats, synth
+    from allocsim.traces import formats, synth
     trace = synth.generate("training", seed=0)
     trace.metadata["name"] = "default-training"
     path = bundled_path()

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace
+from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace
 
 
 def live_at(trace: Trace, event: int) -> np.ndarray:

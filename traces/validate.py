@@ -1,7 +1,7 @@
 """Checking a trace before anything replays it: strict for made traces, lenient for recorded ones.
 
 A trace is *valid* when every event has a known op, sizes are non-negative (a free may say
-:data:`~traces.model.SIZE_UNKNOWN`), time never goes backwards, every free closes a live
+:data:`~allocsim.traces.model.SIZE_UNKNOWN`), time never goes backwards, every free closes a live
 buffer of its id, no alloc reopens an id that is still live, and a free that states its size
 states the size its alloc asked for. Buffers never freed are *leaks*: legal, they stay live to
 the end, and the report counts them.
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traces.model import COLUMN_DTYPES, OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace, TraceError
+from allocsim.traces.model import COLUMN_DTYPES, OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace, TraceError
 
 __all__ = ["ValidationReport", "validate"]
 

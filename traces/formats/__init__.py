@@ -2,7 +2,7 @@
 
 The registry :data:`FORMATS` maps a format name to a :class:`Format` ``(extensions, reader,
 writer, detect)``. The native formats (``npz``, ``csv``, ``jsonl``, see
-:mod:`traces.formats.native`) register here; an importer for another tool's files is one more
+:mod:`allocsim.traces.formats.native`) register here; an importer for another tool's files is one more
 module that calls :func:`register_format` when imported, with
 
 - ``reader(data: bytes, source: str, name: str) -> Trace`` — ``data`` already un-gzipped;
@@ -32,10 +32,10 @@ import zlib
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from traces.formats import native
-from traces.formats.native import Reader, Writer
-from traces.model import Trace, TraceError
-from traces.validate import ValidationReport, validate
+from allocsim.traces.formats import native
+from allocsim.traces.formats.native import Reader, Writer
+from allocsim.traces.model import Trace, TraceError
+from allocsim.traces.validate import ValidationReport, validate
 
 __all__ = ["FORMATS", "Format", "register_format", "load", "load_with_report", "save",
            "format_for", "supported_extensions"]
@@ -165,7 +165,7 @@ def load(path: str | os.PathLike[str], *, strict: bool | None = None, **options:
 
     ``strict`` defaults to True for native files and False for recorded formats (other tools'
     files). ``options`` go to the format's reader (e.g. ``device_index=1``). ``strict=False`` repairs what recorded traces commonly get wrong (see
-    :mod:`traces.validate`) and, when it repaired anything, records the report in
+    :mod:`allocsim.traces.validate`) and, when it repaired anything, records the report in
     ``metadata['validation']``. Metadata ``source`` and ``name`` default to the path and the
     file stem when the file does not carry them. Raises :class:`TraceError` (one line: file,
     event, problem) for any problem with the file; never writes to it.
@@ -222,6 +222,6 @@ def _remove(path: Path) -> None:
 
 # Importers of other tools' files register themselves on import (after the native formats, so
 # their content detection is consulted first).
-from traces.formats import torch_snapshot  # noqa: E402,F401
-from traces.formats import torch_profiler  # noqa: E402,F401  (before cupy_log, rmm_csv: helpers)
-from traces.formats import cupy_log, malloclab, rmm_csv  # noqa: E402,F401
+from allocsim.traces.formats import torch_snapshot  # noqa: E402,F401
+from allocsim.traces.formats import torch_profiler  # noqa: E402,F401  (before cupy_log, rmm_csv: helpers)
+from allocsim.traces.formats import cupy_log, malloclab, rmm_csv  # noqa: E402,F401

@@ -9,7 +9,7 @@ CuPy gives no time and no stream. Two line formats are read (blank lines ignored
 do not start with ``{`` - other program output mixed into a captured stdout - are skipped and
 counted in ``metadata["skipped_lines"]``):
 
-(a) **allocsim's recorder** (:mod:`traces.record.cupy_hook`), one JSON object per line::
+(a) **allocsim's recorder** (:mod:`allocsim.traces.record.cupy_hook`), one JSON object per line::
 
         {"allocsim-cupy-log": 1, "metadata": {"recorder": "...", "cupy": "13.3.0"}}
         {"t": 900, "hook": "alloc", "device": 0, "mem_size": 512, "ptr": 150496608256,
@@ -39,11 +39,11 @@ counted in ``metadata["skipped_lines"]``):
     No time: events are given synthetic times 1 µs apart and ``metadata["synthetic_times"]``
     is True. ``pmem_id`` may be an int or a hex string.
 
-Mapping to a :class:`~traces.model.Trace`: only ``malloc`` and ``free`` hooks are buffer events
+Mapping to a :class:`~allocsim.traces.model.Trace`: only ``malloc`` and ``free`` hooks are buffer events
 (a ``malloc`` of ``size``, the *requested* bytes; its free gets that size). Buffers are
 identified by ``(device, ptr)`` (``pmem_id`` where a line has no pointer), with a fresh trace
 id per malloc; a free of a buffer malloc'ed before recording is opened by a prologue alloc at
-time 0 of its ``mem_size`` (see :mod:`traces.formats.torch_profiler`). A malloc of 0 bytes
+time 0 of its ``mem_size`` (see :mod:`allocsim.traces.formats.torch_profiler`). A malloc of 0 bytes
 holds no memory and gets no free hook, so it is skipped
 (``metadata["zero_size_mallocs_skipped"]``). Times count from the device's first line.
 
@@ -70,11 +70,11 @@ from typing import Any, BinaryIO, Hashable, Sequence
 
 import numpy as np
 
-from traces.formats import register_format
-from traces.formats.native import file_metadata
-from traces.formats.torch_profiler import (AddressMatcher, build_trace, intern_tags,
+from allocsim.traces.formats import register_format
+from allocsim.traces.formats.native import file_metadata
+from allocsim.traces.formats.torch_profiler import (AddressMatcher, build_trace, intern_tags,
                                            parse_device_index)
-from traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
+from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
 
 __all__ = ["FORMAT_NAME", "HEADER_KEY", "HOOK_MALLOC", "HOOK_FREE", "HOOK_ALLOC", "HOOK_NAMES",
            "HookEvents", "hook_events_to_trace", "write_hook_log", "read_cupy_log",

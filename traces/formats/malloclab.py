@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from traces.formats import register_format
-from traces.formats.native import file_metadata
-from traces.model import OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace, TraceError
+from allocsim.traces.formats import register_format
+from allocsim.traces.formats.native import file_metadata
+from allocsim.traces.model import OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace, TraceError
 
 __all__ = ["FORMAT_NAME", "read_malloclab", "detect_malloclab"]
 

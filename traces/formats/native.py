@@ -1,7 +1,7 @@
 """allocsim's own trace files: ``.npz`` (fast, exact) and ``.csv`` / ``.jsonl`` (interchange).
 
 Every reader here has the signature ``reader(data, source, name) -> Trace``: ``data`` is the
-file's bytes (already un-gzipped by :func:`traces.formats.load`), ``source`` the path used in
+file's bytes (already un-gzipped by :func:`allocsim.traces.formats.load`), ``source`` the path used in
 error messages, ``name`` the default trace name (the file stem). Every writer is
 ``writer(trace, stream)`` writing bytes to a binary stream. Readers turn every user mistake into
 one :class:`TraceError` line naming the file, the event (0-based) and, for text formats, the
@@ -52,7 +52,7 @@ from typing import Any, BinaryIO, Callable, Sequence
 
 import numpy as np
 
-from traces.model import (COLUMN_DTYPES, NO_TAG, OP_ALLOC, OP_CODES, OP_FREE, OP_NAMES,
+from allocsim.traces.model import (COLUMN_DTYPES, NO_TAG, OP_ALLOC, OP_CODES, OP_FREE, OP_NAMES,
                           SIZE_UNKNOWN, Trace, TraceError)
 
 __all__ = [

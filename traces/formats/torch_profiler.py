@@ -11,7 +11,7 @@ comes from ``torch.profiler.profile(activities=[CPU(, CUDA)], profile_memory=Tru
 
 ``Bytes`` is positive for an allocation and negative for a free; ``ts`` is microseconds.
 
-How the events become a :class:`~traces.model.Trace`:
+How the events become a :class:`~allocsim.traces.model.Trace`:
 
 - **Device.** A file may mix devices (``Device Type`` 0 = CPU, 1 = CUDA, with ``Device Id``).
   One device is imported: option ``device_index`` = ``"cpu"``, ``"cuda:N"`` or an int ``N``
@@ -41,7 +41,7 @@ How the events become a :class:`~traces.model.Trace`:
   first imported event, in time order) and ``["total_reserved_max"]``.
 
 Traces from 2021 PyTorch lack ``Addr``: their frees cannot be matched to allocations, so they
-cannot be replayed and reading them is a :class:`~traces.model.TraceError`. Errors name the
+cannot be replayed and reading them is a :class:`~allocsim.traces.model.TraceError`. Errors name the
 file and the event; event N is the index in ``traceEvents``.
 
 The module also holds :class:`AddressMatcher` and :func:`build_trace`, the address-to-id
@@ -55,9 +55,9 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
-from traces.formats import register_format
-from traces.formats.native import file_metadata
-from traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
+from allocsim.traces.formats import register_format
+from allocsim.traces.formats.native import file_metadata
+from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
 
 __all__ = ["FORMAT_NAME", "PROLOGUE_TAG", "AddressMatcher", "build_trace", "intern_tags",
            "read_torch_profiler", "detect_torch_profiler", "parse_device_index"]

@@ -2,7 +2,7 @@
 
 What it is for
     Reading the pickle that ``torch.cuda.memory._record_memory_history()`` +
-    ``_dump_snapshot(path)`` write, as a :class:`~traces.model.Trace` the simulator can replay
+    ``_dump_snapshot(path)`` write, as a :class:`~allocsim.traces.model.Trace` the simulator can replay
     (one device at a time), and writing a trace — or a simulated run of one, with the simulated
     policy's addresses and device calls — back as a snapshot that PyTorch's own viewer
     (pytorch.org/memory_viz, ``torch/utils/viz/MemoryViz.js``) opens.
@@ -86,9 +86,9 @@ from typing import Any, BinaryIO, Iterable, NamedTuple
 
 import numpy as np
 
-from traces.formats import register_format
-from traces.formats.native import file_metadata
-from traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
+from allocsim.traces.formats import register_format
+from allocsim.traces.formats.native import file_metadata
+from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
 
 __all__ = ["read_snapshot", "write_snapshot", "snapshot_of_run", "detect_snapshot",
            "load_pickle", "PROLOGUE_TAG", "REFERENCE_ACTIONS"]

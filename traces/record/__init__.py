@@ -1,12 +1,12 @@
 """Recording allocation traces from running Python programs.
 
-- :func:`cupy` — ``with traces.record.cupy("run.npz"):`` records every CuPy memory-pool
-  request and release in the block (a :class:`~traces.record.cupy_hook.TraceRecorderHook`
+- :func:`cupy` — ``with allocsim.traces.record.cupy("run.npz"):`` records every CuPy memory-pool
+  request and release in the block (a :class:`~allocsim.traces.record.cupy_hook.TraceRecorderHook`
   installed as a CuPy memory hook) and saves the trace at exit;
 - :func:`run_script` — runs a Python script under that recorder (``allocsim record -o out.npz
   -- python train.py args``);
 - :func:`record_torch` — runs a function under ``torch.profiler`` with ``profile_memory=True``
-  and converts its ``[memory]`` events (:mod:`traces.record.torch_profiler`).
+  and converts its ``[memory]`` events (:mod:`allocsim.traces.record.torch_profiler`).
 
 Importing this package imports neither CuPy nor torch: each is imported when first needed,
 so the package works (and is tested) on machines without them.
@@ -18,41 +18,41 @@ import os
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only; importing would pull in CuPy
-    from traces.model import Trace
-    from traces.record.cupy_hook import TraceRecorderHook
+    from allocsim.traces.model import Trace
+    from allocsim.traces.record.cupy_hook import TraceRecorderHook
 
 __all__ = ["cupy", "run_script", "record_torch", "TraceRecorderHook"]
 
 
 def cupy(path: str | os.PathLike[str] | None, *, log: str | os.PathLike[str] | None = None,
          **options: Any) -> "TraceRecorderHook":
-    """A recorder to use as ``with traces.record.cupy(path):``; it saves ``path`` at exit.
+    """A recorder to use as ``with allocsim.traces.record.cupy(path):``; it saves ``path`` at exit.
 
     ``log`` also writes the raw hook calls as a CuPy JSON-lines log; ``options`` go to
-    :class:`~traces.record.cupy_hook.TraceRecorderHook`.
+    :class:`~allocsim.traces.record.cupy_hook.TraceRecorderHook`.
     """
-    from traces.record.cupy_hook import TraceRecorderHook
+    from allocsim.traces.record.cupy_hook import TraceRecorderHook
     return TraceRecorderHook(path, log=log, **options)
 
 
 def run_script(argv: list[str], output: str | os.PathLike[str], **options: Any) -> "Trace":
     """Run ``argv`` (``[python] script.py args...`` or ``[python] -m module args...``) under
     the CuPy recorder and save the trace to ``output``. See
-    :func:`traces.record.cupy_hook.run_script`."""
-    from traces.record.cupy_hook import run_script as run
+    :func:`allocsim.traces.record.cupy_hook.run_script`."""
+    from allocsim.traces.record.cupy_hook import run_script as run
     return run(argv, output, **options)
 
 
 def record_torch(fn: Callable[..., Any], *args: Any, output: str | os.PathLike[str] | None,
                  device: str = "cpu", **kwargs: Any) -> "Trace":
     """Run ``fn(*args, **kwargs)`` under the PyTorch profiler; see
-    :func:`traces.record.torch_profiler.record_torch`."""
-    from traces.record.torch_profiler import record_torch as record
+    :func:`allocsim.traces.record.torch_profiler.record_torch`."""
+    from allocsim.traces.record.torch_profiler import record_torch as record
     return record(fn, *args, output=output, device=device, **kwargs)
 
 
 def __getattr__(name: str) -> Any:
     if name == "TraceRecorderHook":  # imported lazily: the module looks for CuPy
-        from traces.record.cupy_hook import TraceRecorderHook
+        from allocsim.traces.record.cupy_hook import TraceRecorderHook
         return TraceRecorderHook
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

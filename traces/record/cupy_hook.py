@@ -10,11 +10,11 @@ back to the pool, and ``alloc_postprocess(device_id, mem_size, mem_ptr)`` after 
 (``file:line:function`` of the first frame outside CuPy and outside this package) itself.
 
 Events are kept in memory as compact ``array('q')`` columns (about 80 bytes per event) and,
-when recording ends, turned into a :class:`~traces.model.Trace` by the same code that imports
-CuPy hook logs (:func:`traces.formats.cupy_log.hook_events_to_trace`), so a recorded trace
-and the import of its log agree. The trace is saved with :func:`traces.formats.save` (format
+when recording ends, turned into a :class:`~allocsim.traces.model.Trace` by the same code that imports
+CuPy hook logs (:func:`allocsim.traces.formats.cupy_log.hook_events_to_trace`), so a recorded trace
+and the import of its log agree. The trace is saved with :func:`allocsim.traces.formats.save` (format
 from the extension: ``.npz``, ``.csv``, ``.jsonl``, ...) and, if asked, the raw hook calls as
-a CuPy JSON-lines log (format (a) of :mod:`traces.formats.cupy_log`).
+a CuPy JSON-lines log (format (a) of :mod:`allocsim.traces.formats.cupy_log`).
 
 When CuPy is importable the class subclasses ``cupy.cuda.memory_hook.MemoryHook``, and ``with
 hook:`` registers it the way CuPy does (per thread: only the thread that entered is recorded).
@@ -40,11 +40,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from traces.formats import save
-from traces.formats.cupy_log import (HOOK_ALLOC, HOOK_FREE, HOOK_MALLOC, HookEvents,
+from allocsim.traces.formats import save
+from allocsim.traces.formats.cupy_log import (HOOK_ALLOC, HOOK_FREE, HOOK_MALLOC, HookEvents,
                                      hook_events_to_trace, write_hook_log)
-from traces.model import NO_TAG, Trace
-from traces.validate import validate
+from allocsim.traces.model import NO_TAG, Trace
+from allocsim.traces.validate import validate
 
 __all__ = ["TraceRecorderHook", "run_script", "active_recorder", "CUPY_AVAILABLE"]
 

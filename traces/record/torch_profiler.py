@@ -3,9 +3,9 @@
 Follows ``shared/reference/trace-formats.md`` ("PyTorch profiler chrome trace"): the function
 runs under ``torch.profiler.profile(activities=[CPU(, CUDA)], profile_memory=True,
 record_shapes=False, with_stack=False)``; the profiler's chrome trace is exported to a
-temporary file and read by :mod:`traces.formats.torch_profiler` (ops as tags, a prologue for
+temporary file and read by :mod:`allocsim.traces.formats.torch_profiler` (ops as tags, a prologue for
 buffers allocated before profiling began), validated leniently and saved with
-:func:`traces.formats.save`. Works with CPU-only PyTorch. torch is imported only when
+:func:`allocsim.traces.formats.save`. Works with CPU-only PyTorch. torch is imported only when
 :func:`record_torch` runs.
 """
 
@@ -16,10 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from traces.formats import save
-from traces.formats.torch_profiler import read_torch_profiler
-from traces.model import Trace
-from traces.validate import validate
+from allocsim.traces.formats import save
+from allocsim.traces.formats.torch_profiler import read_torch_profiler
+from allocsim.traces.model import Trace
+from allocsim.traces.validate import validate
 
 __all__ = ["record_torch", "RECORDER"]
 

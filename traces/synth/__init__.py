@@ -1,6 +1,6 @@
 """Seeded generators of realistic synthetic allocation traces.
 
-Four workloads, each a function returning a :class:`~traces.model.Trace` and registered in
+Four workloads, each a function returning a :class:`~allocsim.traces.model.Trace` and registered in
 :data:`GENERATORS` under a short kind name:
 
 - ``training``    -- a static-shape DNN training loop (the project's default trace);
@@ -13,7 +13,7 @@ the trace's metadata (``params``) holds everything needed to regenerate it. Ever
 ids are never reused, every free closes a live buffer and carries its size, times never
 decrease. Use::
 
-    from traces.synth import generate, parse_params
+    from allocsim.traces.synth import generate, parse_params
     trace = generate("transformer", seed=1, events=100_000)
     trace = generate("kvcache", **parse_params("kvcache", ["bytes_per_token=8KiB", "layers=32"]))
 """
@@ -24,12 +24,12 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from traces.model import Trace
-from traces.synth import kvcache as _kvcache
-from traces.synth import random_workload as _random
-from traces.synth import training as _training
-from traces.synth import transformer as _transformer
-from traces.synth._common import describe
+from allocsim.traces.model import Trace
+from allocsim.traces.synth import kvcache as _kvcache
+from allocsim.traces.synth import random_workload as _random
+from allocsim.traces.synth import training as _training
+from allocsim.traces.synth import transformer as _transformer
+from allocsim.traces.synth._common import describe
 
 __all__ = ["GENERATORS", "GeneratorInfo", "generate", "parse_params", "training", "transformer",
            "kvcache", "random_workload"]

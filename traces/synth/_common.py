@@ -7,7 +7,7 @@ Training loops repeat the same sequence of allocations every step; only the size
 with numpy. That keeps 10-million-event traces to a few vectorised passes instead of a Python
 call per event.
 
-Everything here is private to :mod:`traces.synth`; the generators' modules are the public face.
+Everything here is private to :mod:`allocsim.traces.synth`; the generators' modules are the public face.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence, Union
 
 import numpy as np
 
-from traces.model import OP_ALLOC, OP_FREE, Trace
+from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 
 # Rough throughput of a current datacenter GPU, used only to turn work into plausible gaps
 # between events. Absolute accuracy does not matter to an allocator; the *shape* does (big

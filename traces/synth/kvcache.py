@@ -33,8 +33,8 @@ import math
 
 import numpy as np
 
-from traces.model import OP_ALLOC, OP_FREE, Trace
-from traces.synth._common import (
+from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
+from allocsim.traces.synth._common import (
     ALLOC_OVERHEAD_NS, BYTES_PER_NS, FLOP_PER_NS, FREE_OVERHEAD_NS, StepProgram, TagTable,
     assemble, jittered, positive,
 )

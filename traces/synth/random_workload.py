@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from traces.model import OP_ALLOC, OP_FREE, Trace
-from traces.synth._common import TagTable, assemble, choice, positive
+from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
+from allocsim.traces.synth._common import TagTable, assemble, choice, positive
 
 SIZE_DISTRIBUTIONS = ("lognormal", "uniform", "powers")
 MEAN_ALLOC_GAP_NS = 20_000.0  # one allocation every 20 us on average

@@ -76,8 +76,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from traces.model import Trace
-from traces.synth._common import (
+from allocsim.traces.model import Trace
+from allocsim.traces.synth._common import (
     StepProgram, TagTable, assemble, check_optimizer_mode, choice, functional_update,
     inherit_persistent, matmul_ns, memory_ns, positive, steps_for_events,
 )

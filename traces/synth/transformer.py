@@ -19,7 +19,7 @@ step's sizes are identical: the "static vs dynamic shapes" comparison. The lengt
 drawn (so the timing jitter matches the unpadded trace's) and recorded as
 ``metadata["unpadded_seq_lens"]``; ``seq_lens`` holds the lengths actually used.
 
-``mode`` and ``optimizer_mode``/``donate`` work as in :mod:`traces.synth.training`:
+``mode`` and ``optimizer_mode``/``donate`` work as in :mod:`allocsim.traces.synth.training`:
 
 - ``eager`` (default): every op's output is a buffer, as described above.
 - ``fused``: elementwise chains fused into their producer. The scale + softmax + dropout kernel
@@ -37,7 +37,7 @@ drawn (so the timing jitter matches the unpadded trace's) and recorded as
   the end of the step); with ``donate=True`` the update reuses the old buffers: the in-place
   trace.
 
-As in :mod:`traces.synth.training`: parameters and optimizer state are allocated first and left
+As in :mod:`allocsim.traces.synth.training`: parameters and optimizer state are allocated first and left
 live; per-step buffers are all freed within their step; ids are never reused. Not modelled:
 autocast's cached low-precision weight copies, flash-attention kernels.
 """
@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from traces.model import Trace
-from traces.synth._common import (
+from allocsim.traces.model import Trace
+from allocsim.traces.synth._common import (
     FLOP_PER_NS, BYTES_PER_NS, StepProgram, TagTable, assemble, check_optimizer_mode, choice,
     functional_update, inherit_persistent, positive, steps_for_events,
 )

@@ -19,12 +19,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from policies import PolicySpec, format_size, parse_policy
-from sim.device import DeviceProfile
-from sim.engine import replay
-from sim.offline import OFFLINE_NAME, offline_result
-from sim.results import SCHEMA_VERSION, RunResult
-from traces.model import Trace
+from allocsim.policies import PolicySpec, format_size, parse_policy
+from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.kernel.engine import replay
+from allocsim.sim.questions.offline import OFFLINE_NAME, offline_result
+from allocsim.sim.kernel.results import SCHEMA_VERSION, RunResult
+from allocsim.traces.model import Trace
 
 DEFAULT_MAX_SLOWDOWN = 1.10
 

@@ -46,16 +46,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from policies import PolicySpec, format_size, parse_policy
-from policies.pytorch_caching import PyTorchCachingAllocator, get_allocation_size, round_size
-from sim.device import DEFAULT_PROFILE, DeviceProfile, SimulatedDevice, resolve_device
-from sim.engine import ProcessReplay, replay
-from sim.fidelity import (
+from allocsim.policies import PolicySpec, format_size, parse_policy
+from allocsim.policies.pytorch_caching import PyTorchCachingAllocator, get_allocation_size, round_size
+from allocsim.sim.kernel.device import DEFAULT_PROFILE, DeviceProfile, SimulatedDevice, resolve_device
+from allocsim.sim.kernel.engine import ProcessReplay, replay
+from allocsim.sim.questions.fidelity import (
     FidelityError, check_snapshot_trace, model_at_recorded_oom,
     recorded_oom)
-from sim.cli_common import add_reading_options, load_trace
-from sim.offline import offline_result
-from traces.model import NO_TAG, OP_ALLOC, Trace
+from allocsim.sim.cli.common import add_reading_options, load_trace
+from allocsim.sim.questions.offline import offline_result
+from allocsim.traces.model import NO_TAG, OP_ALLOC, Trace
 
 __all__ = ["explain_oom", "OOMExplanation", "Alternative", "NoOOMError", "add_explain_parser",
            "variant_specs", "MAX_SPLIT_SIZES_MB"]
@@ -375,7 +375,7 @@ def cmd_explain_oom(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace, args)
     spec = args.policy
     if args.alloc_conf:
-        from policies.registry import alloc_conf_spec
+        from allocsim.policies.registry import alloc_conf_spec
         spec = str(alloc_conf_spec(args.alloc_conf))
     device = None
     if args.device or args.capacity or args.device_profile:

@@ -17,9 +17,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from policies.units import format_size
-from sim.compare import Comparison
-from sim.results import RunResult
+from allocsim.policies.units import format_size
+from allocsim.sim.questions.compare import Comparison
+from allocsim.sim.kernel.results import RunResult
 
 COLUMNS = ("policy", "done", "peak reserved", "peak allocated", "util", "frag", "OOMs",
            "dev mallocs", "dev frees", "alloc time", "slowdown")
@@ -165,7 +165,7 @@ def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path) ->
     """Into ``out_dir``: ``results.json`` (one object, or an array for several traces, as
     ``--json`` prints), ``report.html`` with every trace, and the three figures per trace
     (prefixed ``NN-NAME-`` when there are several). Returns the paths written."""
-    from sim.html_report import write_report
+    from allocsim.sim.output.html_report import write_report
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,11 +16,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from policies import format_size, parse_policy
-from sim.device import DeviceProfile
-from sim.engine import SharedProcess, SharedRun, run_shared
-from sim.report import format_table
-from traces.model import Trace
+from allocsim.policies import format_size, parse_policy
+from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.kernel.engine import SharedProcess, SharedRun, run_shared
+from allocsim.sim.output.report import format_table
+from allocsim.traces.model import Trace
 
 DEFAULT_SHARE_POLICY = "jax"
 _UNITS_NS = {"": 1_000_000_000, "s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
@@ -123,7 +123,7 @@ def share_text(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile
 def plot_share(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile,
                path: str | Path) -> Path:
     """Each process's reserved bytes over time, stacked, with the device's capacity."""
-    from sim.report import _pyplot
+    from allocsim.sim.output.report import _pyplot
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.8))
     ends = [int(r.timeline.time_ns[-1]) for r in run.results if r.timeline is not None and len(r.timeline.time_ns)]

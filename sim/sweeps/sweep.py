@@ -103,7 +103,7 @@ resume (run the same command again).
 
 Python API: :func:`load_definition`, :func:`run_sweep`, :func:`load_results`,
 :func:`latest_records`, :func:`best_policies` / :func:`best_policies_text` (the winner per
-trace × device × capacity by the rule of :mod:`sim.compare`), and for the CLI
+trace × device × capacity by the rule of :mod:`allocsim.sim.questions.compare`), and for the CLI
 :func:`add_sweep_arguments` / :func:`cmd_sweep`.
 """
 
@@ -130,14 +130,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from policies import DEFAULT_POLICIES, PolicySpecError, format_size, parse_size
-from sim.compare import DEFAULT_MAX_SLOWDOWN, normalize_spec
-from sim.device import DEFAULT_PROFILE, DeviceProfile, resolve_device
-from sim.engine import replay
-from sim.offline import OFFLINE_NAME, offline_result
-from sim.report import format_table
-from traces import formats, synth
-from traces.model import Trace, TraceError
+from allocsim.policies import DEFAULT_POLICIES, PolicySpecError, format_size, parse_size
+from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, normalize_spec
+from allocsim.sim.kernel.device import DEFAULT_PROFILE, DeviceProfile, resolve_device
+from allocsim.sim.kernel.engine import replay
+from allocsim.sim.questions.offline import OFFLINE_NAME, offline_result
+from allocsim.sim.output.report import format_table
+from allocsim.traces import formats, synth
+from allocsim.traces.model import Trace, TraceError
 
 __all__ = [
     "SweepError", "SweepDefinition", "TraceSource", "DeviceEntry", "Cell", "SweepSummary",
@@ -1145,14 +1145,14 @@ class BestRow:
 
 
 def _rank(result: Mapping[str, Any], policy: str) -> tuple:
-    # sim.compare.rank_key on a result dict: completed first, then the lowest peak reserved,
+    # allocsim.sim.questions.compare.rank_key on a result dict: completed first, then the lowest peak reserved,
     # then the lowest modelled allocator time, then the spec's name.
     return (not result["completed"], result["peak_reserved"], result["alloc_time_s"], policy)
 
 
 def best_policies(records: Iterable[Mapping[str, Any]], *,
                   max_slowdown: float | None = DEFAULT_MAX_SLOWDOWN) -> list[BestRow]:
-    """The best policy per trace × device × capacity, by the winner rule of :mod:`sim.compare`:
+    """The best policy per trace × device × capacity, by the winner rule of :mod:`allocsim.sim.questions.compare`:
     among results that complete without OOM and stay within the slowdown budget (None: no
     budget), the lowest peak reserved, then the lowest allocator time; ``offline`` is a bound,
     never the winner. Takes raw records (duplicates resolved by :func:`latest_records`)."""

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from policies import format_size
-from sim.compare import compare, normalize_spec
-from sim.device import DeviceProfile
-from sim.results import RunResult
-from traces import formats
+from allocsim.policies import format_size
+from allocsim.sim.questions.compare import compare, normalize_spec
+from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.kernel.results import RunResult
+from allocsim.traces import formats
 
 BASELINE_VERSION = 1
 # Figures compared, and how to show them; lower is better for all of them.

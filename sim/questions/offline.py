@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.units import round_up
-from sim.device import DeviceProfile
-from sim.results import RunResult, Timeline
-from traces.model import OP_ALLOC, Trace
+from allocsim.policies.units import round_up
+from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.kernel.results import RunResult, Timeline
+from allocsim.traces.model import OP_ALLOC, Trace
 
 OFFLINE_NAME = "offline"
 

@@ -23,10 +23,10 @@ from typing import Callable
 import numpy as np
 import simpy
 
-from policies import PolicySpec, parse_policy
-from sim.device import DeviceProfile, SimulatedDevice
-from sim.results import RunResult, Timeline
-from traces.model import OP_ALLOC, OP_FREE, Trace
+from allocsim.policies import PolicySpec, parse_policy
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
+from allocsim.sim.kernel.results import RunResult, Timeline
+from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 
 CHUNK_EVENTS = 1 << 16      # events converted to Python lists at a time (bounds memory)
 TIMELINE_POINTS = 2048      # buckets of the downsampled timeline

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from traces import Trace, formats
+from allocsim.traces import Trace, formats
 
 
 def add_reading_options(parser: argparse.ArgumentParser) -> None:

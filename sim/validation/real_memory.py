@@ -9,15 +9,15 @@ fake addresses, so the whole validator runs (and is tested) without a GPU.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
-from sortedcontainers import SortedDict
 
-from policies import format_size
-from policies.units import round_up
-from sim.device import ADDRESS_BASE, RANGE_ALIGN, DeviceProfile
+from allocsim.policies import format_size
+from allocsim.policies.units import round_up
+from allocsim.sim.kernel.device import ADDRESS_BASE, RANGE_ALIGN, DeviceProfile
 
 MiB = 1 << 20
 
@@ -203,46 +203,58 @@ class Measured:
 
 class _Spans:
     """Non-overlapping spans ``[start, start + length)`` the device has handed out, each with
-    a payload (a host buffer, a GPU handle). Answers: which spans cover a block?"""
+    a payload (a host buffer, a GPU handle). Answers: which spans cover a block?
+
+    A sorted list of starts beside a dict (start → (length, payload)): lookups are
+    O(log n) by bisection; ``add`` and ``pop`` are O(n) list moves, which at the few thousand
+    spans of a validation run cost less than a tree (and need no extra dependency)."""
 
     def __init__(self) -> None:
-        self._spans: SortedDict = SortedDict()
+        self._starts: list[int] = []
+        self._spans: dict[int, tuple[int, Any]] = {}
 
     def __len__(self) -> int:
-        return len(self._spans)
+        return len(self._starts)
 
     def __contains__(self, start: int) -> bool:
         return start in self._spans
 
     def add(self, start: int, length: int, payload: Any) -> None:
+        if start not in self._spans:
+            insort(self._starts, start)
         self._spans[start] = (length, payload)
 
     def pop(self, start: int) -> tuple[int, Any] | None:
-        return self._spans.pop(start, None)
+        span = self._spans.pop(start, None)
+        if span is not None:
+            del self._starts[bisect_left(self._starts, start)]
+        return span
 
     def items(self) -> list[tuple[int, tuple[int, Any]]]:
-        return list(self._spans.items())
+        return [(start, self._spans[start]) for start in self._starts]
 
     def containing(self, address: int) -> tuple[int, int, Any] | None:
-        index = self._spans.bisect_right(address) - 1
+        index = bisect_right(self._starts, address) - 1
         if index < 0:
             return None
-        start, (length, payload) = self._spans.peekitem(index)
+        start = self._starts[index]
+        length, payload = self._spans[start]
         return (start, length, payload) if address < start + length else None
 
     def pieces(self, address: int, size: int, *, span_across: bool
                ) -> list[tuple[int, int, Any]] | None:
         """``(offset in span, length, payload)`` pieces covering ``[address, address+size)``;
         None if any byte is not held (or, unless ``span_across``, if it takes two spans)."""
-        index = self._spans.bisect_right(address) - 1
+        index = bisect_right(self._starts, address) - 1
         if index < 0:
             return None
         out: list[tuple[int, int, Any]] = []
         cursor, end = address, address + size
         while cursor < end:
-            if index >= len(self._spans):
+            if index >= len(self._starts):
                 return None
-            start, (length, payload) = self._spans.peekitem(index)
+            start = self._starts[index]
+            length, payload = self._spans[start]
             if not start <= cursor < start + length:
                 return None
             take = min(end, start + length) - cursor
@@ -259,7 +271,7 @@ class HostDevice:
 
     ``reserve(n)`` allocates a numpy buffer of n bytes rounded up to the profile's granularity
     (the bytes the simulated device counts) behind a fake address from a bump counter laid out
-    like :class:`~sim.device.SimulatedDevice`'s; ``map`` allocates one buffer per page of
+    like :class:`~allocsim.sim.kernel.device.SimulatedDevice`'s; ``map`` allocates one buffer per page of
     ``map_granularity``. Reserved bytes are the sizes of the buffers held, measured, not
     modelled. Misuse the real driver would refuse (mapping a page twice, unmapping one never
     mapped, releasing an unknown base) is recorded in ``problems``.

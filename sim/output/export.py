@@ -16,10 +16,10 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
-from policies import PolicySpec, parse_policy
-from sim.device import DeviceProfile, SimulatedDevice
-from traces.formats.torch_snapshot import snapshot_of_run
-from traces.model import OP_ALLOC, Trace
+from allocsim.policies import PolicySpec, parse_policy
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
+from allocsim.traces.formats.torch_snapshot import snapshot_of_run
+from allocsim.traces.model import OP_ALLOC, Trace
 
 _ACTIONS = {"malloc": "segment_alloc", "free": "segment_free", "map": "segment_map",
             "unmap": "segment_unmap"}

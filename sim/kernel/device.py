@@ -19,7 +19,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from policies.units import format_size, parse_size, round_up
+from allocsim.policies.units import format_size, parse_size, round_up
 
 MiB = 1 << 20
 GiB = 1 << 30

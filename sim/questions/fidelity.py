@@ -6,7 +6,7 @@ What it is for
     a segment), ``segment_map`` / ``segment_unmap`` (expandable segments) and ``oom``. The
     snapshot importer (traces/formats/torch_snapshot.py) keeps them, in file order, in
     ``metadata["reference_events"]``, each with the index of the trace event it comes before.
-    :func:`fidelity` replays the trace through :class:`~policies.pytorch_caching.
+    :func:`fidelity` replays the trace through :class:`~allocsim.policies.pytorch_caching.
     PyTorchCachingAllocator` configured as the recording was, and compares the device calls
     the model makes with the recorded ones: same action, same size (exactly), in the same
     order, at the same place in the trace; then the segment list at the end.
@@ -82,12 +82,12 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from policies import PolicySpec, format_size, parse_policy, parse_size
-from policies.pytorch_caching import (
+from allocsim.policies import PolicySpec, format_size, parse_policy, parse_size
+from allocsim.policies.pytorch_caching import (
     MiB, PyTorchCachingAllocator, parse_alloc_conf, parse_roundup_power2_divisions, round_size)
-from sim.device import ADDRESS_BASE, RANGE_ALIGN, DeviceProfile, ProcessDevice, SimulatedDevice
-from sim.cli_common import add_reading_options, load_trace
-from traces.model import OP_ALLOC, Trace
+from allocsim.sim.kernel.device import ADDRESS_BASE, RANGE_ALIGN, DeviceProfile, ProcessDevice, SimulatedDevice
+from allocsim.sim.cli.common import add_reading_options, load_trace
+from allocsim.traces.model import OP_ALLOC, Trace
 
 __all__ = ["fidelity", "FidelityReport", "FidelityError", "SnapshotSettings",
            "settings_from_snapshot", "simulate_snapshot", "add_fidelity_parser",
@@ -1071,7 +1071,7 @@ def simulate_snapshot(trace: Trace, policy: str | PolicySpec = "pytorch",
     from :meth:`PyTorchCachingAllocator.segments` and matching ``allocator_settings``.
     ``empty_cache_before`` calls empty_cache() before those event indices (len(trace): at
     the end). Importing it and running :func:`fidelity` must match 100%: the round trip."""
-    from traces.formats.torch_snapshot import snapshot_of_run
+    from allocsim.traces.formats.torch_snapshot import snapshot_of_run
 
     spec = parse_policy(policy)
     if spec.name != "pytorch":

@@ -1,7 +1,7 @@
 """``allocsim calibrate``: measure a GPU's allocation costs and granularity into a device profile.
 
 Times cudaMalloc / cudaFree over a range of sizes (median of several calls each), fits
-``base + per_gib × GiB`` by least squares for :class:`~sim.device.CostModel`, and infers the
+``base + per_gib × GiB`` by least squares for :class:`~allocsim.sim.kernel.device.CostModel`, and infers the
 allocation granularity from how cudaMemGetInfo's free bytes move for small allocations. The
 result is a JSON device profile that ``compare --device-profile FILE`` uses instead of the
 built-in guesses. The measurement core (:func:`measure_profile`) takes its device calls as
@@ -21,10 +21,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from policies import format_size, parse_size
-from policies.units import round_up
-from sim.device import CostModel, DeviceProfile
-from sim.validator import CudaVMM, ValidatorError, _gpu_facts, _now, _require_gpu, _slug
+from allocsim.policies import format_size, parse_size
+from allocsim.policies.units import round_up
+from allocsim.sim.kernel.device import CostModel, DeviceProfile
+from allocsim.sim.validation.validator import CudaVMM, ValidatorError, _gpu_facts, _now, _require_gpu, _slug
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -82,7 +82,7 @@ class Calibration:
         return self.profile.as_dict()
 
     def write(self, path: str | Path) -> Path:
-        from sim.report import write_json  # noqa: PLC0415
+        from allocsim.sim.output.report import write_json  # noqa: PLC0415
         write_json(self.profile_json(), path)
         return Path(path)
 
@@ -307,7 +307,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
              else list(DEFAULT_CALIBRATION_SIZES))
     calibration = calibrate(sizes, args.repeats, name=args.name, output=args.output)
     if args.measurements:
-        from sim.report import write_json  # noqa: PLC0415
+        from allocsim.sim.output.report import write_json  # noqa: PLC0415
         write_json(calibration.measurements_json(), args.measurements)
     profile = calibration.profile
     if args.output:

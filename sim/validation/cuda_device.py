@@ -14,11 +14,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from policies import format_size
-from policies.units import round_up
-from sim.device import DeviceProfile
+from allocsim.policies import format_size
+from allocsim.policies.units import round_up
+from allocsim.sim.kernel.device import DeviceProfile
 
-from sim.real_memory import PATTERN_KEYS, CallLog, ValidatorError, _one_line, _Spans
+from allocsim.sim.validation.real_memory import PATTERN_KEYS, CallLog, ValidatorError, _one_line, _Spans
 
 # cudaErrorMemoryAllocation, the status of a cudaMalloc that found no memory. CuPy's runtime
 # module gives the enum no Python name (checked on CuPy 14.2.0: ``cupy.cuda.runtime`` has no

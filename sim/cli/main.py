@@ -27,21 +27,21 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from policies import DEFAULT_POLICIES, PolicySpecError, describe_policies, format_size
-from policies import parse_size
-from policies.registry import alloc_conf_spec
-from sim.capacity import min_capacities
-from sim.cli_common import add_reading_options, load_trace
-from sim.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare, normalize_spec, trace_facts
-from sim.regress import check_baseline, make_baseline
-from sim.share import (expand_processes, parse_share_spec, plot_share, share, share_json,
+from allocsim.policies import DEFAULT_POLICIES, PolicySpecError, describe_policies, format_size
+from allocsim.policies import parse_size
+from allocsim.policies.registry import alloc_conf_spec
+from allocsim.sim.questions.capacity import min_capacities
+from allocsim.sim.cli.common import add_reading_options, load_trace
+from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare, normalize_spec, trace_facts
+from allocsim.sim.questions.regress import check_baseline, make_baseline
+from allocsim.sim.questions.share import (expand_processes, parse_share_spec, plot_share, share, share_json,
                        share_text)
-from sim.device import DEFAULT_PROFILE, PROFILES, resolve_device
-from sim.report import comparison_text, format_table, write_comparisons, write_json
-from traces import Trace, TraceError
-from traces import formats, synth
-from traces.bundled import DEFAULT_TRACE_NAME, load_bundled_traces, load_default_trace
-from traces.summary import summarize
+from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, resolve_device
+from allocsim.sim.output.report import comparison_text, format_table, write_comparisons, write_json
+from allocsim.traces import Trace, TraceError
+from allocsim.traces import formats, synth
+from allocsim.traces.bundled import DEFAULT_TRACE_NAME, load_bundled_traces, load_default_trace
+from allocsim.traces.summary import summarize
 
 
 class UserError(Exception):
@@ -167,7 +167,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from traces.record import run_script
+    from allocsim.traces.record import run_script
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -181,7 +181,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def cmd_export_snapshot(args: argparse.Namespace) -> int:
-    from sim.export import export_snapshot
+    from allocsim.sim.output.export import export_snapshot
     device = resolve_device(args.device, args.capacity, args.device_profile)
     trace = _trace_or_default(args.trace, args)
     path = export_snapshot(trace, args.policy, device, args.output)
@@ -190,7 +190,7 @@ def cmd_export_snapshot(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from sim.html_report import load_results, write_report
+    from allocsim.sim.output.html_report import load_results, write_report
     path = write_report(load_results(args.results), args.output, args.title)
     print(f"wrote {path}")
     return 0
@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="allocsim record -o run.npz -- python train.py args: installs a "
                                    "CuPy memory hook, runs the script, writes a native trace (time, "
                                    "size, stream, call site). From your own code: "
-                                   "`with traces.record.cupy('run.npz'): ...`.")
+                                   "`with allocsim.traces.record.cupy('run.npz'): ...`.")
     p.add_argument("-o", "--output", required=True, help="trace file to write (.npz, .csv, ...)")
     p.add_argument("--log", help="also write the raw hook calls as a CuPy JSON-lines log")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- python script.py args")
@@ -379,16 +379,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_reading_options(p)
     p.set_defaults(func=cmd_convert)
 
-    from sim.sweep import add_sweep_arguments, cmd_sweep
+    from allocsim.sim.sweeps.sweep import add_sweep_arguments, cmd_sweep
     p = sub.add_parser("sweep", help="a grid of traces × policies × devices × capacities, "
                                      "in parallel, resumable (local cores or a Dask cluster)")
     add_sweep_arguments(p)
     p.set_defaults(func=cmd_sweep)
 
-    from sim.explain import add_explain_parser
-    from sim.fidelity import add_fidelity_parser
-    from sim.calibrate import add_calibrate_parser
-    from sim.validator import add_validate_parser
+    from allocsim.sim.questions.explain import add_explain_parser
+    from allocsim.sim.questions.fidelity import add_fidelity_parser
+    from allocsim.sim.validation.calibrate import add_calibrate_parser
+    from allocsim.sim.validation.validator import add_validate_parser
     add_fidelity_parser(sub)
     add_explain_parser(sub)
     add_validate_parser(sub)

@@ -2,8 +2,8 @@
 
 ``allocsim compare`` names a winner from a simulation; this module checks that simulation
 against reality. It replays the same trace event by event through a *backend* and, after every
-event, compares what was measured with what the simulator (:mod:`sim.engine` on a
-:class:`~sim.device.SimulatedDevice`, exactly as ``compare`` runs it) says: reserved bytes,
+event, compares what was measured with what the simulator (:mod:`allocsim.sim.kernel.engine` on a
+:class:`~allocsim.sim.kernel.device.SimulatedDevice`, exactly as ``compare`` runs it) says: reserved bytes,
 the event of the first OOM, device-call counts and their time, and — where the policy object
 itself drives the memory — whether any two live blocks ever overlapped.
 
@@ -30,9 +30,9 @@ CuPy (and torch) are imported only inside the GPU backends: importing this modul
 them. Without a GPU every GPU backend raises :class:`NoGPUError`, one line, which the CLI
 prints as ``allocsim: error: ...`` with exit status 2.
 
-Where the pieces live: :mod:`sim.real_memory` (errors, block patterns, the call log,
-:class:`HostDevice`), :mod:`sim.cuda_device` (:class:`CupyDevice`, CUDA virtual memory),
-:mod:`sim.calibrate` (``allocsim calibrate``); this module drives a replay, runs the backends,
+Where the pieces live: :mod:`allocsim.sim.validation.real_memory` (errors, block patterns, the call log,
+:class:`HostDevice`), :mod:`allocsim.sim.validation.cuda_device` (:class:`CupyDevice`, CUDA virtual memory),
+:mod:`allocsim.sim.validation.calibrate` (``allocsim calibrate``); this module drives a replay, runs the backends,
 builds the report, and adds ``allocsim validate`` to the CLI (:func:`add_validate_parser`).
 """
 
@@ -53,15 +53,15 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from policies import PolicySpec, PolicySpecError, format_size, parse_policy, parse_size
-from policies.registry import alloc_conf_spec
-from policies.units import round_up
-from sim.device import DeviceProfile, SimulatedDevice, resolve_device
-from sim.engine import ProcessReplay
-from sim.results import RunResult
-from traces.model import OP_ALLOC, Trace
-from sim.cuda_device import CUDA_ERROR_MEMORY_ALLOCATION, CudaVMM, CupyDevice
-from sim.real_memory import (CallLog, Corruption, HostDevice, Measured, NoGPUError,
+from allocsim.policies import PolicySpec, PolicySpecError, format_size, parse_policy, parse_size
+from allocsim.policies.registry import alloc_conf_spec
+from allocsim.policies.units import round_up
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice, resolve_device
+from allocsim.sim.kernel.engine import ProcessReplay
+from allocsim.sim.kernel.results import RunResult
+from allocsim.traces.model import OP_ALLOC, Trace
+from allocsim.sim.validation.cuda_device import CUDA_ERROR_MEMORY_ALLOCATION, CudaVMM, CupyDevice
+from allocsim.sim.validation.real_memory import (CallLog, Corruption, HostDevice, Measured, NoGPUError,
                              ValidatorError, _one_line, _require_gpu, count_pattern_errors,
                              fill_pattern, pattern_word)
 
@@ -440,7 +440,7 @@ class ValidationReport:
 
     def text(self) -> str:
         """What ``allocsim validate`` prints."""
-        from sim.report import format_table  # noqa: PLC0415 - keeps matplotlib out of imports
+        from allocsim.sim.output.report import format_table  # noqa: PLC0415 - keeps matplotlib out of imports
         table = format_table(self._rows(), ["metric", "simulated", "measured", "difference"])
         lines = [self.headline(), "", table, ""]
         if self.first_corruption:
@@ -467,7 +467,7 @@ class ValidationReport:
 
     def plot(self, path: str | Path) -> Path:
         """Simulated vs measured reserved bytes over the trace's events (and the difference)."""
-        from sim.report import _pyplot  # noqa: PLC0415 - matplotlib only when plotting
+        from allocsim.sim.output.report import _pyplot  # noqa: PLC0415 - matplotlib only when plotting
         plt = _pyplot()
         fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.2), sharex=True,
                                           gridspec_kw={"height_ratios": [3, 1.3]})
@@ -501,7 +501,7 @@ class ValidationReport:
 
     def write(self, out_dir: str | Path, stem: str | None = None) -> list[Path]:
         """``STEM.json``, ``STEM.md`` and ``STEM.png`` into ``out_dir``; the paths written."""
-        from sim.report import write_json  # noqa: PLC0415
+        from allocsim.sim.output.report import write_json  # noqa: PLC0415
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         stem = stem or self.stem()
@@ -543,7 +543,7 @@ def build_report(backend: Backend, spec: PolicySpec, trace: Trace, profile: Devi
                  simulated: Simulated, measured: Measured, *, device_name: str,
                  versions: dict[str, str], tolerance_bytes: int | None) -> ValidationReport:
     """Line the two sides up, compute the errors, and judge the backend's criteria."""
-    from sim.compare import trace_facts  # noqa: PLC0415
+    from allocsim.sim.questions.compare import trace_facts  # noqa: PLC0415
     n = len(trace)
     sim_events = simulated.call_events
     measured_events = np.asarray(measured.calls.event, dtype=np.int64)
@@ -1119,8 +1119,8 @@ def _torch_model_spec(backend: Backend, capped: bool) -> PolicySpec:
 def _load_trace(trace: Trace | str | Path) -> Trace:
     if isinstance(trace, Trace):
         return trace
-    from traces import formats  # noqa: PLC0415
-    from traces.bundled import load_default_trace  # noqa: PLC0415
+    from allocsim.traces import formats  # noqa: PLC0415
+    from allocsim.traces.bundled import load_default_trace  # noqa: PLC0415
     return load_default_trace() if str(trace) == "default" else formats.load(trace)
 
 
@@ -1271,7 +1271,7 @@ def validate_results(results: str | Path, backend: str = DEFAULT_BACKEND, *,
 def _bundled_match(facts: dict[str, Any]) -> Path | None:
     """The bundled trace a comparison ran on (``allocsim compare`` with no trace records the
     generator as its source, not the file): same name, events and allocations."""
-    from traces.bundled import bundled_path  # noqa: PLC0415
+    from allocsim.traces.bundled import bundled_path  # noqa: PLC0415
     path = bundled_path(f"{facts.get('name', '')}.npz")
     if not path.is_file():
         return None
@@ -1357,12 +1357,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sim.validator validate|calibrate ...``: the two commands on their own, with
+    """``python -m allocsim.sim.validation.validator validate|calibrate ...``: the two commands on their own, with
     the allocsim CLI's error convention (one line, exit 2)."""
     parser = argparse.ArgumentParser(prog="allocsim", description="Validate and calibrate.")
     sub = parser.add_subparsers(dest="command", required=True)
     add_validate_parser(sub)
-    from sim.calibrate import add_calibrate_parser  # noqa: PLC0415 (calibrate imports this module)
+    from allocsim.sim.validation.calibrate import add_calibrate_parser  # noqa: PLC0415 (calibrate imports this module)
     add_calibrate_parser(sub)
     args = parser.parse_args(argv)
     try:

@@ -16,13 +16,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from policies import PolicySpec, format_size
-from policies.units import round_up
-from sim.compare import normalize_spec
-from sim.device import DeviceProfile
-from sim.engine import replay
-from sim.offline import OFFLINE_NAME, offline_result
-from traces.model import Trace
+from allocsim.policies import PolicySpec, format_size
+from allocsim.policies.units import round_up
+from allocsim.sim.questions.compare import normalize_spec
+from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.kernel.engine import replay
+from allocsim.sim.questions.offline import OFFLINE_NAME, offline_result
+from allocsim.traces.model import Trace
 
 MiB = 1 << 20
 PROBE_CAPACITY = 1 << 50          # "unlimited" for the first run (1 PiB)

@@ -20,8 +20,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from policies.units import format_size
-from sim.report import _pyplot
+from allocsim.policies.units import format_size
+from allocsim.sim.output.report import _pyplot
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }

@@ -1,0 +1,1 @@
+"""The questions asked of the kernel: compare and the winner rule, the offline plan, minimum capacity, sharing one device, explaining an OOM, fidelity to a recorded snapshot, CI baselines. Each is a function returning a result object; none parses arguments."""

@@ -1,0 +1,1 @@
+"""Validation on real memory: the same policy objects replayed against host or GPU memory (CuPy, torch), byte patterns that catch overlaps, the CUDA virtual-memory device, calibration of a device profile."""
