@@ -44,10 +44,10 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from allocsim.policies import format_size, parse_size
-from allocsim.sim.questions.capacity import min_capacity
-from allocsim.sim.questions.compare import compare
 from allocsim.sim.kernel.device import resolve_device
 from allocsim.sim.output.report import _pyplot, format_table, write_json
+from allocsim.sim.questions.capacity import min_capacity
+from allocsim.sim.questions.compare import compare
 from allocsim.sim.questions.share import parse_share_spec, share
 from allocsim.traces import formats, synth
 from allocsim.traces.model import Trace

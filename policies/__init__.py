@@ -6,12 +6,29 @@ and, behind a CuPy-backed device, on a real GPU. Make one from a spec string wit
 """
 
 from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
-from allocsim.policies.registry import (DEFAULT_POLICIES, POLICIES, PolicySpec, PolicySpecError,
-                               describe_policies, parse_policy, register)
+from allocsim.policies.registry import (
+                               DEFAULT_POLICIES,
+                               POLICIES,
+                               PolicySpec,
+                               PolicySpecError,
+                               describe_policies,
+                               parse_policy,
+                               register,
+)
 from allocsim.policies.units import format_size, parse_size
 
 __all__ = [
-    "DeviceMemory", "Param", "Policy", "PolicyStats", "PolicySpec", "PolicySpecError",
-    "POLICIES", "DEFAULT_POLICIES", "parse_policy", "describe_policies", "register",
-    "format_size", "parse_size",
+                               "DEFAULT_POLICIES",
+                               "POLICIES",
+                               "DeviceMemory",
+                               "Param",
+                               "Policy",
+                               "PolicySpec",
+                               "PolicySpecError",
+                               "PolicyStats",
+                               "describe_policies",
+                               "format_size",
+                               "parse_policy",
+                               "parse_size",
+                               "register",
 ]

@@ -15,8 +15,9 @@ flatter its own headline numbers.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Iterator, Protocol
+from typing import Any, ClassVar, Protocol
 
 
 class DeviceMemory(Protocol):

@@ -11,7 +11,7 @@ free, as a heap would with sbrk(-n).
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
 from allocsim.policies.chunks import ChunkMap

@@ -28,10 +28,12 @@ chunks (freed_by_count), spatial partitioning, and alignment above 256 bytes.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
-from allocsim.policies.chunks import ChunkMap, bin_for_size  # bin_for_size: BFC's BinNumForSize, public here
+from allocsim.policies.chunks import ChunkMap, bin_for_size
+
+__all__ = ["BFCAllocator", "PreallocateAllocator", "bin_for_size"]  # bin_for_size is BFC's BinNumForSize, public here
 
 MIN_ALLOCATION = 256
 DEFAULT_MAX_INTERNAL_FRAGMENTATION = 128 << 20

@@ -29,7 +29,7 @@ policy shows against best fit.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
 

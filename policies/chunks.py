@@ -21,7 +21,7 @@ remainder sizes defeat).
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Iterator
+from collections.abc import Iterator
 
 NONE = -1
 

@@ -64,7 +64,7 @@ Assumed (undocumented; each a parameter where it matters):
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
 from allocsim.policies.chunks import FreeIndex, walk_chunks

@@ -55,7 +55,7 @@ describes v14.1+ ties only as "Python object address".
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Iterator
+from collections.abc import Iterator
 
 from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
 from allocsim.policies.chunks import walk_chunks

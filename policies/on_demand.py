@@ -7,7 +7,7 @@ synchronises the device. Reserved bytes equal live bytes plus the device's own r
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from allocsim.policies.base import DeviceMemory, Policy, PolicyStats
 

@@ -80,7 +80,8 @@ pool only as current values (computed on demand), peaks are kept for the aggrega
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
 
@@ -327,7 +328,7 @@ def get_allocation_size(size: int) -> int:
 class _Segment:
     """One cudaMalloc'd segment, or the whole virtual range of one expandable segment."""
 
-    __slots__ = ("base", "size", "stream", "small", "expandable", "page", "pool_key")
+    __slots__ = ("base", "expandable", "page", "pool_key", "size", "small", "stream")
 
     def __init__(self, base: int, size: int, stream: int, small: bool, expandable: bool,
                  page: int = 0) -> None:

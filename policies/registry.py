@@ -15,10 +15,10 @@ from typing import Any
 from allocsim.policies.base import DeviceMemory, Param, Policy
 from allocsim.policies.best_fit import BestFitAllocator
 from allocsim.policies.bfc import BFCAllocator, PreallocateAllocator
-from allocsim.policies.on_demand import OnDemandAllocator
 from allocsim.policies.buddy import BuddyAllocator
 from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.policies.cupy_pool import CuPyPoolAllocator
+from allocsim.policies.on_demand import OnDemandAllocator
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
 from allocsim.policies.units import format_size, parse_size
 
@@ -39,7 +39,7 @@ JAX_PARAMS = {
 }
 
 
-def _jax_policy(params: dict[str, Any]) -> "PolicySpec":
+def _jax_policy(params: dict[str, Any]) -> PolicySpec:
     """JAX on GPU (jaxlib/xla_client.py, xla/pjrt/gpu/gpu_helpers.cc; allocators.md §2):
     BFC with allow_growth = not preallocate and memory_limit = fraction × total memory;
     platform = no caching; cuda_async = the stream-ordered pool, release threshold
@@ -115,7 +115,7 @@ class PolicySpec:
     def policy_class(self) -> type[Policy]:
         return self.resolved().policy_class if self.name in PRESETS else POLICIES[self.name]
 
-    def resolved(self) -> "PolicySpec":
+    def resolved(self) -> PolicySpec:
         """The policy a preset stands for (itself for a plain policy)."""
         if self.name in PRESETS:
             return PRESETS[self.name][1](dict(self.params))

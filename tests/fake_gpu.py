@@ -85,15 +85,15 @@ class FakeCupy:
             memcpyDeviceToHost = 2
             CUDARuntimeError = FakeCudaRuntimeError
 
-            def getDeviceCount(self) -> int: return 1  # noqa: E704,N802
-            def getDevice(self) -> int: return 0  # noqa: E704,N802
-            def getDeviceProperties(self, device: int) -> dict: return {"name": b"Fake GPU"}  # noqa
-            def runtimeGetVersion(self) -> int: return 12040  # noqa: E704,N802
-            def driverGetVersion(self) -> int: return 12060  # noqa: E704,N802
-            def deviceSynchronize(self) -> None: pass  # noqa: E704,N802
-            def memGetInfo(self) -> tuple[int, int]: return mem.total - mem.used, mem.total  # noqa
-            def malloc(self, size: int) -> int: return mem.add(size)  # noqa: E704
-            def free(self, ptr: int) -> None: mem.remove(ptr)  # noqa: E704
+            def getDeviceCount(self) -> int: return 1
+            def getDevice(self) -> int: return 0
+            def getDeviceProperties(self, device: int) -> dict: return {"name": b"Fake GPU"}
+            def runtimeGetVersion(self) -> int: return 12040
+            def driverGetVersion(self) -> int: return 12060
+            def deviceSynchronize(self) -> None: pass
+            def memGetInfo(self) -> tuple[int, int]: return mem.total - mem.used, mem.total
+            def malloc(self, size: int) -> int: return mem.add(size)
+            def free(self, ptr: int) -> None: mem.remove(ptr)
 
             def memset(self, ptr: int, value: int, size: int) -> None:
                 for view in mem.views(ptr, size):
@@ -147,7 +147,7 @@ class FakeCupy:
                 return Pointer(self.malloc_func(size, 0), lambda p: self.free_func(p, 0))
 
         class Pooled:
-            def __init__(self, inner: Pointer, size: int, pool: "MemoryPool") -> None:
+            def __init__(self, inner: Pointer, size: int, pool: MemoryPool) -> None:
                 self.inner, self.size, self.pool, self.ptr = inner, size, pool, inner.ptr
 
             def __del__(self) -> None:
@@ -178,22 +178,22 @@ class FakeCupy:
                 self.total += rounded
                 return Pooled(inner, rounded, self)
 
-            def used_bytes(self) -> int: return self.used  # noqa: E704
-            def total_bytes(self) -> int: return self.total  # noqa: E704
-            def free_all_blocks(self, stream=None) -> None: pass  # noqa: E704
+            def used_bytes(self) -> int: return self.used
+            def total_bytes(self) -> int: return self.total
+            def free_all_blocks(self, stream=None) -> None: pass
 
         class MemoryAsyncPool(MemoryPool):
             def __init__(self, pool_handles: str = "current") -> None:
                 super().__init__()
 
         class Stream:
-            null: "Stream"
+            null: Stream
 
             def __init__(self, null: bool = False, non_blocking: bool = False) -> None:
                 pass
 
-            def __enter__(self) -> "Stream": return self  # noqa: E704
-            def __exit__(self, *exc: Any) -> None: pass  # noqa: E704
+            def __enter__(self) -> Stream: return self
+            def __exit__(self, *exc: Any) -> None: pass
 
         Stream.null = Stream()
         memory = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError,
@@ -244,7 +244,7 @@ class FakeTorch:
         mem = self.mem = FakeDeviceMemory(total)
         state = self.state = {"reserved": 0, "allocs": 0, "frees": 0, "fraction": 1.0}
         sizes: dict[int, int] = {}
-        OutOfMemoryError = type("OutOfMemoryError", (RuntimeError,), {})  # noqa: N806
+        OutOfMemoryError = type("OutOfMemoryError", (RuntimeError,), {})
 
         def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
             rounded = _round(size, 512)

@@ -21,8 +21,9 @@ import json
 import re
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 RECORD = Path(__file__).parent / "data" / "gpu_api.json"
 MISSING = object()
@@ -118,7 +119,7 @@ def build_record() -> dict[str, Any]:
     for library, paths in fake_paths().items():
         try:
             module = __import__(library)
-        except Exception as err:   # noqa: BLE001 - recorded, not raised
+        except Exception as err:
             record[library] = {"unavailable": f"{type(err).__name__}: {err}"}
             continue
         record[library] = {"version": module.__version__, "api": describe(module, paths)}

@@ -7,7 +7,6 @@ returned, memory held is what the device says the process holds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
 from typing import Any
 
 from allocsim.policies import PolicySpec, parse_policy
@@ -32,7 +31,7 @@ class Referee:
         self.policy = self.spec.build(self.view)
 
     @classmethod
-    def of(cls, spec: str, profile: DeviceProfile | None = None) -> "Referee":
+    def of(cls, spec: str, profile: DeviceProfile | None = None) -> Referee:
         return cls(parse_policy(spec), profile or small_device())
 
     def malloc(self, ident: int, size: int) -> int | None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from allocsim.sim.questions.capacity import min_capacity
 from allocsim.sim.cli import main
 from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.questions.capacity import min_capacity
 from allocsim.sim.questions.share import ShareSpec, parse_share_spec, parse_start, share
 from allocsim.traces import Trace, formats
 

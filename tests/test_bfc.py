@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from policy_checks import Referee, small_device
 
 from allocsim.policies.bfc import BFCAllocator, bin_for_size, round_bytes
 from allocsim.policies.chunks import ChunkMap
-from policy_checks import Referee, small_device
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 
 MiB = 1 << 20

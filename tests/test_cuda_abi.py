@@ -19,8 +19,14 @@ from pathlib import Path
 import pytest
 
 from allocsim.sim.validation import cuda_device
-from allocsim.sim.validation.cuda_device import (CUDA_ERROR_MEMORY_ALLOCATION, DRIVER_SIGNATURES, CudaVMM,
-                             _CUmemAccessDesc, _CUmemAllocationProp, _CUmemLocation)
+from allocsim.sim.validation.cuda_device import (
+    CUDA_ERROR_MEMORY_ALLOCATION,
+    DRIVER_SIGNATURES,
+    CudaVMM,
+    _CUmemAccessDesc,
+    _CUmemAllocationProp,
+    _CUmemLocation,
+)
 
 
 def _cuda_include() -> Path | None:

@@ -8,10 +8,10 @@ import random
 
 import pytest
 from hypothesis import given, settings
+from policy_checks import Referee, build, free_blocks, play, small_device, workload_actions
 
 from allocsim.policies import PolicySpecError, parse_policy
 from allocsim.policies.cupy_pool import CuPyPoolAllocator, round_size
-from policy_checks import Referee, build, free_blocks, play, small_device, workload_actions
 from allocsim.sim.kernel.device import SimulatedDevice
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from allocsim.sim.questions.compare import compare, pick_winner
 from allocsim.sim.kernel.device import CostModel, DeviceProfile
 from allocsim.sim.kernel.engine import SharedProcess, replay, run_shared
+from allocsim.sim.questions.compare import compare, pick_winner
 from allocsim.traces import Trace
 
 MiB = 1 << 20

@@ -12,7 +12,13 @@ import pytest
 from allocsim.policies import parse_policy
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.questions.explain import (
-    FRAGMENTATION, REAL_SHORTAGE, NoOOMError, add_explain_parser, explain_oom, variant_specs)
+    FRAGMENTATION,
+    REAL_SHORTAGE,
+    NoOOMError,
+    add_explain_parser,
+    explain_oom,
+    variant_specs,
+)
 from allocsim.sim.questions.fidelity import simulate_snapshot
 from allocsim.traces import formats, synth
 from allocsim.traces.formats.torch_snapshot import read_snapshot

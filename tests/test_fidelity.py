@@ -22,8 +22,13 @@ from allocsim.policies import parse_policy
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 from allocsim.sim.questions.fidelity import (
-    COMPARED_ACTIONS, FidelityError, add_fidelity_parser, fidelity, settings_from_snapshot,
-    simulate_snapshot)
+    COMPARED_ACTIONS,
+    FidelityError,
+    add_fidelity_parser,
+    fidelity,
+    settings_from_snapshot,
+    simulate_snapshot,
+)
 from allocsim.traces import formats, synth
 from allocsim.traces.formats.torch_snapshot import read_snapshot
 from allocsim.traces.model import Trace

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from fake_gpu import FakeCupy, FakeTorch
 from gpu_api import RECORD, describe, parameters, public_paths
 

@@ -10,8 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from allocsim.traces.formats import format_for, load, load_with_report
-from allocsim.traces.formats import cupy_log, malloclab, rmm_csv, torch_profiler  # registers them
+from allocsim.traces.formats import (  # registers them
+    cupy_log,
+    format_for,
+    load,
+    load_with_report,
+    malloclab,
+    rmm_csv,
+    torch_profiler,
+)
 from allocsim.traces.formats.cupy_log import read_cupy_log
 from allocsim.traces.formats.malloclab import read_malloclab
 from allocsim.traces.formats.rmm_csv import parse_time, read_rmm_csv

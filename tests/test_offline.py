@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from allocsim.sim.questions.compare import compare
 from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.questions.compare import compare
 from allocsim.sim.questions.offline import _best_gap, plan_offline
 from allocsim.traces import Trace
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
-
 from policy_checks import Referee, exhaust, play, small_device, workload_actions
 
 SPECS = ["on-demand", "preallocate", "best-fit", "bfc", "bfc:allow_growth=false",

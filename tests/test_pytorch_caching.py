@@ -6,15 +6,21 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from policy_checks import Referee, small_device
 
 from allocsim.policies import PolicySpecError, parse_policy
 from allocsim.policies.pytorch_caching import (
-    PyTorchCachingAllocator, divisions_index, get_allocation_size, parse_alloc_conf,
-    parse_roundup_power2_divisions, round_size, roundup_power2_next_division)
-from policy_checks import Referee, small_device
+    PyTorchCachingAllocator,
+    divisions_index,
+    get_allocation_size,
+    parse_alloc_conf,
+    parse_roundup_power2_divisions,
+    round_size,
+    roundup_power2_next_division,
+)
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
-
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -607,7 +613,7 @@ def test_the_per_stream_lists_find_what_a_literal_search_of_the_snapshot_finds(p
         if fitting:
             block_size, address = fitting[0]
             if not (rounded < max_split <= block_size
-                    or rounded >= max_split and block_size >= rounded + policy.max_non_split_rounding):
+                    or (rounded >= max_split and block_size >= rounded + policy.max_non_split_rounding)):
                 expected = address
         known = {b["address"] for s in policy.segments() for b in s["blocks"]}
         got = policy.malloc(size, stream)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from policy_checks import Referee, small_device
 
 from allocsim.policies import PolicySpecError, describe_policies, parse_policy
-from policy_checks import Referee, small_device
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 
 MiB = 1 << 20

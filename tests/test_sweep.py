@@ -13,12 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from allocsim.sim.sweeps import sweep as sweep_module
 from allocsim.sim.kernel.device import resolve_device
 from allocsim.sim.kernel.engine import replay
-from allocsim.sim.sweeps.sweep import (SweepError, add_sweep_arguments, best_policies, best_policies_text,
-                       cmd_sweep, expand_ranges, latest_records, load_definition, load_results,
-                       parse_definition, run_sweep)
+from allocsim.sim.sweeps import sweep as sweep_module
+from allocsim.sim.sweeps.sweep import (
+    SweepError,
+    add_sweep_arguments,
+    best_policies,
+    best_policies_text,
+    cmd_sweep,
+    expand_ranges,
+    latest_records,
+    load_definition,
+    load_results,
+    parse_definition,
+    run_sweep,
+)
 from allocsim.traces import formats, synth
 
 EVENTS = 3000
@@ -265,7 +275,7 @@ def test_dask_local_cluster_gives_the_local_results(tmp_path, trace_dir):
     total = collections.Counter()
     for per_worker in loads.values():
         total.update(per_worker)
-    assert dict(total) == {key: 1 for key in {c.trace.key for c in load_definition(path).cells()}}
+    assert dict(total) == dict.fromkeys({c.trace.key for c in load_definition(path).cells()}, 1)
 
 
 def test_dask_missing_is_a_clear_error(tmp_path, trace_dir, monkeypatch):

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocsim.traces.model import (COLUMN_DTYPES, OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace,
-                          TraceError)
+from allocsim.traces.model import COLUMN_DTYPES, OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace, TraceError
 from allocsim.traces.validate import ValidationReport, validate
 
 

@@ -11,21 +11,36 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from allocsim.policies import POLICIES, parse_policy
-from allocsim.sim.questions.compare import compare
-from allocsim.sim.kernel.device import DeviceProfile, resolve_device
-from allocsim.sim.kernel.engine import replay
-from allocsim.sim.validation.calibrate import (DeviceCalls, add_calibrate_parser, fit_linear,
-                           granularity_from_footprints, measure_packing, measure_profile)
-from allocsim.sim.validation.validator import (BACKENDS, HostDevice, NoGPUError, ValidationReport, ValidatorError,
-                           add_validate_parser, count_pattern_errors, fill_pattern, main,
-                           validate, validate_results)
-from allocsim.traces import Trace, formats, synth
-from allocsim.traces.bundled import bundled_path
-
 from fake_gpu import FakeCupy, FakeTorch, install_fake_gpu
 from policy_checks import OverlapBFC, SameAddressBFC
+
+from allocsim.policies import POLICIES, parse_policy
+from allocsim.sim.kernel.device import DeviceProfile, resolve_device
+from allocsim.sim.kernel.engine import replay
+from allocsim.sim.questions.compare import compare
+from allocsim.sim.validation.calibrate import (
+    DeviceCalls,
+    add_calibrate_parser,
+    fit_linear,
+    granularity_from_footprints,
+    measure_packing,
+    measure_profile,
+)
+from allocsim.sim.validation.validator import (
+    BACKENDS,
+    HostDevice,
+    NoGPUError,
+    ValidationReport,
+    ValidatorError,
+    add_validate_parser,
+    count_pattern_errors,
+    fill_pattern,
+    main,
+    validate,
+    validate_results,
+)
+from allocsim.traces import Trace, formats, synth
+from allocsim.traces.bundled import bundled_path
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -122,7 +137,7 @@ def test_overlaps_are_caught_on_the_bundled_samples(monkeypatch, path: Path) -> 
 
 
 def test_pattern_catches_any_overlap_of_four_bytes_or_more() -> None:
-    for shift in range(0, 9):
+    for shift in range(9):
         memory = np.zeros(64, dtype=np.uint8)
         fill_pattern(memory[0:32], key=7)
         fill_pattern(memory[32 - 4 - shift:60], key=8)   # overlaps the first by 4 + shift bytes
@@ -179,7 +194,7 @@ class _FakeRuntime:
     def __init__(self, count: int | None) -> None:
         self.count = count
 
-    def getDeviceCount(self) -> int:  # noqa: N802 - CuPy's name
+    def getDeviceCount(self) -> int:
         if self.count is None:
             raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected\n(code 100)")
         return self.count
@@ -292,9 +307,9 @@ def test_validate_results_json_needs_a_trace_file(tmp_path) -> None:
 def test_validate_results_json_of_the_bundled_trace(tmp_path) -> None:
     """`allocsim compare` with no trace records the generator as source: the bundled file is
     found by name and facts."""
+    from allocsim.sim.questions.compare import trace_facts
     from allocsim.sim.validation.validator import _bundled_match
     from allocsim.traces.bundled import load_default_trace
-    from allocsim.sim.questions.compare import trace_facts
     facts = trace_facts(load_default_trace())
     assert _bundled_match(facts) is not None
     assert _bundled_match({**facts, "events": facts["events"] + 1}) is None

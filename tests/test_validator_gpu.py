@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from policy_checks import OverlapBFC, SameAddressBFC
 
 from allocsim.policies import POLICIES, parse_policy
 from allocsim.sim.validation.calibrate import calibrate
@@ -24,14 +25,12 @@ from allocsim.sim.validation.validator import ValidationReport, validate
 from allocsim.traces import Trace, formats
 from allocsim.traces.bundled import bundled_path
 
-from policy_checks import OverlapBFC, SameAddressBFC
-
 pytestmark = pytest.mark.gpu
 
 cp = pytest.importorskip("cupy")
 try:
     _DEVICES = int(cp.cuda.runtime.getDeviceCount())
-except Exception:  # noqa: BLE001 - no driver, no device
+except Exception:
     _DEVICES = 0
 if _DEVICES < 1:
     pytest.skip("CuPy sees no CUDA device", allow_module_level=True)

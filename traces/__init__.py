@@ -8,4 +8,4 @@
 
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace, TraceError
 
-__all__ = ["Trace", "TraceError", "OP_ALLOC", "OP_FREE", "SIZE_UNKNOWN", "NO_TAG"]
+__all__ = ["NO_TAG", "OP_ALLOC", "OP_FREE", "SIZE_UNKNOWN", "Trace", "TraceError"]

@@ -24,8 +24,9 @@ column        dtype    meaning
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,7 @@ class TraceError(ValueError):
             where += f": event {self.event}"
         return f"{where}: {self.problem}"
 
-    def located(self, source: str) -> "TraceError":
+    def located(self, source: str) -> TraceError:
         """The same error, naming ``source`` as the file it came from."""
         return TraceError(self.problem, source=source, event=self.event)
 
@@ -109,7 +110,7 @@ class Trace:
         tag: Sequence[int] | np.ndarray | None = None,
         tags: list[str] | None = None,
         **metadata: Any,
-    ) -> "Trace":
+    ) -> Trace:
         """Build a trace from columns; absent stream/process default to 0, tag to NO_TAG."""
         n = len(time_ns)
         zeros = np.zeros(n, dtype=np.int32)
@@ -126,7 +127,7 @@ class Trace:
         )
 
     @classmethod
-    def from_events(cls, events: Iterable[tuple], **metadata: Any) -> "Trace":
+    def from_events(cls, events: Iterable[tuple], **metadata: Any) -> Trace:
         """Build a small trace from tuples ``(time_ns, "alloc"|"free", id, size[, stream[, process]])``.
 
         Meant for tests and examples; importers of large files build columns directly.
@@ -147,7 +148,7 @@ class Trace:
         return cls.from_columns(*columns, **metadata)
 
     @classmethod
-    def empty(cls, **metadata: Any) -> "Trace":
+    def empty(cls, **metadata: Any) -> Trace:
         return cls.from_columns([], [], [], [], **metadata)
 
     # ------------------------------------------------------------------ basic facts
@@ -225,7 +226,7 @@ class Trace:
         return int(live[index]), index
 
     # ------------------------------------------------------------------ selection
-    def select(self, mask: np.ndarray, **metadata: Any) -> "Trace":
+    def select(self, mask: np.ndarray, **metadata: Any) -> Trace:
         """The events where ``mask`` is true, as a new trace (tags table shared)."""
         meta = dict(self.metadata)
         meta.update(metadata)
@@ -235,10 +236,10 @@ class Trace:
             metadata=meta,
         )
 
-    def for_process(self, process: int) -> "Trace":
+    def for_process(self, process: int) -> Trace:
         return self.select(self.process == process, name=f"{self.name}[process {process}]")
 
-    def equals(self, other: "Trace", *, metadata: bool = True) -> bool:
+    def equals(self, other: Trace, *, metadata: bool = True) -> bool:
         """Column-by-column equality (and tags/metadata unless told otherwise)."""
         same = all(np.array_equal(getattr(self, c), getattr(other, c)) for c in COLUMN_DTYPES)
         same = same and self.tags == other.tags

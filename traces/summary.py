@@ -62,7 +62,7 @@ def summarize(trace: Trace, *, top: int = 10) -> dict[str, Any]:
         "validation": trace.metadata.get("validation"),
     }
     still_live = live_at(trace, len(trace) - 1) if len(trace) else np.zeros(0, np.int64)
-    facts["leaks"] = int(len(still_live))
+    facts["leaks"] = len(still_live)
     facts["leaked_bytes"] = int(trace.size[still_live].sum()) if len(still_live) else 0
     facts["top_live_at_peak"] = []
     if peak_event >= 0 and trace.tags and np.any(trace.tag != NO_TAG):

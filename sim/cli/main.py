@@ -24,22 +24,38 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from allocsim.policies import DEFAULT_POLICIES, PolicySpecError, describe_policies, format_size
-from allocsim.policies import parse_size
+from allocsim.policies import (
+    DEFAULT_POLICIES,
+    PolicySpecError,
+    describe_policies,
+    format_size,
+    parse_size,
+)
 from allocsim.policies.registry import alloc_conf_spec
-from allocsim.sim.questions.capacity import min_capacities
 from allocsim.sim.cli.common import add_reading_options, load_trace
-from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare, normalize_spec, trace_facts
-from allocsim.sim.questions.regress import check_baseline, make_baseline
-from allocsim.sim.questions.share import (expand_processes, parse_share_spec, plot_share, share, share_json,
-                       share_text)
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, resolve_device
 from allocsim.sim.output.report import comparison_text, format_table, write_comparisons, write_json
-from allocsim.traces import Trace, TraceError
-from allocsim.traces import formats, synth
+from allocsim.sim.questions.capacity import min_capacities
+from allocsim.sim.questions.compare import (
+    DEFAULT_MAX_SLOWDOWN,
+    Comparison,
+    compare,
+    normalize_spec,
+    trace_facts,
+)
+from allocsim.sim.questions.regress import check_baseline, make_baseline
+from allocsim.sim.questions.share import (
+    expand_processes,
+    parse_share_spec,
+    plot_share,
+    share,
+    share_json,
+    share_text,
+)
+from allocsim.traces import Trace, TraceError, formats, synth
 from allocsim.traces.bundled import DEFAULT_TRACE_NAME, load_bundled_traces, load_default_trace
 from allocsim.traces.summary import summarize
 

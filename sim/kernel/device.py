@@ -71,14 +71,14 @@ class DeviceProfile:
     costs: CostModel = field(default_factory=CostModel)
     source: str = ""
 
-    def with_capacity(self, capacity: int) -> "DeviceProfile":
+    def with_capacity(self, capacity: int) -> DeviceProfile:
         return replace(self, name=f"{self.name}@{format_size(capacity)}", capacity=capacity)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "DeviceProfile":
+    def from_dict(cls, data: dict) -> DeviceProfile:
         data = dict(data)
         data["costs"] = CostModel(**data.get("costs", {}))
         return cls(**data)
@@ -151,7 +151,7 @@ class SimulatedDevice:
         self._next_address = ADDRESS_BASE
         self.views: dict[int, ProcessDevice] = {}
 
-    def view(self, process: int = 0) -> "ProcessDevice":
+    def view(self, process: int = 0) -> ProcessDevice:
         """The device as process ``process`` sees it (created on first use)."""
         if process not in self.views:
             self.views[process] = ProcessDevice(self, process)

@@ -17,8 +17,8 @@ it never trusts a policy's own counters for headline figures.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import simpy
@@ -365,4 +365,4 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
     )
 
 
-__all__ = ["replay", "run_shared", "SharedProcess", "SharedRun", "ProcessReplay", "OP_FREE"]
+__all__ = ["OP_FREE", "ProcessReplay", "SharedProcess", "SharedRun", "replay", "run_shared"]

@@ -12,14 +12,15 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from allocsim.policies.units import format_size
-from allocsim.sim.questions.compare import Comparison
 from allocsim.sim.kernel.results import RunResult
+from allocsim.sim.questions.compare import Comparison
 
 COLUMNS = ("policy", "done", "peak reserved", "peak allocated", "util", "frag", "OOMs",
            "dev mallocs", "dev frees", "alloc time", "slowdown")

@@ -11,16 +11,16 @@ passing capacity found, which becomes the answer.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
 from allocsim.policies import PolicySpec, format_size
 from allocsim.policies.units import round_up
-from allocsim.sim.questions.compare import normalize_spec
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.engine import replay
+from allocsim.sim.questions.compare import normalize_spec
 from allocsim.sim.questions.offline import OFFLINE_NAME, offline_result
 from allocsim.traces.model import Trace
 

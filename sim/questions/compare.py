@@ -16,14 +16,15 @@ runner-up, what it cost, and which policies the budget excluded.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from allocsim.policies import PolicySpec, format_size, parse_policy
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.engine import replay
-from allocsim.sim.questions.offline import OFFLINE_NAME, offline_result
 from allocsim.sim.kernel.results import SCHEMA_VERSION, RunResult
+from allocsim.sim.questions.offline import OFFLINE_NAME, offline_result
 from allocsim.traces.model import Trace
 
 DEFAULT_MAX_SLOWDOWN = 1.10
@@ -78,7 +79,7 @@ def pick_winner(results: Sequence[RunResult], max_slowdown: float | None = DEFAU
     done = sorted((r for r in completed if r.slowdown <= budget), key=rank_key)
     excluded = ""
     if slow:
-        excluded = "; over the {:.2f}x slowdown budget: ".format(budget) + ", ".join(
+        excluded = f"; over the {budget:.2f}x slowdown budget: " + ", ".join(
             f"{r.policy} ({format_size(r.peak_reserved)}, {r.slowdown:.2f}x)" for r in slow)
     if not done:
         if slow:

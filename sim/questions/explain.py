@@ -41,24 +41,44 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from allocsim.policies import PolicySpec, format_size, parse_policy
-from allocsim.policies.pytorch_caching import PyTorchCachingAllocator, get_allocation_size, round_size
-from allocsim.sim.kernel.device import DEFAULT_PROFILE, DeviceProfile, SimulatedDevice, resolve_device
+from allocsim.policies.pytorch_caching import (
+    PyTorchCachingAllocator,
+    get_allocation_size,
+    round_size,
+)
+from allocsim.sim.cli.common import add_reading_options, load_trace
+from allocsim.sim.kernel.device import (
+    DEFAULT_PROFILE,
+    DeviceProfile,
+    SimulatedDevice,
+    resolve_device,
+)
 from allocsim.sim.kernel.engine import ProcessReplay, replay
 from allocsim.sim.questions.fidelity import (
-    FidelityError, check_snapshot_trace, model_at_recorded_oom,
-    recorded_oom)
-from allocsim.sim.cli.common import add_reading_options, load_trace
+    FidelityError,
+    check_snapshot_trace,
+    model_at_recorded_oom,
+    recorded_oom,
+)
 from allocsim.sim.questions.offline import offline_result
 from allocsim.traces.model import NO_TAG, OP_ALLOC, Trace
 
-__all__ = ["explain_oom", "OOMExplanation", "Alternative", "NoOOMError", "add_explain_parser",
-           "variant_specs", "MAX_SPLIT_SIZES_MB"]
+__all__ = [
+    "MAX_SPLIT_SIZES_MB",
+    "Alternative",
+    "NoOOMError",
+    "OOMExplanation",
+    "add_explain_parser",
+    "explain_oom",
+    "variant_specs",
+]
 
 MAX_SPLIT_SIZES_MB = (128, 512)
 OFFLINE_MAX_BUFFERS = 200_000   # the offline planner is O(buffers × overlapping buffers)

@@ -76,23 +76,46 @@ import sys
 import time
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
 from allocsim.policies import PolicySpec, format_size, parse_policy, parse_size
 from allocsim.policies.pytorch_caching import (
-    MiB, PyTorchCachingAllocator, parse_alloc_conf, parse_roundup_power2_divisions, round_size)
-from allocsim.sim.kernel.device import ADDRESS_BASE, RANGE_ALIGN, DeviceProfile, ProcessDevice, SimulatedDevice
+    MiB,
+    PyTorchCachingAllocator,
+    parse_alloc_conf,
+    parse_roundup_power2_divisions,
+    round_size,
+)
 from allocsim.sim.cli.common import add_reading_options, load_trace
+from allocsim.sim.kernel.device import (
+    ADDRESS_BASE,
+    RANGE_ALIGN,
+    DeviceProfile,
+    ProcessDevice,
+    SimulatedDevice,
+)
 from allocsim.traces.model import OP_ALLOC, Trace
 
-__all__ = ["fidelity", "FidelityReport", "FidelityError", "SnapshotSettings",
-           "settings_from_snapshot", "simulate_snapshot", "add_fidelity_parser",
-           "RecordedOOM", "recorded_oom", "model_at_recorded_oom", "snapshot_capacity",
-           "COMPARED_ACTIONS", "LARGE_CAPACITY"]
+__all__ = [
+    "COMPARED_ACTIONS",
+    "LARGE_CAPACITY",
+    "FidelityError",
+    "FidelityReport",
+    "RecordedOOM",
+    "SnapshotSettings",
+    "add_fidelity_parser",
+    "fidelity",
+    "model_at_recorded_oom",
+    "recorded_oom",
+    "settings_from_snapshot",
+    "simulate_snapshot",
+    "snapshot_capacity",
+]
 
 GiB = 1 << 30
 LARGE_CAPACITY = 1 << 40                 # "a large device": 1 TiB, never binds
@@ -247,7 +270,7 @@ class _AddressedView(ProcessDevice):
     """A process view that logs each successful device call with its address, and marks
     virtual-range requests so the device can tell them from cudaMalloc."""
 
-    device: "_RecordedAddressDevice"
+    device: _RecordedAddressDevice
 
     def reserve(self, nbytes: int) -> int | None:
         base = super().reserve(nbytes)

@@ -134,6 +134,6 @@ def offline_result(trace: Trace, device: DeviceProfile, alignment: int = 256) ->
         failed_device_mallocs=0 if completed else 1, alloc_time_s=cost,
         trace_duration_s=trace.duration_ns / 1e9,
         policy_stats={"heap_size": plan.heap_size, "lower_bound": plan.peak_live,
-                      "buffers": int(len(plan.sizes))},
+                      "buffers": len(plan.sizes)},
         timeline=timeline,
     )

@@ -14,14 +14,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from allocsim.policies import format_size
-from allocsim.sim.questions.compare import compare, normalize_spec
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.results import RunResult
+from allocsim.sim.questions.compare import compare, normalize_spec
 from allocsim.traces import formats
 
 BASELINE_VERSION = 1

@@ -124,26 +124,41 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from allocsim.policies import DEFAULT_POLICIES, PolicySpecError, format_size, parse_size
-from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, normalize_spec
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, DeviceProfile, resolve_device
 from allocsim.sim.kernel.engine import replay
-from allocsim.sim.questions.offline import OFFLINE_NAME, offline_result
 from allocsim.sim.output.report import format_table
+from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, normalize_spec
+from allocsim.sim.questions.offline import OFFLINE_NAME, offline_result
 from allocsim.traces import formats, synth
 from allocsim.traces.model import Trace, TraceError
 
 __all__ = [
-    "SweepError", "SweepDefinition", "TraceSource", "DeviceEntry", "Cell", "SweepSummary",
-    "BestRow", "expand_ranges", "load_definition", "parse_definition", "run_sweep",
-    "load_results", "latest_records", "best_policies", "best_policies_text",
-    "loads_in_this_process", "add_sweep_arguments", "cmd_sweep",
+    "BestRow",
+    "Cell",
+    "DeviceEntry",
+    "SweepDefinition",
+    "SweepError",
+    "SweepSummary",
+    "TraceSource",
+    "add_sweep_arguments",
+    "best_policies",
+    "best_policies_text",
+    "cmd_sweep",
+    "expand_ranges",
+    "latest_records",
+    "load_definition",
+    "load_results",
+    "loads_in_this_process",
+    "parse_definition",
+    "run_sweep",
 ]
 
 SYNTH_PREFIX = "synth:"
@@ -454,7 +469,7 @@ class _Failed:
     message: str
 
 
-_CACHE: "collections.OrderedDict[str, Trace | _Failed]" = collections.OrderedDict()
+_CACHE: collections.OrderedDict[str, Trace | _Failed] = collections.OrderedDict()
 _CACHE_LOCK = threading.Lock()   # a thread-pool executor shares one process's cache
 _LOADS: collections.Counter[str] = collections.Counter()
 
@@ -480,7 +495,7 @@ def _materialise(source: TraceSource, data: bytes | None = None) -> Trace | _Fai
     _LOADS[source.key] += 1
     try:
         return source.load() if data is None else source.load_from_bytes(data)
-    except Exception as err:  # noqa: BLE001 — any failure of one trace must not stop the sweep
+    except Exception as err:
         return _Failed(_describe(err))
 
 
@@ -521,7 +536,7 @@ def _run_cell(cell: Cell, trace: Trace | _Failed | None = None) -> dict[str, Any
         else:
             result = replay(trace, cell.policy, cell.profile)
         data = result.to_json_dict()
-    except Exception as err:  # noqa: BLE001 — a failing cell is recorded, the sweep goes on
+    except Exception as err:
         return _record(cell, error=_describe(err), wall_s=time.perf_counter() - start,
                        loaded=loaded, worker=_worker_name())
     return _record(cell, result=data, wall_s=time.perf_counter() - start, loaded=loaded,
@@ -653,7 +668,7 @@ class _DaskRunner(_Runner):
         """Fail early and clearly when the workers cannot import allocsim."""
         try:
             self.client.submit(_ping, pure=False).result(timeout=60)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             if self.owned:
                 self.client.close()
             raise SweepError(f"the Dask workers cannot run allocsim tasks ({_describe(err)}); "
@@ -925,7 +940,7 @@ class _StopRequest:
         self.previous: Any = None
         self.installed = False
 
-    def __enter__(self) -> "_StopRequest":
+    def __enter__(self) -> _StopRequest:
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGINT, self._handle)
             self.installed = True
@@ -1119,7 +1134,7 @@ def _outcome(future: Future, cell: Cell, runner: _Runner) -> dict[str, Any] | No
     except BrokenProcessPool:
         runner.handle_broken(future)
         return None
-    except Exception as err:  # noqa: BLE001 — e.g. Dask's KilledWorker: recorded, sweep goes on
+    except Exception as err:
         return _record(cell, error=_describe(err))
 
 

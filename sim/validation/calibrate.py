@@ -15,16 +15,24 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from allocsim.policies import format_size, parse_size
 from allocsim.policies.units import round_up
 from allocsim.sim.kernel.device import CostModel, DeviceProfile
-from allocsim.sim.validation.validator import CudaVMM, ValidatorError, _gpu_facts, _now, _require_gpu, _slug
+from allocsim.sim.validation.validator import (
+    CudaVMM,
+    ValidatorError,
+    _gpu_facts,
+    _now,
+    _require_gpu,
+    _slug,
+)
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -75,14 +83,14 @@ class Calibration:
     latencies: list[LatencySample]
     footprints: dict[int, float]       # probe size -> bytes cudaMemGetInfo moved per allocation
     date: str
-    packing: dict[int, "PackingCurve"] = field(default_factory=dict)
+    packing: dict[int, PackingCurve] = field(default_factory=dict)
 
     def profile_json(self) -> dict[str, Any]:
         """The profile file's content: exactly what :meth:`DeviceProfile.from_dict` reads."""
         return self.profile.as_dict()
 
     def write(self, path: str | Path) -> Path:
-        from allocsim.sim.output.report import write_json  # noqa: PLC0415
+        from allocsim.sim.output.report import write_json
         write_json(self.profile_json(), path)
         return Path(path)
 
@@ -307,7 +315,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
              else list(DEFAULT_CALIBRATION_SIZES))
     calibration = calibrate(sizes, args.repeats, name=args.name, output=args.output)
     if args.measurements:
-        from allocsim.sim.output.report import write_json  # noqa: PLC0415
+        from allocsim.sim.output.report import write_json
         write_json(calibration.measurements_json(), args.measurements)
     profile = calibration.profile
     if args.output:

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from allocsim.policies import format_size
 from allocsim.policies.units import round_up
 from allocsim.sim.kernel.device import DeviceProfile
-
-from allocsim.sim.validation.real_memory import PATTERN_KEYS, CallLog, ValidatorError, _one_line, _Spans
+from allocsim.sim.validation.real_memory import (
+    PATTERN_KEYS,
+    CallLog,
+    ValidatorError,
+    _one_line,
+    _Spans,
+)
 
 # cudaErrorMemoryAllocation, the status of a cudaMalloc that found no memory. CuPy's runtime
 # module gives the enum no Python name (checked on CuPy 14.2.0: ``cupy.cuda.runtime`` has no

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left, bisect_right, insort
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,7 @@ def _require_gpu(command: str = "allocsim validate",
                  hint: str = " except with --backend host") -> Any:
     """CuPy, once it has been seen to reach a CUDA device; else NoGPUError (one line)."""
     try:
-        import cupy  # noqa: PLC0415 - lazily: importing allocsim never needs cupy
+        import cupy
     except Exception as err:   # ImportError, or a broken CUDA install failing at import
         why = ("cupy is not installed" if isinstance(err, ImportError)
                else f"cupy failed to import: {_one_line(err)}")
@@ -138,14 +139,14 @@ class CallLog:
     def __len__(self) -> int:
         return len(self.event)
 
-    def head(self, count: int) -> "CallLog":
+    def head(self, count: int) -> CallLog:
         """The first ``count`` calls (those of the replay, not of the clean-up after it)."""
         log = CallLog()
         log.event, log.kind, log.nbytes = self.event[:count], self.kind[:count], self.nbytes[:count]
         log.ok, log.wall_ns = self.ok[:count], self.wall_ns[:count]
         return log
 
-    def before(self, event: int) -> "CallLog":
+    def before(self, event: int) -> CallLog:
         """The calls made while replaying events before ``event`` (not the clean-up after)."""
         return self.head(sum(1 for e in self.event if e < event))
 

@@ -46,10 +46,11 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -59,11 +60,21 @@ from allocsim.policies.units import round_up
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice, resolve_device
 from allocsim.sim.kernel.engine import ProcessReplay
 from allocsim.sim.kernel.results import RunResult
-from allocsim.traces.model import OP_ALLOC, Trace
 from allocsim.sim.validation.cuda_device import CUDA_ERROR_MEMORY_ALLOCATION, CudaVMM, CupyDevice
-from allocsim.sim.validation.real_memory import (CallLog, Corruption, HostDevice, Measured, NoGPUError,
-                             ValidatorError, _one_line, _require_gpu, count_pattern_errors,
-                             fill_pattern, pattern_word)
+from allocsim.sim.validation.real_memory import (
+    CallLog,
+    Corruption,
+    HostDevice,
+    Measured,
+    NoGPUError,
+    ValidatorError,
+    _one_line,
+    _require_gpu,
+    count_pattern_errors,
+    fill_pattern,
+    pattern_word,
+)
+from allocsim.traces.model import OP_ALLOC, Trace
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -228,7 +239,7 @@ def _give_everything_back(policy: Any, live: dict) -> None:
         for address, _, _ in live.values():
             policy.free(address)
         policy.empty_cache()
-    except Exception:   # noqa: BLE001 - a policy under test may be broken; never mask the report
+    except Exception:
         pass
 
 
@@ -276,13 +287,13 @@ class ErrorStats:
 
     @classmethod
     def of(cls, simulated: np.ndarray, measured: np.ndarray, where: np.ndarray | None = None
-           ) -> "ErrorStats":
+           ) -> ErrorStats:
         error = np.abs(measured.astype(np.int64) - simulated.astype(np.int64))
         mismatch = np.flatnonzero(error)
         chosen = error if where is None else error[where]
         return cls(max_abs=int(chosen.max()) if len(chosen) else 0,
                    mean_abs=round(float(chosen.mean()), 3) if len(chosen) else 0.0,
-                   events_compared=int(len(chosen)), mismatched_events=int(len(mismatch)),
+                   events_compared=len(chosen), mismatched_events=len(mismatch),
                    first_mismatch_event=int(mismatch[0]) if len(mismatch) else None)
 
 
@@ -383,7 +394,7 @@ class ValidationReport:
         }
 
     @classmethod
-    def from_json_dict(cls, data: dict[str, Any]) -> "ValidationReport":
+    def from_json_dict(cls, data: dict[str, Any]) -> ValidationReport:
         """Read a report back (e.g. to re-plot it)."""
         series = data["series"]
         n = int(series["events"])
@@ -440,7 +451,7 @@ class ValidationReport:
 
     def text(self) -> str:
         """What ``allocsim validate`` prints."""
-        from allocsim.sim.output.report import format_table  # noqa: PLC0415 - keeps matplotlib out of imports
+        from allocsim.sim.output.report import format_table
         table = format_table(self._rows(), ["metric", "simulated", "measured", "difference"])
         lines = [self.headline(), "", table, ""]
         if self.first_corruption:
@@ -467,7 +478,7 @@ class ValidationReport:
 
     def plot(self, path: str | Path) -> Path:
         """Simulated vs measured reserved bytes over the trace's events (and the difference)."""
-        from allocsim.sim.output.report import _pyplot  # noqa: PLC0415 - matplotlib only when plotting
+        from allocsim.sim.output.report import _pyplot
         plt = _pyplot()
         fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.2), sharex=True,
                                           gridspec_kw={"height_ratios": [3, 1.3]})
@@ -501,7 +512,7 @@ class ValidationReport:
 
     def write(self, out_dir: str | Path, stem: str | None = None) -> list[Path]:
         """``STEM.json``, ``STEM.md`` and ``STEM.png`` into ``out_dir``; the paths written."""
-        from allocsim.sim.output.report import write_json  # noqa: PLC0415
+        from allocsim.sim.output.report import write_json
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         stem = stem or self.stem()
@@ -543,7 +554,7 @@ def build_report(backend: Backend, spec: PolicySpec, trace: Trace, profile: Devi
                  simulated: Simulated, measured: Measured, *, device_name: str,
                  versions: dict[str, str], tolerance_bytes: int | None) -> ValidationReport:
     """Line the two sides up, compute the errors, and judge the backend's criteria."""
-    from allocsim.sim.questions.compare import trace_facts  # noqa: PLC0415
+    from allocsim.sim.questions.compare import trace_facts
     n = len(trace)
     sim_events = simulated.call_events
     measured_events = np.asarray(measured.calls.event, dtype=np.int64)
@@ -672,7 +683,7 @@ def _nvidia_driver_version() -> str | None:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=10, check=True).stdout
         return out.strip().splitlines()[0] if out.strip() else None
-    except Exception:   # noqa: BLE001 - optional detail
+    except Exception:
         return None
 
 
@@ -854,7 +865,7 @@ def _run_cupy_async(trace: Trace, profile: DeviceProfile, spec: PolicySpec) -> M
     device_name, versions = _gpu_facts(cp)
     try:
         pool = cp.cuda.MemoryAsyncPool()
-    except Exception as err:   # noqa: BLE001 - old CUDA, or a device without memory pools
+    except Exception as err:
         raise ValidatorError(f"backend cupy-async: MemoryAsyncPool unavailable "
                              f"({_one_line(err)})") from None
     pool.free_all_blocks()
@@ -896,7 +907,7 @@ def _run_cupy_async(trace: Trace, profile: DeviceProfile, spec: PolicySpec) -> M
 def _require_torch() -> Any:
     """torch, once it has been seen to reach a CUDA device; else a one-line error."""
     try:
-        import torch  # noqa: PLC0415 - optional, and heavy
+        import torch
     except ImportError:
         raise ValidatorError("backend torch needs PyTorch with CUDA (torch is not installed)"
                              ) from None
@@ -1119,8 +1130,8 @@ def _torch_model_spec(backend: Backend, capped: bool) -> PolicySpec:
 def _load_trace(trace: Trace | str | Path) -> Trace:
     if isinstance(trace, Trace):
         return trace
-    from allocsim.traces import formats  # noqa: PLC0415
-    from allocsim.traces.bundled import load_default_trace  # noqa: PLC0415
+    from allocsim.traces import formats
+    from allocsim.traces.bundled import load_default_trace
     return load_default_trace() if str(trace) == "default" else formats.load(trace)
 
 
@@ -1199,10 +1210,10 @@ def _default_gpu_profile(cp: Any) -> DeviceProfile | None:
             name = rt.getDeviceProperties(int(rt.getDevice()))["name"]
             name = name.decode() if isinstance(name, bytes) else str(name)
             return _profile_for_gpu(name, int(rt.memGetInfo()[1]))
-        import torch  # noqa: PLC0415
+        import torch
         return _profile_for_gpu(torch.cuda.get_device_name(),
                                 int(torch.cuda.mem_get_info()[1]))
-    except Exception:   # noqa: BLE001 - a nicety: the default profile does as well
+    except Exception:
         return None
 
 
@@ -1271,7 +1282,7 @@ def validate_results(results: str | Path, backend: str = DEFAULT_BACKEND, *,
 def _bundled_match(facts: dict[str, Any]) -> Path | None:
     """The bundled trace a comparison ran on (``allocsim compare`` with no trace records the
     generator as its source, not the file): same name, events and allocations."""
-    from allocsim.traces.bundled import bundled_path  # noqa: PLC0415
+    from allocsim.traces.bundled import bundled_path
     path = bundled_path(f"{facts.get('name', '')}.npz")
     if not path.is_file():
         return None
@@ -1289,7 +1300,7 @@ def _profile_from_results(device: dict[str, Any]) -> DeviceProfile:
     except ValueError:
         profile = DeviceProfile(name or "results-device", int(device.get("capacity") or 0),
                                 source="from a compare results.json (costs: defaults)")
-    from dataclasses import replace  # noqa: PLC0415
+    from dataclasses import replace
     return replace(profile, name=name or profile.name,
                    capacity=int(device.get("capacity") or profile.capacity),
                    granularity=int(device.get("granularity") or profile.granularity),
@@ -1362,7 +1373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="allocsim", description="Validate and calibrate.")
     sub = parser.add_subparsers(dest="command", required=True)
     add_validate_parser(sub)
-    from allocsim.sim.validation.calibrate import add_calibrate_parser  # noqa: PLC0415 (calibrate imports this module)
+    from allocsim.sim.validation.calibrate import add_calibrate_parser
     add_calibrate_parser(sub)
     args = parser.parse_args(argv)
     try:
@@ -1375,10 +1386,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = [
-    "BACKENDS", "Backend", "ValidatorError", "NoGPUError", "HostDevice", "CupyDevice", "CudaVMM",
-    "drive", "simulate", "validate", "validate_results", "ValidationReport", "Metric", "Check",
-    "ErrorStats", "Measured", "Simulated", "Corruption", "CallLog", "fill_pattern",
-    "count_pattern_errors", "pattern_word", "add_validate_parser", "cmd_validate", "main",
+    "BACKENDS",
+    "Backend",
+    "CallLog",
+    "Check",
+    "Corruption",
+    "CudaVMM",
+    "CupyDevice",
+    "ErrorStats",
+    "HostDevice",
+    "Measured",
+    "Metric",
+    "NoGPUError",
+    "Simulated",
+    "ValidationReport",
+    "ValidatorError",
+    "add_validate_parser",
+    "cmd_validate",
+    "count_pattern_errors",
+    "drive",
+    "fill_pattern",
+    "main",
+    "pattern_word",
+    "simulate",
+    "validate",
+    "validate_results",
 ]
 
 if __name__ == "__main__":

@@ -29,16 +29,25 @@ import gzip
 import os
 import secrets
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from allocsim.traces.formats import native
 from allocsim.traces.formats.native import Reader, Writer
 from allocsim.traces.model import Trace, TraceError
 from allocsim.traces.validate import ValidationReport, validate
 
-__all__ = ["FORMATS", "Format", "register_format", "load", "load_with_report", "save",
-           "format_for", "supported_extensions"]
+__all__ = [
+    "FORMATS",
+    "Format",
+    "format_for",
+    "load",
+    "load_with_report",
+    "register_format",
+    "save",
+    "supported_extensions",
+]
 
 Detect = Callable[[str, bytes], bool]
 
@@ -222,6 +231,10 @@ def _remove(path: Path) -> None:
 
 # Importers of other tools' files register themselves on import (after the native formats, so
 # their content detection is consulted first).
-from allocsim.traces.formats import torch_snapshot  # noqa: E402,F401
-from allocsim.traces.formats import torch_profiler  # noqa: E402,F401  (before cupy_log, rmm_csv: helpers)
-from allocsim.traces.formats import cupy_log, malloclab, rmm_csv  # noqa: E402,F401
+from allocsim.traces.formats import (  # noqa: E402,F401
+    cupy_log,
+    malloclab,
+    rmm_csv,
+    torch_profiler,
+    torch_snapshot,
+)

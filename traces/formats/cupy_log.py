@@ -65,20 +65,35 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Hashable, Sequence
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from allocsim.traces.formats import register_format
 from allocsim.traces.formats.native import file_metadata
-from allocsim.traces.formats.torch_profiler import (AddressMatcher, build_trace, intern_tags,
-                                           parse_device_index)
+from allocsim.traces.formats.torch_profiler import (
+    AddressMatcher,
+    build_trace,
+    intern_tags,
+    parse_device_index,
+)
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
 
-__all__ = ["FORMAT_NAME", "HEADER_KEY", "HOOK_MALLOC", "HOOK_FREE", "HOOK_ALLOC", "HOOK_NAMES",
-           "HookEvents", "hook_events_to_trace", "write_hook_log", "read_cupy_log",
-           "detect_cupy_log"]
+__all__ = [
+    "FORMAT_NAME",
+    "HEADER_KEY",
+    "HOOK_ALLOC",
+    "HOOK_FREE",
+    "HOOK_MALLOC",
+    "HOOK_NAMES",
+    "HookEvents",
+    "detect_cupy_log",
+    "hook_events_to_trace",
+    "read_cupy_log",
+    "write_hook_log",
+]
 
 FORMAT_NAME = "cupy-log"
 HEADER_KEY = "allocsim-cupy-log"

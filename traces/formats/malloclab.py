@@ -36,7 +36,7 @@ from allocsim.traces.formats import register_format
 from allocsim.traces.formats.native import file_metadata
 from allocsim.traces.model import OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace, TraceError
 
-__all__ = ["FORMAT_NAME", "read_malloclab", "detect_malloclab"]
+__all__ = ["FORMAT_NAME", "detect_malloclab", "read_malloclab"]
 
 FORMAT_NAME = "malloclab"
 STEP_NS = 1000

@@ -46,21 +46,39 @@ import csv
 import io
 import json
 import zipfile
+from collections.abc import Callable, Sequence
 from itertools import chain
 from json.scanner import make_scanner
-from typing import Any, BinaryIO, Callable, Sequence
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from allocsim.traces.model import (COLUMN_DTYPES, NO_TAG, OP_ALLOC, OP_CODES, OP_FREE, OP_NAMES,
-                          SIZE_UNKNOWN, Trace, TraceError)
+from allocsim.traces.model import (
+    COLUMN_DTYPES,
+    NO_TAG,
+    OP_ALLOC,
+    OP_CODES,
+    OP_FREE,
+    OP_NAMES,
+    SIZE_UNKNOWN,
+    Trace,
+    TraceError,
+)
 
 __all__ = [
-    "CSV_COLUMNS", "REQUIRED_COLUMNS", "NPZ_FORMAT",
-    "read_npz", "write_npz", "detect_npz",
-    "read_csv", "write_csv", "detect_csv",
-    "read_jsonl", "write_jsonl", "detect_jsonl",
+    "CSV_COLUMNS",
+    "NPZ_FORMAT",
+    "REQUIRED_COLUMNS",
+    "detect_csv",
+    "detect_jsonl",
+    "detect_npz",
     "file_metadata",
+    "read_csv",
+    "read_jsonl",
+    "read_npz",
+    "write_csv",
+    "write_jsonl",
+    "write_npz",
 ]
 
 NPZ_FORMAT = "allocsim-trace/1"

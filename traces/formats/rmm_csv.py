@@ -46,7 +46,7 @@ from allocsim.traces.formats.native import file_metadata
 from allocsim.traces.formats.torch_profiler import AddressMatcher, build_trace
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
 
-__all__ = ["FORMAT_NAME", "HEADER", "read_rmm_csv", "detect_rmm_csv", "parse_time"]
+__all__ = ["FORMAT_NAME", "HEADER", "detect_rmm_csv", "parse_time", "read_rmm_csv"]
 
 FORMAT_NAME = "rmm-csv"
 HEADER = ("thread", "time", "action", "pointer", "size", "stream")

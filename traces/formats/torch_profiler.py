@@ -51,7 +51,8 @@ matching and prologue assembly shared with the CuPy and RMM importers.
 from __future__ import annotations
 
 import json
-from typing import Any, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -59,8 +60,16 @@ from allocsim.traces.formats import register_format
 from allocsim.traces.formats.native import file_metadata
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
 
-__all__ = ["FORMAT_NAME", "PROLOGUE_TAG", "AddressMatcher", "build_trace", "intern_tags",
-           "read_torch_profiler", "detect_torch_profiler", "parse_device_index"]
+__all__ = [
+    "FORMAT_NAME",
+    "PROLOGUE_TAG",
+    "AddressMatcher",
+    "build_trace",
+    "detect_torch_profiler",
+    "intern_tags",
+    "parse_device_index",
+    "read_torch_profiler",
+]
 
 FORMAT_NAME = "torch-profiler"
 PROLOGUE_TAG = "<allocated before recording>"

@@ -80,9 +80,10 @@ import collections
 import io
 import pickle
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Any, BinaryIO, Iterable, NamedTuple
+from functools import cache
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -90,8 +91,15 @@ from allocsim.traces.formats import register_format
 from allocsim.traces.formats.native import file_metadata
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
 
-__all__ = ["read_snapshot", "write_snapshot", "snapshot_of_run", "detect_snapshot",
-           "load_pickle", "PROLOGUE_TAG", "REFERENCE_ACTIONS"]
+__all__ = [
+    "PROLOGUE_TAG",
+    "REFERENCE_ACTIONS",
+    "detect_snapshot",
+    "load_pickle",
+    "read_snapshot",
+    "snapshot_of_run",
+    "write_snapshot",
+]
 
 FORMAT_NAME = "torch-snapshot"
 PROLOGUE_TAG = "<allocated before recording>"
@@ -143,7 +151,7 @@ def load_pickle(data: bytes, source: str = "<snapshot>") -> Any:
         raise err.located(source) from None
     except RecursionError:
         raise TraceError("not a readable pickle: nested too deeply", source=source) from None
-    except Exception as err:  # noqa: BLE001 - any unpickling failure is a bad file
+    except Exception as err:
         raise TraceError(f"not a readable pickle: {_one_line(err)}", source=source) from None
 
 
@@ -396,7 +404,7 @@ class _StreamIds:
 
 
 # ====================================================================== tags
-@lru_cache(maxsize=None)
+@cache
 def _frame_filter(name: str, filename: str) -> bool:
     """_memory_viz._frame_filter / MemoryViz.js frameFilter: drop the allocator's own,
     dispatcher and interpreter frames."""
@@ -413,14 +421,14 @@ _STDLIB = re.compile(r"[\\/]lib[\\/]python\d")
 _LIBRARY_PARTS = ("/torch/", "\\torch\\", "site-packages", "dist-packages", "<frozen ")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _is_python(filename: str) -> bool:
     """A Python source frame (C++ frames are '??', '' or a .cpp/.h file, with line 0)."""
     return filename.endswith((".py", ".pyx")) or (
         filename.startswith("<") and filename.endswith(">") and len(filename) > 2)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _is_user(name: str, filename: str) -> bool:
     """A Python frame outside torch, installed packages and the standard library."""
     if not _is_python(filename) or not _frame_filter(name, filename):

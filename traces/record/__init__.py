@@ -15,17 +15,18 @@ so the package works (and is tested) on machines without them.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only; importing would pull in CuPy
     from allocsim.traces.model import Trace
     from allocsim.traces.record.cupy_hook import TraceRecorderHook
 
-__all__ = ["cupy", "run_script", "record_torch", "TraceRecorderHook"]
+__all__ = ["TraceRecorderHook", "cupy", "record_torch", "run_script"]
 
 
 def cupy(path: str | os.PathLike[str] | None, *, log: str | os.PathLike[str] | None = None,
-         **options: Any) -> "TraceRecorderHook":
+         **options: Any) -> TraceRecorderHook:
     """A recorder to use as ``with allocsim.traces.record.cupy(path):``; it saves ``path`` at exit.
 
     ``log`` also writes the raw hook calls as a CuPy JSON-lines log; ``options`` go to
@@ -35,7 +36,7 @@ def cupy(path: str | os.PathLike[str] | None, *, log: str | os.PathLike[str] | N
     return TraceRecorderHook(path, log=log, **options)
 
 
-def run_script(argv: list[str], output: str | os.PathLike[str], **options: Any) -> "Trace":
+def run_script(argv: list[str], output: str | os.PathLike[str], **options: Any) -> Trace:
     """Run ``argv`` (``[python] script.py args...`` or ``[python] -m module args...``) under
     the CuPy recorder and save the trace to ``output``. See
     :func:`allocsim.traces.record.cupy_hook.run_script`."""
@@ -44,7 +45,7 @@ def run_script(argv: list[str], output: str | os.PathLike[str], **options: Any) 
 
 
 def record_torch(fn: Callable[..., Any], *args: Any, output: str | os.PathLike[str] | None,
-                 device: str = "cpu", **kwargs: Any) -> "Trace":
+                 device: str = "cpu", **kwargs: Any) -> Trace:
     """Run ``fn(*args, **kwargs)`` under the PyTorch profiler; see
     :func:`allocsim.traces.record.torch_profiler.record_torch`."""
     from allocsim.traces.record.torch_profiler import record_torch as record

@@ -34,19 +34,26 @@ import threading
 import time
 import warnings
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 from types import CodeType, FrameType, ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from allocsim.traces.formats import save
-from allocsim.traces.formats.cupy_log import (HOOK_ALLOC, HOOK_FREE, HOOK_MALLOC, HookEvents,
-                                     hook_events_to_trace, write_hook_log)
+from allocsim.traces.formats.cupy_log import (
+    HOOK_ALLOC,
+    HOOK_FREE,
+    HOOK_MALLOC,
+    HookEvents,
+    hook_events_to_trace,
+    write_hook_log,
+)
 from allocsim.traces.model import NO_TAG, Trace
 from allocsim.traces.validate import validate
 
-__all__ = ["TraceRecorderHook", "run_script", "active_recorder", "CUPY_AVAILABLE"]
+__all__ = ["CUPY_AVAILABLE", "TraceRecorderHook", "active_recorder", "run_script"]
 
 RECORDER = "allocsim TraceRecorderHook (CuPy memory hooks)"
 _COLUMNS = ("hook", "t", "device", "size", "mem_size", "ptr", "pmem_id", "stream", "tag")
@@ -56,7 +63,7 @@ _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$", re.IGNORECASE)
 def _import_cupy() -> tuple[type, ModuleType | None]:
     """``(MemoryHook base class, cupy module)``, or ``(object, None)`` without CuPy."""
     try:
-        import cupy  # noqa: F401 - CuPy itself, for the version and streams
+        import cupy
         from cupy.cuda import memory_hook
         return memory_hook.MemoryHook, cupy
     except Exception:  # not installed, or installed without a usable CUDA library
@@ -65,10 +72,10 @@ def _import_cupy() -> tuple[type, ModuleType | None]:
 
 _MemoryHook, _cupy = _import_cupy()
 CUPY_AVAILABLE = _cupy is not None
-_ACTIVE: list["TraceRecorderHook"] = []  # recorders inside their with-block, innermost last
+_ACTIVE: list[TraceRecorderHook] = []  # recorders inside their with-block, innermost last
 
 
-def active_recorder() -> "TraceRecorderHook | None":
+def active_recorder() -> TraceRecorderHook | None:
     """The innermost recorder whose with-block is running (e.g. the one :func:`run_script`
     installed), or None."""
     return _ACTIVE[-1] if _ACTIVE else None
@@ -130,7 +137,7 @@ class TraceRecorderHook(_MemoryHook):  # type: ignore[misc, valid-type]
         self._closed = False
 
     # ------------------------------------------------------------------ with-block
-    def __enter__(self) -> "TraceRecorderHook":
+    def __enter__(self) -> TraceRecorderHook:
         if not self._started and not len(self):
             self._t0 = time.perf_counter_ns()  # times count from the start of recording
         self._started = True

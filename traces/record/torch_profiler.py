@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from allocsim.traces.formats import save
 from allocsim.traces.formats.torch_profiler import read_torch_profiler
 from allocsim.traces.model import Trace
 from allocsim.traces.validate import validate
 
-__all__ = ["record_torch", "RECORDER"]
+__all__ = ["RECORDER", "record_torch"]
 
 RECORDER = "allocsim record_torch (torch.profiler, profile_memory=True)"
 

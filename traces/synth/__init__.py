@@ -21,8 +21,9 @@ decrease. Use::
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from allocsim.traces.model import Trace
 from allocsim.traces.synth import kvcache as _kvcache
@@ -31,8 +32,16 @@ from allocsim.traces.synth import training as _training
 from allocsim.traces.synth import transformer as _transformer
 from allocsim.traces.synth._common import describe
 
-__all__ = ["GENERATORS", "GeneratorInfo", "generate", "parse_params", "training", "transformer",
-           "kvcache", "random_workload"]
+__all__ = [
+    "GENERATORS",
+    "GeneratorInfo",
+    "generate",
+    "kvcache",
+    "parse_params",
+    "random_workload",
+    "training",
+    "transformer",
+]
 
 training = _training.training
 transformer = _transformer.transformer

@@ -15,7 +15,8 @@ from __future__ import annotations
 import inspect
 import types
 import typing
-from typing import Any, Callable, Mapping, Sequence, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Union
 
 import numpy as np
 

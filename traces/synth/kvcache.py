@@ -35,8 +35,15 @@ import numpy as np
 
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 from allocsim.traces.synth._common import (
-    ALLOC_OVERHEAD_NS, BYTES_PER_NS, FLOP_PER_NS, FREE_OVERHEAD_NS, StepProgram, TagTable,
-    assemble, jittered, positive,
+    ALLOC_OVERHEAD_NS,
+    BYTES_PER_NS,
+    FLOP_PER_NS,
+    FREE_OVERHEAD_NS,
+    StepProgram,
+    TagTable,
+    assemble,
+    jittered,
+    positive,
 )
 
 FP16 = 2

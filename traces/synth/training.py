@@ -78,8 +78,17 @@ import numpy as np
 
 from allocsim.traces.model import Trace
 from allocsim.traces.synth._common import (
-    StepProgram, TagTable, assemble, check_optimizer_mode, choice, functional_update,
-    inherit_persistent, matmul_ns, memory_ns, positive, steps_for_events,
+    StepProgram,
+    TagTable,
+    assemble,
+    check_optimizer_mode,
+    choice,
+    functional_update,
+    inherit_persistent,
+    matmul_ns,
+    memory_ns,
+    positive,
+    steps_for_events,
 )
 
 OPTIMIZERS = ("adam", "sgd")

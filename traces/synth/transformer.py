@@ -48,8 +48,17 @@ import numpy as np
 
 from allocsim.traces.model import Trace
 from allocsim.traces.synth._common import (
-    FLOP_PER_NS, BYTES_PER_NS, StepProgram, TagTable, assemble, check_optimizer_mode, choice,
-    functional_update, inherit_persistent, positive, steps_for_events,
+    BYTES_PER_NS,
+    FLOP_PER_NS,
+    StepProgram,
+    TagTable,
+    assemble,
+    check_optimizer_mode,
+    choice,
+    functional_update,
+    inherit_persistent,
+    positive,
+    steps_for_events,
 )
 
 SEQ_DISTRIBUTIONS = ("uniform", "bucketed", "lognormal")
