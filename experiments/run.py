@@ -45,7 +45,9 @@ except ModuleNotFoundError:  # Python 3.10
 
 from allocsim.policies import format_size, parse_size
 from allocsim.sim.kernel.device import resolve_device
-from allocsim.sim.output.report import _pyplot, format_table, write_json
+from allocsim.sim.output.figures import pyplot
+from allocsim.sim.output.files import write_json
+from allocsim.sim.output.tables import format_table
 from allocsim.sim.questions.capacity import min_capacity
 from allocsim.sim.questions.compare import compare
 from allocsim.sim.questions.share import parse_share_spec, share
@@ -130,7 +132,7 @@ def _resolution(setting: str, trace: Trace) -> int:
 
 # -- figures and tables ----------------------------------------------------------------------
 def _figures(results: dict[str, Any], folder: Path) -> list[str]:
-    plt = _pyplot()
+    plt = pyplot()
     written = []
     comparisons = results["comparisons"]
     if comparisons:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from allocsim.errors import UserInputError
 from allocsim.policies.base import DeviceMemory, Param, Policy
 from allocsim.policies.best_fit import BestFitAllocator
 from allocsim.policies.bfc import BFCAllocator, PreallocateAllocator
@@ -65,7 +66,7 @@ PRESETS: dict[str, tuple[dict[str, Param], Any, str]] = {
 }
 
 
-class PolicySpecError(ValueError):
+class PolicySpecError(UserInputError):
     """A policy spec names something that does not exist or has a bad value."""
 
 

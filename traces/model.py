@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from allocsim.errors import UserInputError
+
 OP_ALLOC = 0
 OP_FREE = 1
 OP_NAMES = {OP_ALLOC: "alloc", OP_FREE: "free"}
@@ -48,7 +50,7 @@ COLUMN_DTYPES: dict[str, type] = {
 }
 
 
-class TraceError(ValueError):
+class TraceError(UserInputError):
     """A trace is malformed. ``str(err)`` is one line naming the file, the event and the problem."""
 
     def __init__(self, problem: str, *, source: str | None = None, event: int | None = None):

@@ -27,6 +27,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from allocsim.errors import UserInputError
 from allocsim.policies import (
     DEFAULT_POLICIES,
     PolicySpecError,
@@ -37,7 +38,10 @@ from allocsim.policies import (
 from allocsim.policies.registry import alloc_conf_spec
 from allocsim.sim.cli.common import add_reading_options, load_trace
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, resolve_device
-from allocsim.sim.output.report import comparison_text, format_table, write_comparisons, write_json
+from allocsim.sim.output.figures import plot_share
+from allocsim.sim.output.files import write_json
+from allocsim.sim.output.results_dir import write_comparisons
+from allocsim.sim.output.tables import comparison_text, format_table, share_text
 from allocsim.sim.questions.capacity import min_capacities
 from allocsim.sim.questions.compare import (
     DEFAULT_MAX_SLOWDOWN,
@@ -50,17 +54,15 @@ from allocsim.sim.questions.regress import check_baseline, make_baseline
 from allocsim.sim.questions.share import (
     expand_processes,
     parse_share_spec,
-    plot_share,
     share,
     share_json,
-    share_text,
 )
 from allocsim.traces import Trace, TraceError, formats, synth
 from allocsim.traces.bundled import DEFAULT_TRACE_NAME, load_bundled_traces, load_default_trace
 from allocsim.traces.summary import summarize
 
 
-class UserError(Exception):
+class UserError(UserInputError):
     """A mistake in what the user gave; printed as one line."""
 
 

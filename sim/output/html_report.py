@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from allocsim.policies.units import format_size
-from allocsim.sim.output.report import _pyplot
+from allocsim.sim.output.figures import pyplot
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -49,7 +49,7 @@ window.addEventListener('load', function () {
 
 
 def _png(fig) -> str:
-    plt = _pyplot()
+    plt = pyplot()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
@@ -61,7 +61,7 @@ def _gib(values) -> np.ndarray:
 
 
 def timeline_figure(results: Sequence[dict[str, Any]], title: str) -> str:
-    plt = _pyplot()
+    plt = pyplot()
     shown = [r for r in results if r.get("timeline")]
     fig, axes = plt.subplots(max(1, len(shown)), 1, figsize=(10, 2.1 * max(1, len(shown)) + 0.5),
                              sharex=True, squeeze=False)
@@ -84,7 +84,7 @@ def timeline_figure(results: Sequence[dict[str, Any]], title: str) -> str:
 
 
 def fragmentation_figure(results: Sequence[dict[str, Any]], title: str) -> str:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 3.2))
     for result in results:
         tl = result.get("timeline")
@@ -106,7 +106,7 @@ def fragmentation_figure(results: Sequence[dict[str, Any]], title: str) -> str:
 
 
 def peaks_figure(results: Sequence[dict[str, Any]], title: str) -> str:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(results) + 2), 3.3))
     x = np.arange(len(results))
     ax.bar(x - 0.2, _gib([r["peak_reserved"] for r in results]), 0.4, label="peak reserved")
@@ -120,7 +120,7 @@ def peaks_figure(results: Sequence[dict[str, Any]], title: str) -> str:
 
 
 def capacity_figure(data: dict[str, Any]) -> str:
-    plt = _pyplot()
+    plt = pyplot()
     answers = [a for a in data["answers"] if a.get("min_capacity")]
     fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(answers) + 2), 3.3))
     x = np.arange(len(answers))

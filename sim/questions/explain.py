@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from allocsim.errors import UserInputError
 from allocsim.policies import PolicySpec, format_size, parse_policy
 from allocsim.policies.pytorch_caching import (
     PyTorchCachingAllocator,
@@ -86,7 +87,7 @@ REAL_SHORTAGE = "real shortage"
 FRAGMENTATION = "fragmentation"
 
 
-class NoOOMError(ValueError):
+class NoOOMError(UserInputError):
     """The trace does not run out of memory under that policy at that capacity."""
 
 

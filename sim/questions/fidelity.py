@@ -83,6 +83,7 @@ from typing import Any
 
 import numpy as np
 
+from allocsim.errors import UserInputError
 from allocsim.policies import PolicySpec, format_size, parse_policy, parse_size
 from allocsim.policies.pytorch_caching import (
     MiB,
@@ -135,7 +136,7 @@ _HOST_KEYS = {"pinned_num_register_threads", "release_lock_on_cudamalloc",
               "pinned_reserve_segment_size_mb", "last_allocator_settings"}
 
 
-class FidelityError(ValueError):
+class FidelityError(UserInputError):
     """The input cannot be checked (not a snapshot, settings the model cannot take)."""
 
 

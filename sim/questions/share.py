@@ -12,15 +12,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from allocsim.policies import format_size, parse_policy
+from allocsim.policies import parse_policy
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.engine import SharedProcess, SharedRun, run_shared
-from allocsim.sim.output.report import format_table
 from allocsim.traces.model import Trace
 
 DEFAULT_SHARE_POLICY = "jax"
@@ -97,55 +93,3 @@ def share_json(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile
                        "start_ns": s.start_ns, **r.to_json_dict()}
                       for s, r in zip(specs, run.results)],
     }
-
-
-def share_text(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile) -> str:
-    rows = []
-    for index, (spec, result) in enumerate(zip(specs, run.results)):
-        if result.completed:
-            outcome = "completed"
-        else:
-            others = ", ".join(f"p{p} held {format_size(b)}"
-                               for p, b in sorted((result.first_oom_others or {}).items()))
-            outcome = (f"OOM at event {result.first_oom_event:,} asking "
-                       f"{format_size(result.first_oom_size or 0)}"
-                       + (f" ({others})" if others else ""))
-        rows.append([f"p{index}", Path(spec.trace).name, result.policy,
-                     f"{spec.start_ns / 1e9:g}s", format_size(result.peak_reserved),
-                     format_size(result.peak_allocated), outcome])
-    table = format_table(rows, ["proc", "trace", "policy", "start", "peak reserved",
-                                "peak allocated", "outcome"], left=(0, 1, 2, 6))
-    verdict = ("all processes complete" if all(r.completed for r in run.results)
-               else "they cannot share this device as configured")
-    return (f"device {device.name}: {format_size(device.capacity)}; peak of all processes "
-            f"together {format_size(run.device_peak)}\n\n{table}\n\n{verdict}")
-
-
-def plot_share(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile,
-               path: str | Path) -> Path:
-    """Each process's reserved bytes over time, stacked, with the device's capacity."""
-    from allocsim.sim.output.report import _pyplot
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 3.8))
-    ends = [int(r.timeline.time_ns[-1]) for r in run.results if r.timeline is not None and len(r.timeline.time_ns)]
-    grid = np.linspace(0, max(ends + [1]), 1000)
-    stacked = np.zeros_like(grid)
-    for index, (spec, result) in enumerate(zip(specs, run.results)):
-        tl = result.timeline
-        if tl is None or not len(tl.time_ns):
-            continue
-        at = np.searchsorted(tl.time_ns, grid, side="right") - 1
-        values = np.where((at >= 0) & (grid <= tl.time_ns[-1]), tl.reserved[np.maximum(at, 0)], 0)
-        ax.fill_between(grid / 1e9, stacked / (1 << 30), (stacked + values) / (1 << 30), step="post",
-                        alpha=0.6, label=f"p{index} {result.policy}"
-                        + ("" if result.completed else " (OOM)"))
-        stacked = stacked + values
-    ax.axhline(device.capacity / (1 << 30), color="red", ls="--", lw=1, label="capacity")
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("reserved (GiB)")
-    ax.set_title(f"processes sharing {device.name}", fontsize=10)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)

@@ -131,10 +131,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from allocsim.errors import UserInputError
 from allocsim.policies import DEFAULT_POLICIES, PolicySpecError, format_size, parse_size
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, DeviceProfile, resolve_device
 from allocsim.sim.kernel.engine import replay
-from allocsim.sim.output.report import format_table
+from allocsim.sim.output.tables import format_table
 from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, normalize_spec
 from allocsim.sim.questions.offline import OFFLINE_NAME, offline_result
 from allocsim.traces import formats, synth
@@ -170,7 +171,7 @@ _RANGE = re.compile(r"\[([^\[\]]*)\]")
 _INT_RANGE = re.compile(r"^\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*$")
 
 
-class SweepError(ValueError):
+class SweepError(UserInputError):
     """A sweep definition or results file is wrong; the message is one line naming where."""
 
 

@@ -90,7 +90,7 @@ class Calibration:
         return self.profile.as_dict()
 
     def write(self, path: str | Path) -> Path:
-        from allocsim.sim.output.report import write_json
+        from allocsim.sim.output.files import write_json
         write_json(self.profile_json(), path)
         return Path(path)
 
@@ -315,7 +315,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
              else list(DEFAULT_CALIBRATION_SIZES))
     calibration = calibrate(sizes, args.repeats, name=args.name, output=args.output)
     if args.measurements:
-        from allocsim.sim.output.report import write_json
+        from allocsim.sim.output.files import write_json
         write_json(calibration.measurements_json(), args.measurements)
     profile = calibration.profile
     if args.output:

@@ -16,13 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from allocsim.errors import UserInputError
 from allocsim.policies import format_size
 from allocsim.policies.units import round_up
 from allocsim.sim.kernel.device import ADDRESS_BASE, RANGE_ALIGN, DeviceProfile
 
 MiB = 1 << 20
 
-class ValidatorError(ValueError):
+class ValidatorError(UserInputError):
     """A mistake in what the user asked the validator to do; ``str()`` is one line.
 
     A ValueError so that the allocsim CLI prints it as ``allocsim: error: ...`` and exits 2.

@@ -451,7 +451,7 @@ class ValidationReport:
 
     def text(self) -> str:
         """What ``allocsim validate`` prints."""
-        from allocsim.sim.output.report import format_table
+        from allocsim.sim.output.tables import format_table
         table = format_table(self._rows(), ["metric", "simulated", "measured", "difference"])
         lines = [self.headline(), "", table, ""]
         if self.first_corruption:
@@ -478,8 +478,8 @@ class ValidationReport:
 
     def plot(self, path: str | Path) -> Path:
         """Simulated vs measured reserved bytes over the trace's events (and the difference)."""
-        from allocsim.sim.output.report import _pyplot
-        plt = _pyplot()
+        from allocsim.sim.output.figures import pyplot
+        plt = pyplot()
         fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.2), sharex=True,
                                           gridspec_kw={"height_ratios": [3, 1.3]})
         x = np.arange(self.events)
@@ -512,7 +512,7 @@ class ValidationReport:
 
     def write(self, out_dir: str | Path, stem: str | None = None) -> list[Path]:
         """``STEM.json``, ``STEM.md`` and ``STEM.png`` into ``out_dir``; the paths written."""
-        from allocsim.sim.output.report import write_json
+        from allocsim.sim.output.files import write_json
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         stem = stem or self.stem()

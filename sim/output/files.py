@@ -1,0 +1,23 @@
+"""Files the tool writes: JSON results, atomically, readable by anyone who can read the folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_json(data: Any, path: str | Path) -> None:
+    """Write JSON atomically (temp file + rename); keys in schema order, not sorted."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)   # mkstemp makes 0600; a results file is as readable as any
+    with os.fdopen(handle, "w") as out:
+        json.dump(data, out, indent=2)
+        out.write("\n")
+    os.replace(tmp, path)

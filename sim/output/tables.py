@@ -1,0 +1,77 @@
+"""Results as text for people: the aligned tables ``allocsim`` prints and their verdict lines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from allocsim.policies.units import format_size
+from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.kernel.engine import SharedRun
+from allocsim.sim.kernel.results import RunResult
+from allocsim.sim.questions.compare import Comparison
+from allocsim.sim.questions.share import ShareSpec
+
+COLUMNS = ("policy", "done", "peak reserved", "peak allocated", "util", "frag", "OOMs",
+           "dev mallocs", "dev frees", "alloc time", "slowdown")
+
+
+def _row(result: RunResult) -> list[str]:
+    return [
+        result.policy,
+        "yes" if result.completed else "NO",
+        format_size(result.peak_reserved),
+        format_size(result.peak_allocated),
+        f"{result.utilization:.1%}",
+        f"{result.fragmentation:.1%}",
+        str(result.ooms),
+        f"{result.device_mallocs:,}",
+        f"{result.device_frees:,}",
+        f"{result.alloc_time_s * 1e3:.3g} ms",
+        f"{result.slowdown:.3f}x",
+    ]
+
+
+def format_table(rows: Sequence[Sequence[str]], header: Sequence[str],
+                 left: Sequence[int] = (0,)) -> str:
+    """A plain text table: columns in ``left`` left-aligned (text), the rest right (numbers)."""
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def comparison_text(comparison: Comparison) -> str:
+    """The table ``allocsim compare`` prints, with the trace, the device and the verdict."""
+    trace = comparison.trace
+    device = comparison.device
+    head = (f"trace  {trace['name']}: {trace['events']:,} events, {trace['allocs']:,} allocs, "
+            f"{trace['duration_s']:.3g} s, peak live {format_size(trace['peak_live'])}\n"
+            f"device {device.name}: {format_size(device.capacity)}\n")
+    table = format_table([_row(r) for r in comparison.results], COLUMNS)
+    verdict = (f"winner: {comparison.winner} — {comparison.reason}" if comparison.winner
+               else f"winner: none — {comparison.reason}")
+    return f"{head}\n{table}\n\n{verdict}"
+
+
+def share_text(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile) -> str:
+    rows = []
+    for index, (spec, result) in enumerate(zip(specs, run.results)):
+        if result.completed:
+            outcome = "completed"
+        else:
+            others = ", ".join(f"p{p} held {format_size(b)}"
+                               for p, b in sorted((result.first_oom_others or {}).items()))
+            outcome = (f"OOM at event {result.first_oom_event:,} asking "
+                       f"{format_size(result.first_oom_size or 0)}"
+                       + (f" ({others})" if others else ""))
+        rows.append([f"p{index}", Path(spec.trace).name, result.policy,
+                     f"{spec.start_ns / 1e9:g}s", format_size(result.peak_reserved),
+                     format_size(result.peak_allocated), outcome])
+    table = format_table(rows, ["proc", "trace", "policy", "start", "peak reserved",
+                                "peak allocated", "outcome"], left=(0, 1, 2, 6))
+    verdict = ("all processes complete" if all(r.completed for r in run.results)
+               else "they cannot share this device as configured")
+    return (f"device {device.name}: {format_size(device.capacity)}; peak of all processes "
+            f"together {format_size(run.device_peak)}\n\n{table}\n\n{verdict}")
