@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--kind", default="training")
     parser.add_argument("--device", default="a100-80g")
-    parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES) + ["simpy:bfc"],
+    parser.add_argument("--policies", nargs="+", default=[*DEFAULT_POLICIES, "simpy:bfc"],
                         help="policy specs; simpy:SPEC replays through the simpy engine")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument("--one", nargs=2, metavar=("POLICY", "TRACE"), help=argparse.SUPPRESS)

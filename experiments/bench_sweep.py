@@ -14,8 +14,9 @@ Writes ``--traces`` synthetic traces of about ``--events`` events (half ``transf
 
 Prints the wall seconds of each (the best of ``--repeat`` runs, alternating the two), the Dask
 overhead in percent, the CPU seconds of all processes involved (less sensitive than wall time
-to other load on a shared machine), and checks the two results files hold identical results. Targets (issue: sweeps): the local
-sweep under 60 s on the 2-core CI machine, Dask within 20% of it.
+to other load on a shared machine), and checks the two results files hold identical results.
+Targets (issue: sweeps): the local sweep under 60 s on the 2-core CI machine, Dask within 20%
+of it.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def cpu_seconds() -> float:
 
 
 def results_by_cell(path: Path) -> dict[str, tuple]:
-    from allocsim.sim.sweeps.sweep import latest_records, load_results
+    from allocsim.sim.sweeps.store import latest_records, load_results
 
     return {key: (r["status"], r["error"], r["result"])
             for key, r in latest_records(load_results(path)).items()}
@@ -84,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = parser.parse_args(argv)
 
-    from allocsim.sim.sweeps.sweep import _usable_cores, run_sweep
+    from allocsim.sim.sweeps.executors import usable_cores
+    from allocsim.sim.sweeps.run import run_sweep
 
-    workers = args.workers or _usable_cores()
+    workers = args.workers or usable_cores()
     figures: dict[str, object] = {"traces": args.traces, "events": args.events,
                                   "policies": args.policies, "workers": workers}
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as temp:

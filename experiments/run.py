@@ -145,7 +145,8 @@ def _figures(results: dict[str, Any], folder: Path) -> list[str]:
                       / max(c["trace"]["peak_live"], 1) for c in comparisons]
             ax.bar(x + k * width, values, width, label=policy)
         ax.axhline(1.0, color="black", lw=1, ls="--", label="peak live")
-        ax.set_xticks(x + width * (len(policies) - 1) / 2, [c["trace"]["name"] for c in comparisons],
+        ax.set_xticks(x + width * (len(policies) - 1) / 2,
+                      [c["trace"]["name"] for c in comparisons],
                       fontsize=8, rotation=15, ha="right")
         ax.set_ylabel("peak reserved / peak live")
         ax.set_yscale("log")
@@ -190,7 +191,8 @@ def _markdown(results: dict[str, Any], figures: list[str]) -> str:
     for c in results["comparisons"]:
         rows = [[r["policy"], "yes" if r["completed"] else "**no**",
                  format_size(r["peak_reserved"]), f"{r['utilization']:.1%}", str(r["ooms"]),
-                 f"{r['device_mallocs'] + r['device_frees']:,}", f"{r['alloc_time_s'] * 1e3:.3g} ms",
+                 f"{r['device_mallocs'] + r['device_frees']:,}",
+                 f"{r['alloc_time_s'] * 1e3:.3g} ms",
                  f"{r['slowdown']:.3f}x"] for r in c["results"]]
         parts += [f"**{c['trace']['name']}** — {c['trace']['events']:,} events, peak live "
                   f"{format_size(c['trace']['peak_live'])}; winner: `{c['winner']}`", "",
@@ -231,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="experiment folders under experiments/")
     parser.add_argument("--all", action="store_true")
     args = parser.parse_args(argv)
-    names = sorted(p.parent.name for p in HERE.glob("*/experiment.toml")) if args.all else args.names
+    names = (sorted(p.parent.name for p in HERE.glob("*/experiment.toml")) if args.all
+             else args.names)
     if not names:
         parser.error("name an experiment or use --all")
     for name in names:

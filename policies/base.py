@@ -15,9 +15,10 @@ flatter its own headline numbers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import inspect
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NoReturn, Protocol
 
 
 class DeviceMemory(Protocol):
@@ -52,6 +53,25 @@ class Param:
     help: str
 
 
+def params_of(init: Callable[..., None], **declared: tuple[str, str]) -> dict[str, Param]:
+    """A policy's ``PARAMS``: ``name=(kind, help)`` for each constructor parameter, the default
+    read off ``init``'s signature, the one place defaults are written (scikit-learn reads an
+    estimator's parameters off ``__init__`` the same way). Called in the class body right after
+    ``__init__``. Every parameter of ``init`` but ``self`` and ``device`` must be declared, and
+    nothing else; the order of ``declared`` is the order specs and listings show.
+    """
+    parameters = inspect.signature(init).parameters
+    names = [name for name in parameters if name not in ("self", "device")]
+    if sorted(names) != sorted(declared):
+        raise TypeError(f"{init.__qualname__}: parameters {names} but declared "
+                        f"{list(declared)}")
+    missing = [name for name in names if parameters[name].default is inspect.Parameter.empty]
+    if missing:
+        raise TypeError(f"{init.__qualname__}: parameters without a default: {missing}")
+    return {name: Param(kind, parameters[name].default, text)
+            for name, (kind, text) in declared.items()}
+
+
 @dataclass
 class PolicyStats:
     """The one stats shape every policy fills the same way (diagnostics, not headline figures).
@@ -81,7 +101,9 @@ class Policy:
     """Base class of allocator models. Subclasses set ``name``, ``PARAMS``, ``description``.
 
     Constructor-only parameters (scikit-learn style): ``Policy(device, **params)``; the
-    registry in :mod:`allocsim.policies.registry` turns a spec string into that call.
+    registry in :mod:`allocsim.policies.registry` turns a spec string into that call, and
+    ``PARAMS`` is built with :func:`params_of` from ``__init__``'s own defaults. Subclasses
+    override :meth:`check` with their invariants.
     """
 
     name: ClassVar[str] = ""
@@ -113,4 +135,28 @@ class Policy:
         raise NotImplementedError
 
     def empty_cache(self) -> None:
-        """Return every wholly free piece of memory to the device (no-op where nothing is cached)."""
+        """Return every wholly free piece of memory to the device (no-op where nothing is
+        cached)."""
+
+    def check(self) -> None:
+        """Assert the policy's own invariants; raise AssertionError naming the one broken.
+
+        Executable validity checks in the manner of sortedcontainers' ``_check`` and mimalloc's
+        ``mi_page_is_valid``: each policy overrides this with the invariants of its structures
+        (links, free indexes, merge rules) and its counters against a recount. It costs O(n) or
+        more, so it is for tests and debugging (tests/policy_checks.py calls it after every
+        event) and never runs on the replay path. Raises explicitly rather than with ``assert``
+        so that ``python -O`` cannot strip it. The default checks nothing.
+        """
+
+
+def fail(invariant: str) -> NoReturn:
+    """Raise the AssertionError of a broken invariant (shared by every ``check()``)."""
+    raise AssertionError(f"invariant broken: {invariant}")
+
+
+def require(condition: bool, invariant: str) -> None:
+    """``check()``'s assert, kept under ``python -O``: fail with ``invariant`` unless
+    ``condition``."""
+    if not condition:
+        fail(invariant)

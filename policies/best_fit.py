@@ -7,13 +7,27 @@ virtual-memory API gives: one virtual range as large as the device, with physica
 at its top when the free space at the end cannot serve a request (cuMemMap; 2 MiB pages).
 The heap never shrinks unless ``trim=true``, which unmaps wholly free pages at the top after a
 free, as a heap would with sbrk(-n).
+
+Costs (policies/chunks.py, k = free chunks in the size-class bin touched): malloc is one
+FreeIndex search, O(log k) bisection + an O(1) jump between bins, and an O(log k + k) insertion
+of a split's rest; free is O(1) link updates plus one O(log k + k) index update per merged
+neighbour and one for the freed chunk; growth and trim add one device call each.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import ClassVar
 
-from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
+from allocsim.policies.base import (
+    DeviceMemory,
+    Param,
+    Policy,
+    PolicyStats,
+    fail,
+    params_of,
+    require,
+)
 from allocsim.policies.chunks import ChunkMap
 from allocsim.policies.units import round_up
 
@@ -21,12 +35,6 @@ from allocsim.policies.units import round_up
 class BestFitAllocator(Policy):
     name = "best-fit"
     description = "address-ordered best fit + coalescing on a heap grown page by page (VMM)"
-    PARAMS = {
-        "alignment": Param("size", 256, "every block is a multiple of this (CUDA: 256 bytes)"),
-        "page": Param("size", 0, "growth step; 0 = the device's mapping granularity (2 MiB)"),
-        "trim": Param("bool", False, "unmap wholly free pages at the top of the heap on free"),
-    }
-
     def __init__(self, device: DeviceMemory, alignment: int = 256, page: int = 0,
                  trim: bool = False) -> None:
         super().__init__(device)
@@ -41,22 +49,29 @@ class BestFitAllocator(Policy):
         self.mapped = 0
         self.peak_mapped = 0
         self.chunks = ChunkMap()
-        self._best_fit = self.chunks.free_index.best_fit   # bound once: the hot path
+        self._pop_best_fit = self.chunks.free_index.pop_best_fit   # bound once: hot path
         self.requested: dict[int, int] = {}
         self.peak_bytes_in_use = 0
+
+    PARAMS: ClassVar[dict[str, Param]] = params_of(
+        __init__,
+        alignment=("size", "every block is a multiple of this (CUDA: 256 bytes)"),
+        page=("size", "growth step; 0 = the device's mapping granularity (2 MiB)"),
+        trim=("bool", "unmap wholly free pages at the top of the heap on free"),
+    )
 
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
         rounded = -(-size // self.alignment) * self.alignment
-        found = self._best_fit(rounded)
+        found = self._pop_best_fit(rounded)
         if found is None and self._grow(rounded):
-            found = self._best_fit(rounded)
+            found = self._pop_best_fit(rounded)
         if found is None:
             self.num_ooms += 1
             return None
         address, chunk_size = found
-        self.bytes_in_use += self.chunks.take(address, chunk_size, rounded, split=True)
+        self.bytes_in_use += self.chunks.hand_out(address, chunk_size, rounded, split=True)
         if self.bytes_in_use > self.peak_bytes_in_use:
             self.peak_bytes_in_use = self.bytes_in_use
         self.requested[address] = size
@@ -102,6 +117,39 @@ class BestFitAllocator(Policy):
             self.chunks.shrink_region(self.heap_base, free_pages)
         self.mapped -= free_pages
         self.device.unmap(self.heap_base + self.mapped, free_pages)
+
+    def check(self) -> None:
+        """Assert ChunkMap's invariants (tiling, coalescing, free index = free chunks), and:
+        the heap is one region at heap_base of exactly the mapped bytes (none when nothing is
+        mapped), a whole number of pages; with ``trim``, no wholly free page at its top; every
+        chunk a multiple of the alignment when pages are; the callers' blocks are the in-use
+        chunks, each at least its request; bytes_in_use = the in-use chunks' sum; allocs − frees
+        = live blocks; peaks ≥ current values."""
+        chunks = self.chunks
+        chunks.check()
+        expected = {self.heap_base: self.mapped} if self.mapped else {}
+        require(chunks.regions == expected,
+                f"best-fit: the regions {chunks.regions} are not the mapped heap {expected}")
+        require(self.mapped % self.page == 0, "best-fit: mapped bytes not a whole number of pages")
+        if self.trim:
+            require(self._tail_free_bytes() < self.page,
+                    "best-fit: trim left a wholly free page at the top of the heap")
+        if self.page % self.alignment == 0:
+            for address, size in chunks.size.items():
+                if size % self.alignment:
+                    fail(f"best-fit: chunk {address:#x} of {size} bytes breaks the alignment")
+        require(self.requested.keys() == chunks.in_use,
+                "best-fit: the requested table is not the in-use chunks")
+        for address, size in self.requested.items():
+            if not 0 < size <= chunks.size[address]:
+                fail(f"best-fit: block {address:#x} holds less than its request of {size}")
+        require(self.bytes_in_use == sum(chunks.size[a] for a in chunks.in_use),
+                f"best-fit: bytes_in_use {self.bytes_in_use} is not the in-use chunks' sum")
+        require(self.num_allocs - self.num_frees == len(chunks.in_use),
+                "best-fit: allocs − frees is not the number of live blocks")
+        require(self.peak_bytes_in_use >= self.bytes_in_use,
+                "best-fit: peak_bytes_in_use < current")
+        require(self.peak_mapped >= self.mapped, "best-fit: peak_mapped < mapped")
 
     def blocks(self) -> Iterator[tuple[int, int, bool]]:
         return self.chunks.chunks()

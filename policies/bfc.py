@@ -8,7 +8,8 @@ reference/allocators.md §1:
 - free chunks sit in 21 bins, bin b holding sizes [256·2^b, 256·2^(b+1)), bin 20 everything of
   256 MiB and up, each ordered by (size, address); the search walks bins upward from
   bin(rounded) and takes the first chunk that fits — the smallest fitting chunk, lowest address
-  on ties (implemented as one ordered index, see policies/chunks.py);
+  on ties (policies/chunks.py's FreeIndex keeps exactly these 21 bins, each a sorted list, with
+  a bitmask of the non-empty ones: O(log k) bisection in bin(rounded), then an O(1) jump);
 - a chunk is split when chunk ≥ 2·rounded or chunk − rounded ≥ max_internal_fragmentation
   (128 MiB, or fragmentation_fraction·memory_limit when that is > 0); the caller keeps the low
   end, otherwise the whole chunk is handed out and its slack counts as in use;
@@ -29,11 +30,21 @@ chunks (freed_by_count), spatial partitioning, and alignment above 256 bytes.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import ClassVar
 
-from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
+from allocsim.policies.base import (
+    DeviceMemory,
+    Param,
+    Policy,
+    PolicyStats,
+    fail,
+    params_of,
+    require,
+)
 from allocsim.policies.chunks import ChunkMap, bin_for_size
 
-__all__ = ["BFCAllocator", "PreallocateAllocator", "bin_for_size"]  # bin_for_size is BFC's BinNumForSize, public here
+# bin_for_size is BFC's BinNumForSize, public here.
+__all__ = ["BFCAllocator", "PreallocateAllocator", "bin_for_size"]
 
 MIN_ALLOCATION = 256
 DEFAULT_MAX_INTERNAL_FRAGMENTATION = 128 << 20
@@ -48,15 +59,6 @@ def round_bytes(nbytes: int) -> int:
 class BFCAllocator(Policy):
     name = "bfc"
     description = "TensorFlow/XLA best-fit-with-coalescing allocator (growth by doubling regions)"
-    PARAMS = {
-        "memory_limit": Param("size", 0, "bytes the allocator may hold; 0 = fraction × capacity"),
-        "fraction": Param("float", 1.0, "memory_limit as a fraction of device capacity"),
-        "allow_growth": Param("bool", True, "grow in doubling regions from 2 MiB (else one region)"),
-        "garbage_collection": Param("bool", False, "free wholly free regions when growth fails"),
-        "fragmentation_fraction": Param(
-            "float", 0.0, "split threshold = this × memory_limit when > 0 (else 128 MiB)"),
-    }
-
     def __init__(self, device: DeviceMemory, memory_limit: int = 0, fraction: float = 1.0,
                  allow_growth: bool = True, garbage_collection: bool = False,
                  fragmentation_fraction: float = 0.0) -> None:
@@ -74,29 +76,39 @@ class BFCAllocator(Policy):
         else:
             self.curr_region_allocation_bytes = round_bytes(self.memory_limit)
         self.chunks = ChunkMap()
-        self._best_fit = self.chunks.free_index.best_fit   # bound once: the hot path
+        self._pop_best_fit = self.chunks.free_index.pop_best_fit   # bound once: hot path
         self.requested: dict[int, int] = {}   # address in use -> requested bytes
         self.pool_bytes = 0
         self.peak_pool_bytes = 0
         self.peak_bytes_in_use = 0
+
+    PARAMS: ClassVar[dict[str, Param]] = params_of(
+        __init__,
+        memory_limit=("size", "bytes the allocator may hold; 0 = fraction × capacity"),
+        fraction=("float", "memory_limit as a fraction of device capacity"),
+        allow_growth=("bool", "grow in doubling regions from 2 MiB (else one region)"),
+        garbage_collection=("bool", "free wholly free regions when growth fails"),
+        fragmentation_fraction=(
+            "float", "split threshold = this × memory_limit when > 0 (else 128 MiB)"),
+    )
 
     # -- allocation ------------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
         rounded = -(-size // MIN_ALLOCATION) * MIN_ALLOCATION
-        found = self._best_fit(rounded)
+        found = self._pop_best_fit(rounded)
         if found is None and self._extend(rounded):
-            found = self._best_fit(rounded)
+            found = self._pop_best_fit(rounded)
         if found is None and self._deallocate_free_regions(rounded) and self._extend(rounded):
-            found = self._best_fit(rounded)
+            found = self._pop_best_fit(rounded)
         if found is None:
             self.num_ooms += 1
             return None
         address, chunk_size = found
         split = (chunk_size >= 2 * rounded
                  or chunk_size - rounded >= self.max_internal_fragmentation)
-        self.bytes_in_use += self.chunks.take(address, chunk_size, rounded, split)
+        self.bytes_in_use += self.chunks.hand_out(address, chunk_size, rounded, split)
         if self.bytes_in_use > self.peak_bytes_in_use:
             self.peak_bytes_in_use = self.bytes_in_use
         self.requested[address] = size
@@ -165,6 +177,31 @@ class BFCAllocator(Policy):
             peak_pool_bytes=self.peak_pool_bytes, largest_free_block=self.chunks.largest_free(),
             free_blocks=len(self.chunks.free_index))
 
+    def check(self) -> None:
+        """Assert ChunkMap's invariants (tiling, coalescing, free index = free chunks), and:
+        every chunk a multiple of 256 bytes; the callers' blocks are the in-use chunks, each at
+        least its request; pool_bytes = the regions' sum ≤ memory_limit; bytes_in_use = the
+        in-use chunks' sum; allocs − frees = live blocks; peaks ≥ current values."""
+        chunks = self.chunks
+        chunks.check()
+        for address, size in chunks.size.items():
+            if size % MIN_ALLOCATION:
+                fail(f"BFC: chunk {address:#x} of {size} bytes is not a multiple of 256")
+        require(self.requested.keys() == chunks.in_use,
+                "BFC: the requested table is not the in-use chunks")
+        for address, size in self.requested.items():
+            if not 0 < size <= chunks.size[address]:
+                fail(f"BFC: block {address:#x} holds less than its request of {size}")
+        require(self.pool_bytes == sum(chunks.regions.values()),
+                f"BFC: pool_bytes {self.pool_bytes} is not the regions' sum")
+        require(self.pool_bytes <= self.memory_limit, "BFC: pool_bytes over memory_limit")
+        require(self.bytes_in_use == sum(chunks.size[a] for a in chunks.in_use),
+                f"BFC: bytes_in_use {self.bytes_in_use} is not the in-use chunks' sum")
+        require(self.num_allocs - self.num_frees == len(chunks.in_use),
+                "BFC: allocs − frees is not the number of live blocks")
+        require(self.peak_bytes_in_use >= self.bytes_in_use, "BFC: peak_bytes_in_use < current")
+        require(self.peak_pool_bytes >= self.pool_bytes, "BFC: peak_pool_bytes < current")
+
     def fragmentation(self) -> float:
         """BFC's own GetFragmentation: (free pool − largest free chunk) / free pool."""
         free = self.pool_bytes - self.bytes_in_use
@@ -178,11 +215,14 @@ class PreallocateAllocator(BFCAllocator):
     refuses the whole region, BFC's back-off takes a smaller one, as the real one would."""
 
     name = "preallocate"
-    description = "JAX default: one region of fraction × capacity at the first allocation (BFC inside)"
-    PARAMS = {
-        "fraction": Param("float", 0.75, "share of device capacity taken up front (JAX: 0.75)"),
-        "memory_limit": Param("size", 0, "bytes taken up front; 0 = fraction × capacity"),
-    }
+    description = ("JAX default: one region of fraction × capacity at the first allocation "
+                   "(BFC inside)")
 
     def __init__(self, device: DeviceMemory, fraction: float = 0.75, memory_limit: int = 0) -> None:
         super().__init__(device, memory_limit=memory_limit, fraction=fraction, allow_growth=False)
+
+    PARAMS: ClassVar[dict[str, Param]] = params_of(
+        __init__,
+        fraction=("float", "share of device capacity taken up front (JAX: 0.75)"),
+        memory_limit=("size", "bytes taken up front; 0 = fraction × capacity"),
+    )

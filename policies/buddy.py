@@ -25,13 +25,27 @@ size — so a small device still serves small blocks.
 Every block is a power of two: internal fragmentation up to ~50% by design; that, and
 buddies that cannot merge because a neighbour that is not their buddy is free, are what the
 policy shows against best fit.
+
+Costs (orders are at most 64): malloc is O(1) to find the smallest non-empty order ≥ k (a
+bitmask), O(1) ``popitem`` and O(j − k) splits; free is O(root − k) buddy lookups, each one
+dict probe; a new arena or a release adds one device call. ``blocks()`` and ``check()`` are
+O(n).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import ClassVar
 
-from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
+from allocsim.policies.base import (
+    DeviceMemory,
+    Param,
+    Policy,
+    PolicyStats,
+    fail,
+    params_of,
+    require,
+)
 
 MAX_ORDERS = 64
 
@@ -43,12 +57,6 @@ def _is_power_of_two(value: int) -> bool:
 class BuddyAllocator(Policy):
     name = "buddy"
     description = "binary buddy system (Knuth): power-of-two blocks split by halves, buddies merge"
-    PARAMS = {
-        "min_block": Param("size", 512, "smallest block (a power of two)"),
-        "arena": Param("size", 64 << 20, "arena taken from the device (a power of two)"),
-        "release": Param("bool", False, "cudaFree an arena as soon as it is wholly free"),
-    }
-
     def __init__(self, device: DeviceMemory, min_block: int = 512, arena: int = 64 << 20,
                  release: bool = False) -> None:
         super().__init__(device)
@@ -69,6 +77,13 @@ class BuddyAllocator(Policy):
         self.pool_bytes = 0
         self.peak_pool_bytes = 0
         self.peak_bytes_in_use = 0
+
+    PARAMS: ClassVar[dict[str, Param]] = params_of(
+        __init__,
+        min_block=("size", "smallest block (a power of two)"),
+        arena=("size", "arena taken from the device (a power of two)"),
+        release=("bool", "cudaFree an arena as soon as it is wholly free"),
+    )
 
     def order_of(self, size: int) -> int:
         """k such that min_block << k is the block for a request of ``size`` bytes."""
@@ -195,6 +210,61 @@ class BuddyAllocator(Policy):
                     size, used = self.min_block << free[address], False
                 yield address, size, used
                 address += size
+
+    def check(self) -> None:
+        """Assert: the blocks of each arena (in use, or in the free list of their order, both
+        naming that arena) tile it, each aligned to its own size; no block is listed twice or
+        outside an arena; the bitmask is set exactly for the non-empty orders; no free block's
+        buddy is free at the same order (algorithm S merged them); with ``release`` no arena is
+        wholly free; pool_bytes, bytes_in_use and allocs − frees agree with a recount; every
+        block holds its request; peaks ≥ current values."""
+        min_block = self.min_block
+        for order, blocks in enumerate(self.free_lists):
+            require(bool(self.nonempty >> order & 1) == bool(blocks),
+                    f"buddy: bitmask bit {order} disagrees with the free list's emptiness")
+        require(self.nonempty >> MAX_ORDERS == 0, "buddy: bitmask has bits beyond the orders")
+        free = self.free_block_orders()
+        require(len(free) == sum(len(blocks) for blocks in self.free_lists),
+                "buddy: a block is in the free lists of two orders")
+        seen = 0
+        for base, root in self.arenas.items():
+            end = base + (min_block << root)
+            address = base
+            while address < end:
+                if address in self.in_use:
+                    order, home = self.in_use[address]
+                    if address in free:
+                        fail(f"buddy: block {address:#x} is both in use and free")
+                elif address in free:
+                    order, home = free[address], self.free_lists[free[address]][address]
+                    buddy = base + ((address - base) ^ (min_block << order))
+                    if order < root and self.free_lists[order].get(buddy) == base:
+                        fail(f"buddy: free buddies {address:#x} and {buddy:#x} of order {order} "
+                             "not merged")
+                    if self.release and order == root:
+                        fail(f"buddy: wholly free arena {base:#x} kept with release=true")
+                else:
+                    fail(f"buddy: arena {base:#x} has no block at {address:#x}")
+                size = min_block << order
+                if home != base or (address - base) % size or address + size > end:
+                    fail(f"buddy: block {address:#x} of order {order} is not a block of arena "
+                         f"{base:#x}")
+                seen += 1
+                address += size
+        require(seen == len(free) + len(self.in_use), "buddy: blocks listed outside any arena")
+        require(self.requested.keys() == self.in_use.keys(),
+                "buddy: the requested table is not the blocks in use")
+        for address, size in self.requested.items():
+            if not 0 < size <= min_block << self.in_use[address][0]:
+                fail(f"buddy: block {address:#x} holds less than its request of {size}")
+        require(self.pool_bytes == sum(min_block << root for root in self.arenas.values()),
+                "buddy: pool_bytes is not the arenas' sum")
+        require(self.bytes_in_use == sum(min_block << order for order, _ in self.in_use.values()),
+                "buddy: bytes_in_use is not the blocks in use")
+        require(self.num_allocs - self.num_frees == len(self.in_use),
+                "buddy: allocs − frees is not the number of live blocks")
+        require(self.peak_bytes_in_use >= self.bytes_in_use, "buddy: peak_bytes_in_use < current")
+        require(self.peak_pool_bytes >= self.pool_bytes, "buddy: peak_pool_bytes < current")
 
     def stats(self) -> PolicyStats:
         largest = self.min_block << (self.nonempty.bit_length() - 1) if self.nonempty else 0

@@ -60,14 +60,30 @@ Assumed (undocumented; each a parameter where it matters):
   behind live allocations is never remapped.
 - Preallocation happens at the first allocation (as this project's ``preallocate`` policy),
   so the device call shows in the timeline; the pool's stats ignore it (XLA's ClearStats).
+
+Costs (policies/chunks.py's FreeIndex per owner, k = free chunks in the bin touched): malloc is
+one O(log k) search of the shared index (and of the stream's own with ``sync=none``) plus an
+O(log k + k) removal and, for a split, an insertion; free is O(1) link updates plus one
+O(log k + k) index update per merged neighbour and one for the freed chunk; with ``sync=free``
+the release threshold costs O(free regions) only when a wholly free chunk exists and the pool is
+above it. ``synchronize()`` is O(stream-owned free chunks); ``check()`` O(n log n).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import ClassVar
 
-from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
-from allocsim.policies.chunks import FreeIndex, walk_chunks
+from allocsim.policies.base import (
+    DeviceMemory,
+    Param,
+    Policy,
+    PolicyStats,
+    fail,
+    params_of,
+    require,
+)
+from allocsim.policies.chunks import FreeIndex, check_tiling, walk_chunks
 from allocsim.policies.units import round_up
 
 NONE = -1
@@ -78,16 +94,6 @@ SYNC_MODES = ("free", "none")
 class CudaAsyncAllocator(Policy):
     name = "cuda-async"
     description = "CUDA stream-ordered pool (cudaMallocAsync): 2 MiB chunks, release threshold"
-    PARAMS = {
-        "release_threshold": Param(
-            "size", 0, "bytes the pool keeps at a sync (cudaMemPoolAttrReleaseThreshold); "
-                       "≥ capacity = never release"),
-        "fraction": Param("float", 0.0, "threshold = fraction × capacity when > 0 (JAX: 0.75)"),
-        "preallocate": Param("bool", False, "take the threshold up front (JAX preallocate)"),
-        "chunk": Param("size", 0, "physical growth unit; 0 = the device's mapping granularity"),
-        "alignment": Param("size", 512, "allocation sizes round up to this"),
-        "sync": Param("str", "free", "when the pool synchronises: free (after each) or none"),
-    }
 
     def __init__(self, device: DeviceMemory, release_threshold: int = 0, fraction: float = 0.0,
                  preallocate: bool = False, chunk: int = 0, alignment: int = 512,
@@ -124,6 +130,17 @@ class CudaAsyncAllocator(Policy):
         self.peak_mapped = 0
         self.peak_bytes_in_use = 0
 
+    PARAMS: ClassVar[dict[str, Param]] = params_of(
+        __init__,
+        release_threshold=("size", "bytes the pool keeps at a sync "
+                                   "(cudaMemPoolAttrReleaseThreshold); ≥ capacity = never release"),
+        fraction=("float", "threshold = fraction × capacity when > 0 (JAX: 0.75)"),
+        preallocate=("bool", "take the threshold up front (JAX preallocate)"),
+        chunk=("size", "physical growth unit; 0 = the device's mapping granularity"),
+        alignment=("size", "allocation sizes round up to this"),
+        sync=("str", "when the pool synchronises: free (after each) or none"),
+    )
+
     # -- allocation ------------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
@@ -139,10 +156,11 @@ class CudaAsyncAllocator(Policy):
             address = found[0]
             self._take(address, found[1], owner, rounded)
         else:
-            address = self._grow(rounded, stream)
-            if address is None:
+            grown = self._grow(rounded, stream)
+            if grown is None:
                 self.num_ooms += 1
                 return None
+            address = grown
         self.in_use[address] = stream
         self.requested[address] = size
         self.bytes_in_use += rounded
@@ -263,7 +281,7 @@ class CudaAsyncAllocator(Policy):
         size = size_of[address]
         after = next_of[address]
         if after != NONE and after not in in_use:
-            neighbour_index = index
+            neighbour_index: FreeIndex | None = index
             if owner_of is not None:
                 neighbour_owner = owner_of[after]
                 neighbour_index = indexes[neighbour_owner]
@@ -376,6 +394,66 @@ class CudaAsyncAllocator(Policy):
     # -- views -----------------------------------------------------------------------
     def blocks(self) -> Iterator[tuple[int, int, bool]]:
         return walk_chunks(self.regions, self.size_of, self.next_of, self.in_use)
+
+    def check(self) -> None:
+        """Assert: the chunks tile their mapped regions (links, contiguity, no strays), each
+        region a whole number of growth chunks; every index is well formed and the indexes
+        together hold exactly the free chunks, each once, at its size and in its owner's index
+        (with ``sync=free`` all in the shared one and no owner table); no two neighbouring free
+        chunks that free_block would have merged (with ``sync=none``: neighbouring free chunks
+        have two different stream owners); ``free_regions`` is exactly the regions that are one
+        shared free chunk; mapped, bytes_in_use, requests and allocs − frees agree with a
+        recount; peaks ≥ current values."""
+        size_of = self.size_of
+        check_tiling(self.regions, size_of, self.prev_of, self.next_of)
+        for base, nbytes in self.regions.items():
+            if nbytes % self.chunk:
+                fail(f"cuda-async: region {base:#x} is not a whole number of chunks")
+        strays = self.in_use.keys() - size_of.keys()
+        require(not strays, f"cuda-async: {len(strays)} chunks in use are in no region")
+        owner_of: dict[int, int] = {}
+        for owner, index in self.indexes.items():
+            index.check()
+            for size, address in index.keys():
+                if address in owner_of or address in self.in_use:
+                    fail(f"cuda-async: chunk {address:#x} is indexed twice or in use")
+                if size_of.get(address) != size:
+                    fail(f"cuda-async: chunk {address:#x} is indexed at the wrong size")
+                owner_of[address] = owner
+        require(len(owner_of) + len(self.in_use) == len(size_of),
+                "cuda-async: a free chunk is in no index")
+        require(self.indexes[SHARED] is self.shared, "cuda-async: the shared index moved")
+        if self.sync_on_free:
+            require(not self.owner_of, "cuda-async: sync=free keeps an owner table")
+            require(len(self.indexes) == 1, "cuda-async: sync=free has stream-owned free chunks")
+        else:
+            require(self.owner_of == owner_of,
+                    "cuda-async: the owner table disagrees with the indexes")
+        for address, after in self.next_of.items():
+            if after == NONE or address not in owner_of or after not in owner_of:
+                continue
+            first, second = owner_of[address], owner_of[after]
+            if first == second or SHARED in (first, second):
+                fail(f"cuda-async: neighbouring free chunks {address:#x} and {after:#x} not "
+                     "merged")
+        wholly_free = {base for base in self.regions
+                       if self.next_of[base] == NONE and owner_of.get(base) == SHARED}
+        require(self.free_regions == wholly_free,
+                "cuda-async: free_regions is not the regions that are one shared free chunk")
+        require(self.mapped == sum(self.regions.values()),
+                "cuda-async: mapped is not the regions' sum")
+        require(self.requested.keys() == self.in_use.keys(),
+                "cuda-async: the requested table is not the chunks in use")
+        for address, size in self.requested.items():
+            if not 0 < size <= size_of[address]:
+                fail(f"cuda-async: chunk {address:#x} holds less than its request of {size}")
+        require(self.bytes_in_use == sum(size_of[a] for a in self.in_use),
+                "cuda-async: bytes_in_use is not the chunks in use")
+        require(self.num_allocs - self.num_frees == len(self.in_use),
+                "cuda-async: allocs − frees is not the number of live chunks")
+        require(self.peak_bytes_in_use >= self.bytes_in_use,
+                "cuda-async: peak_bytes_in_use < current")
+        require(self.peak_mapped >= self.mapped, "cuda-async: peak_mapped < mapped")
 
     def stats(self) -> PolicyStats:
         return PolicyStats(

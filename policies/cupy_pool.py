@@ -50,15 +50,31 @@ Not modelled: memory hooks, the pending-free list used when another thread holds
 the non-pooled allocators. reference/allocators.md §4 says a limit hit triggers the
 free_all_blocks retry without noting that a request larger than the limit fails at once, and
 describes v14.1+ ties only as "Python object address".
+
+Costs (k = free chunks in the arena bin touched, bins by size bit length): malloc is an
+O(log k) bisection in bin(rounded), else an O(1) bitmask jump to the next non-empty bin, plus an
+O(k) list deletion and, for a split, an O(log k + k) insertion; free is O(1) link updates plus
+one O(log k + k) arena update per merged neighbour and one for the freed chunk.
+``free_all_blocks`` is O(free chunks); ``check()`` O(n log n).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterator
+from itertools import pairwise
+from typing import ClassVar
 
-from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats
-from allocsim.policies.chunks import walk_chunks
+from allocsim.policies.base import (
+    DeviceMemory,
+    Param,
+    Policy,
+    PolicyStats,
+    fail,
+    params_of,
+    require,
+)
+from allocsim.policies.chunks import check_tiling, walk_chunks
 
 ALLOCATION_UNIT_SIZE = 512
 NONE = -1
@@ -78,7 +94,8 @@ def round_size(nbytes: int) -> int:
 
 class _Arena:
     """The free chunks of one stream: sorted key lists binned by size bit length, plus a
-    bitmask of non-empty bins. The smallest key ≥ (size, 0) is CuPy's ``lower_bound``."""
+    bitmask of non-empty bins. The smallest key ≥ (size, 0) is CuPy's ``lower_bound``.
+    add/remove: O(log k) bisection + O(k) list insertion/deletion; largest: O(1)."""
 
     __slots__ = ("bins", "nonempty")
 
@@ -116,15 +133,24 @@ class _Arena:
             return 0
         return self.bins[self.nonempty.bit_length() - 1][-1] >> SIZE_SHIFT
 
+    def check(self) -> None:
+        """Assert: each bin strictly ascending, each key in the bin of its size's bit length,
+        the bitmask set exactly for the non-empty bins."""
+        require(self.nonempty >> NUM_BINS == 0, "CuPy arena: bitmask has bits beyond the bins")
+        for number, keys in enumerate(self.bins):
+            require(bool(self.nonempty >> number & 1) == bool(keys),
+                    f"CuPy arena: bitmask bit {number} disagrees with the bin's emptiness")
+            for before, key in pairwise(keys):
+                if before >= key:
+                    fail(f"CuPy arena: bin {number} not strictly ascending")
+            for key in keys:
+                if (key >> SIZE_SHIFT).bit_length() != number:
+                    fail(f"CuPy arena: a chunk of {key >> SIZE_SHIFT} bytes sits in bin {number}")
+
 
 class CuPyPoolAllocator(Policy):
     name = "cupy"
     description = "CuPy MemoryPool: 512 B rounding, per-stream best fit, always split"
-    PARAMS = {
-        "limit": Param("size", 0, "set_limit(size=): cap on total_bytes; 0 = no limit"),
-        "fraction": Param("float", 0.0, "set_limit(fraction=): cap = fraction × capacity"),
-    }
-
     def __init__(self, device: DeviceMemory, limit: int = 0, fraction: float = 0.0) -> None:
         super().__init__(device)
         self.size_of: dict[int, int] = {}       # chunk address -> size
@@ -141,6 +167,12 @@ class CuPyPoolAllocator(Policy):
         self.peak_bytes_in_use = 0
         self.peak_total_bytes = 0
         self.set_limit(size=limit or None, fraction=fraction or None)
+
+    PARAMS: ClassVar[dict[str, Param]] = params_of(
+        __init__,
+        limit=("size", "set_limit(size=): cap on total_bytes; 0 = no limit"),
+        fraction=("float", "set_limit(fraction=): cap = fraction × capacity"),
+    )
 
     # -- CuPy's public pool API ------------------------------------------------------
     def set_limit(self, size: int | None = None, fraction: float | None = None) -> None:
@@ -250,10 +282,11 @@ class CuPyPoolAllocator(Policy):
                 self.cid_of[rest] = cid
                 arena.add((rest_size << SIZE_SHIFT) | (cid << CID_SHIFT) | rest, rest_size)
         else:
-            address = self._try_malloc(rounded)
-            if address is None:
+            grown = self._try_malloc(rounded)
+            if grown is None:
                 self.num_ooms += 1
                 return None
+            address = grown
             size_of[address] = rounded
             self.prev_of[address] = NONE
             self.next_of[address] = NONE
@@ -341,6 +374,61 @@ class CuPyPoolAllocator(Policy):
     # -- views -----------------------------------------------------------------------
     def blocks(self) -> Iterator[tuple[int, int, bool]]:
         return walk_chunks(self.held, self.size_of, self.next_of, self.in_use)
+
+    def check(self) -> None:
+        """Assert: the chunks tile their cudaMalloc'd blocks (links, contiguity, no strays);
+        every chunk has a creation id, all distinct and already issued, and a size that is a
+        multiple of 512; each arena is well formed and holds exactly the free chunks, each once,
+        under its (size, creation id, address) key; all chunks of one block belong to one arena
+        (the arena of a free chunk, ``in_use``'s arena of a chunk in use); no two neighbouring
+        chunks are both free; total_bytes = the blocks' sum, within the limit; used bytes,
+        requests and allocs − frees agree with a recount; peaks ≥ current values."""
+        size_of = self.size_of
+        block_of = check_tiling(self.held, size_of, self.prev_of, self.next_of)
+        require(self.cid_of.keys() == size_of.keys(), "CuPy: creation ids are not the chunks'")
+        cids = list(self.cid_of.values())
+        require(len(set(cids)) == len(cids), "CuPy: two chunks share a creation id")
+        require(max(cids, default=-1) < self._next_cid, "CuPy: a creation id not yet issued")
+        for address, size in size_of.items():
+            if size % ALLOCATION_UNIT_SIZE:
+                fail(f"CuPy: chunk {address:#x} of {size} bytes is not a multiple of 512")
+        strays = self.in_use.keys() - size_of.keys()
+        require(not strays, f"CuPy: {len(strays)} chunks in use are in no block")
+        arena_of: dict[int, _Arena] = dict(self.in_use)
+        for arena in self.arenas.values():
+            arena.check()
+            for key in arena.keys():
+                address = key & ADDRESS_MASK
+                if address in arena_of:
+                    fail(f"CuPy: chunk {address:#x} is free in an arena and in use, or free twice")
+                size = key >> SIZE_SHIFT
+                if (size_of.get(address) != size
+                        or (key >> CID_SHIFT) & ADDRESS_MASK != self.cid_of[address]):
+                    fail(f"CuPy: arena key of chunk {address:#x} disagrees with its size or id")
+                arena_of[address] = arena
+        require(len(arena_of) == len(size_of), "CuPy: a free chunk is in no arena")
+        owner: dict[int, _Arena] = {}
+        for address, base in block_of.items():
+            if owner.setdefault(base, arena_of[address]) is not arena_of[address]:
+                fail(f"CuPy: the chunks of block {base:#x} belong to two arenas")
+        for address, after in self.next_of.items():
+            if after != NONE and address not in self.in_use and after not in self.in_use:
+                fail(f"CuPy: neighbouring free chunks {address:#x} and {after:#x} not merged")
+        require(self._total_bytes == sum(self.held.values()),
+                "CuPy: total_bytes is not the blocks' sum")
+        require(not self._limit or self._total_bytes <= self._limit,
+                "CuPy: total_bytes over the limit")
+        require(self.requested.keys() == self.in_use.keys(),
+                "CuPy: the requested table is not the chunks in use")
+        for address, size in self.requested.items():
+            if not 0 < size <= size_of[address]:
+                fail(f"CuPy: chunk {address:#x} holds less than its request of {size}")
+        require(self.bytes_in_use == sum(size_of[a] for a in self.in_use),
+                "CuPy: used bytes are not the chunks in use")
+        require(self.num_allocs - self.num_frees == len(self.in_use),
+                "CuPy: allocs − frees is not the number of live chunks")
+        require(self.peak_bytes_in_use >= self.bytes_in_use, "CuPy: peak_bytes_in_use < current")
+        require(self.peak_total_bytes >= self._total_bytes, "CuPy: peak_total_bytes < current")
 
     def stats(self) -> PolicyStats:
         return PolicyStats(

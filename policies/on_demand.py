@@ -3,24 +3,35 @@
 This is JAX's ``XLA_PYTHON_CLIENT_ALLOCATOR=platform`` (and CuPy with ``set_allocator(None)``):
 the only mode that returns memory to the device at once, and the slowest, since each call
 synchronises the device. Reserved bytes equal live bytes plus the device's own rounding.
+Costs: O(1) per malloc and free (a dict entry), plus the device call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import ClassVar
 
-from allocsim.policies.base import DeviceMemory, Policy, PolicyStats
+from allocsim.policies.base import (
+    DeviceMemory,
+    Param,
+    Policy,
+    PolicyStats,
+    fail,
+    params_of,
+    require,
+)
 
 
 class OnDemandAllocator(Policy):
     name = "on-demand"
     description = "no cache: cudaMalloc/cudaFree for every buffer (JAX allocator=platform)"
-    PARAMS = {}
 
     def __init__(self, device: DeviceMemory) -> None:
         super().__init__(device)
         self.live: dict[int, int] = {}  # address -> requested bytes
         self.peak_bytes_in_use = 0
+
+    PARAMS: ClassVar[dict[str, Param]] = params_of(__init__)
 
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
@@ -40,6 +51,19 @@ class OnDemandAllocator(Policy):
         self.bytes_in_use -= self.live.pop(address)
         self.device.release(address)
         self.num_frees += 1
+
+    def check(self) -> None:
+        """Assert: every live block has a positive size; bytes_in_use = their sum; allocs −
+        frees = live blocks; peak ≥ current."""
+        for address, size in self.live.items():
+            if size <= 0:
+                fail(f"on-demand: block {address:#x} has size {size}")
+        require(self.bytes_in_use == sum(self.live.values()),
+                f"on-demand: bytes_in_use {self.bytes_in_use} is not the live blocks' sum")
+        require(self.num_allocs - self.num_frees == len(self.live),
+                "on-demand: allocs − frees is not the number of live blocks")
+        require(self.peak_bytes_in_use >= self.bytes_in_use,
+                "on-demand: peak_bytes_in_use < current")
 
     def blocks(self) -> Iterator[tuple[int, int, bool]]:
         for address in sorted(self.live):

@@ -140,7 +140,9 @@ class PolicySpec:
 
 def _split_params(text: str) -> list[str]:
     """Split ``a=1,b=[256:1,>:4]`` on the commas outside brackets (PyTorch's list syntax)."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in text:
         if char == "[":
             depth += 1
@@ -157,7 +159,7 @@ def _split_params(text: str) -> list[str]:
 
 def alloc_conf_spec(text: str) -> PolicySpec:
     """The ``pytorch`` policy for a PYTORCH_CUDA_ALLOC_CONF string given as-is."""
-    from allocsim.policies.pytorch_caching import parse_alloc_conf
+    from allocsim.policies.pytorch_settings import parse_alloc_conf
     try:
         params = parse_alloc_conf(text)
     except ValueError as err:
@@ -187,9 +189,11 @@ def parse_policy(spec: str | PolicySpec) -> PolicySpec:
             raise PolicySpecError(f"policy {name!r}: expected key=value, got {item!r}")
         if key not in declared:
             known = ", ".join(declared) or "none"
-            raise PolicySpecError(f"policy {name!r} has no parameter {key!r}; its parameters: {known}")
+            raise PolicySpecError(f"policy {name!r} has no parameter {key!r}; "
+                                  f"its parameters: {known}")
         values[key] = _coerce(name, key, declared[key], text)
-    kept = tuple((k, values[k]) for k in declared if k in values and values[k] != declared[k].default)
+    kept = tuple((k, values[k]) for k in declared
+                 if k in values and values[k] != declared[k].default)
     spec = PolicySpec(name, kept)
     if name in PRESETS:
         spec.resolved()  # a preset's bad value fails here, with the preset's name

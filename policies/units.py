@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from allocsim.errors import UserInputError
+
 _UNITS = {
     "": 1, "b": 1,
     "k": 1024, "kib": 1024, "kb": 1000,
@@ -23,18 +25,18 @@ _SIZE = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 def parse_size(text: str | int | float) -> int:
     """Bytes in ``text`` ("24GiB", "512 MiB", "1.5GB", "4096", 4096). Raises ValueError."""
     if isinstance(text, bool):
-        raise ValueError(f"not a size: {text!r}")
+        raise UserInputError(f"not a size: {text!r}")
     if isinstance(text, (int, float)):
         if text < 0 or text != int(text):
-            raise ValueError(f"not a size in bytes: {text!r}")
+            raise UserInputError(f"not a size in bytes: {text!r}")
         return int(text)
     match = _SIZE.match(str(text))
     unit = match.group(2).lower() if match else None
     if not match or unit not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (examples: 4096, 512MiB, 24GiB, 80GB)")
+        raise UserInputError(f"not a size: {text!r} (examples: 4096, 512MiB, 24GiB, 80GB)")
     value = float(match.group(1).replace("_", "")) * _UNITS[unit]
     if value != int(value):
-        raise ValueError(f"not a whole number of bytes: {text!r}")
+        raise UserInputError(f"not a whole number of bytes: {text!r}")
     return int(value)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from sortedcontainers import SortedDict
 
 import allocsim.sim.validation.cuda_device as cuda_device_module
-from allocsim.sim.validation.real_memory import count_pattern_errors, fill_pattern
+from allocsim.sim.validation.patterns import count_pattern_errors, fill_pattern
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -1,12 +1,15 @@
 """An independent referee for policies: drives one directly and recounts everything it claims.
 
 It never reads the policy's internals to decide correctness: live blocks are what malloc
-returned, memory held is what the device says the process holds.
+returned, memory held is what the device says the process holds. Beside that outside view it
+runs the policy's own ``check()`` (its invariants, written next to the code that keeps them)
+after every malloc and free it makes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from allocsim.policies import PolicySpec, parse_policy
@@ -34,22 +37,28 @@ class Referee:
     def of(cls, spec: str, profile: DeviceProfile | None = None) -> Referee:
         return cls(parse_policy(spec), profile or small_device())
 
-    def malloc(self, ident: int, size: int) -> int | None:
-        address = self.policy.malloc(size, 0)
+    def malloc(self, ident: int, size: int, stream: int = 0) -> int | None:
+        address = self.policy.malloc(size, stream)
         if address is None:
             self.ooms += 1
         else:
             self.live[ident] = (address, size)
+        self.policy.check()
         return address
 
     def free(self, ident: int) -> None:
         address, _ = self.live.pop(ident)
         self.policy.free(address)
+        self.policy.check()
+
+    def empty_cache(self) -> None:
+        self.policy.empty_cache()
+        self.policy.check()
 
     def check(self) -> None:
         """Every invariant a policy must keep, checked from the outside."""
         spans = sorted(self.live.values())
-        for (a, sa), (b, _) in zip(spans, spans[1:]):
+        for (a, sa), (b, _) in pairwise(spans):
             assert a + sa <= b, f"live blocks overlap: {a:#x}+{sa} > {b:#x}"
         holdings = self.view.holdings()
         for address, size in spans:
@@ -64,7 +73,7 @@ class Referee:
         assert stats.bytes_in_use == sum(s for _, s in in_use_blocks) == self.policy.bytes_in_use
         assert stats.bytes_requested == requested
         assert sorted(a for a, _ in in_use_blocks) == sorted(a for a, _ in spans)
-        for (address, size), (_, block) in zip(sorted(spans), sorted(in_use_blocks)):
+        for (_, size), (_, block) in zip(sorted(spans), sorted(in_use_blocks)):
             assert block >= size, "a block is smaller than its request"
         assert stats.num_allocs - stats.num_frees == len(spans)
         if self.spec.name != "on-demand":
@@ -72,7 +81,7 @@ class Referee:
             assert stats.pool_bytes <= self.view.reserved
             assert sum(s for _, s, _ in blocks) == stats.pool_bytes
             ordered = sorted((a, s) for a, s, _ in blocks)
-            for (a, sa), (b, _) in zip(ordered, ordered[1:]):
+            for (a, sa), (b, _) in pairwise(ordered):
                 assert a + sa <= b
             for address, size in ordered:
                 assert any(base <= address and address + size <= base + n for base, n in holdings)
@@ -85,12 +94,16 @@ class Referee:
         assert not self.live
         blocks = sorted(self.policy.blocks())
         assert all(not used for _, _, used in blocks)
-        for (a, sa, _), (b, _, _) in zip(blocks, blocks[1:]):
-            assert a + sa != b or self._different_regions(a, b), f"free blocks {a:#x} and {b:#x} not merged"
+        for (a, sa, _), (b, _, _) in pairwise(blocks):
+            assert a + sa != b or self._different_regions(a, b), \
+                f"free blocks {a:#x} and {b:#x} not merged"
 
     def _different_regions(self, a: int, b: int) -> bool:
         holdings = self.view.holdings()
-        region = lambda x: next(base for base, n in holdings if base <= x < base + n)
+
+        def region(x: int) -> int:
+            return next(base for base, n in holdings if base <= x < base + n)
+
         return region(a) != region(b)
 
 

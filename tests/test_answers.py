@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from allocsim.errors import UserInputError
 from allocsim.sim.cli import main
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.questions.capacity import min_capacity
@@ -70,7 +71,7 @@ def test_share_specs_parse_trace_policy_and_start() -> None:
     assert parse_share_spec("run.npz:bfc:allow_growth=false@2s") == \
         ShareSpec("run.npz", "bfc:allow_growth=false", 2_000_000_000)
     assert parse_start("500ms") == 500_000_000 and parse_start("0.5") == 500_000_000
-    with pytest.raises(ValueError, match="bad start time"):
+    with pytest.raises(UserInputError, match="bad start time"):
         parse_start("soon")
     with pytest.raises(ValueError, match="unknown policy"):
         parse_share_spec("run.npz:nope")
@@ -141,8 +142,10 @@ def test_check_reports_a_new_oom_whatever_the_tolerance(capsys, tmp_path: Path) 
 
 
 def test_share_runs_each_recorded_process_of_a_multi_process_trace(capsys, tmp_path: Path) -> None:
-    two = Trace.from_events([(0, "alloc", 1, 600 * MiB, 0, 0), (1000, "alloc", 2, 600 * MiB, 0, 1),
-                             (10_000_000, "free", 1, None, 0, 0), (10_000_000, "free", 2, None, 0, 1)])
+    two = Trace.from_events([(0, "alloc", 1, 600 * MiB, 0, 0),
+                             (1000, "alloc", 2, 600 * MiB, 0, 1),
+                             (10_000_000, "free", 1, None, 0, 0),
+                             (10_000_000, "free", 2, None, 0, 1)])
     path = tmp_path / "two.npz"
     formats.save(two, path)
     assert main(["share", f"{path}:on-demand", "--capacity", "1GiB", "--json"]) == 1

@@ -33,7 +33,8 @@ def test_requests_round_up_to_multiples_of_256_and_zero_bytes_is_null() -> None:
 @pytest.mark.parametrize("size, expected", [
     (1, 0), (256, 0), (511, 0), (512, 1), (1023, 1), (1024, 2), (MiB, 12),
     (128 * MiB - 1, 18), (128 * MiB, 19), (256 * MiB - 1, 19), (256 * MiB, 20), (64 << 30, 20)])
-def test_bins_double_from_256_bytes_and_the_last_holds_256_mib_and_up(size: int, expected: int) -> None:
+def test_bins_double_from_256_bytes_and_the_last_holds_256_mib_and_up(size: int,
+                                                                       expected: int) -> None:
     assert bin_for_size(size) == expected
 
 
@@ -60,7 +61,7 @@ def test_without_growth_one_region_of_the_whole_limit_is_taken_at_the_first_allo
 
 
 def test_a_chunk_is_split_only_if_twice_the_request_or_the_slack_reaches_128_mib() -> None:
-    policy, view = bfc(memory_limit=1 << 30, allow_growth=False)
+    policy, _ = bfc(memory_limit=1 << 30, allow_growth=False)
     policy.free(policy.malloc(1 << 30))             # the region is now one free 1 GiB chunk
     # 1 GiB free chunk, 600 MiB request: 1024 < 1200 but slack 424 MiB ≥ 128 MiB → split.
     a = policy.malloc(600 * MiB)
@@ -109,7 +110,7 @@ def test_search_takes_the_smallest_fitting_chunk_and_the_lowest_address_on_ties(
 
 def test_free_merges_with_the_next_then_the_previous_chunk() -> None:
     policy, _ = bfc(memory_limit=64 * MiB, allow_growth=False)
-    a, b, c, guard = (policy.malloc(1024) for _ in range(4))
+    a, b, c, _guard = (policy.malloc(1024) for _ in range(4))
     policy.free(a)
     policy.free(c)
     policy.free(b)                                   # joins a … c into one 3 KiB chunk

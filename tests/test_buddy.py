@@ -85,7 +85,7 @@ def test_the_buddy_address_is_base_plus_offset_xor_size() -> None:
 
 def test_the_last_freed_block_of_an_order_is_reused_first() -> None:
     policy, _ = buddy(arena=64 * KiB)
-    a, b, c, d = (policy.malloc(16 * KiB) for _ in range(4))
+    a, _b, c, _d = (policy.malloc(16 * KiB) for _ in range(4))
     policy.free(a)
     policy.free(c)                             # AVAIL[16K] = [c, a] (LIFO)
     assert policy.malloc(16 * KiB) == c
@@ -170,7 +170,7 @@ def test_invariants_hold_after_every_event(spec: str, actions) -> None:
     play(referee, actions)
     blocks = list(referee.policy.blocks())
     assert len(blocks) == len(referee.policy.arenas)         # every arena merged back whole
-    referee.policy.empty_cache()
+    referee.empty_cache()
     assert referee.view.reserved == 0
 
 

@@ -68,7 +68,8 @@ def test_compare_out_writes_results_and_figures(capsys, small_trace: Path, tmp_p
     assert (out_dir / "peaks.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_capacity_too_small_makes_every_policy_fail_and_no_winner(capsys, small_trace: Path) -> None:
+def test_a_capacity_too_small_makes_every_policy_fail_and_no_winner(capsys,
+                                                                   small_trace: Path) -> None:
     code, out, _ = run(capsys, "compare", str(small_trace), "--capacity", "2MiB", "--json")
     data = json.loads(out)
     assert code == 0 and data["winner"] is None
@@ -119,6 +120,7 @@ def test_convert_refuses_to_overwrite_its_input(capsys, small_trace: Path) -> No
 
 def test_info_json_reports_the_peak(capsys, small_trace: Path) -> None:
     code, out, _ = run(capsys, "info", str(small_trace), "--json")
+    assert code == 0
     facts = json.loads(out)
     assert facts["peak_live"] == 3000000 + 4096 and facts["leaks"] == 0
 
@@ -136,3 +138,27 @@ def test_policies_and_devices_are_listed(capsys) -> None:
 def test_meaningless_sizes_are_refused_in_one_line(capsys, argv, message) -> None:
     code, _, err = run(capsys, *argv)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_internal_error_is_not_reported_as_the_users_mistake(capsys, monkeypatch) -> None:
+    # Only UserInputError is a user's mistake; a ValueError from inside allocsim is a bug and
+    # must keep its traceback instead of becoming "allocsim: error: ...".
+    from allocsim.sim.cli import compare as compare_command
+
+    def broken(args):
+        raise ValueError("chunk list out of order")
+    monkeypatch.setattr(compare_command, "run", broken)
+    with pytest.raises(ValueError, match="chunk list out of order"):
+        main(["compare"])
+    assert "allocsim: error" not in capsys.readouterr().err
+
+
+def test_a_user_input_error_is_one_line_and_exit_2(capsys, monkeypatch) -> None:
+    from allocsim.errors import UserInputError
+    from allocsim.sim.cli import compare as compare_command
+
+    def refuses(args):
+        raise UserInputError("run.npz: event 7: free of an unknown id")
+    monkeypatch.setattr(compare_command, "run", refuses)
+    assert main(["compare"]) == 2
+    assert capsys.readouterr().err == "allocsim: error: run.npz: event 7: free of an unknown id\n"

@@ -1,4 +1,5 @@
-"""The ctypes declarations of the CUDA driver calls (sim/cuda_device.py) agree with cuda.h.
+"""The ctypes declarations of the CUDA driver calls (sim/validation/cuda_device.py) agree
+with cuda.h.
 
 The policy backend drives CUDA's virtual-memory API through ctypes; a wrong struct layout or a
 parameter of the wrong width would corrupt the call on a GPU, silently. Where a C compiler and
@@ -85,7 +86,7 @@ def _ctypes_offset(structure: type, dotted: str) -> int:
     for part in dotted.split("."):
         descriptor = getattr(kind, part)
         offset += descriptor.offset
-        kind = dict((n, t) for n, t, *_ in kind._fields_)[part]
+        kind = {n: t for n, t, *_ in kind._fields_}[part]
     return offset
 
 

@@ -72,7 +72,7 @@ def test_memory_above_the_threshold_is_released_and_below_it_kept() -> None:
 
 def test_a_trim_never_goes_below_the_threshold() -> None:
     policy, view = pool(release_threshold=3 * MiB)
-    a, b, c = (policy.malloc(2 * MiB) for _ in range(3))
+    a, b, _c = (policy.malloc(2 * MiB) for _ in range(3))
     policy.free(a)                                 # 6 MiB → 4 MiB (≥ 3 MiB)
     policy.free(b)                                 # 4 MiB > 3 MiB, but 2 MiB would be < 3: kept
     assert view.reserved == 4 * MiB and view.frees == 1
@@ -164,7 +164,7 @@ def test_without_syncs_nothing_is_released_until_empty_cache() -> None:
 
 def test_out_of_memory_syncs_then_remaps_cached_chunks_then_fails() -> None:
     policy, view = pool(capacity=8 * MiB, release_threshold=8 * MiB)
-    a, b, c, d = (policy.malloc(2 * MiB) for _ in range(4))   # the device is full
+    a, _b, c, _d = (policy.malloc(2 * MiB) for _ in range(4))   # the device is full
     policy.free(a)
     policy.free(c)                                 # two cached 2 MiB chunks
     assert policy.malloc(4 * MiB) is not None

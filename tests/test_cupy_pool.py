@@ -240,7 +240,7 @@ actions = workload_actions()
 def test_invariants_hold_after_every_event(spec: str, actions) -> None:
     referee = Referee.of(spec, small_device(capacity=256 << 20))
     play(referee, actions)
-    referee.policy.empty_cache()
+    referee.empty_cache()
     assert referee.view.reserved == 0
 
 

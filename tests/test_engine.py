@@ -7,8 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from allocsim.sim.kernel.device import CostModel, DeviceProfile
-from allocsim.sim.kernel.engine import SharedProcess, replay, run_shared
+from allocsim.errors import UserInputError
+from allocsim.policies import parse_policy
+from allocsim.sim.kernel.device import CostModel, DeviceProfile, SimulatedDevice
+from allocsim.sim.kernel.engine import FirstOOM, ProcessReplay, SharedProcess, replay, run_shared
 from allocsim.sim.questions.compare import compare, pick_winner
 from allocsim.traces import Trace
 
@@ -69,6 +71,20 @@ def test_an_oom_is_counted_reported_and_the_run_goes_on() -> None:
     assert result.timeline.allocated.max() == 900 * MiB
 
 
+def test_the_first_oom_is_kept_by_name_and_reported_in_the_result() -> None:
+    trace = Trace.from_events([
+        (0, "alloc", 1, 600 * MiB), (1, "alloc", 2, 600 * MiB), (2, "free", 2, None),
+        (3, "alloc", 3, 700 * MiB)])
+    run = ProcessReplay(trace, parse_policy("on-demand"), SimulatedDevice(device(GiB)))
+    run.advance(len(trace))
+    # on-demand holds exactly the one live buffer; no other process shares the device.
+    assert run.first_oom == FirstOOM(event=1, size=600 * MiB, allocated=600 * MiB,
+                                     reserved=600 * MiB, largest_free=0, others={})
+    result = run.result("test")
+    assert result.ooms == 2 and result.first_oom_event == 1
+    assert result.first_oom_largest_free == 0 and result.first_oom_others is None
+
+
 def test_stop_on_oom_ends_the_run_at_the_first_failure() -> None:
     trace = Trace.from_events([(0, "alloc", 1, 2 * GiB), (1, "alloc", 2, 1), (2, "free", 2, None)])
     result = replay(trace, "on-demand", device(GiB), stop_on_oom=True)
@@ -94,7 +110,8 @@ def test_one_process_gives_the_same_result_with_and_without_simpy() -> None:
     trace = Trace.from_events(events)
     for spec in ("bfc", "on-demand", "best-fit:trim=true"):
         fast = replay(trace, spec, device()).to_json_dict(timeline=True)
-        shared = run_shared([SharedProcess(trace, spec)], device()).results[0].to_json_dict(timeline=True)
+        alone = run_shared([SharedProcess(trace, spec)], device()).results[0]
+        shared = alone.to_json_dict(timeline=True)
         assert fast == shared
 
 
@@ -147,7 +164,8 @@ def test_no_winner_when_every_policy_runs_out_of_memory() -> None:
 
 
 def test_a_process_that_ends_gives_its_memory_back_to_the_device() -> None:
-    keeps = Trace.from_events([(0, "alloc", 1, 700 * MiB), (1_000_000, "alloc", 2, 1)])  # never frees
+    # The first process never frees.
+    keeps = Trace.from_events([(0, "alloc", 1, 700 * MiB), (1_000_000, "alloc", 2, 1)])
     later = Trace.from_events([(0, "alloc", 1, 700 * MiB)])
     run = run_shared([SharedProcess(keeps, "on-demand"),
                       SharedProcess(later, "on-demand", start_ns=5_000_000)], device(GiB))
@@ -158,9 +176,10 @@ def test_a_process_that_ends_gives_its_memory_back_to_the_device() -> None:
 
 def test_a_trace_of_several_processes_is_not_silently_reduced_to_one() -> None:
     trace = Trace.from_events([(0, "alloc", 1, 10, 0, 0), (1, "alloc", 2, 10, 0, 1)])
-    with pytest.raises(ValueError, match="2 processes"):
+    with pytest.raises(UserInputError, match="2 processes"):
         replay(trace, "bfc", device())
-    both = run_shared([SharedProcess(trace.for_process(p), "bfc", process=p) for p in (0, 1)], device())
+    both = run_shared([SharedProcess(trace.for_process(p), "bfc", process=p) for p in (0, 1)],
+                      device())
     assert [r.peak_allocated for r in both.results] == [10, 10]
 
 

@@ -31,7 +31,8 @@ processes = ["mlp:on-demand", "mlp:on-demand@1ms"]
 '''
 
 
-def test_an_experiment_writes_results_figures_and_tables_and_keeps_the_verdict(tmp_path: Path) -> None:
+def test_an_experiment_writes_results_figures_and_tables_and_keeps_the_verdict(
+        tmp_path: Path) -> None:
     folder = tmp_path / "tiny"
     folder.mkdir()
     (folder / "experiment.toml").write_text(DEFINITION)

@@ -1,5 +1,5 @@
 """``allocsim explain-oom``: real shortage or fragmentation, and what would have completed
-(sim/explain.py), on hand-made traces whose answer is worked out by hand."""
+(allocsim.sim.questions.explain), on hand-made traces whose answer is worked out by hand."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pickle
 import pytest
 
 from allocsim.policies import parse_policy
+from allocsim.sim.cli.explain import register
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.questions.explain import (
     FRAGMENTATION,
     REAL_SHORTAGE,
     NoOOMError,
-    add_explain_parser,
     explain_oom,
     variant_specs,
 )
@@ -117,7 +117,7 @@ def test_a_snapshot_with_a_recorded_oom_explains_the_recorded_request() -> None:
 
 def run_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="allocsim")
-    add_explain_parser(parser.add_subparsers(dest="command", required=True))
+    register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -16,8 +16,8 @@ from allocsim.traces.synth import generate
 MiB = 1 << 20
 
 
-@pytest.mark.parametrize("policy", ["bfc", "best-fit", "pytorch", "pytorch:expandable_segments=true",
-                                    "on-demand", "cupy"])
+@pytest.mark.parametrize("policy", ["bfc", "best-fit", "pytorch",
+                                    "pytorch:expandable_segments=true", "on-demand", "cupy"])
 def test_every_policy_exports_a_snapshot_that_imports_back_with_the_same_events(
         policy: str, tmp_path: Path, capsys) -> None:
     trace_path = tmp_path / "t.npz"

@@ -1,4 +1,5 @@
-"""``allocsim fidelity``: the pytorch model against recorded PyTorch snapshots (sim/fidelity.py).
+"""``allocsim fidelity``: the pytorch model against recorded PyTorch snapshots
+(allocsim.sim.questions.fidelity).
 
 The round-trip guarantee: a snapshot made by running the model itself (simulate_snapshot:
 its addresses, device calls, OOMs, empty_cache() calls, final segments, allocator_settings),
@@ -20,11 +21,11 @@ import pytest
 
 from allocsim.policies import parse_policy
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
+from allocsim.sim.cli.fidelity import register
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 from allocsim.sim.questions.fidelity import (
     COMPARED_ACTIONS,
     FidelityError,
-    add_fidelity_parser,
     fidelity,
     settings_from_snapshot,
     simulate_snapshot,
@@ -247,7 +248,7 @@ def test_seed_lays_out_blocks_and_counts_them() -> None:
     policy.free(got)
     policy.free(mapping[base])
     policy.free(mapping[base + 12 * MiB])
-    large_seg = [s for s in policy.segments() if s["segment_type"] == "large"][0]
+    large_seg = next(s for s in policy.segments() if s["segment_type"] == "large")
     assert [(b["size"], b["state"]) for b in large_seg["blocks"]] == [(20 * MiB, "inactive")]
     policy.empty_cache()
     assert view.reserved == 2 * MiB       # the small segment holds the 512 KiB block
@@ -299,6 +300,9 @@ def test_allocator_settings_map_onto_the_policy_parameters() -> None:
     assert str(missing.spec) == "pytorch" and "defaults" in missing.notes[0]
     with pytest.raises(FidelityError, match="MiB"):
         settings_from_snapshot(dict(recorded, max_split_size=100 * MiB + 1))
+    # A value of the wrong type is the file's fault, said in one line, not a traceback.
+    with pytest.raises(FidelityError, match="garbage_collection_threshold = 'often'"):
+        settings_from_snapshot(dict(recorded, garbage_collection_threshold="often"))
 
 
 def test_a_trace_that_is_not_a_snapshot_is_refused_in_one_line() -> None:
@@ -310,7 +314,7 @@ def test_a_trace_that_is_not_a_snapshot_is_refused_in_one_line() -> None:
 # -- the command ---------------------------------------------------------------------------
 def run_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="allocsim")
-    add_fidelity_parser(parser.add_subparsers(dest="command", required=True))
+    register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)
 

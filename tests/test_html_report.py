@@ -20,7 +20,8 @@ def results_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report")
     assert main(["compare", str(bundled_path()), "--policies", "bfc", "best-fit", "offline",
                  "--out", str(out)]) == 0
-    assert main(["min-capacity", "default", "--policies", "bfc", "on-demand", "--out", str(out)]) == 0
+    assert main(["min-capacity", "default", "--policies", "bfc", "on-demand",
+                 "--out", str(out)]) == 0
     return out
 
 
@@ -33,15 +34,16 @@ def test_compare_out_writes_a_self_contained_page(results_dir: Path) -> None:
 
 def test_report_combines_comparisons_and_capacity_answers(results_dir: Path, capsys) -> None:
     out = results_dir / "all.html"
-    assert main(["report", str(results_dir / "results.json"), str(results_dir / "min_capacity.json"),
-                 "-o", str(out), "--title", "nightly"]) == 0
+    assert main(["report", str(results_dir / "results.json"),
+                 str(results_dir / "min_capacity.json"), "-o", str(out), "--title", "nightly"]) == 0
     page = out.read_text()
     assert "<title>nightly</title>" in page and "minimum capacity" in page
     assert page.count("data:image/png;base64,") == 4
 
 
 def test_compare_out_with_several_traces_writes_one_array_and_one_page(tmp_path: Path) -> None:
-    assert main(["compare", "--policies", "bfc", "--out", str(tmp_path)]) == 0   # all bundled traces
+    # all bundled traces
+    assert main(["compare", "--policies", "bfc", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "results.json").read_text())
     assert isinstance(data, list) and len(data) == 3
     page = (tmp_path / "report.html").read_text()

@@ -1,4 +1,5 @@
-"""Tests for allocsim.traces.formats: native .npz / .csv / .jsonl round trips, readers' errors, load/save."""
+"""Tests for allocsim.traces.formats: native .npz / .csv / .jsonl round trips, readers' errors,
+load/save."""
 
 from __future__ import annotations
 
@@ -15,7 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocsim.traces.formats import FORMATS, load, load_with_report, native, register_format, save
+from allocsim.traces.formats import (
+    FORMATS,
+    load,
+    load_with_report,
+    native,
+    native_csv,
+    register_format,
+    save,
+)
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace, TraceError
 
 EXTENSIONS = [".npz", ".csv", ".csv.gz", ".jsonl", ".jsonl.gz"]
@@ -130,8 +139,8 @@ def test_csv_fast_and_slow_paths_agree(trace):
     header_end = text.index(b"\ntime_ns") + 1
     body_start = text.index(b"\n", header_end) + 1
     names = text[header_end:body_start - 1].decode().split(",")
-    fast = native._csv_fast(text[body_start:], names)
-    slow = native._csv_slow(text[body_start:], names, "mem", 2)
+    fast = native_csv._csv_fast(text[body_start:], names)
+    slow = native_csv._csv_slow(text[body_start:], names, "mem", 2)
     plain = not any(c in t for t in trace.tags for c in "\r\n")
     # The fast path declines numbers of 19+ digits (they might overflow int64) on purpose.
     short = all(int(np.abs(getattr(trace, c)).max(initial=0)) < 10**18
@@ -159,7 +168,7 @@ def csv_bodies(draw) -> tuple[list[str], bytes]:
     for _ in range(draw(st.integers(0, 5))):
         row = [draw(st.sampled_from(GOOD[name]) | st.sampled_from(CELLS)) for name in names]
         if draw(st.integers(0, 9)) == 0:
-            row = row[:-1] if draw(st.booleans()) else row + ["7"]
+            row = row[:-1] if draw(st.booleans()) else [*row, "7"]
         rows.append(",".join(row))
     newline = draw(st.sampled_from(["\n", "\r\n"]))
     if rows and draw(st.booleans()):
@@ -173,9 +182,9 @@ def csv_bodies(draw) -> tuple[list[str], bytes]:
 def test_csv_fast_path_never_disagrees_with_slow_path(case):
     """On arbitrary bodies the fast path either declines or gives what the slow path gives."""
     names, data = case
-    fast = native._csv_fast(data, names)
+    fast = native_csv._csv_fast(data, names)
     try:
-        slow = native._csv_slow(data, names, "mem", 1)
+        slow = native_csv._csv_slow(data, names, "mem", 1)
     except TraceError:
         assert fast is None
         return

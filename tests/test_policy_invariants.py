@@ -24,7 +24,7 @@ def test_invariants_hold_after_every_event(spec: str, actions) -> None:
 
 
 # Every registered model, in the configurations their own test files exercise.
-OOM_SPECS = SPECS + [
+OOM_SPECS = [*SPECS,
     "pytorch", "pytorch:expandable_segments=true", "pytorch:max_split_size_mb=20",
     "pytorch:roundup_power2_divisions=[1:4;>:8]",
     "pytorch:garbage_collection_threshold=0.5,per_process_memory_fraction=0.5",

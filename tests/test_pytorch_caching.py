@@ -70,7 +70,8 @@ def test_power2_divisions_apply_only_above_512_times_the_divisions() -> None:
 @pytest.mark.parametrize("size, index", [
     (1, 0), (MiB - 1, 0), (MiB, 0), (2 * MiB - 1, 0), (2 * MiB, 1), (3 * MiB, 1),
     (256 * MiB, 8), (32 * GiB, 15), (64 * GiB, 15), (1 << 40, 15)])
-def test_the_divisions_table_has_16_intervals_from_1_mib_indexed_by_log2_minus_20(size, index) -> None:
+def test_the_divisions_table_has_16_intervals_from_1_mib_indexed_by_log2_minus_20(size,
+                                                                                  index) -> None:
     assert divisions_index(size) == index
 
 
@@ -110,7 +111,8 @@ def test_exactly_1_mib_goes_to_the_small_pool_and_one_byte_more_to_the_large() -
 @pytest.mark.parametrize("rounded, segment", [
     (512, 2 * MiB), (MiB, 2 * MiB), (MiB + 512, 20 * MiB), (10 * MiB - 512, 20 * MiB),
     (10 * MiB, 10 * MiB), (11 * MiB, 12 * MiB), (100 * MiB + 512, 102 * MiB)])
-def test_segment_sizes_2_mib_small_20_mib_below_10_mib_else_rounded_to_2_mib(rounded, segment) -> None:
+def test_segment_sizes_2_mib_small_20_mib_below_10_mib_else_rounded_to_2_mib(rounded,
+                                                                              segment) -> None:
     assert get_allocation_size(rounded) == segment
     policy, view = torch_alloc()
     policy.malloc(rounded)
@@ -259,7 +261,7 @@ def test_anchor_8x16_mib_freed_then_4x32_mib_reserves_256_mib() -> None:
 
 
 def test_anchor_4x32_mib_freed_then_8x16_mib_reserves_128_mib() -> None:
-    policy, view = _anchor([32] * 4, [16] * 8)
+    _, view = _anchor([32] * 4, [16] * 8)
     assert view.reserved == 128 * MiB and view.mallocs == 4
 
 
@@ -321,7 +323,8 @@ def test_with_max_split_size_the_smallest_block_covering_the_request_is_freed() 
     assert sorted(held(view)) == [26 * MiB, 36 * MiB]
 
 
-def test_a_request_below_max_split_size_frees_an_oversize_block_of_at_least_max_split_size() -> None:
+def test_a_request_below_max_split_size_frees_an_oversize_block_of_at_least_max_split_size(
+) -> None:
     policy, view = torch_alloc(capacity=64 * MiB, max_split_size_mb=40)
     policy.free(policy.malloc(60 * MiB))
     assert policy.malloc(12 * MiB) is not None     # 60 ≥ 40 rejected; 72 > 64; the 60 goes
@@ -362,8 +365,8 @@ def test_gc_releases_blocks_at_least_as_old_as_the_mean_until_under_the_threshol
 def test_gc_repeats_with_the_new_mean_while_short_of_its_target() -> None:
     # threshold 0.3 × 512 MiB = 153.6 MiB: reclaim ≥ 158.4 MiB; a (100) is not enough, so the
     # next pass (mean of b and d = 1) takes both.
-    policy, view, blocks = _gc_scene(per_process_memory_fraction=0.5,
-                                     garbage_collection_threshold=0.3)
+    policy, view, _ = _gc_scene(per_process_memory_fraction=0.5,
+                                garbage_collection_threshold=0.3)
     policy.malloc(120 * MiB)
     assert sorted(held(view)) == [100 * MiB, 120 * MiB]        # c and the new one
     assert policy.memory_stats()["num_device_free"] == 3
@@ -546,13 +549,9 @@ def _drive(referee: Referee, actions) -> None:
     next_id = 0
     for kind, size, pick, stream in actions:
         if kind == 9:
-            referee.policy.empty_cache()
+            referee.empty_cache()
         elif kind < 5 or not referee.live:
-            address = referee.policy.malloc(size, stream)
-            if address is None:
-                referee.ooms += 1
-            else:
-                referee.live[next_id] = (address, size)
+            referee.malloc(next_id, size, stream)
             next_id += 1
         else:
             referee.free(sorted(referee.live)[pick % len(referee.live)])
@@ -569,7 +568,7 @@ def _drive(referee: Referee, actions) -> None:
         referee.free(ident)
         referee.check()
     referee.check_fully_coalesced()
-    referee.policy.empty_cache()
+    referee.empty_cache()
     assert referee.view.reserved == 0 and list(referee.policy.blocks()) == []
 
 
@@ -590,8 +589,8 @@ def test_invariants_hold_under_memory_pressure(spec: str) -> None:
     assert referee.ooms > 0
 
 
-@pytest.mark.parametrize("params", [{}, {"max_split_size_mb": 20}, {"max_split_size_mb": 24,
-                                                                      "max_non_split_rounding_mb": 30}])
+@pytest.mark.parametrize("params", [{}, {"max_split_size_mb": 20},
+                                    {"max_split_size_mb": 24, "max_non_split_rounding_mb": 30}])
 def test_the_per_stream_lists_find_what_a_literal_search_of_the_snapshot_finds(params) -> None:
     rng = random.Random(11)
     policy, _ = torch_alloc(capacity=1 << 40, **params)      # never out of memory here
@@ -612,8 +611,8 @@ def test_the_per_stream_lists_find_what_a_literal_search_of_the_snapshot_finds(p
         expected = None
         if fitting:
             block_size, address = fitting[0]
-            if not (rounded < max_split <= block_size
-                    or (rounded >= max_split and block_size >= rounded + policy.max_non_split_rounding)):
+            too_big = block_size >= rounded + policy.max_non_split_rounding
+            if not (rounded < max_split <= block_size or (rounded >= max_split and too_big)):
                 expected = address
         known = {b["address"] for s in policy.segments() for b in s["blocks"]}
         got = policy.malloc(size, stream)

@@ -1,5 +1,5 @@
-"""Tests for allocsim.traces.record: the CuPy hook recorder (driven directly, as CuPy would call it),
-run_script, the torch profiler recorder (skipped without torch) and the bundled samples."""
+"""Tests for allocsim.traces.record: the CuPy hook recorder (driven directly, as CuPy would call
+it), run_script, the torch profiler recorder (skipped without torch) and the bundled samples."""
 
 from __future__ import annotations
 

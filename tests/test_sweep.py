@@ -10,32 +10,27 @@ import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
+from allocsim.sim.cli.sweep import add_sweep_arguments, cmd_sweep
 from allocsim.sim.kernel.device import resolve_device
 from allocsim.sim.kernel.engine import replay
-from allocsim.sim.sweeps import sweep as sweep_module
-from allocsim.sim.sweeps.sweep import (
-    SweepError,
-    add_sweep_arguments,
-    best_policies,
-    best_policies_text,
-    cmd_sweep,
-    expand_ranges,
-    latest_records,
-    load_definition,
-    load_results,
-    parse_definition,
-    run_sweep,
-)
+from allocsim.sim.sweeps import store as store_module
+from allocsim.sim.sweeps.cell import loads_in_this_process
+from allocsim.sim.sweeps.grid import SweepError, expand_ranges, load_definition, parse_definition
+from allocsim.sim.sweeps.run import run_sweep
+from allocsim.sim.sweeps.store import latest_records, load_results
+from allocsim.sim.sweeps.summary import best_policies, best_policies_text
 from allocsim.traces import formats, synth
 
 EVENTS = 3000
 POLICIES = ["on-demand", "best-fit", "bfc"]
 
 
-def write_sweep(folder: Path, grid: str, name: str = "t", output: str = "out/results.jsonl") -> Path:
+def write_sweep(folder: Path, grid: str, name: str = "t",
+                output: str = "out/results.jsonl") -> Path:
     path = folder / f"{name}.toml"
     path.write_text(f'name = "{name}"\noutput = "{output}"\n[grid]\n{grid}\n')
     return path
@@ -63,7 +58,8 @@ def deterministic(records: dict[str, dict]) -> dict[str, tuple]:
 
 def test_expand_ranges():
     assert expand_ranges("bfc") == ["bfc"]
-    assert expand_ranges("p:a=[1,2],b=[x,y]") == ["p:a=1,b=x", "p:a=1,b=y", "p:a=2,b=x", "p:a=2,b=y"]
+    assert expand_ranges("p:a=[1,2],b=[x,y]") == [
+        "p:a=1,b=x", "p:a=1,b=y", "p:a=2,b=x", "p:a=2,b=y"]
     assert expand_ranges("seed=[1..3,10]") == ["seed=1", "seed=2", "seed=3", "seed=10"]
     assert expand_ranges("[16,24]GiB") == ["16GiB", "24GiB"]
     with pytest.raises(SweepError, match="empty item"):
@@ -149,14 +145,14 @@ def test_results_appended_per_cell_and_equal_to_sequential_replay(tmp_path, trac
                                  'capacities = ["24GiB"]')
     output = tmp_path / "out" / "results.jsonl"
     seen: list[int] = []
-    append = sweep_module._ResultsFile.append
+    append = store_module.ResultsFile.append
 
     def checked_append(self, record):
         append(self, record)
         # On disk (not in a buffer) right after each cell, one complete line per cell so far.
         seen.append(output.read_bytes().count(b"\n"))
 
-    monkeypatch.setattr(sweep_module._ResultsFile, "append", checked_append)
+    monkeypatch.setattr(store_module.ResultsFile, "append", checked_append)
     summary = run_sweep(path, workers=2, progress=False)
     assert summary.total == summary.done == 9 and summary.failed == summary.skipped == 0
     assert seen == list(range(1, 10))
@@ -218,8 +214,9 @@ def test_failing_cell_is_recorded_and_the_others_finish(tmp_path, trace_dir):
 
 
 def test_local_pool_loads_each_trace_once_per_worker(tmp_path, trace_dir):
-    path = write_sweep(tmp_path, f'traces = ["traces/*.npz", "synth:random?events=800&seed=[1..3]"]\n'
-                                 f'policies = {json.dumps(POLICIES + ["preallocate"])}\n'
+    path = write_sweep(tmp_path, 'traces = ["traces/*.npz", '
+                                 '"synth:random?events=800&seed=[1..3]"]\n'
+                                 f'policies = {json.dumps([*POLICIES, "preallocate"])}\n'
                                  'capacities = ["16GiB", "40GiB"]')
     summary = run_sweep(path, workers=2, progress=False)
     assert summary.done == 6 * 4 * 2
@@ -238,7 +235,8 @@ def test_any_executor_and_thread_safety(tmp_path, trace_dir):
         threaded = run_sweep(path, executor=pool, progress=False, output=tmp_path / "threads.jsonl")
     local = run_sweep(path, workers=2, progress=False)
     assert threaded.done == local.done == 9
-    assert deterministic(by_cell(tmp_path / "threads.jsonl")) == deterministic(by_cell(local.results_path))
+    assert (deterministic(by_cell(tmp_path / "threads.jsonl"))
+            == deterministic(by_cell(local.results_path)))
 
 
 def test_offline_bound_runs_and_never_wins(tmp_path, trace_dir):
@@ -257,20 +255,22 @@ def test_dask_local_cluster_gives_the_local_results(tmp_path, trace_dir):
     bad = trace_dir / "broken.npz"
     bad.write_bytes(b"garbage")
     path = write_sweep(tmp_path, 'traces = ["traces/*.npz", "synth:random?events=800&seed=[1,2]"]\n'
-                                 f'policies = {json.dumps(POLICIES)}\ncapacities = ["16GiB", "40GiB"]')
+                                 f'policies = {json.dumps(POLICIES)}\n'
+                                 'capacities = ["16GiB", "40GiB"]')
     local = run_sweep(path, workers=2, progress=False, output=tmp_path / "local.jsonl")
     assert local.done == 5 * 3 * 2 and local.failed == 3 * 2
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
         address = cluster.scheduler_address.replace("tcp://", "dask://")
         remote = run_sweep(path, executor=address, progress=False, output=tmp_path / "dask.jsonl")
-        loads = client.run(sweep_module.loads_in_this_process)
+        loads = client.run(loads_in_this_process)
         # Resuming works the same through Dask: nothing left to do.
         assert run_sweep(path, executor=client, progress=False,
                          output=tmp_path / "dask.jsonl").done == 0
     assert (remote.done, remote.failed) == (local.done, local.failed)
     assert "dask" in remote.executor
-    assert deterministic(by_cell(tmp_path / "dask.jsonl")) == deterministic(by_cell(local.results_path))
+    assert (deterministic(by_cell(tmp_path / "dask.jsonl"))
+            == deterministic(by_cell(local.results_path)))
     # Each trace was decoded (or generated) once on the whole cluster, not once per cell.
     total = collections.Counter()
     for per_worker in loads.values():
@@ -295,10 +295,11 @@ def test_dask_missing_is_a_clear_error(tmp_path, trace_dir, monkeypatch):
 
 
 def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path, trace_dir, monkeypatch):
-    path = write_sweep(tmp_path, 'traces = ["traces/*.npz", "synth:random?events=3000&seed=[1..4]"]\n'
+    path = write_sweep(tmp_path, 'traces = ["traces/*.npz", '
+                                 '"synth:random?events=3000&seed=[1..4]"]\n'
                                  f'policies = {json.dumps(POLICIES)}')
     output = tmp_path / "out" / "results.jsonl"
-    append = sweep_module._ResultsFile.append
+    append = store_module.ResultsFile.append
 
     def append_then_ctrl_c(self, record):
         append(self, record)
@@ -306,7 +307,7 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path, trace_dir, monkeyp
             # A real SIGINT, sent while run_sweep is surely running (its handler installed).
             os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(sweep_module._ResultsFile, "append", append_then_ctrl_c)
+    monkeypatch.setattr(store_module.ResultsFile, "append", append_then_ctrl_c)
     handler = signal.getsignal(signal.SIGINT)
     summary = run_sweep(path, workers=1, progress=False)
     assert signal.getsignal(signal.SIGINT) is handler       # put back as it was
@@ -315,7 +316,7 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path, trace_dir, monkeyp
     assert "run the same command again to resume" in summary.text()
     written = load_results(output)
     assert len(written) == summary.done and all(r["status"] == "ok" for r in written)
-    monkeypatch.setattr(sweep_module._ResultsFile, "append", append)
+    monkeypatch.setattr(store_module.ResultsFile, "append", append)
     rest = run_sweep(path, workers=2, progress=False)
     assert rest.skipped == summary.done and rest.done == 21 - summary.done
     assert len(by_cell(output)) == 21
@@ -323,10 +324,10 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path, trace_dir, monkeyp
 
 def test_results_file_is_locked(tmp_path):
     output = tmp_path / "r.jsonl"
-    first = sweep_module._ResultsFile(output)
+    first = store_module.ResultsFile(output)
     try:
         with pytest.raises(SweepError, match="another sweep"):
-            sweep_module._ResultsFile(output)
+            store_module.ResultsFile(output)
     finally:
         first.close()
 
@@ -347,7 +348,8 @@ def fake(trace, policy, *, completed=True, peak=100, time_s=0.001, slowdown=1.0,
               "slowdown": slowdown}
     return {"cell": f"{trace} | {policy} | d | {capacity or 'default'}", "trace": trace,
             "policy": policy, "device": "d", "capacity": capacity, "status": status,
-            "error": None if status == "ok" else "boom", "result": result if status == "ok" else None}
+            "error": None if status == "ok" else "boom",
+            "result": result if status == "ok" else None}
 
 
 def test_best_policies_follow_the_compare_rule():
@@ -370,7 +372,7 @@ def test_best_policies_follow_the_compare_rule():
     assert {r.trace: r.winner for r in best_policies(records, max_slowdown=None)
             if r.capacity is None}["t1"] == "slow"
     # An ok line supersedes an earlier error line of the same cell.
-    fixed = records + [fake("t1", "broken", peak=1)]
+    fixed = [*records, fake("t1", "broken", peak=1)]
     assert {r.trace: r.winner for r in best_policies(fixed) if r.capacity is None}["t1"] == "broken"
     text = best_policies_text(best_policies(records))
     assert "tie" in text and "none (no policy completes" in text
@@ -396,7 +398,7 @@ class _CrashingPolicy:
 
     name = "crash-test"
     description = "kills its process (tests only)"
-    PARAMS: dict = {}
+    PARAMS: ClassVar[dict[str, object]] = {}
 
     def __init__(self, device) -> None:
         os._exit(1)
@@ -410,11 +412,13 @@ def test_a_dying_worker_fails_only_its_cell(tmp_path, trace_dir, monkeypatch):
     if multiprocessing.get_start_method() != "fork":
         pytest.skip("the test policy reaches the workers only through fork")
     monkeypatch.setitem(registry.POLICIES, "crash-test", _CrashingPolicy)
-    path = write_sweep(tmp_path, 'traces = ["traces/*.npz"]\npolicies = ["bfc", "crash-test", "best-fit"]')
+    path = write_sweep(tmp_path, 'traces = ["traces/*.npz"]\n'
+                                 'policies = ["bfc", "crash-test", "best-fit"]')
     summary = run_sweep(path, workers=2, progress=False)
     records = by_cell(summary.results_path)
     assert len(records) == 9
     failed = {r["policy"] for r in records.values() if r["status"] == "error"}
     assert failed == {"crash-test"}
     assert summary.done == 6 and summary.failed == 3
-    assert all("BrokenProcessPool" in r["error"] for r in records.values() if r["status"] == "error")
+    assert all("BrokenProcessPool" in r["error"]
+               for r in records.values() if r["status"] == "error")

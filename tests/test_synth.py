@@ -1,11 +1,13 @@
 """Tests of the synthetic workload generators (allocsim.traces.synth).
 
-The validity checker here is deliberately independent of allocsim.traces.model's helpers: it walks the
-events with a dict of live ids, so a bug shared by a generator and Trace.live_bytes cannot hide.
+The validity checker here is deliberately independent of allocsim.traces.model's helpers: it
+walks the events with a dict of live ids, so a bug shared by a generator and Trace.live_bytes
+cannot hide.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -361,7 +363,7 @@ def step_starts(trace: Trace, first_tag: str) -> np.ndarray:
 
 
 # An activation-dominated model: the activations, not parameters + gradients, set the peak.
-ACTIVATION_BOUND = dict(layers=4, hidden=256, batch=2048, steps=2)
+ACTIVATION_BOUND = {"layers": 4, "hidden": 256, "batch": 2048, "steps": 2}
 
 
 @pytest.mark.parametrize("extra", [{}, {"dropout": 0.1}, {"separate_bias": True},
@@ -401,7 +403,8 @@ def test_training_eager_is_the_default_and_the_bundled_trace_is_unchanged():
 
 def test_training_eager_intermediates_are_explicit():
     b, h, e = 64, 128, 4
-    common = dict(layers=2, hidden=h, batch=b, steps=1, dropout=0.1, separate_bias=True)
+    common = {"layers": 2, "hidden": h, "batch": b, "steps": 1, "dropout": 0.1,
+              "separate_bias": True}
     eager = generate("training", mode="eager", **common)
     fused = generate("training", mode="fused", **common)
 
@@ -439,7 +442,8 @@ def test_remat_forward_keeps_only_each_blocks_input():
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_donation_lowers_the_peak_by_one_copy_of_params_and_state(optimizer):
     # A parameter-dominated model, so the optimizer step sets the peak.
-    kw = dict(layers=2, hidden=512, batch=8, classes=100, steps=3, optimizer=optimizer)
+    kw = {"layers": 2, "hidden": 512, "batch": 8, "classes": 100, "steps": 3,
+          "optimizer": optimizer}
     copy_trace = generate("training", optimizer_mode="functional", **kw)
     donated = generate("training", optimizer_mode="functional", donate=True, **kw)
     inplace = generate("training", **kw)
@@ -470,7 +474,7 @@ def test_donation_lowers_the_peak_by_one_copy_of_params_and_state(optimizer):
 
 
 def test_transformer_modes_order_peak_allocations_and_time():
-    kw = dict(layers=3, steps=4, seed=2)
+    kw = {"layers": 3, "steps": 4, "seed": 2}
     traces = {m: generate("transformer", mode=m, **kw) for m in MODES}
     for trace in traces.values():
         check_valid(trace)
@@ -483,7 +487,8 @@ def test_transformer_modes_order_peak_allocations_and_time():
 
 
 def test_transformer_donation_and_functional_optimizer():
-    kw = dict(layers=2, d_model=256, vocab=20000, batch=1, min_seq=16, max_seq=64, steps=3)
+    kw = {"layers": 2, "d_model": 256, "vocab": 20000, "batch": 1, "min_seq": 16,
+          "max_seq": 64, "steps": 3}
     copy_trace = generate("transformer", optimizer_mode="functional", **kw)
     donated = generate("transformer", optimizer_mode="functional", donate=True, **kw)
     live = check_valid(copy_trace)
@@ -496,7 +501,7 @@ def test_transformer_donation_and_functional_optimizer():
 
 
 def test_transformer_static_shapes_make_every_step_identical():
-    kw = dict(layers=2, min_seq=16, max_seq=200, steps=6, seed=4)
+    kw = {"layers": 2, "min_seq": 16, "max_seq": 200, "steps": 6, "seed": 4}
     static = generate("transformer", static_shapes=True, **kw)
     dynamic = generate("transformer", **kw)
     check_valid(static)
@@ -505,8 +510,8 @@ def test_transformer_static_shapes_make_every_step_identical():
     assert len(set(dynamic.metadata["seq_lens"])) > 1
 
     def per_step_sizes(trace: Trace) -> list[bytes]:
-        starts = list(step_starts(trace, "data/tokens")) + [len(trace)]
-        return [trace.size[a:b].tobytes() for a, b in zip(starts, starts[1:])]
+        starts = [*step_starts(trace, "data/tokens"), len(trace)]
+        return [trace.size[a:b].tobytes() for a, b in itertools.pairwise(starts)]
 
     assert len(set(per_step_sizes(static))) == 1
     assert len(set(per_step_sizes(dynamic))) > 1
@@ -585,12 +590,13 @@ def test_step_program_hands_buffers_on_to_the_next_step():
                                tag=np.r_[tags("param/w"), cols["tag"]], tags=tags.names)
     live = check_valid(whole)
     assert live == {10 + 2 * p.n_slots + new: 100}
-    with pytest.raises(ValueError):
+    # misuse of a step program is a bug in a generator, not a user's mistake
+    with pytest.raises(RuntimeError):
         p.render(np.ones((1, 1)), first_id=10, rng=np.random.default_rng(0))  # no initial ids
 
     q = StepProgram((), tags)
     q_old = q.inherit("param/w", 100)
-    with pytest.raises(ValueError):
+    with pytest.raises(RuntimeError):
         q.hand_on(q_old, q.alloc("param/w", 99))  # a successor must have the same size
     q.free(q_old)
     with pytest.raises(AssertionError):

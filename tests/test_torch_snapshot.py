@@ -1,5 +1,6 @@
-"""Tests for allocsim.traces.formats.torch_snapshot: safe unpickling, parsing, the backwards rebuild of
-the state at the start, reference events, tags, and export for PyTorch's memory viewer.
+"""Tests for allocsim.traces.formats.torch_snapshot (and the snapshot_* modules behind it): safe
+unpickling, parsing, the backwards rebuild of the state at the start, reference events, tags,
+and export for PyTorch's memory viewer.
 
 Facts about the real snapshots are computed here independently, by a plain walk over the
 pickle's entries, never by calling the module under test.
@@ -213,7 +214,7 @@ def test_real_snapshot_tags_are_user_call_sites(lm):
     assert len(tagged) == trace.n_allocs - meta["prologue_events"]  # every alloc has one
     # The user's files, never torch/nn/modules/module.py that sits between them and the op.
     assert {t.split(":")[0] for t in tagged} == {"model.py", "nn_utils.py"}
-    for tag, stack in meta["tag_stacks"].items():
+    for stack in meta["tag_stacks"].values():
         assert 0 < len(stack) <= ts.MAX_STACK_FRAMES
         assert all(isinstance(frame, str) and frame.count(":") >= 2 for frame in stack)
 
@@ -489,9 +490,9 @@ def test_reference_events_keep_file_order_and_point_at_the_next_event():
 
 
 def test_alloc_before_its_segment_alloc_keeps_file_order():
-    snap = {"segments": [segment(0x200000, 2 * MiB, [block(0x200000, 512, 8, "active_allocated"),
-                                                      block(0x200200, 2 * MiB - 512, 0, "inactive")],
-                                 kind="small")],
+    blocks = [block(0x200000, 512, 8, "active_allocated"),
+              block(0x200200, 2 * MiB - 512, 0, "inactive")]
+    snap = {"segments": [segment(0x200000, 2 * MiB, blocks, kind="small")],
             "device_traces": [[entry("alloc", 0x200000, 8, t=1),
                                entry("segment_alloc", 0x200000, 2 * MiB, t=1)]]}
     trace = read(snap)
@@ -575,7 +576,7 @@ def test_cpp_only_stacks_are_tagged_by_autograd_node_or_op():
     op = {"filename": "??", "line": 0, "name": "at::_ops::mul_Tensor::call(at::Tensor const&)"}
     node = {"filename": "??", "line": 0,
             "name": "torch::autograd::generated::MulBackward0::apply(std::vector<at::Tensor>&&)"}
-    trace = tagged([CPP + [op, node], CPP + [op]])
+    trace = tagged([[*CPP, op, node], [*CPP, op]])
     assert [trace.tag_name(t) for t in trace.tag.tolist()] == ["autograd:MulBackward0",
                                                                "aten::mul_Tensor"]
 
@@ -706,7 +707,7 @@ def valid_traces(draw) -> Trace:
     trace = Trace.from_events(rows)
     # A free's stream is its buffer's stream, as every importer writes it.
     stream_of = {}
-    for i, (t, op, key, size, stream) in enumerate(rows):
+    for i, (_, op, key, _, stream) in enumerate(rows):
         if op == "alloc":
             stream_of[key] = stream
         trace.stream[i] = stream_of[key]

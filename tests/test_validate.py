@@ -1,4 +1,5 @@
-"""Tests for allocsim.traces.validate: one-line errors at the first bad event, lenient repairs, speed."""
+"""Tests for allocsim.traces.validate: one-line errors at the first bad event, lenient repairs,
+speed."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def test_id_reuse_after_free_is_fine():
 
 
 def test_empty_trace_is_valid():
-    result, report = validate(Trace.empty())
+    _, report = validate(Trace.empty())
     assert report.events == 0 and report.leaks == 0 and "0 events" in report.summary()
 
 

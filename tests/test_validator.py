@@ -15,30 +15,25 @@ from fake_gpu import FakeCupy, FakeTorch, install_fake_gpu
 from policy_checks import OverlapBFC, SameAddressBFC
 
 from allocsim.policies import POLICIES, parse_policy
+from allocsim.sim.cli import calibrate as calibrate_command
+from allocsim.sim.cli import main
+from allocsim.sim.cli import validate as validate_command
 from allocsim.sim.kernel.device import DeviceProfile, resolve_device
 from allocsim.sim.kernel.engine import replay
 from allocsim.sim.questions.compare import compare
+from allocsim.sim.validation.backends import BACKENDS
 from allocsim.sim.validation.calibrate import (
     DeviceCalls,
-    add_calibrate_parser,
     fit_linear,
     granularity_from_footprints,
     measure_packing,
     measure_profile,
 )
-from allocsim.sim.validation.validator import (
-    BACKENDS,
-    HostDevice,
-    NoGPUError,
-    ValidationReport,
-    ValidatorError,
-    add_validate_parser,
-    count_pattern_errors,
-    fill_pattern,
-    main,
-    validate,
-    validate_results,
-)
+from allocsim.sim.validation.errors import NoGPUError, ValidatorError
+from allocsim.sim.validation.host_device import HostDevice
+from allocsim.sim.validation.patterns import count_pattern_errors, fill_pattern
+from allocsim.sim.validation.report import ValidationReport
+from allocsim.sim.validation.validator import bundled_match, validate, validate_results
 from allocsim.traces import Trace, formats, synth
 from allocsim.traces.bundled import bundled_path
 
@@ -237,7 +232,12 @@ def test_cli_no_gpu_exits_2_with_one_line(tmp_path, monkeypatch, capsys) -> None
 
 
 def test_importing_the_validator_needs_no_cupy() -> None:
-    code = ("import sys, allocsim.sim.validation.validator; "
+    # Every module of the room, and its two commands.
+    room = Path(__file__).resolve().parents[1] / "sim" / "validation"
+    modules = [f"allocsim.sim.validation.{path.stem}" for path in sorted(room.glob("*.py"))
+               if path.stem != "__init__"] + ["allocsim.sim.cli.validate",
+                                               "allocsim.sim.cli.calibrate"]
+    code = (f"import sys, {', '.join(modules)}; "
             "print(sorted(m for m in ('cupy', 'torch', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[1], check=True).stdout
@@ -308,11 +308,10 @@ def test_validate_results_json_of_the_bundled_trace(tmp_path) -> None:
     """`allocsim compare` with no trace records the generator as source: the bundled file is
     found by name and facts."""
     from allocsim.sim.questions.compare import trace_facts
-    from allocsim.sim.validation.validator import _bundled_match
     from allocsim.traces.bundled import load_default_trace
     facts = trace_facts(load_default_trace())
-    assert _bundled_match(facts) is not None
-    assert _bundled_match({**facts, "events": facts["events"] + 1}) is None
+    assert bundled_match(facts) is not None
+    assert bundled_match({**facts, "events": facts["events"] + 1}) is None
 
 
 def test_validate_results_json_refuses_a_changed_trace(tmp_path) -> None:
@@ -421,7 +420,7 @@ def test_fit_linear_is_least_squares() -> None:
 
 def test_calibrate_without_a_gpu_says_so(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "cupy", None)
-    with pytest.raises(NoGPUError, match="allocsim calibrate needs one$"):
+    with pytest.raises(NoGPUError, match=r"allocsim calibrate needs one$"):
         from allocsim.sim.validation.calibrate import calibrate
         calibrate()
 
@@ -503,8 +502,8 @@ def test_cli_mistakes_exit_2_with_one_line(tmp_path, capsys) -> None:
 def test_parsers_plug_into_the_allocsim_cli() -> None:
     parser = argparse.ArgumentParser(prog="allocsim")
     sub = parser.add_subparsers(dest="command", required=True)
-    add_validate_parser(sub)
-    add_calibrate_parser(sub)
+    validate_command.register(sub)
+    calibrate_command.register(sub)
     args = parser.parse_args(["validate", "run.npz", "--policy", "bfc", "--backend", "host",
                               "--capacity", "24GiB", "--out", "d"])
     assert args.func.__name__ == "cmd_validate"

@@ -21,7 +21,8 @@ from policy_checks import OverlapBFC, SameAddressBFC
 
 from allocsim.policies import POLICIES, parse_policy
 from allocsim.sim.validation.calibrate import calibrate
-from allocsim.sim.validation.validator import ValidationReport, validate
+from allocsim.sim.validation.report import ValidationReport
+from allocsim.sim.validation.validator import validate
 from allocsim.traces import Trace, formats
 from allocsim.traces.bundled import bundled_path
 

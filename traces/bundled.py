@@ -1,9 +1,11 @@
 """The sample traces shipped inside the package, so ``allocsim compare`` works with no input.
 
-- ``default-training.npz``: the synthetic DNN training loop from :mod:`allocsim.traces.synth.training`
-  at its default parameters and seed 0 (regenerate with ``python -m allocsim.traces.bundled``);
-- ``sample-torch-cpu-mlp.npz``, ``sample-torch-cpu-transformer.npz``: real PyTorch runs
-  (CPU) recorded with :func:`allocsim.traces.record.record_torch` by ``experiments/record_samples.py``.
+- ``default-training.npz``: the synthetic DNN training loop from
+  :mod:`allocsim.traces.synth.training` at its default parameters and seed 0 (regenerate with
+  ``python -m allocsim.traces.bundled``);
+- ``sample-torch-cpu-mlp.npz``, ``sample-torch-cpu-transformer.npz``: real PyTorch runs (CPU)
+  recorded with :func:`allocsim.traces.record.record_torch` by
+  ``experiments/record_samples.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ DEFAULT_TRACE_NAME = "default-training.npz"
 
 
 def bundled_path(name: str = DEFAULT_TRACE_NAME) -> Path:
-    return Path(str(resources.files("traces") / "data" / name))
+    return Path(str(resources.files("allocsim.traces") / "data" / name))
 
 
 def bundled_names() -> list[str]:

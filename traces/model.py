@@ -92,7 +92,7 @@ class Trace:
     def __post_init__(self) -> None:
         n = len(self.time_ns)
         for name, dtype in COLUMN_DTYPES.items():
-            column = np.ascontiguousarray(getattr(self, name), dtype=dtype)
+            column: np.ndarray = np.ascontiguousarray(getattr(self, name), dtype=dtype)
             if column.ndim != 1 or len(column) != n:
                 raise TraceError(f"column {name!r} has {len(column)} rows, expected {n}")
             setattr(self, name, column)
@@ -130,7 +130,8 @@ class Trace:
 
     @classmethod
     def from_events(cls, events: Iterable[tuple], **metadata: Any) -> Trace:
-        """Build a small trace from tuples ``(time_ns, "alloc"|"free", id, size[, stream[, process]])``.
+        """Build a small trace from tuples
+        ``(time_ns, "alloc"|"free", id, size[, stream[, process]])``.
 
         Meant for tests and examples; importers of large files build columns directly.
         """
@@ -147,7 +148,8 @@ class Trace:
                       int(row[4]) if len(row) > 4 else 0, int(row[5]) if len(row) > 5 else 0]
             for column, value in zip(columns, values):
                 column.append(value)
-        return cls.from_columns(*columns, **metadata)
+        times, ops, ids, sizes, streams, processes = columns
+        return cls.from_columns(times, ops, ids, sizes, streams, processes, **metadata)
 
     @classmethod
     def empty(cls, **metadata: Any) -> Trace:

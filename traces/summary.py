@@ -25,7 +25,8 @@ def live_at(trace: Trace, event: int) -> np.ndarray:
     # latest earlier alloc of that id by sorting (id, index).
     order = np.lexsort((np.concatenate([alloc_index, free_index]),
                         np.concatenate([ids[alloc_index], ids[free_index]])))
-    is_alloc = np.concatenate([np.ones(len(alloc_index), bool), np.zeros(len(free_index), bool)])[order]
+    is_alloc = np.concatenate([np.ones(len(alloc_index), bool),
+                               np.zeros(len(free_index), bool)])[order]
     index = np.concatenate([alloc_index, free_index])[order]
     keys = np.concatenate([ids[alloc_index], ids[free_index]])[order]
     freed_next = np.zeros(len(order), dtype=bool)
@@ -55,7 +56,8 @@ def summarize(trace: Trace, *, top: int = 10) -> dict[str, Any]:
         "duration_s": trace.duration_ns / 1e9,
         "processes": trace.processes(),
         "streams": trace.streams(),
-        "events_per_stream": {int(s): int(c) for s, c in zip(*np.unique(trace.stream, return_counts=True))},
+        "events_per_stream": {int(s): int(c) for s, c in
+                              zip(*np.unique(trace.stream, return_counts=True))},
         "peak_live": peak,
         "peak_event": peak_event,
         "size_histogram": size_histogram(alloc_sizes),

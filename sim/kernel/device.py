@@ -19,6 +19,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from allocsim.errors import UserInputError
 from allocsim.policies.units import format_size, parse_size, round_up
 
 MiB = 1 << 20
@@ -87,21 +88,21 @@ class DeviceProfile:
 _GRANULARITY_NOTE = ("granularity 512 B: cudaMalloc pointers are at least 256-byte aligned "
                      "(CUDA Programming Guide); 512 B rounding is assumed, driver sub-allocation "
                      "of small requests is not modelled")
+
+def _profile(name: str, mib: int, card: str) -> DeviceProfile:
+    return DeviceProfile(name, mib * MiB,
+                         source=f"{card}: nvidia-smi reports {mib} MiB total; " + _GRANULARITY_NOTE)
+
+
 PROFILES: dict[str, DeviceProfile] = {
     profile.name: profile
     for profile in (
-        DeviceProfile("a100-40g", 40960 * MiB,
-                      source="A100-SXM4-40GB: nvidia-smi reports 40960 MiB total; " + _GRANULARITY_NOTE),
-        DeviceProfile("a100-80g", 81920 * MiB,
-                      source="A100-SXM4-80GB: nvidia-smi reports 81920 MiB total; " + _GRANULARITY_NOTE),
-        DeviceProfile("h100-80g", 81559 * MiB,
-                      source="H100 80GB HBM3: nvidia-smi reports 81559 MiB total; " + _GRANULARITY_NOTE),
-        DeviceProfile("h200-141g", 143771 * MiB,
-                      source="H200 141GB HBM3e: nvidia-smi reports 143771 MiB total; " + _GRANULARITY_NOTE),
-        DeviceProfile("rtx4090-24g", 24564 * MiB,
-                      source="GeForce RTX 4090: nvidia-smi reports 24564 MiB total; " + _GRANULARITY_NOTE),
-        DeviceProfile("t4-16g", 15360 * MiB,
-                      source="Tesla T4: nvidia-smi reports 15360 MiB total; " + _GRANULARITY_NOTE),
+        _profile("a100-40g", 40960, "A100-SXM4-40GB"),
+        _profile("a100-80g", 81920, "A100-SXM4-80GB"),
+        _profile("h100-80g", 81559, "H100 80GB HBM3"),
+        _profile("h200-141g", 143771, "H200 141GB HBM3e"),
+        _profile("rtx4090-24g", 24564, "GeForce RTX 4090"),
+        _profile("t4-16g", 15360, "Tesla T4"),
     )
 }
 DEFAULT_PROFILE = "a100-80g"
@@ -109,21 +110,23 @@ DEFAULT_PROFILE = "a100-80g"
 
 def resolve_device(name: str | None = None, capacity: str | int | None = None,
                    profile_file: str | Path | None = None) -> DeviceProfile:
-    """The profile for ``--device NAME`` / ``--device-profile FILE``, with ``--capacity`` applied."""
+    """The profile for ``--device NAME`` / ``--device-profile FILE``, with ``--capacity``
+    applied. A name, file or capacity that does not work raises :class:`UserInputError`."""
     if profile_file is not None:
         try:
             profile = DeviceProfile.from_dict(json.loads(Path(profile_file).read_text()))
         except (OSError, ValueError, TypeError) as err:
-            raise ValueError(f"{profile_file}: not a device profile: {err}") from None
+            raise UserInputError(f"{profile_file}: not a device profile: {err}") from None
     else:
         key = (name or DEFAULT_PROFILE).lower()
         if key not in PROFILES:
-            raise ValueError(f"unknown device {name!r}; known devices: {', '.join(PROFILES)}")
+            raise UserInputError(f"unknown device {name!r}; known devices: "
+                                 f"{', '.join(PROFILES)}")
         profile = PROFILES[key]
     if capacity is not None:
         nbytes = parse_size(capacity)
         if nbytes <= 0:
-            raise ValueError(f"capacity must be positive, got {capacity!r}")
+            raise UserInputError(f"capacity must be positive, got {capacity!r}")
         profile = profile.with_capacity(nbytes)
     return profile
 
@@ -177,6 +180,12 @@ class ProcessDevice:
 
     Counts this process's reserved bytes (its own peak too), device calls, and their modelled
     cost. ``calls`` increases with every call so the engine can notice one cheaply.
+
+    Costs (r cudaMalloc'd ranges, m mapped pieces of this process): ``reserve``, ``release``,
+    ``address_range`` and ``map`` are O(1); ``unmap`` is O(1) when it unmaps exactly a piece
+    that was mapped (what the policies do) and O(m) otherwise (a scan of every mapped piece);
+    ``holdings`` is O((r + m) log(r + m)); ``exit`` O(r + m). With ``log`` set, every call
+    also appends one :class:`DeviceCall`.
     """
 
     def __init__(self, device: SimulatedDevice, process: int) -> None:
@@ -238,9 +247,11 @@ class ProcessDevice:
         return self.device._address_range(nbytes)
 
     def map(self, address: int, nbytes: int) -> bool:
+        """cuMemMap ``nbytes`` at ``address``; False when the device is full. O(1)."""
         if nbytes % self.map_granularity:
-            raise ValueError(f"map of {nbytes} bytes is not a multiple of the mapping "
-                             f"granularity {self.map_granularity}")
+            # A policy's mistake, not the user's: a policy must map whole granules.
+            raise RuntimeError(f"map of {nbytes} bytes is not a multiple of the mapping "
+                               f"granularity {self.map_granularity}")
         ok = self.device._take(nbytes)
         self._charge("map", nbytes, ok, self._costs.map(nbytes), address if ok else None)
         if not ok:
@@ -252,6 +263,9 @@ class ProcessDevice:
         return True
 
     def unmap(self, address: int, nbytes: int) -> None:
+        """cuMemUnmap ``[address, address + nbytes)``. O(1) for exactly one mapped piece,
+        else O(m) in this process's mapped pieces: every piece is scanned and the ones the
+        range overlaps are cut."""
         end = address + nbytes
         if self._mapped.get(address) == nbytes:   # the common case: exactly what was mapped
             del self._mapped[address]

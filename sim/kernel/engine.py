@@ -17,12 +17,13 @@ it never trusts a policy's own counters for headline figures.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import numpy as np
 import simpy
 
+from allocsim.errors import UserInputError
 from allocsim.policies import PolicySpec, parse_policy
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 from allocsim.sim.kernel.results import RunResult, Timeline
@@ -33,8 +34,28 @@ TIMELINE_POINTS = 2048      # buckets of the downsampled timeline
 Progress = Callable[[int, int], None]
 
 
+@dataclass(frozen=True)
+class FirstOOM:
+    """A process's first failed request and the state it met, after the policy's own release
+    path ran (what :class:`~allocsim.sim.kernel.results.RunResult`'s ``first_oom_*`` fields
+    report). Made once per run, off the per-event path."""
+
+    event: int                  # index of the failing alloc in the trace
+    size: int                   # bytes asked for
+    allocated: int              # live requested bytes then (the engine's count)
+    reserved: int               # bytes this process held from the device then
+    largest_free: int           # the policy's largest free block then
+    others: dict[int, int]      # other processes on the device → bytes they held (shared runs)
+
+
 class ProcessReplay:
-    """One process's events through one policy; its state survives between batches."""
+    """One process's events through one policy; its state survives between batches.
+
+    Costs: :meth:`advance` is O(events) engine work — per event at most one policy call,
+    O(1) dict and counter updates, a sample every ``n // TIMELINE_POINTS`` events — plus
+    whatever the policy's ``malloc``/``free`` cost, and O(1) amortised per device call
+    (typed-array appends); traces are converted to lists :data:`CHUNK_EVENTS` at a time.
+    :meth:`result` is O(events) numpy work (the timeline)."""
 
     def __init__(self, trace: Trace, policy: PolicySpec, device: SimulatedDevice, process: int = 0,
                  *, start_ns: int = 0, stop_on_oom: bool = False) -> None:
@@ -60,8 +81,7 @@ class ProcessReplay:
         self.in_use_at_peak_reserved = 0
         self.skipped_events: list[int] = []       # failed allocs and the frees that match them
         self.ooms = 0
-        self.first_oom: tuple[int, int, int, int, int] | None = None
-        self.first_oom_others: dict[int, int] | None = None
+        self.first_oom: FirstOOM | None = None
         # Device calls as (event index, reserved after, cumulative cost): the reserved timeline.
         # Typed arrays, not lists: on-demand makes a call per event, and 8 bytes a number
         # instead of a Python object keeps memory per event small.
@@ -97,7 +117,11 @@ class ProcessReplay:
                        self.sizes[start:stop].tolist(), trace.stream[start:stop].tolist())
 
     def _run(self, i: int, stop: int, stop_on_call: bool) -> tuple[int, bool]:
-        """The per-event loop over events [i, stop) of the loaded chunk."""
+        """The per-event loop over events [i, stop) of the loaded chunk: O(stop − i) plus the
+        policy's calls. Per event it allocates nothing beyond the live dict's entry for a new
+        buffer (and one sample every ``sample_every`` events); device calls
+        (:meth:`_device_called`) and OOMs (:meth:`_out_of_memory`) leave the loop through a
+        method call."""
         ops, ids, sizes, streams = self._lists
         base = self._base
         live = self.live
@@ -161,12 +185,11 @@ class ProcessReplay:
         self.ooms += 1
         self.skipped_events.append(i)
         if self.first_oom is None:
-            largest = self.policy.stats().largest_free_block
-            self.first_oom = (i, size, allocated, self.view.reserved, largest)
             # What the other processes on the device held at that moment (shared runs).
-            self.first_oom_others = {view.process: view.reserved
-                                     for view in self.view.device.views.values()
-                                     if view.process != self.process}
+            others = {view.process: view.reserved for view in self.view.device.views.values()
+                      if view.process != self.process}
+            self.first_oom = FirstOOM(i, size, allocated, self.view.reserved,
+                                      self.policy.stats().largest_free_block, others)
         if self.stop_on_oom:
             self.stopped = True
 
@@ -174,7 +197,7 @@ class ProcessReplay:
     def result(self, device_name: str) -> RunResult:
         view = self.view
         trace = self.trace
-        oom = self.first_oom or (None,) * 5
+        oom = self.first_oom
         timeline = self._timeline()
         reserved = timeline.reserved.astype(np.float64)
         in_use = timeline.in_use.astype(np.float64)
@@ -184,8 +207,11 @@ class ProcessReplay:
             policy=str(self.spec), trace=trace.name, device=device_name, process=self.process,
             events=self.n, allocs=trace.n_allocs,
             completed=self.ooms == 0 and not self.stopped,
-            ooms=self.ooms, first_oom_event=oom[0], first_oom_size=oom[1],
-            first_oom_allocated=oom[2], first_oom_reserved=oom[3], first_oom_largest_free=oom[4],
+            ooms=self.ooms, first_oom_event=oom.event if oom else None,
+            first_oom_size=oom.size if oom else None,
+            first_oom_allocated=oom.allocated if oom else None,
+            first_oom_reserved=oom.reserved if oom else None,
+            first_oom_largest_free=oom.largest_free if oom else None,
             peak_allocated=self.peak_allocated, peak_allocated_event=self.peak_allocated_event,
             peak_reserved=view.peak_reserved, peak_reserved_event=self.peak_reserved_event,
             final_reserved=view.reserved,
@@ -196,7 +222,7 @@ class ProcessReplay:
             failed_device_mallocs=view.failed_mallocs, alloc_time_s=view.cost_s,
             trace_duration_s=trace.duration_ns / 1e9,
             policy_stats=self.policy.stats().as_dict(), timeline=timeline,
-            first_oom_others=self.first_oom_others or None,
+            first_oom_others=(oom.others or None) if oom else None,
         )
 
     def _timeline(self) -> Timeline:
@@ -213,9 +239,12 @@ class ProcessReplay:
         times = np.zeros(len(starts), dtype=np.int64)
         skipped = np.asarray(self.skipped_events, dtype=np.int64)
         # Views of the call log (no copies): index p − 1 is the last call at or before an event.
-        call_events = np.frombuffer(self.call_events, dtype=np.int64) if self.call_events else np.zeros(0, np.int64)
-        call_reserved = np.frombuffer(self.call_reserved, dtype=np.int64) if self.call_reserved else np.zeros(1, np.int64)
-        call_cost = np.frombuffer(self.call_cost, dtype=np.float64) if self.call_cost else np.zeros(1)
+        call_events = (np.frombuffer(self.call_events, dtype=np.int64) if self.call_events
+                       else np.zeros(0, np.int64))
+        call_reserved = (np.frombuffer(self.call_reserved, dtype=np.int64) if self.call_reserved
+                         else np.zeros(1, np.int64))
+        call_cost = (np.frombuffer(self.call_cost, dtype=np.float64) if self.call_cost
+                     else np.zeros(1))
 
         def last_call(values: np.ndarray, events: np.ndarray) -> np.ndarray:
             position = np.searchsorted(call_events, events, side="right") - 1
@@ -267,10 +296,10 @@ def replay(trace: Trace, policy: str | PolicySpec, device: DeviceProfile, *,
     """
     processes = trace.processes()
     if len(processes) > 1:
-        raise ValueError(f"{trace.metadata.get('source', trace.name)}: the trace holds "
-                         f"{len(processes)} processes ({', '.join(map(str, processes))}); replay "
-                         "them together with `allocsim share` / run_shared, or one at a time "
-                         "with trace.for_process(p)")
+        raise UserInputError(f"{trace.metadata.get('source', trace.name)}: the trace holds "
+                             f"{len(processes)} processes ({', '.join(map(str, processes))}); "
+                             "replay them together with `allocsim share` / run_shared, or one "
+                             "at a time with trace.for_process(p)")
     run = ProcessReplay(trace, _as_spec(policy), SimulatedDevice(device), stop_on_oom=stop_on_oom)
     total = run.n
     step = CHUNK_EVENTS * 4
@@ -314,7 +343,7 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
     device_used: list[int] = [0]
     final_reserved: dict[int, int] = {}
 
-    def process_body(run: ProcessReplay):
+    def process_body(run: ProcessReplay) -> Generator[simpy.Event, None, None]:
         times = run.trace.time_ns
         if run.n == 0:
             return
@@ -335,7 +364,7 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
             if run.view.calls != calls:
                 device_times.append(int(env.now))
                 device_used.append(shared.used)
-                cost_ns = int(round(run.view.pending_cost_s * 1e9))
+                cost_ns = round(run.view.pending_cost_s * 1e9)
                 run.view.pending_cost_s = 0.0
                 if cost_ns:
                     delay_ns += cost_ns
@@ -365,4 +394,5 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
     )
 
 
-__all__ = ["OP_FREE", "ProcessReplay", "SharedProcess", "SharedRun", "replay", "run_shared"]
+__all__ = ["OP_FREE", "FirstOOM", "ProcessReplay", "SharedProcess", "SharedRun", "replay",
+           "run_shared"]

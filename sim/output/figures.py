@@ -31,7 +31,7 @@ def pyplot() -> Any:
     return plt
 
 
-def _gib(values: np.ndarray) -> np.ndarray:
+def _gib(values: np.ndarray | Sequence[int]) -> np.ndarray:
     return np.asarray(values, dtype=np.float64) / (1 << 30)
 
 
@@ -48,8 +48,7 @@ def plot_timelines(results: Sequence[RunResult], path: str | Path, title: str = 
         ax.step(seconds, _gib(tl.in_use), where="post", lw=0.8, label="in use (rounded)")
         ax.step(seconds, _gib(tl.reserved), where="post", lw=1.4, color="black", label="reserved")
         if result.first_oom_event is not None:
-            at = np.searchsorted(tl.event, result.first_oom_event)
-            at = min(at, len(seconds) - 1)
+            at = min(int(np.searchsorted(tl.event, result.first_oom_event)), len(seconds) - 1)
             ax.axvline(seconds[at], color="red", ls="--", lw=1, label="first OOM")
         ax.set_title(f"{result.policy}: peak reserved {format_size(result.peak_reserved)}, "
                      f"utilization {result.utilization:.0%}", fontsize=9, loc="left")
@@ -111,17 +110,18 @@ def plot_share(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile
     """Each process's reserved bytes over time, stacked, with the device's capacity."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.8))
-    ends = [int(r.timeline.time_ns[-1]) for r in run.results if r.timeline is not None and len(r.timeline.time_ns)]
-    grid = np.linspace(0, max(ends + [1]), 1000)
+    ends = [int(r.timeline.time_ns[-1]) for r in run.results
+            if r.timeline is not None and len(r.timeline.time_ns)]
+    grid = np.linspace(0, max([*ends, 1]), 1000)
     stacked = np.zeros_like(grid)
-    for index, (spec, result) in enumerate(zip(specs, run.results)):
+    for index, result in enumerate(run.results):
         tl = result.timeline
         if tl is None or not len(tl.time_ns):
             continue
         at = np.searchsorted(tl.time_ns, grid, side="right") - 1
         values = np.where((at >= 0) & (grid <= tl.time_ns[-1]), tl.reserved[np.maximum(at, 0)], 0)
-        ax.fill_between(grid / 1e9, stacked / (1 << 30), (stacked + values) / (1 << 30), step="post",
-                        alpha=0.6, label=f"p{index} {result.policy}"
+        ax.fill_between(grid / 1e9, stacked / (1 << 30), (stacked + values) / (1 << 30),
+                        step="post", alpha=0.6, label=f"p{index} {result.policy}"
                         + ("" if result.completed else " (OOM)"))
         stacked = stacked + values
     ax.axhline(device.capacity / (1 << 30), color="red", ls="--", lw=1, label="capacity")

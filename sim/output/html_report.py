@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from allocsim.errors import UserInputError
 from allocsim.policies.units import format_size
 from allocsim.sim.output.figures import pyplot
 
@@ -48,7 +49,7 @@ window.addEventListener('load', function () {
 """
 
 
-def _png(fig) -> str:
+def _png(fig: Any) -> str:
     plt = pyplot()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
@@ -56,7 +57,7 @@ def _png(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _gib(values) -> np.ndarray:
+def _gib(values: Any) -> np.ndarray:
     return np.asarray(values, dtype=np.float64) / (1 << 30)
 
 
@@ -69,7 +70,8 @@ def timeline_figure(results: Sequence[dict[str, Any]], title: str) -> str:
         tl = result["timeline"]
         seconds = np.asarray(tl["time_ns"], dtype=np.float64) / 1e9
         ax.fill_between(seconds, _gib(tl["allocated"]), step="post", alpha=0.35, label="allocated")
-        ax.step(seconds, _gib(tl["reserved"]), where="post", color="black", lw=1.3, label="reserved")
+        ax.step(seconds, _gib(tl["reserved"]), where="post", color="black", lw=1.3,
+                label="reserved")
         if result.get("first_oom_event") is not None:
             at = min(int(np.searchsorted(tl["event"], result["first_oom_event"])), len(seconds) - 1)
             ax.axvline(seconds[at], color="red", ls="--", lw=1, label="first OOM")
@@ -159,7 +161,8 @@ def _comparison_section(data: dict[str, Any]) -> str:
         f"<h2>{html.escape(trace['name'])}</h2>"
         f"<p class=meta>{trace['events']:,} events, {trace['allocs']:,} allocations, "
         f"peak live {format_size(trace['peak_live'])}; device {html.escape(device['name'])} "
-        f"({format_size(device['capacity'])}); source {html.escape(str(trace.get('source', '')))}</p>"
+        f"({format_size(device['capacity'])}); "
+        f"source {html.escape(str(trace.get('source', '')))}</p>"
         "<table><tr><th>policy</th><th>done</th><th>peak reserved</th><th>peak allocated</th>"
         "<th>util</th><th>frag</th><th>OOMs</th><th>dev mallocs</th><th>dev frees</th>"
         "<th>alloc time</th><th>slowdown</th></tr>" + "".join(rows) + "</table>"
@@ -187,10 +190,11 @@ def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as err:
-            raise ValueError(f"{path}: cannot read results: {err}") from None
+            raise UserInputError(f"{path}: cannot read results: {err}") from None
         for item in data if isinstance(data, list) else [data]:
             if not isinstance(item, dict) or not ("results" in item or "answers" in item):
-                raise ValueError(f"{path}: not an allocsim results file (no 'results' or 'answers')")
+                raise UserInputError(f"{path}: not an allocsim results file "
+                                     "(no 'results' or 'answers')")
             documents.append(item)
     return documents
 

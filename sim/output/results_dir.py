@@ -26,9 +26,10 @@ def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path) ->
     for index, comparison in enumerate(comparisons):
         name = comparison.trace["name"]
         prefix = "" if len(comparisons) == 1 else f"{index:02d}-{name}-"
+        title = f"trace {name}"
         written += [
-            plot_timelines(comparison.results, out / f"{prefix}memory_timeline.png", f"trace {name}"),
-            plot_peaks(comparison.results, out / f"{prefix}peaks.png", f"trace {name}"),
-            plot_fragmentation(comparison.results, out / f"{prefix}fragmentation.png", f"trace {name}"),
+            plot_timelines(comparison.results, out / f"{prefix}memory_timeline.png", title),
+            plot_peaks(comparison.results, out / f"{prefix}peaks.png", title),
+            plot_fragmentation(comparison.results, out / f"{prefix}fragmentation.png", title),
         ]
     return written

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from allocsim.errors import UserInputError
 from allocsim.policies import PolicySpec, format_size
 from allocsim.policies.units import round_up
 from allocsim.sim.kernel.device import DeviceProfile
@@ -55,7 +56,8 @@ class CapacityAnswer:
     def to_json_dict(self) -> dict:
         data = asdict(self)
         data["headroom"] = self.headroom
-        data["headroom_ratio"] = None if self.headroom_ratio is None else round(self.headroom_ratio, 6)
+        ratio = self.headroom_ratio
+        data["headroom_ratio"] = None if ratio is None else round(ratio, 6)
         return data
 
 
@@ -67,22 +69,23 @@ def min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile, 
                  resolution: int = MiB) -> CapacityAnswer:
     """The smallest capacity (a multiple of ``resolution``) at which ``trace`` completes."""
     if resolution <= 0:
-        raise ValueError(f"resolution must be a positive size, got {resolution}")
-    spec = normalize_spec(policy)
+        raise UserInputError(f"resolution must be a positive size, got {resolution}")
+    normalized = normalize_spec(policy)
     peak_live, _ = trace.peak_live()
     evaluations = 0
+    lower = max(resolution, peak_live // resolution * resolution)
+    if isinstance(normalized, str):     # OFFLINE_NAME: the only name normalize_spec keeps
+        # The plan does not depend on capacity: it fits exactly when its heap does.
+        heap = offline_result(trace, device.with_capacity(PROBE_CAPACITY)).peak_reserved
+        return CapacityAnswer(OFFLINE_NAME, round_up(max(heap, 1), resolution), peak_live,
+                              resolution, True, 1)
+    spec = normalized
 
     def works(capacity: int) -> bool:
         nonlocal evaluations
         evaluations += 1
         return _completes(trace, spec, device, capacity)
 
-    lower = max(resolution, peak_live // resolution * resolution)
-    if spec == OFFLINE_NAME:
-        # The plan does not depend on capacity: it fits exactly when its heap does.
-        heap = offline_result(trace, device.with_capacity(PROBE_CAPACITY)).peak_reserved
-        return CapacityAnswer(OFFLINE_NAME, round_up(max(heap, 1), resolution), peak_live,
-                              resolution, True, 1)
     # A capacity that works: what the policy reserved with (practically) no limit, doubled
     # until it works — preallocation and fractions make the needed size a multiple of it.
     probe = replay(trace, spec, device.with_capacity(PROBE_CAPACITY))
@@ -109,9 +112,11 @@ def min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile, 
         capacity = answer + step * resolution
         if not works(capacity):
             exceptions.append(f"fails at {format_size(capacity)} above the answer")
-    below = np.unique(np.linspace(lower, answer - resolution, VERIFY_BELOW).astype(np.int64)
-                      // resolution * resolution) if answer - resolution >= lower else []
-    for capacity in (int(c) for c in below):
+    below: list[int] = []
+    if answer - resolution >= lower:
+        spread = np.linspace(lower, answer - resolution, VERIFY_BELOW).astype(np.int64)
+        below = np.unique(spread // resolution * resolution).tolist()
+    for capacity in below:
         if capacity < answer and works(capacity):
             exceptions.append(f"completes at {format_size(capacity)} below the answer")
             answer = capacity

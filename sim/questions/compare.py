@@ -9,8 +9,9 @@ The winner rule (documented in the README, stable for CI):
 3. the lowest peak reserved; ties go to the lowest modelled allocator time, then to the policy
    spec in alphabetical order.
 If no policy passes 1 and 2, there is no winner. The offline plan (``offline``), when compared,
-is a bound and never the winner; the reason says how much it leaves to win. The reason says what the winner saved over the
-runner-up, what it cost, and which policies the budget excluded.
+is a bound and never the winner; the reason says how much it leaves to win. The reason says
+what the winner saved over the runner-up, what it cost, and which policies the budget
+excluded.
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def compare(trace: Trace, policies: Sequence[str | PolicySpec], device: DevicePr
         if spec == OFFLINE_NAME:
             results.append(offline_result(trace, device))
             continue
-        report = None if progress is None else (lambda done, total, s=str(spec): progress(s, done, total))
+        report = None if progress is None else (
+            lambda done, total, s=str(spec): progress(s, done, total))
         results.append(replay(trace, spec, device, progress=report))
     if trace.metadata.get("synthetic_times") and max_slowdown is not None:
         # Made-up timestamps give made-up slowdowns: judge on memory alone, and say so.

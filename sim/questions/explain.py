@@ -14,17 +14,18 @@ What it is for
       (internal; in use > live).
 
     And the answer that makes it actionable: the same trace replayed at the same capacity
-    under the offline plan (sim/offline.py, the best any allocator could do knowing the
-    future), ``pytorch:expandable_segments=true``, ``pytorch:max_split_size_mb=N`` for a few
-    N, ``pytorch:roundup_power2_divisions=4`` — and, when the failing policy is not
-    ``pytorch``, ``pytorch`` itself, ``bfc`` and ``best-fit`` — which complete, and with how
-    much to spare (capacity − peak reserved).
+    under the offline plan (:mod:`allocsim.sim.questions.offline`, the best any allocator
+    could do knowing the future), ``pytorch:expandable_segments=true``,
+    ``pytorch:max_split_size_mb=N`` for a few N, ``pytorch:roundup_power2_divisions=4`` —
+    and, when the failing policy is not ``pytorch``, ``pytorch`` itself, ``bfc`` and
+    ``best-fit`` — which complete, and with how much to spare (capacity − peak reserved).
 
 Two inputs
-    - A PyTorch snapshot with an ``oom`` entry (traces/formats/torch_snapshot.py): the
-      failing request is the recorded one (it is not in the trace: PyTorch records no alloc
-      for it), the capacity is what the process held then plus the recorded ``device_free``
-      and the policy is ``pytorch`` as recorded (sim/fidelity.py). The state at the request
+    - A PyTorch snapshot with an ``oom`` entry (:mod:`allocsim.traces.formats.torch_snapshot`):
+      the failing request is the recorded one (it is not in the trace: PyTorch records no
+      alloc for it), the capacity is what the process held then plus the recorded
+      ``device_free`` and the policy is ``pytorch`` as recorded
+      (:mod:`allocsim.sim.questions.fidelity_oom`). The state at the request
       is the seeded model's (fidelity's replay, from the state recording started in); the
       what-if replays run the trace up to and including that request from an empty device
       (what followed it in the recording depended on the OOM), the recorded settings among
@@ -34,13 +35,12 @@ Two inputs
 
 Reading "spare": capacity − peak reserved of a run that completed; the offline plan's is
 capacity − its heap (one region holding every buffer at a planned offset).
+
+The command, ``allocsim explain-oom``: :mod:`allocsim.sim.cli.explain`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -54,7 +54,6 @@ from allocsim.policies.pytorch_caching import (
     get_allocation_size,
     round_size,
 )
-from allocsim.sim.cli.common import add_reading_options, load_trace
 from allocsim.sim.kernel.device import (
     DEFAULT_PROFILE,
     DeviceProfile,
@@ -62,12 +61,12 @@ from allocsim.sim.kernel.device import (
     resolve_device,
 )
 from allocsim.sim.kernel.engine import ProcessReplay, replay
-from allocsim.sim.questions.fidelity import (
-    FidelityError,
-    check_snapshot_trace,
+from allocsim.sim.questions.fidelity_oom import (
+    RecordedOOM,
     model_at_recorded_oom,
     recorded_oom,
 )
+from allocsim.sim.questions.fidelity_recording import FidelityError, check_snapshot_trace
 from allocsim.sim.questions.offline import offline_result
 from allocsim.traces.model import NO_TAG, OP_ALLOC, Trace
 
@@ -76,7 +75,6 @@ __all__ = [
     "Alternative",
     "NoOOMError",
     "OOMExplanation",
-    "add_explain_parser",
     "explain_oom",
     "variant_specs",
 ]
@@ -228,7 +226,7 @@ def variant_specs(failing: PolicySpec, max_split_sizes_mb: Sequence[int] = MAX_S
         params[key] = value
         texts.append("pytorch:" + ",".join(f"{k}={v}" for k, v in params.items()))
     if failing.name != "pytorch":
-        texts = ["pytorch"] + texts + ["bfc", "best-fit"]
+        texts = ["pytorch", *texts, "bfc", "best-fit"]
     specs = [failing]
     for text in texts:
         spec = parse_policy(text)
@@ -294,7 +292,7 @@ def _is_snapshot(trace: Trace) -> bool:
 def _explain_replayed(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
                       max_split_sizes_mb: Sequence[int]) -> OOMExplanation:
     if len(trace.processes()) > 1:
-        raise ValueError(f"{trace.name}: explain-oom takes one process; this trace has "
+        raise UserInputError(f"{trace.name}: explain-oom takes one process; this trace has "
                          f"{len(trace.processes())} (select one first)")
     run = ProcessReplay(trace, spec, SimulatedDevice(profile), stop_on_oom=True)
     run.advance(len(trace))
@@ -302,7 +300,9 @@ def _explain_replayed(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
         raise NoOOMError(f"{trace.name} does not run out of memory under {spec} on "
                          f"{profile.name} ({format_size(profile.capacity)}); give a smaller "
                          "--capacity")
-    event, request, live, reserved, largest = run.first_oom
+    oom = run.first_oom
+    event, request, live, reserved, largest = (oom.event, oom.size, oom.allocated,
+                                                oom.reserved, oom.largest_free)
     in_use = run.policy.bytes_in_use
     capacity = profile.capacity
     needed = _segment_needed(run.policy, request)
@@ -323,7 +323,7 @@ def _explain_replayed(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
         notes=notes)
 
 
-def _segment_needed(policy: Any, request: int) -> int | None:
+def _segment_needed(policy: object, request: int) -> int | None:
     """For the pytorch model: the segment a cache miss of ``request`` asks for (the whole
     segment even with expandable segments, whose pages come in 2/20 MiB)."""
     if not isinstance(policy, PyTorchCachingAllocator):
@@ -339,7 +339,7 @@ def _peak_live_note(trace: Trace, capacity: int, kind: str, notes: list[str]) ->
     return peak
 
 
-def _explain_recorded(trace: Trace, oom: Any, max_split_sizes_mb: Sequence[int]
+def _explain_recorded(trace: Trace, oom: RecordedOOM, max_split_sizes_mb: Sequence[int]
                       ) -> OOMExplanation:
     policy, view, notes, stream = model_at_recorded_oom(trace, oom)
     notes = list(oom.settings.notes) + notes
@@ -388,53 +388,3 @@ def _until_request(trace: Trace, event: int, request: int, stream: int) -> Trace
         metadata={**{k: v for k, v in trace.metadata.items()
                      if k in ("name", "source", "format")},
                   "name": f"{trace.name}[..oom]"})
-
-
-# ============================================================================ the command
-def cmd_explain_oom(args: argparse.Namespace) -> int:
-    """``allocsim explain-oom TRACE``: exit 0 with the explanation."""
-    trace = load_trace(args.trace, args)
-    spec = args.policy
-    if args.alloc_conf:
-        from allocsim.policies.registry import alloc_conf_spec
-        spec = str(alloc_conf_spec(args.alloc_conf))
-    device = None
-    if args.device or args.capacity or args.device_profile:
-        device = resolve_device(args.device, args.capacity, args.device_profile)
-    sizes = tuple(args.max_split_sizes) if args.max_split_sizes else MAX_SPLIT_SIZES_MB
-    explanation = explain_oom(trace, spec, device, max_split_sizes_mb=sizes)
-    if args.json:
-        json.dump(explanation.to_json_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print(explanation.text())
-    return 0
-
-
-def add_explain_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``explain-oom`` to ``allocsim``'s subcommands (sets ``func``)."""
-    p = subparsers.add_parser(
-        "explain-oom", help="was an OOM a real shortage or fragmentation, and what would "
-                            "have completed",
-        description="At the first failing request: live, reserved, cached-but-free bytes and "
-                    "the largest free block; the verdict (real shortage or fragmentation); "
-                    "and which allocator settings would have completed at the same "
-                    "capacity. A PyTorch snapshot with a recorded OOM needs no other "
-                    "argument; any other trace takes --policy and --device/--capacity.")
-    p.add_argument("trace", help="trace file, or a PyTorch snapshot with a recorded OOM")
-    p.add_argument("--policy", metavar="SPEC",
-                   help="the policy that ran out of memory (default pytorch; for a snapshot "
-                        "with a recorded OOM, the recorded settings)")
-    p.add_argument("--alloc-conf", metavar="CONF",
-                   help="the pytorch policy from a PYTORCH_CUDA_ALLOC_CONF string as-is")
-    p.add_argument("--device", help=f"device profile (default {DEFAULT_PROFILE})")
-    p.add_argument("--capacity", help="device capacity, e.g. 24GiB")
-    p.add_argument("--device-profile", help="a device-profile JSON file")
-    p.add_argument("--max-split-sizes", nargs="+", type=int, metavar="MB",
-                   help="max_split_size_mb values to try (default "
-                        f"{' '.join(map(str, MAX_SPLIT_SIZES_MB))})")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_reading_options(p)
-    p.set_defaults(func=cmd_explain_oom)
-    return p
-

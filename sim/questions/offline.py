@@ -110,7 +110,8 @@ def offline_result(trace: Trace, device: DeviceProfile, alignment: int = 256) ->
         first_oom = (first, int(trace.size[first]), int(live[first - 1]) if first else 0)
     n = len(trace)
     points = min(n, 2048)
-    edges = np.unique(np.linspace(0, n, points + 1).astype(np.int64)) if n else np.zeros(1, np.int64)
+    edges = (np.unique(np.linspace(0, n, points + 1).astype(np.int64)) if n
+             else np.zeros(1, np.int64))
     starts_b = edges[:-1]
     last = edges[1:] - 1
     allocated = np.maximum.reduceat(live, starts_b) if n else np.zeros(0, np.int64)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from allocsim.errors import UserInputError
 from allocsim.policies import format_size
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.results import RunResult
@@ -80,8 +81,8 @@ class CheckOutcome:
                 lines.append(f"{title}:")
                 lines.extend(f"  {item}" for item in items)
         verdict = "check failed" if self.regressions else "check passed"
-        return "\n".join(lines + [f"{verdict}: {len(self.regressions)} regression(s), "
-                                  f"{len(self.improvements)} improvement(s)"])
+        return "\n".join([*lines, f"{verdict}: {len(self.regressions)} regression(s), "
+                                   f"{len(self.improvements)} improvement(s)"])
 
 
 def check_baseline(baseline_path: str | os.PathLike[str], tolerance: float = 0.01) -> CheckOutcome:
@@ -92,7 +93,7 @@ def check_baseline(baseline_path: str | os.PathLike[str], tolerance: float = 0.0
         device = DeviceProfile.from_dict(baseline["device"])
         cells = baseline["cells"]
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: not an allocsim baseline ({err})") from None
+        raise UserInputError(f"{path}: not an allocsim baseline ({err})") from None
     home = path.resolve().parent
     regressions: list[str] = []
     improvements: list[str] = []

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from allocsim.errors import UserInputError
 from allocsim.policies import parse_policy
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.engine import SharedProcess, SharedRun, run_shared
@@ -36,8 +37,8 @@ class ShareSpec:
 def parse_start(text: str) -> int:
     match = _START.match(text.strip())
     if not match:
-        raise ValueError(f"bad start time {text!r} (examples: 2s, 500ms, 100us, 0.5)")
-    return int(round(float(match.group(1)) * _UNITS_NS[match.group(2) or ""]))
+        raise UserInputError(f"bad start time {text!r} (examples: 2s, 500ms, 100us, 0.5)")
+    return round(float(match.group(1)) * _UNITS_NS[match.group(2) or ""])
 
 
 def parse_share_spec(text: str) -> ShareSpec:
@@ -47,7 +48,8 @@ def parse_share_spec(text: str) -> ShareSpec:
         body, start = text, "0"
     trace, colon, policy = body.partition(":")
     if not trace:
-        raise ValueError(f"share spec {text!r} names no trace (form: TRACE[:POLICY][@START])")
+        raise UserInputError(f"share spec {text!r} names no trace "
+                             "(form: TRACE[:POLICY][@START])")
     policy = policy if colon else DEFAULT_SHARE_POLICY
     parse_policy(policy)
     return ShareSpec(trace, policy, parse_start(start))

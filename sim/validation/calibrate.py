@@ -1,19 +1,16 @@
 """``allocsim calibrate``: measure a GPU's allocation costs and granularity into a device profile.
 
 Times cudaMalloc / cudaFree over a range of sizes (median of several calls each), fits
-``base + per_gib × GiB`` by least squares for :class:`~allocsim.sim.kernel.device.CostModel`, and infers the
-allocation granularity from how cudaMemGetInfo's free bytes move for small allocations. The
-result is a JSON device profile that ``compare --device-profile FILE`` uses instead of the
-built-in guesses. The measurement core (:func:`measure_profile`) takes its device calls as
-injected callables, so it is tested on the host with fakes; :func:`calibrate` wires it to CuPy
-(imported lazily).
+``base + per_gib × GiB`` by least squares for :class:`~allocsim.sim.kernel.device.CostModel`,
+and infers the allocation granularity from how cudaMemGetInfo's free bytes move for small
+allocations. The result is a JSON device profile that ``compare --device-profile FILE`` uses
+instead of the built-in guesses. The measurement core (:func:`measure_profile`) takes its device
+calls as injected callables, so it is tested on the host with fakes; :func:`calibrate` wires it
+to CuPy (imported lazily). The ``allocsim calibrate`` command is :mod:`allocsim.sim.cli.calibrate`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -22,17 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from allocsim.policies import format_size, parse_size
+from allocsim.policies import format_size
 from allocsim.policies.units import round_up
 from allocsim.sim.kernel.device import CostModel, DeviceProfile
-from allocsim.sim.validation.validator import (
-    CudaVMM,
-    ValidatorError,
-    _gpu_facts,
-    _now,
-    _require_gpu,
-    _slug,
-)
+from allocsim.sim.validation.cuda_device import CudaVMM
+from allocsim.sim.validation.errors import ValidatorError
+from allocsim.sim.validation.gpu import gpu_facts, require_gpu
+from allocsim.sim.validation.provenance import now, slug
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -112,7 +105,7 @@ class PackingCurve:
     after_free: list[int]
 
     def as_dict(self) -> dict[str, Any]:
-        moves = [b - a for a, b in zip([0] + self.after_malloc, self.after_malloc) if b != a]
+        moves = [b - a for a, b in zip([0, *self.after_malloc], self.after_malloc) if b != a]
         return {"size": self.size, "count": len(self.after_malloc),
                 "after_malloc": self.after_malloc, "after_free": self.after_free,
                 "pages_taken": len(moves), "page_sizes": sorted(set(moves)),
@@ -175,14 +168,14 @@ def measure_profile(calls: DeviceCalls, *, sizes: Sequence[int] = DEFAULT_CALIBR
     granularity with ``probe_count`` allocations of each probe size, make a profile."""
     if repeats < 1:
         raise ValidatorError("calibrate: repeats must be at least 1")
-    date = date or _now()
-    free, total = calls.mem_info()
+    date = date or now()
+    _, total = calls.mem_info()
     # The first call of a process pays for context set-up: measure after one warm-up.
     calls.free(calls.malloc(MiB))
     calls.synchronize()
     latencies: list[LatencySample] = []
     skipped: list[int] = []
-    for size in sorted(set(int(s) for s in sizes)):
+    for size in sorted({int(s) for s in sizes}):
         if size > 0.8 * calls.mem_info()[0]:
             skipped.append(size)
             continue
@@ -247,7 +240,7 @@ def measure_profile(calls: DeviceCalls, *, sizes: Sequence[int] = DEFAULT_CALIBR
                       free_base_s=free_base, free_per_gib_s=free_slope,
                       map_base_s=malloc_base, map_per_gib_s=malloc_slope,
                       unmap_base_s=free_base, source=cost_note)
-    profile = DeviceProfile(name=name or f"{_slug(calls.name).lower()}-calibrated",
+    profile = DeviceProfile(name=name or f"{slug(calls.name).lower()}-calibrated",
                             capacity=int(total), granularity=int(granularity or 512),
                             map_granularity=int(calls.map_granularity or 2 * MiB), costs=costs,
                             source=source)
@@ -257,9 +250,9 @@ def measure_profile(calls: DeviceCalls, *, sizes: Sequence[int] = DEFAULT_CALIBR
 
 def cupy_device_calls() -> DeviceCalls:
     """:class:`DeviceCalls` on the current CUDA device through CuPy (NoGPUError without one)."""
-    cp = _require_gpu("allocsim calibrate", "")
+    cp = require_gpu("allocsim calibrate", "")
     rt = cp.cuda.runtime
-    name, versions = _gpu_facts(cp)
+    name, versions = gpu_facts(cp)
     map_granularity = None
     try:
         map_granularity = CudaVMM(int(rt.getDevice())).granularity
@@ -283,51 +276,3 @@ def calibrate(sizes: Sequence[int] = DEFAULT_CALIBRATION_SIZES, repeats: int = 5
     if output is not None:
         calibration.write(output)
     return calibration
-
-
-
-
-# -- CLI -----------------------------------------------------------------------------------
-
-
-def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``calibrate`` to an argparse subparsers object (sets ``func``)."""
-    p = subparsers.add_parser(
-        "calibrate", help="measure this GPU's allocation costs and granularity into a profile",
-        description="Measure cudaMalloc/cudaFree latency over sizes and the allocation "
-                    "granularity seen by cudaMemGetInfo; write a device profile for "
-                    "compare --device-profile.")
-    p.add_argument("-o", "--output", help="profile JSON to write (default: print it)")
-    p.add_argument("--name", help="the profile's name (default: the GPU's name + -calibrated)")
-    p.add_argument("--sizes", nargs="+", metavar="SIZE",
-                   help="sizes to time (default: " + " ".join(
-                       format_size(s, 0) for s in DEFAULT_CALIBRATION_SIZES) + ")")
-    p.add_argument("--repeats", type=int, default=5, help="calls per size (median; default 5)")
-    p.add_argument("--measurements", metavar="FILE",
-                   help="also write the raw measurements (latency per size, footprints, how "
-                        "small allocations pack into pages) here")
-    p.set_defaults(func=cmd_calibrate)
-    return p
-
-
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    sizes = ([parse_size(s) for s in args.sizes] if args.sizes
-             else list(DEFAULT_CALIBRATION_SIZES))
-    calibration = calibrate(sizes, args.repeats, name=args.name, output=args.output)
-    if args.measurements:
-        from allocsim.sim.output.files import write_json
-        write_json(calibration.measurements_json(), args.measurements)
-    profile = calibration.profile
-    if args.output:
-        costs = profile.costs
-        print(f"wrote {args.output}: {profile.name}, {format_size(profile.capacity)}, "
-              f"granularity {format_size(profile.granularity)}; cudaMalloc "
-              f"{costs.malloc_base_s * 1e6:.1f} µs + {costs.malloc_per_gib_s * 1e6:.1f} µs/GiB, "
-              f"cudaFree {costs.free_base_s * 1e6:.1f} µs + {costs.free_per_gib_s * 1e6:.1f} "
-              f"µs/GiB")
-    else:
-        json.dump(calibration.profile_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    return 0
-
-

@@ -18,20 +18,15 @@ import numpy as np
 from allocsim.policies import format_size
 from allocsim.policies.units import round_up
 from allocsim.sim.kernel.device import DeviceProfile
-from allocsim.sim.validation.real_memory import (
-    PATTERN_KEYS,
-    CallLog,
-    ValidatorError,
-    _one_line,
-    _Spans,
-)
+from allocsim.sim.validation.errors import ValidatorError, one_line
+from allocsim.sim.validation.measured import CallLog
+from allocsim.sim.validation.patterns import PATTERN_KEYS
+from allocsim.sim.validation.spans import Spans
 
 # cudaErrorMemoryAllocation, the status of a cudaMalloc that found no memory. CuPy's runtime
 # module gives the enum no Python name (checked on CuPy 14.2.0: ``cupy.cuda.runtime`` has no
 # ``errorMemoryAllocation``; memory.pyx compares against the cimported C enum).
 CUDA_ERROR_MEMORY_ALLOCATION = 2
-
-# -- GPU backends --------------------------------------------------------------------------
 
 _PATTERN_KERNELS = r"""
 extern "C" __global__ void allocsim_fill(unsigned long long ptr, unsigned long long n,
@@ -58,9 +53,10 @@ extern "C" __global__ void allocsim_check(unsigned long long ptr, unsigned long 
 
 
 class _GpuPatterns:
-    """The pattern written and checked on device memory by two CUDA kernels (same pattern as
-    :func:`fill_pattern`, counted per byte). Compiled, and its counter allocated, before the
-    replay's baseline is taken so neither shows up in the measurements."""
+    """The pattern written and checked on device memory by two CUDA kernels (the pattern of
+    :func:`~allocsim.sim.validation.patterns.fill_pattern`, counted per byte). Compiled, and its
+    counter allocated, before the replay's baseline is taken so neither shows up in the
+    measurements."""
 
     THREADS = 256
     MAX_BLOCKS = 4096
@@ -151,7 +147,7 @@ class CudaVMM:
             self.lib = ctypes.CDLL("libcuda.so.1")
         except OSError as err:
             raise ValidatorError(f"backend policy does not support VMM policies here: cannot "
-                                 f"load libcuda ({_one_line(err)})") from None
+                                 f"load libcuda ({one_line(err)})") from None
         for name, argtypes in DRIVER_SIGNATURES.items():
             try:
                 function = getattr(self.lib, name)
@@ -228,9 +224,9 @@ class CupyDevice:
         self.device_id = int(cp.cuda.runtime.getDevice())
         self.patterns = _GpuPatterns(cp)
         self._vmm: CudaVMM | None = None
-        self.ranges = _Spans()     # cudaMalloc'd: ptr -> (requested bytes, None)
-        self.pages = _Spans()      # mapped: page address -> (page bytes, handle)
-        self.vranges = _Spans()    # cuMemAddressReserve'd: ptr -> (bytes, None)
+        self.ranges = Spans()     # cudaMalloc'd: ptr -> (requested bytes, None)
+        self.pages = Spans()      # mapped: page address -> (page bytes, handle)
+        self.vranges = Spans()    # cuMemAddressReserve'd: ptr -> (bytes, None)
         self.held = 0              # granularity-rounded bytes, for the capacity rule
         self.calls = 0
         self.log = CallLog()
@@ -296,8 +292,9 @@ class CupyDevice:
 
     def map(self, address: int, nbytes: int) -> bool:
         if nbytes % self.map_granularity:
-            raise ValueError(f"map of {nbytes} bytes is not a multiple of the mapping "
-                             f"granularity {self.map_granularity}")
+            # The policy's bug, not the user's: DeviceMemory.map takes whole pages.
+            raise RuntimeError(f"map of {nbytes} bytes is not a multiple of the mapping "
+                               f"granularity {self.map_granularity}")
         vmm = self._vmm_api()
         start = self._clock()
         if self.held + nbytes > self.capacity:
@@ -365,12 +362,12 @@ class CupyDevice:
         self.rt.deviceSynchronize()
         for ptr, _ in self.ranges.items():
             self.rt.free(ptr)
-        self.ranges = _Spans()
+        self.ranges = Spans()
         if self._vmm is not None:
             for page, (length, handle) in self.pages.items():
                 self._vmm.unmap_and_release(page, length, handle)
             for ptr, (length, _) in self.vranges.items():
                 self._vmm.free_range(ptr, length)
-        self.pages = _Spans()
-        self.vranges = _Spans()
+        self.pages = Spans()
+        self.vranges = Spans()
         self.patterns.close()

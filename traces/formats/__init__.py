@@ -1,9 +1,10 @@
 """Trace files in and out: :func:`load` any known format, :func:`save` by extension.
 
-The registry :data:`FORMATS` maps a format name to a :class:`Format` ``(extensions, reader,
-writer, detect)``. The native formats (``npz``, ``csv``, ``jsonl``, see
-:mod:`allocsim.traces.formats.native`) register here; an importer for another tool's files is one more
-module that calls :func:`register_format` when imported, with
+The registry :data:`FORMATS` (kept in :mod:`allocsim.traces.formats.registry`, re-exported
+here) maps a format name to a :class:`Format` ``(extensions, reader, writer, detect)``. The
+native formats (``npz``, ``csv``, ``jsonl``, see :mod:`allocsim.traces.formats.native`)
+register there first; an importer for another tool's files is one more module that calls
+``registry.register_format`` when imported (this package imports them all), with
 
 - ``reader(data: bytes, source: str, name: str) -> Trace`` — ``data`` already un-gzipped;
   raise :class:`TraceError` for user mistakes; use ``source``/``name`` as the metadata's
@@ -29,12 +30,9 @@ import gzip
 import os
 import secrets
 import zlib
-from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
-from allocsim.traces.formats import native
-from allocsim.traces.formats.native import Reader, Writer
+from allocsim.traces.formats.registry import FORMATS, Format, register_format
 from allocsim.traces.model import Trace, TraceError
 from allocsim.traces.validate import ValidationReport, validate
 
@@ -49,42 +47,9 @@ __all__ = [
     "supported_extensions",
 ]
 
-Detect = Callable[[str, bytes], bool]
-
 _GZIP_MAGIC = b"\x1f\x8b"
 _HEAD_BYTES = 8192
 _GZIP_LEVEL = 6  # level 9 is several times slower for a few percent smaller files
-
-
-class Format(NamedTuple):
-    """One registered file format."""
-
-    extensions: tuple[str, ...]  # lower case, with the dot: (".csv", ".csv.gz")
-    reader: Reader
-    writer: Writer | None
-    detect: Detect | None
-    recorded: bool = False
-    options: tuple[str, ...] = ()
-
-
-FORMATS: dict[str, Format] = {}
-
-
-def register_format(name: str, extensions: tuple[str, ...] | list[str], reader: Reader,
-                    writer: Writer | None = None, detect: Detect | None = None, *,
-                    recorded: bool = False, options: tuple[str, ...] = ()) -> Format:
-    """Add (or replace) format ``name``; returns its :class:`Format`."""
-    fmt = Format(tuple(e.lower() for e in extensions), reader, writer, detect, recorded,
-                 tuple(options))
-    FORMATS.pop(name, None)  # re-registering moves it to the end (most specific)
-    FORMATS[name] = fmt
-    return fmt
-
-
-register_format("npz", (".npz",), native.read_npz, native.write_npz, native.detect_npz)
-register_format("csv", (".csv", ".csv.gz"), native.read_csv, native.write_csv, native.detect_csv)
-register_format("jsonl", (".jsonl", ".jsonl.gz"), native.read_jsonl, native.write_jsonl,
-                native.detect_jsonl)
 
 
 def supported_extensions(*, writable: bool = False) -> list[str]:
@@ -173,10 +138,11 @@ def load(path: str | os.PathLike[str], *, strict: bool | None = None, **options:
     """Read the trace at ``path`` (format from content and extension) and validate it.
 
     ``strict`` defaults to True for native files and False for recorded formats (other tools'
-    files). ``options`` go to the format's reader (e.g. ``device_index=1``). ``strict=False`` repairs what recorded traces commonly get wrong (see
-    :mod:`allocsim.traces.validate`) and, when it repaired anything, records the report in
-    ``metadata['validation']``. Metadata ``source`` and ``name`` default to the path and the
-    file stem when the file does not carry them. Raises :class:`TraceError` (one line: file,
+    files). ``options`` go to the format's reader (e.g. ``device_index=1``). ``strict=False``
+    repairs what recorded traces commonly get wrong (see :mod:`allocsim.traces.validate`) and,
+    when it repaired anything, records the report in ``metadata['validation']``. Metadata
+    ``source`` and ``name`` default to the path and the file stem when the file does not
+    carry them. Raises :class:`TraceError` (one line: file,
     event, problem) for any problem with the file; never writes to it.
     """
     return load_with_report(path, strict=strict, **options)[0]
@@ -184,8 +150,9 @@ def load(path: str | os.PathLike[str], *, strict: bool | None = None, **options:
 
 def save(trace: Trace, path: str | os.PathLike[str]) -> None:
     """Write ``trace`` in the format its extension names (``.npz``, ``.csv``, ``.csv.gz``,
-    ``.jsonl``, ``.jsonl.gz``), atomically: a temporary file in the same directory is
-    written completely, then renamed over ``path``, so a reader never sees half a file."""
+    ``.jsonl``, ``.jsonl.gz``; ``.pickle`` / ``.pkl``: a PyTorch memory snapshot for its
+    viewer), atomically: a temporary file in the same directory is written completely, then
+    renamed over ``path``, so a reader never sees half a file."""
     target = os.fspath(path)
     match = _by_extension(target)
     if match is None or FORMATS[match[0]].writer is None:

@@ -39,8 +39,8 @@ counted in ``metadata["skipped_lines"]``):
     No time: events are given synthetic times 1 µs apart and ``metadata["synthetic_times"]``
     is True. ``pmem_id`` may be an int or a hex string.
 
-Mapping to a :class:`~allocsim.traces.model.Trace`: only ``malloc`` and ``free`` hooks are buffer events
-(a ``malloc`` of ``size``, the *requested* bytes; its free gets that size). Buffers are
+Mapping to a :class:`~allocsim.traces.model.Trace`: only ``malloc`` and ``free`` hooks are buffer
+events (a ``malloc`` of ``size``, the *requested* bytes; its free gets that size). Buffers are
 identified by ``(device, ptr)`` (``pmem_id`` where a line has no pointer), with a fresh trace
 id per malloc; a free of a buffer malloc'ed before recording is opened by a prologue alloc at
 time 0 of its ``mem_size`` (see :mod:`allocsim.traces.formats.torch_profiler`). A malloc of 0 bytes
@@ -65,14 +65,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from allocsim.traces.formats import register_format
 from allocsim.traces.formats.native import file_metadata
+from allocsim.traces.formats.registry import register_format
 from allocsim.traces.formats.torch_profiler import (
     AddressMatcher,
     build_trace,
@@ -349,7 +349,7 @@ def _parse_lines(lines: list[str], source: str) -> tuple[HookEvents, dict[str, A
             continue
         record_no = len(cols["hook"])
 
-        def fail(problem: str) -> TraceError:
+        def fail(problem: str, number: int = number, record_no: int = record_no) -> TraceError:
             return TraceError(f"line {number}: {problem}", source=source, event=record_no)
 
         try:
@@ -369,16 +369,19 @@ def _parse_lines(lines: list[str], source: str) -> tuple[HookEvents, dict[str, A
         record_no = next(i for i, t in enumerate(times) if (t is None) != (times[0] is None))
         raise TraceError(f"line {cols['line'][record_no]}: some lines have a time 't' and "
                          "some do not", source=source, event=record_no)
+    # Either every line has a time or none has (checked above).
+    clock = None if not times or times[0] is None else [t for t in times if t is not None]
     tag, tags = intern_tags(tag_values)
     events = HookEvents(hook=cols["hook"], device=cols["device"], size=cols["size"],
                         mem_size=cols["mem_size"], ptr=cols["ptr"], pmem_id=cols["pmem_id"],
                         stream=cols["stream"], tag=tag.tolist(), tags=tags,
-                        t=None if not times or times[0] is None else times,  # type: ignore
+                        t=clock,
                         line=cols["line"])
     return events, metadata, skipped
 
 
-def _parse_record(record: dict[str, Any], fail: Any, cols: dict[str, list[int]],
+def _parse_record(record: dict[str, Any], fail: Callable[[str], TraceError],
+                  cols: dict[str, list[int]],
                   times: list[int | None], tag_values: list[str | None]) -> None:
     name = record.get("hook")
     hook = _HOOK_CODES.get(name) if isinstance(name, str) else None
@@ -417,7 +420,7 @@ def _parse_record(record: dict[str, Any], fail: Any, cols: dict[str, list[int]],
     tag_values.append(tag)
 
 
-def _integer(value: Any, key: str, fail: Any) -> int:
+def _integer(value: Any, key: str, fail: Callable[[str], TraceError]) -> int:
     """An int, or a hex string such as DebugPrintHook's ``"0x7f39200c5278"``."""
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:

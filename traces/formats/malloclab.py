@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from allocsim.traces.formats import register_format
 from allocsim.traces.formats.native import file_metadata
+from allocsim.traces.formats.registry import register_format
 from allocsim.traces.model import OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace, TraceError
 
 __all__ = ["FORMAT_NAME", "detect_malloclab", "read_malloclab"]

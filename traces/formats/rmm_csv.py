@@ -21,8 +21,8 @@ own reader (``benchmarks/utilities/log_parser.hpp``, used by ``REPLAY_BENCHMARK`
   snapshot importer's reference events).
 - ``Pointer`` is hex, with or without ``0x``. Addresses are reused: every allocation gets a
   fresh id; a free of an address that is not live opens a prologue buffer at time 0 (see
-  :mod:`allocsim.traces.formats.torch_profiler`), and a free whose size differs from its allocation's
-  is an error.
+  :mod:`allocsim.traces.formats.torch_profiler`), and a free whose size differs from its
+  allocation's is an error.
 - ``Stream`` (any text, normally a hex handle) becomes small ids 0, 1, ... in order of first
   use; ``metadata["stream_handles"]`` maps them back (``{"0": raw handle, ...}``, the handle
   as a number when it is hex). ``Thread`` is only counted (``metadata["threads"]``).
@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from allocsim.traces.formats import register_format
 from allocsim.traces.formats.native import file_metadata
+from allocsim.traces.formats.registry import register_format
 from allocsim.traces.formats.torch_profiler import AddressMatcher, build_trace
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
 

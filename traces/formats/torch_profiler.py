@@ -56,8 +56,8 @@ from typing import Any
 
 import numpy as np
 
-from allocsim.traces.formats import register_format
 from allocsim.traces.formats.native import file_metadata
+from allocsim.traces.formats.registry import register_format
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
 
 __all__ = [
@@ -383,7 +383,7 @@ def _events_to_trace(memory: _Memory, rows: list[int], ts_ns: np.ndarray,
     t0 = int(ts_ns[0]) if len(ts_ns) else 0
     metadata["start_ts_us"] = memory.ts[rows[0]] if rows else 0.0
     if len(pids) > 1:
-        metadata["pids"] = [p for p in pids]
+        metadata["pids"] = list(pids)
     return build_trace(matcher, time_ns=ts_ns[keep] - t0, op=op[keep], ids=ids[keep],
                        size=size[keep], stream=np.zeros(len(kept), dtype=np.int32),
                        process=process[keep], tag=tag, tags=tags, metadata=metadata)

@@ -10,11 +10,12 @@ back to the pool, and ``alloc_postprocess(device_id, mem_size, mem_ptr)`` after 
 (``file:line:function`` of the first frame outside CuPy and outside this package) itself.
 
 Events are kept in memory as compact ``array('q')`` columns (about 80 bytes per event) and,
-when recording ends, turned into a :class:`~allocsim.traces.model.Trace` by the same code that imports
-CuPy hook logs (:func:`allocsim.traces.formats.cupy_log.hook_events_to_trace`), so a recorded trace
-and the import of its log agree. The trace is saved with :func:`allocsim.traces.formats.save` (format
-from the extension: ``.npz``, ``.csv``, ``.jsonl``, ...) and, if asked, the raw hook calls as
-a CuPy JSON-lines log (format (a) of :mod:`allocsim.traces.formats.cupy_log`).
+when recording ends, turned into a :class:`~allocsim.traces.model.Trace` by the same code that
+imports CuPy hook logs (:func:`allocsim.traces.formats.cupy_log.hook_events_to_trace`), so a
+recorded trace and the import of its log agree. The trace is saved with
+:func:`allocsim.traces.formats.save` (format from the extension: ``.npz``, ``.csv``,
+``.jsonl``, ...) and, if asked, the raw hook calls as a CuPy JSON-lines log (format (a) of
+:mod:`allocsim.traces.formats.cupy_log`).
 
 When CuPy is importable the class subclasses ``cupy.cuda.memory_hook.MemoryHook``, and ``with
 hook:`` registers it the way CuPy does (per thread: only the thread that entered is recorded).
@@ -41,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from allocsim.errors import UserInputError
 from allocsim.traces.formats import save
 from allocsim.traces.formats.cupy_log import (
     HOOK_ALLOC,
@@ -97,8 +99,9 @@ def _default_stream() -> Callable[[], int]:
 def _skipped_dirs() -> tuple[str, ...]:
     """Directories whose frames are not call sites: this package and CuPy's packages."""
     dirs = [str(Path(__file__).resolve().parent)]
-    if _cupy is not None and getattr(_cupy, "__file__", None):
-        site = Path(_cupy.__file__).resolve().parent.parent
+    cupy_file = getattr(_cupy, "__file__", None) if _cupy is not None else None
+    if cupy_file:
+        site = Path(cupy_file).resolve().parent.parent
         dirs += [str(site / name) for name in ("cupy", "cupyx", "cupy_backends")]
     return tuple(d + os.sep for d in dirs)
 
@@ -259,10 +262,10 @@ def _split_argv(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
     if args and (_PYTHON.match(os.path.basename(args[0])) or args[0] == sys.executable):
         args = args[1:]
     if not args:
-        raise ValueError("no script to run: expected [python] script.py [args...]")
+        raise UserInputError("no script to run: expected [python] script.py [args...]")
     if args[0] == "-m":
         if len(args) < 2:
-            raise ValueError("-m needs a module name")
+            raise UserInputError("-m needs a module name")
         return None, args[1], args[2:]
     return args[0], None, args[1:]
 

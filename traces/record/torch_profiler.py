@@ -3,8 +3,8 @@
 Follows ``shared/reference/trace-formats.md`` ("PyTorch profiler chrome trace"): the function
 runs under ``torch.profiler.profile(activities=[CPU(, CUDA)], profile_memory=True,
 record_shapes=False, with_stack=False)``; the profiler's chrome trace is exported to a
-temporary file and read by :mod:`allocsim.traces.formats.torch_profiler` (ops as tags, a prologue for
-buffers allocated before profiling began), validated leniently and saved with
+temporary file and read by :mod:`allocsim.traces.formats.torch_profiler` (ops as tags, a
+prologue for buffers allocated before profiling began), validated leniently and saved with
 :func:`allocsim.traces.formats.save`. Works with CPU-only PyTorch. torch is imported only when
 :func:`record_torch` runs.
 """
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from allocsim.errors import UserInputError
 from allocsim.traces.formats import save
 from allocsim.traces.formats.torch_profiler import read_torch_profiler
 from allocsim.traces.model import Trace
@@ -44,7 +45,7 @@ def record_torch(fn: Callable[..., Any], *args: Any, output: str | os.PathLike[s
 
     wanted = device.strip().lower()
     if wanted != "cpu" and not wanted.startswith("cuda"):
-        raise ValueError(f"device {device!r} is not 'cpu', 'cuda' or 'cuda:N'")
+        raise UserInputError(f"device {device!r} is not 'cpu', 'cuda' or 'cuda:N'")
     activities = [ProfilerActivity.CPU]
     if wanted.startswith("cuda"):
         activities.append(ProfilerActivity.CUDA)

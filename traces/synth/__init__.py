@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from allocsim.errors import UserInputError
 from allocsim.traces.model import Trace
 from allocsim.traces.synth import kvcache as _kvcache
 from allocsim.traces.synth import random_workload as _random
@@ -89,14 +90,14 @@ def _lookup(kind: str) -> GeneratorInfo:
     try:
         return GENERATORS[kind]
     except KeyError:
-        raise ValueError(f"unknown synthetic workload {kind!r}; known kinds: "
+        raise UserInputError(f"unknown synthetic workload {kind!r}; known kinds: "
                          f"{', '.join(sorted(GENERATORS))}") from None
 
 
 def _check_names(info: GeneratorInfo, names: Iterable[str]) -> None:
     unknown = [n for n in names if n not in info.params]
     if unknown:
-        raise ValueError(f"{info.name}: unknown parameter {unknown[0]!r}; known parameters: "
+        raise UserInputError(f"{info.name}: unknown parameter {unknown[0]!r}; known parameters: "
                          f"{', '.join(sorted(info.params))}")
 
 
@@ -126,7 +127,7 @@ def parse_params(kind: str, items: Iterable[str]) -> dict[str, Any]:
         name, sep, text = item.partition("=")
         name = name.strip()
         if not sep or not name:
-            raise ValueError(f"{kind}: expected key=value, got {item!r}")
+            raise UserInputError(f"{kind}: expected key=value, got {item!r}")
         _check_names(info, [name])
         result[name] = _convert(info, name, text.strip())
     return result
@@ -145,7 +146,7 @@ def _convert(info: GeneratorInfo, name: str, text: str) -> Any:
             return _parse_bool(text)
         return kind(text)
     except ValueError as err:
-        raise ValueError(f"{info.name}: bad value for {name}: {err}") from None
+        raise UserInputError(f"{info.name}: bad value for {name}: {err}") from None
 
 
 _UNITS = {
@@ -163,10 +164,10 @@ def _parse_size(text: str) -> int:
     match = _SIZE.match(text)
     unit = match.group(2).lower() if match else None
     if not match or unit not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (examples: 4096, 512KiB, 64MiB, 1.5GB)")
+        raise UserInputError(f"not a size: {text!r} (examples: 4096, 512KiB, 64MiB, 1.5GB)")
     value = float(match.group(1).replace("_", "")) * _UNITS[unit]
     if not value.is_integer():
-        raise ValueError(f"not a whole number of bytes: {text!r}")
+        raise UserInputError(f"not a whole number of bytes: {text!r}")
     return int(value)
 
 
@@ -182,7 +183,7 @@ def _parse_int(text: str) -> int:
     except ValueError:
         value = float("nan")
     if not value.is_integer():
-        raise ValueError(f"not an integer: {text!r}")
+        raise UserInputError(f"not an integer: {text!r}")
     return int(value)
 
 
@@ -192,4 +193,4 @@ def _parse_bool(text: str) -> bool:
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"not a boolean: {text!r}")
+    raise UserInputError(f"not a boolean: {text!r}")

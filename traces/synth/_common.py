@@ -7,7 +7,8 @@ Training loops repeat the same sequence of allocations every step; only the size
 with numpy. That keeps 10-million-event traces to a few vectorised passes instead of a Python
 call per event.
 
-Everything here is private to :mod:`allocsim.traces.synth`; the generators' modules are the public face.
+Everything here is private to :mod:`allocsim.traces.synth`; the generators' modules are the
+public face.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from allocsim.errors import UserInputError
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 
 # Rough throughput of a current datacenter GPU, used only to turn work into plausible gaps
@@ -61,7 +63,7 @@ class TagTable:
         return index
 
 
-Linear = Union[int, float, Mapping[str, float]]
+Linear = int | float | Mapping[str, float]
 
 
 class StepProgram:
@@ -82,7 +84,7 @@ class StepProgram:
     """
 
     def __init__(self, features: Sequence[str], tags: TagTable) -> None:
-        self.features = ("one",) + tuple(f for f in features if f != "one")
+        self.features = ("one", *(f for f in features if f != "one"))
         self._feature_index = {name: i for i, name in enumerate(self.features)}
         self._tags = tags
         self._op: list[int] = []
@@ -97,7 +99,7 @@ class StepProgram:
 
     # ------------------------------------------------------------------ writing
     def _form(self, value: Linear, dtype: type) -> np.ndarray:
-        vector = np.zeros(len(self.features), dtype=dtype)
+        vector: np.ndarray = np.zeros(len(self.features), dtype=dtype)
         if isinstance(value, Mapping):
             for name, coefficient in value.items():
                 if name not in self._feature_index:
@@ -129,18 +131,18 @@ class StepProgram:
     def hand_on(self, old: int, new: int) -> None:
         """This step's ``new`` buffer (left live) is the next step's inherited ``old``."""
         if old not in self._inherited or self._inherited[old] is not None:
-            raise ValueError(f"slot {old} is not an inherited slot still waiting for a successor")
+            raise RuntimeError(f"slot {old} is not an inherited slot still waiting for a successor")
         if new in self._inherited or new not in self._live:
-            raise ValueError(f"slot {new} is not a buffer this step allocated and left live")
+            raise RuntimeError(f"slot {new} is not a buffer this step allocated and left live")
         if not np.array_equal(self._slot_size[old], self._slot_size[new]):
-            raise ValueError(f"slot {new} must have the size of the slot {old} it replaces")
+            raise RuntimeError(f"slot {new} must have the size of the slot {old} it replaces")
         self._inherited[old] = new
 
     def free(self, *slots: int, work: Linear = 0.0) -> None:
         """Free the buffers in ``slots``, in that order (``work`` precedes the first)."""
         for slot in slots:
             if slot not in self._live:
-                raise ValueError(f"slot {slot} is not live")
+                raise RuntimeError(f"slot {slot} is not live")
             self._live.remove(slot)
             self._append(OP_FREE, slot, self._slot_tag[slot], self._slot_size[slot], work)
             work = 0.0
@@ -204,20 +206,24 @@ class StepProgram:
             if work_coef[:, f].any():
                 work += np.multiply.outer(values[:, f].astype(np.float64), work_coef[:, f])
         if size.size and size.min() <= 0:
-            raise ValueError("a generated buffer size is not positive; check the parameters")
+            raise UserInputError("a generated buffer size is not positive; check the parameters")
 
         overhead = np.where(ops == OP_ALLOC, ALLOC_OVERHEAD_NS, FREE_OVERHEAD_NS)
         gap = jittered(rng, (work + overhead).ravel())
         ids = first_id + (np.arange(n_steps, dtype=np.int64)[:, None] * self.n_slots
                           + np.array(self._slot, dtype=np.int64)[None, :])
         if self._inherited:
-            missing = set(self._inherited) - set(initial_ids or {})
+            given = initial_ids or {}
+            missing = set(self._inherited) - set(given)
             if missing:
-                raise ValueError(f"render needs initial_ids for inherited slots {sorted(missing)}")
+                raise RuntimeError("render needs initial_ids for inherited slots "
+                                   f"{sorted(missing)}")
             slots = np.array(self._slot, dtype=np.int64)
             for old, new in self._inherited.items():
+                if new is None:
+                    raise RuntimeError(f"inherited slot {old} was not handed on (see hand_on)")
                 events = np.flatnonzero(slots == old)
-                ids[0, events] = initial_ids[old]
+                ids[0, events] = given[old]
                 ids[1:, events] = (first_id + np.arange(n_steps - 1, dtype=np.int64)[:, None]
                                    * self.n_slots + new)
         return {
@@ -267,20 +273,21 @@ def plain_value(value: Any) -> Any:
 
 
 def steps_for_events(events: int, fixed_events: int, per_step: int) -> int:
-    """How many steps bring a trace of ``fixed_events`` + steps * ``per_step`` nearest ``events``."""
-    return max(1, int(round((events - fixed_events) / per_step)))
+    """How many steps bring a trace of ``fixed_events`` + steps * ``per_step`` nearest
+    ``events``."""
+    return max(1, round((events - fixed_events) / per_step))
 
 
 def positive(**values: float) -> None:
     """Raise one ValueError naming the first parameter that is not > 0."""
     for name, value in values.items():
         if value is None or value <= 0:
-            raise ValueError(f"{name} must be > 0, got {value!r}")
+            raise UserInputError(f"{name} must be > 0, got {value!r}")
 
 
 def choice(name: str, value: str, allowed: Sequence[str]) -> None:
     if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+        raise UserInputError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
 
 
 # ---------------------------------------------------------------------- parameter descriptions
@@ -323,7 +330,7 @@ def check_optimizer_mode(optimizer_mode: str, donate: bool) -> None:
     """Validate ``optimizer_mode`` and ``donate`` together (donation needs a functional update)."""
     choice("optimizer_mode", optimizer_mode, OPTIMIZER_MODES)
     if donate and optimizer_mode != "functional":
-        raise ValueError("donate=true needs optimizer_mode=functional (an in-place optimizer "
+        raise UserInputError("donate=true needs optimizer_mode=functional (an in-place optimizer "
                          "already updates its buffers where they are)")
 
 

@@ -33,6 +33,7 @@ import math
 
 import numpy as np
 
+from allocsim.errors import UserInputError
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 from allocsim.traces.synth._common import (
     ALLOC_OVERHEAD_NS,
@@ -81,13 +82,14 @@ def kvcache(*, requests: int = 48, max_concurrent: int = 16, layers: int = 16,
              max_prompt=max_prompt, min_output=min_output, max_output=max_output, vocab=vocab,
              load=load)
     if min_prompt > max_prompt or min_output > max_output:
-        raise ValueError("min_prompt/min_output must not exceed max_prompt/max_output")
+        raise UserInputError("min_prompt/min_output must not exceed max_prompt/max_output")
     if events is not None:
         positive(events=events)
-    params = dict(requests=requests, max_concurrent=max_concurrent, layers=layers,
-                  d_model=d_model, bytes_per_token=bytes_per_token, block_tokens=block_tokens,
-                  min_prompt=min_prompt, max_prompt=max_prompt, min_output=min_output,
-                  max_output=max_output, vocab=vocab, load=load, events=events, seed=seed)
+    params = {"requests": requests, "max_concurrent": max_concurrent, "layers": layers,
+              "d_model": d_model, "bytes_per_token": bytes_per_token, "block_tokens": block_tokens,
+              "min_prompt": min_prompt, "max_prompt": max_prompt, "min_output": min_output,
+              "max_output": max_output, "vocab": vocab, "load": load, "events": events,
+              "seed": seed}
     model = _Model(layers, d_model, bytes_per_token, vocab)
 
     if events is None:
@@ -213,9 +215,9 @@ def _serve(model: _Model, params: dict, n: int, block: int, cut_at: int | None) 
 
     tags = TagTable()
     weights = model.weights_program(tags)
-    prefill, cache_slots = model.prefill_program(tags)
+    prefill, prefill_cache_slots = model.prefill_program(tags)
     decode, decode_pos = model.decode_program(tags)
-    cache_slots = np.array(cache_slots, dtype=np.int64)
+    cache_slots = np.array(prefill_cache_slots, dtype=np.int64)
 
     # Keys order events within the trace: (step, phase, position in the layer loop, sub).
     # phase 0 prefill, 1 decode, 2 finish; growth (sub 0) precedes a layer's temporaries.

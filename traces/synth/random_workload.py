@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from allocsim.errors import UserInputError
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 from allocsim.traces.synth._common import TagTable, assemble, choice, positive
 
@@ -56,20 +57,20 @@ def random_workload(*, events: int = 20_000, live: int = 1000, mean_lifetime: fl
              streams=streams)
     choice("size_dist", size_dist, SIZE_DISTRIBUTIONS)
     if min_size > max_size:
-        raise ValueError(f"min_size ({min_size}) must be <= max_size ({max_size})")
+        raise UserInputError(f"min_size ({min_size}) must be <= max_size ({max_size})")
     if mean_lifetime is None:
         mean_lifetime = 2.0 * live
     positive(mean_lifetime=mean_lifetime)
     if mean_lifetime > 2 * live:
-        raise ValueError(f"mean_lifetime {mean_lifetime} events implies about "
+        raise UserInputError(f"mean_lifetime {mean_lifetime} events implies about "
                          f"{mean_lifetime / 2:g} live buffers, more than live={live}; "
                          f"use mean_lifetime <= 2 * live")
-    params = dict(events=events, live=live, mean_lifetime=float(mean_lifetime),
-                  size_dist=size_dist, min_size=min_size, max_size=max_size, align=align,
-                  streams=streams, seed=seed)
+    params = {"events": events, "live": live, "mean_lifetime": float(mean_lifetime),
+              "size_dist": size_dist, "min_size": min_size, "max_size": max_size, "align": align,
+              "streams": streams, "seed": seed}
 
     rng = np.random.default_rng(seed)
-    churn_live = int(round(mean_lifetime / 2))
+    churn_live = round(mean_lifetime / 2)
     resident = live - churn_live
     burst = resident + churn_live
     # Enough steady-state allocations that, with their frees, the trace passes `events`.
@@ -118,7 +119,8 @@ def draw_sizes(rng: np.random.Generator, n: int, dist: str, min_size: int, max_s
         lo = int(np.ceil(np.log2(min_size)))
         hi = int(np.floor(np.log2(max_size)))
         if hi < lo:
-            raise ValueError(f"no power of two between min_size {min_size} and max_size {max_size}")
+            raise UserInputError(f"no power of two between min_size {min_size} and "
+                                 f"max_size {max_size}")
         return np.left_shift(1, rng.integers(lo, hi, n, endpoint=True)).astype(np.int64)
     if dist == "uniform":
         raw = rng.integers(min_size, max_size, n, endpoint=True).astype(np.float64)

@@ -74,8 +74,11 @@ seed: a static-shape training step is deterministic, and the jitter models kerne
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+from allocsim.errors import UserInputError
 from allocsim.traces.model import Trace
 from allocsim.traces.synth._common import (
     StepProgram,
@@ -138,13 +141,13 @@ def training(*, layers: int = 12, hidden: int = 1024, batch: int = 512, classes:
     choice("mode", mode, MODES)
     check_optimizer_mode(optimizer_mode, donate)
     if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        raise UserInputError(f"dropout must be in [0, 1), got {dropout!r}")
     if events is not None:
         positive(events=events)
-    params = dict(layers=layers, hidden=hidden, batch=batch, classes=classes,
-                  dtype_bytes=dtype_bytes, optimizer=optimizer, steps=steps, events=events,
-                  mode=mode, dropout=dropout, separate_bias=separate_bias,
-                  optimizer_mode=optimizer_mode, donate=donate, seed=seed)
+    params = {"layers": layers, "hidden": hidden, "batch": batch, "classes": classes,
+              "dtype_bytes": dtype_bytes, "optimizer": optimizer, "steps": steps, "events": events,
+              "mode": mode, "dropout": dropout, "separate_bias": separate_bias,
+              "optimizer_mode": optimizer_mode, "donate": donate, "seed": seed}
 
     tags = TagTable()
     shapes = parameter_shapes(layers, hidden, classes)
@@ -202,34 +205,30 @@ def persistent_program(shapes: dict[str, int], dtype_bytes: int, optimizer: str,
     return program
 
 
-def step_program(layers: int, hidden: int, batch: int, classes: int, dtype_bytes: int,
-                 optimizer: str, shapes: dict[str, int], tags: TagTable, *,
-                 mode: str = "eager", dropout: float = 0.0, separate_bias: bool = False,
-                 functional: bool = False) -> tuple[StepProgram, dict[int, int]]:
-    """One training step: data, forward, backward, clipping, optimizer, zero_grad.
+class _Block:
+    """One residual MLP block of the batch, op by op: what its forward (eager or fused) and its
+    backward allocate and free, written into a step program. Sizes as in the module
+    docstring: batch b, width h, inner width f = 4h, e bytes per element."""
 
-    Returns the program and the ``initial_ids`` its render needs (empty unless ``functional``:
-    then the step frees the parameters and optimizer state the previous step handed on).
-    """
-    p = StepProgram((), tags)
-    e, b, h, f = dtype_bytes, batch, hidden, 4 * hidden
-    act_h, act_f = b * h * e, b * f * e
-    stats = b * 2 * 4  # LayerNorm saves per-sample mean and rstd in fp32
-    mask_h, mask_f = b * h, b * f  # dropout masks: one byte (bool) per element
+    def __init__(self, p: StepProgram, batch: int, hidden: int, dtype_bytes: int, *,
+                 dropout: float, separate_bias: bool) -> None:
+        self.p = p
+        self.b, self.h, self.f, self.e = batch, hidden, 4 * hidden, dtype_bytes
+        self.act_h, self.act_f = batch * hidden * dtype_bytes, batch * 4 * hidden * dtype_bytes
+        self.stats = batch * 2 * 4  # LayerNorm saves per-sample mean and rstd in fp32
+        self.mask_h, self.mask_f = batch * hidden, batch * 4 * hidden  # dropout: 1 B/element
+        self.dropout, self.separate_bias = dropout, separate_bias
 
-    old_params: list[int] = []
-    old_states: list[list[int]] = []
-    initial_ids: dict[int, int] = {}
-    if functional:
-        old_params, old_states, initial_ids = inherit_persistent(
-            p, shapes, e, _STATE_BUFFERS[optimizer])
-
-    # ---- one block's forward, op by op (modes "eager" and "remat").
-    def eager_forward(t: str, x: int, *, save: bool,
+    # ---- forward, op by op (modes "eager" and "remat").
+    def eager_forward(self, t: str, x: int, *, save: bool,
                       recompute: bool = False) -> tuple[dict[str, int], int | None]:
         """Every op's output is a buffer. ``save``: keep what backward needs (else free each
         buffer once its consumer has run, as under no_grad). ``recompute``: stop as soon as
         the saved buffers exist (checkpoint's early stop) and return no block output."""
+        p, b, h, f = self.p, self.b, self.h, self.f
+        act_h, act_f, mask_h, mask_f = self.act_h, self.act_f, self.mask_h, self.mask_f
+        dropout = self.dropout
+        stats, separate_bias = self.stats, self.separate_bias
         s = {"x": x}
         ln = p.alloc(f"{t}/act", act_h, work=memory_ns(2 * act_h))
         st = p.alloc(f"{t}/stats", stats)
@@ -286,8 +285,12 @@ def step_program(layers: int, hidden: int, batch: int, classes: int, dtype_bytes
         p.free(out)
         return s, x_out
 
-    def fused_forward(t: str, x: int) -> tuple[dict[str, int], int]:
+    def fused_forward(self, t: str, x: int) -> tuple[dict[str, int], int]:
         """Elementwise chains fused into their producer: only saved and kernel outputs exist."""
+        p, b, h, f = self.p, self.b, self.h, self.f
+        act_h, act_f, mask_h, mask_f = self.act_h, self.act_f, self.mask_h, self.mask_f
+        dropout = self.dropout
+        stats = self.stats
         s = {"x": x}
         s["ln"] = p.alloc(f"{t}/act", act_h, work=memory_ns(2 * act_h))
         s["stats"] = p.alloc(f"{t}/stats", stats)
@@ -304,43 +307,16 @@ def step_program(layers: int, hidden: int, batch: int, classes: int, dtype_bytes
         p.free(a)
         return s, x_out
 
-    # ---- data: the input batch and integer labels are copied in.
-    x = p.alloc("data/input", act_h, work=memory_ns(act_h))
-    labels = p.alloc("data/labels", b * 8)
-
-    # ---- forward: saved activations per layer, kept for backward (remat: only the inputs).
-    saved: list[dict[str, int]] = []
-    for layer in range(layers):
-        t = f"forward/layer{layer}"
-        if mode == "fused":
-            s, x = fused_forward(t, x)
-        else:
-            s, x = eager_forward(t, x, save=mode == "eager")
-        saved.append(s)
-    logits = p.alloc("forward/head/act", b * classes * e, work=matmul_ns(b, h, classes))
-    logp = p.alloc("forward/loss/act", b * classes * 4, work=memory_ns(b * classes * 8))
-    loss = p.alloc("forward/loss/scalar", SCALAR, work=memory_ns(b * classes * 4))
-
-    # ---- backward, reverse order. Weight gradients live until zero_grad.
-    grads: list[int] = []
-
-    def weight_grad(layer: str, name: str, work: float) -> None:
-        grads.append(p.alloc(f"backward/{layer}/grad", shapes[f"{layer}/{name}"] * e, work=work))
-
-    g_loss = p.alloc("backward/loss/grad", SCALAR)
-    g_logits = p.alloc("backward/head/act_grad", b * classes * e,
-                       work=memory_ns(b * classes * 8))
-    p.free(g_loss, logp)
-    weight_grad("head", "weight", matmul_ns(classes, b, h))
-    weight_grad("head", "bias", memory_ns(b * classes * e))
-    g = p.alloc("backward/head/act_grad", act_h, work=matmul_ns(b, classes, h))
-    p.free(g_logits, logits, loss, x)  # x: the last block's output, the head's input
-
-    for layer in reversed(range(layers)):
-        t, s = f"backward/layer{layer}", saved[layer]
-        owner = f"layer{layer}"
-        if mode == "remat":  # replay the block's forward from its checkpoint (its input)
-            s, _ = eager_forward(f"recompute/layer{layer}", s["x"], save=True, recompute=True)
+    def backward(self, t: str, owner: str, s: dict[str, int], g: int, mode: str,
+                 weight_grad: Callable[[str, str, float], None]) -> int:
+        """The block's backward from the incoming gradient ``g`` and the saved buffers ``s``
+        (under remat, those of the replayed forward); frees both and returns the gradient
+        of the block's input. ``weight_grad(owner, name, work)`` allocates a weight
+        gradient, which lives until zero_grad."""
+        p, b, h, f = self.p, self.b, self.h, self.f
+        act_h, act_f, mask_h, mask_f = self.act_h, self.act_f, self.mask_h, self.mask_f
+        dropout = self.dropout
+        e = self.e
         # fc2: the residual passes g through unchanged, so fc2 sees g too (after dropout's
         # backward, g * mask2, when the branch has dropout).
         g_branch = g
@@ -382,16 +358,73 @@ def step_program(layers: int, hidden: int, batch: int, classes: int, dtype_bytes
         g_x = p.alloc(f"{t}/act_grad", act_h, work=memory_ns(3 * act_h))
         # g_x += g (residual), in place; then the block's input and incoming grad are done.
         p.free(g_ln, s["stats"], g, s["x"], work=memory_ns(3 * act_h))
-        g = g_x
+        return g_x
+
+
+def step_program(layers: int, hidden: int, batch: int, classes: int, dtype_bytes: int,
+                 optimizer: str, shapes: dict[str, int], tags: TagTable, *,
+                 mode: str = "eager", dropout: float = 0.0, separate_bias: bool = False,
+                 functional: bool = False) -> tuple[StepProgram, dict[int, int]]:
+    """One training step: data, forward, backward, clipping, optimizer, zero_grad.
+
+    Returns the program and the ``initial_ids`` its render needs (empty unless ``functional``:
+    then the step frees the parameters and optimizer state the previous step handed on).
+    """
+    p = StepProgram((), tags)
+    e, b, h = dtype_bytes, batch, hidden
+    act_h = b * h * e
+    block = _Block(p, batch, hidden, dtype_bytes, dropout=dropout, separate_bias=separate_bias)
+
+    old_params: list[int] = []
+    old_states: list[list[int]] = []
+    initial_ids: dict[int, int] = {}
+    if functional:
+        old_params, old_states, initial_ids = inherit_persistent(
+            p, shapes, e, _STATE_BUFFERS[optimizer])
+
+    # ---- data: the input batch and integer labels are copied in.
+    x = p.alloc("data/input", act_h, work=memory_ns(act_h))
+    labels = p.alloc("data/labels", b * 8)
+
+    # ---- forward: saved activations per layer, kept for backward (remat: only the inputs).
+    saved: list[dict[str, int]] = []
+    for layer in range(layers):
+        t = f"forward/layer{layer}"
+        if mode == "fused":
+            s, x = block.fused_forward(t, x)
+        else:
+            s, out = block.eager_forward(t, x, save=mode == "eager")
+            assert out is not None  # only recompute=True stops before the block's output
+            x = out
+        saved.append(s)
+    logits = p.alloc("forward/head/act", b * classes * e, work=matmul_ns(b, h, classes))
+    logp = p.alloc("forward/loss/act", b * classes * 4, work=memory_ns(b * classes * 8))
+    loss = p.alloc("forward/loss/scalar", SCALAR, work=memory_ns(b * classes * 4))
+
+    # ---- backward, reverse order. Weight gradients live until zero_grad.
+    grads: list[int] = []
+
+    def weight_grad(layer: str, name: str, work: float) -> None:
+        grads.append(p.alloc(f"backward/{layer}/grad", shapes[f"{layer}/{name}"] * e, work=work))
+
+    g_loss = p.alloc("backward/loss/grad", SCALAR)
+    g_logits = p.alloc("backward/head/act_grad", b * classes * e,
+                       work=memory_ns(b * classes * 8))
+    p.free(g_loss, logp)
+    weight_grad("head", "weight", matmul_ns(classes, b, h))
+    weight_grad("head", "bias", memory_ns(b * classes * e))
+    g = p.alloc("backward/head/act_grad", act_h, work=matmul_ns(b, classes, h))
+    p.free(g_logits, logits, loss, x)  # x: the last block's output, the head's input
+
+    for layer in reversed(range(layers)):
+        s = saved[layer]
+        if mode == "remat":  # replay the block's forward from its checkpoint (its input)
+            s, _ = block.eager_forward(f"recompute/layer{layer}", s["x"], save=True,
+                                       recompute=True)
+        g = block.backward(f"backward/layer{layer}", f"layer{layer}", s, g, mode, weight_grad)
     p.free(g, labels)
 
-    # ---- clip_grad_norm_: one scalar norm per parameter, stacked, reduced.
-    norms = [p.alloc("optimizer/norm", SCALAR, work=memory_ns(shapes[n] * e)) for n in shapes]
-    stacked = p.alloc("optimizer/norm", SCALAR * len(shapes))
-    total = p.alloc("optimizer/norm", SCALAR)
-    p.free(*norms, stacked)
-    coef = p.alloc("optimizer/norm", SCALAR)
-    p.free(total, coef)
+    _clip_grad_norm(p, shapes, e)
 
     if functional:
         # ---- functional step without donation: new parameters and state beside the old ones;
@@ -402,8 +435,27 @@ def step_program(layers: int, hidden: int, batch: int, classes: int, dtype_bytes
         p.require_closed()
         return p, initial_ids
 
-    # ---- optimizer step: Adam builds one denominator temporary per parameter.
-    for name, elements in shapes.items():
+    _optimizer_step(p, shapes, e, optimizer, grads)
+    p.require_closed()
+    return p, initial_ids
+
+
+def _clip_grad_norm(p: StepProgram, shapes: dict[str, int], e: int) -> None:
+    """clip_grad_norm_: one scalar norm per parameter, stacked, reduced."""
+    norms = [p.alloc("optimizer/norm", SCALAR, work=memory_ns(shapes[n] * e)) for n in shapes]
+    stacked = p.alloc("optimizer/norm", SCALAR * len(shapes))
+    total = p.alloc("optimizer/norm", SCALAR)
+    p.free(*norms, stacked)
+    coef = p.alloc("optimizer/norm", SCALAR)
+    p.free(total, coef)
+
+
+def _optimizer_step(p: StepProgram, shapes: dict[str, int], e: int, optimizer: str,
+                    grads: list[int]) -> None:
+    """The in-place optimizer step, then zero_grad(set_to_none=True), which frees every
+    gradient."""
+    # Adam builds one denominator temporary per parameter.
+    for elements in shapes.values():
         if optimizer == "adam":
             tmp = p.alloc("optimizer/tmp", elements * e, work=memory_ns(4 * elements * e))
             p.free(tmp, work=memory_ns(4 * elements * e))
@@ -411,8 +463,6 @@ def step_program(layers: int, hidden: int, batch: int, classes: int, dtype_bytes
     # its time shows up as the gap before the first gradient is freed.
     sgd_ns = memory_ns(3 * sum(shapes.values()) * e) if optimizer == "sgd" else 0.0
     p.free(*grads, work=sgd_ns)
-    p.require_closed()
-    return p, initial_ids
 
 
 def _workspace(m: int, k: int, n: int, e: int) -> int:

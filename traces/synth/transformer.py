@@ -37,15 +37,18 @@ drawn (so the timing jitter matches the unpadded trace's) and recorded as
   the end of the step); with ``donate=True`` the update reuses the old buffers: the in-place
   trace.
 
-As in :mod:`allocsim.traces.synth.training`: parameters and optimizer state are allocated first and left
-live; per-step buffers are all freed within their step; ids are never reused. Not modelled:
-autocast's cached low-precision weight copies, flash-attention kernels.
+As in :mod:`allocsim.traces.synth.training`: parameters and optimizer state are allocated first
+and left live; per-step buffers are all freed within their step; ids are never reused. Not
+modelled: autocast's cached low-precision weight copies, flash-attention kernels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+from allocsim.errors import UserInputError
 from allocsim.traces.model import Trace
 from allocsim.traces.synth._common import (
     BYTES_PER_NS,
@@ -112,13 +115,14 @@ def transformer(*, layers: int = 6, d_model: int = 512, heads: int = 8, vocab: i
     choice("mode", mode, MODES)
     check_optimizer_mode(optimizer_mode, donate)
     if min_seq > max_seq:
-        raise ValueError(f"min_seq ({min_seq}) must be <= max_seq ({max_seq})")
+        raise UserInputError(f"min_seq ({min_seq}) must be <= max_seq ({max_seq})")
     if events is not None:
         positive(events=events)
-    params = dict(layers=layers, d_model=d_model, heads=heads, vocab=vocab, batch=batch,
-                  min_seq=min_seq, max_seq=max_seq, seq_dist=seq_dist, bucket=bucket,
-                  act_bytes=act_bytes, steps=steps, events=events, static_shapes=static_shapes,
-                  mode=mode, optimizer_mode=optimizer_mode, donate=donate, seed=seed)
+    params = {"layers": layers, "d_model": d_model, "heads": heads, "vocab": vocab, "batch": batch,
+              "min_seq": min_seq, "max_seq": max_seq, "seq_dist": seq_dist, "bucket": bucket,
+              "act_bytes": act_bytes, "steps": steps, "events": events,
+              "static_shapes": static_shapes, "mode": mode, "optimizer_mode": optimizer_mode,
+              "donate": donate, "seed": seed}
 
     tags = TagTable()
     shapes = parameter_shapes(layers, d_model, vocab, max_seq)
@@ -196,53 +200,55 @@ def persistent_program(shapes: dict[str, int], tags: TagTable) -> StepProgram:
     return program
 
 
-def step_program(layers: int, d: int, heads: int, vocab: int, e: int,
-                 shapes: dict[str, int], tags: TagTable, *, mode: str = "eager",
-                 functional: bool = False) -> tuple[StepProgram, dict[int, int]]:
-    """One step, symbolically in the features tokens (= B*S) and sq (= B*S*S).
+# Sizes and work as linear forms over a step's features: tokens (= B*S) and sq (= B*S*S).
+def tok(bytes_per_token: float) -> dict[str, float]:
+    """A size proportional to the tokens of the step."""
+    return {"tokens": bytes_per_token}
 
-    Returns the program and the ``initial_ids`` its render needs (empty unless ``functional``:
-    then the step frees the parameters and optimizer state the previous step handed on).
-    """
-    p = StepProgram(("tokens", "sq"), tags)
 
-    def tok(bytes_per_token: float) -> dict[str, float]:
-        return {"tokens": bytes_per_token}
+def sq(bytes_per_entry: float) -> dict[str, float]:
+    """A size proportional to the attention-score entries of the step."""
+    return {"sq": bytes_per_entry}
 
-    def sq(bytes_per_entry: float) -> dict[str, float]:
-        return {"sq": bytes_per_entry}
 
-    def mm(k: int, n: int) -> dict[str, float]:
-        """Work of a (tokens x k) @ (k x n) matmul."""
-        return {"tokens": 2.0 * k * n / FLOP_PER_NS}
+def mm(k: int, n: int) -> dict[str, float]:
+    """Work of a (tokens x k) @ (k x n) matmul."""
+    return {"tokens": 2.0 * k * n / FLOP_PER_NS}
 
-    def bw(bytes_per_token: float = 0.0, bytes_per_sq: float = 0.0) -> dict[str, float]:
-        """Work of a bandwidth-bound kernel over activations."""
-        return {"tokens": bytes_per_token / BYTES_PER_NS, "sq": bytes_per_sq / BYTES_PER_NS}
 
-    def plus(*works: dict[str, float]) -> dict[str, float]:
-        """The work of several kernels fused into one: the sum of their linear forms."""
-        total: dict[str, float] = {}
-        for work in works:
-            for name, value in work.items():
-                total[name] = total.get(name, 0.0) + value
-        return total
+def bw(bytes_per_token: float = 0.0, bytes_per_sq: float = 0.0) -> dict[str, float]:
+    """Work of a bandwidth-bound kernel over activations."""
+    return {"tokens": bytes_per_token / BYTES_PER_NS, "sq": bytes_per_sq / BYTES_PER_NS}
 
-    attn_mm = {"sq": 2.0 * d / FLOP_PER_NS}  # QK^T or PV over all heads: 2 * B * S^2 * d flops
-    hs = heads  # score entries per (sample, query, key)
 
-    old_params: list[int] = []
-    old_states: list[list[int]] = []
-    initial_ids: dict[int, int] = {}
-    if functional:
-        old_params, old_states, initial_ids = inherit_persistent(p, shapes, FP32, 2)
+def plus(*works: dict[str, float]) -> dict[str, float]:
+    """The work of several kernels fused into one: the sum of their linear forms."""
+    total: dict[str, float] = {}
+    for work in works:
+        for name, value in work.items():
+            total[name] = total.get(name, 0.0) + value
+    return total
+
+
+class _Block:
+    """One transformer block, op by op, symbolically in the features tokens and sq: what
+    its forward (eager or fused) and its backward allocate and free, written into a step
+    program. Width d, ``heads`` score entries per (sample, query, key), e bytes per
+    activation element."""
+
+    def __init__(self, p: StepProgram, d: int, heads: int, e: int) -> None:
+        self.p, self.d, self.e = p, d, e
+        self.hs = heads  # score entries per (sample, query, key)
+        # QK^T or PV over all heads: 2 * B * S^2 * d flops
+        self.attn_mm = {"sq": 2.0 * d / FLOP_PER_NS}
 
     # ---- one block's forward, op by op (modes "eager" and "remat").
-    def eager_forward(t: str, x: int, *, save: bool,
+    def eager_forward(self, t: str, x: int, *, save: bool,
                       recompute: bool = False) -> tuple[dict[str, int], int | None]:
         """Every op's output is a buffer. ``save``: keep what backward needs (else free each
         buffer once its consumer has run, as under no_grad). ``recompute``: stop as soon as
         the saved buffers exist (checkpoint's early stop) and return no block output."""
+        p, d, e, hs, attn_mm = self.p, self.d, self.e, self.hs, self.attn_mm
         s = {"x": x}
 
         def keep(name: str, slot: int) -> None:
@@ -285,8 +291,9 @@ def step_program(layers: int, d: int, heads: int, vocab: int, e: int,
         p.free(out)
         return s, x
 
-    def fused_forward(t: str, x: int) -> tuple[dict[str, int], int]:
+    def fused_forward(self, t: str, x: int) -> tuple[dict[str, int], int]:
         """Elementwise chains fused into their producer: only saved and kernel outputs exist."""
+        p, d, e, hs, attn_mm = self.p, self.d, self.e, self.hs, self.attn_mm
         s = {"x": x}
         s["ln1"] = p.alloc(f"{t}/act", tok(d * e), work=bw(2 * d * e))
         s["ln1_stats"] = p.alloc(f"{t}/stats", tok(2 * FP32))
@@ -311,48 +318,13 @@ def step_program(layers: int, d: int, heads: int, vocab: int, e: int,
         p.free(a)
         return s, x
 
-    # ---- data: token ids and targets (int64), embedding lookup + positions.
-    ids = p.alloc("data/tokens", tok(8))
-    targets = p.alloc("data/targets", tok(8))
-    x = p.alloc("forward/embed/act", tok(d * e), work=bw(3 * d * e))
-
-    saved: list[dict[str, int]] = []
-    for layer in range(layers):
-        t = f"forward/layer{layer}"
-        if mode == "fused":
-            s, x = fused_forward(t, x)
-        else:
-            s, x = eager_forward(t, x, save=mode == "eager")
-        saved.append(s)
-    lnf = p.alloc("forward/lnf/act", tok(d * e), work=bw(2 * d * e))
-    lnf_stats = p.alloc("forward/lnf/stats", tok(2 * FP32))
-    logits = p.alloc("forward/head/logits", tok(vocab * e), work=mm(d, vocab))
-    logp = p.alloc("forward/loss/log_softmax", tok(vocab * FP32), work=bw(vocab * (e + 4)))
-    loss = p.alloc("forward/loss/scalar", SCALAR, work=bw(vocab * 4))
-
-    # ---- backward.
-    grads: dict[str, int] = {}
-
-    def weight_grad(name: str, work: dict[str, float] | float) -> None:
-        if name not in grads:  # a tied weight's second gradient accumulates in place
-            grads[name] = p.alloc(f"backward/{_owner(name)}/grad", shapes[name] * FP32, work=work)
-
-    g_loss = p.alloc("backward/loss/grad", SCALAR)
-    g_logits = p.alloc("backward/head/act_grad", tok(vocab * e), work=bw(vocab * (e + 4)))
-    p.free(g_loss, logp)
-    weight_grad("embed/tokens", mm(vocab, d))  # tied LM head: dW = g_logits^T @ lnf
-    g = p.alloc("backward/head/act_grad", tok(d * e), work=mm(vocab, d))
-    p.free(g_logits, logits, loss)
-    weight_grad("lnf/weight", bw(2 * d * e))
-    weight_grad("lnf/bias", bw(d * e))
-    g_x = p.alloc("backward/lnf/act_grad", tok(d * e), work=bw(3 * d * e))
-    p.free(g, lnf, lnf_stats, x)
-    g = g_x
-
-    for layer in reversed(range(layers)):
-        t, s, o = f"backward/layer{layer}", saved[layer], f"layer{layer}"
-        if mode == "remat":  # replay the block's forward from its checkpoint (its input)
-            s, _ = eager_forward(f"recompute/layer{layer}", s["x"], save=True, recompute=True)
+    def backward(self, t: str, o: str, s: dict[str, int], g: int, mode: str,
+                 weight_grad: Callable[[str, dict[str, float] | float], None]) -> int:
+        """The block's backward (layer name ``o``) from the incoming gradient ``g`` and the
+        saved buffers ``s`` (under remat, those of the replayed forward); frees both and
+        returns the gradient of the block's input. ``weight_grad(name, work)`` allocates
+        a weight gradient, which lives until zero_grad."""
+        p, d, e, hs, attn_mm = self.p, self.d, self.e, self.hs, self.attn_mm
         # MLP branch (g is the gradient of the block output; the residual passes it through)
         if mode == "fused":
             # fc2's input was not saved: recompute GELU(fc1) for its weight gradient; the dgrad
@@ -411,7 +383,72 @@ def step_program(layers: int, d: int, heads: int, vocab: int, e: int,
         g_x = p.alloc(f"{t}/act_grad", tok(d * e), work=bw(3 * d * e))
         p.free(g_ln1, s["ln1_stats"], s["x"])
         p.free(g_h1, work=bw(3 * d * e))  # g_x += g_h1 (residual), in place
-        g = g_x
+        return g_x
+
+
+def step_program(layers: int, d: int, heads: int, vocab: int, e: int,
+                 shapes: dict[str, int], tags: TagTable, *, mode: str = "eager",
+                 functional: bool = False) -> tuple[StepProgram, dict[int, int]]:
+    """One step, symbolically in the features tokens (= B*S) and sq (= B*S*S).
+
+    Returns the program and the ``initial_ids`` its render needs (empty unless ``functional``:
+    then the step frees the parameters and optimizer state the previous step handed on).
+    """
+    p = StepProgram(("tokens", "sq"), tags)
+    block = _Block(p, d, heads, e)
+
+    old_params: list[int] = []
+    old_states: list[list[int]] = []
+    initial_ids: dict[int, int] = {}
+    if functional:
+        old_params, old_states, initial_ids = inherit_persistent(p, shapes, FP32, 2)
+
+    # ---- data: token ids and targets (int64), embedding lookup + positions.
+    ids = p.alloc("data/tokens", tok(8))
+    targets = p.alloc("data/targets", tok(8))
+    x = p.alloc("forward/embed/act", tok(d * e), work=bw(3 * d * e))
+
+    saved: list[dict[str, int]] = []
+    for layer in range(layers):
+        t = f"forward/layer{layer}"
+        if mode == "fused":
+            s, x = block.fused_forward(t, x)
+        else:
+            s, out = block.eager_forward(t, x, save=mode == "eager")
+            assert out is not None  # only recompute=True stops before the block's output
+            x = out
+        saved.append(s)
+    lnf = p.alloc("forward/lnf/act", tok(d * e), work=bw(2 * d * e))
+    lnf_stats = p.alloc("forward/lnf/stats", tok(2 * FP32))
+    logits = p.alloc("forward/head/logits", tok(vocab * e), work=mm(d, vocab))
+    logp = p.alloc("forward/loss/log_softmax", tok(vocab * FP32), work=bw(vocab * (e + 4)))
+    loss = p.alloc("forward/loss/scalar", SCALAR, work=bw(vocab * 4))
+
+    # ---- backward.
+    grads: dict[str, int] = {}
+
+    def weight_grad(name: str, work: dict[str, float] | float) -> None:
+        if name not in grads:  # a tied weight's second gradient accumulates in place
+            grads[name] = p.alloc(f"backward/{_owner(name)}/grad", shapes[name] * FP32, work=work)
+
+    g_loss = p.alloc("backward/loss/grad", SCALAR)
+    g_logits = p.alloc("backward/head/act_grad", tok(vocab * e), work=bw(vocab * (e + 4)))
+    p.free(g_loss, logp)
+    weight_grad("embed/tokens", mm(vocab, d))  # tied LM head: dW = g_logits^T @ lnf
+    g = p.alloc("backward/head/act_grad", tok(d * e), work=mm(vocab, d))
+    p.free(g_logits, logits, loss)
+    weight_grad("lnf/weight", bw(2 * d * e))
+    weight_grad("lnf/bias", bw(d * e))
+    g_x = p.alloc("backward/lnf/act_grad", tok(d * e), work=bw(3 * d * e))
+    p.free(g, lnf, lnf_stats, x)
+    g = g_x
+
+    for layer in reversed(range(layers)):
+        s = saved[layer]
+        if mode == "remat":  # replay the block's forward from its checkpoint (its input)
+            s, _ = block.eager_forward(f"recompute/layer{layer}", s["x"], save=True,
+                                       recompute=True)
+        g = block.backward(f"backward/layer{layer}", f"layer{layer}", s, g, mode, weight_grad)
 
     weight_grad("embed/positions", bw(2 * d * e))
     # the token embedding's gradient already exists (tied head): index_add_ into it in place
@@ -433,7 +470,7 @@ def step_program(layers: int, d: int, heads: int, vocab: int, e: int,
         p.free(*old_params, *[slot for row in old_states for slot in row])
         p.require_closed()
         return p, initial_ids
-    for name, elements in shapes.items():
+    for elements in shapes.values():
         tmp = p.alloc("optimizer/tmp", elements * FP32, work=4 * elements * FP32 / BYTES_PER_NS)
         p.free(tmp, work=4 * elements * FP32 / BYTES_PER_NS)
     p.free(*[grads[name] for name in shapes if name in grads])

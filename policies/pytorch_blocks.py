@@ -1,0 +1,236 @@
+"""PyTorch caching allocator: blocks, segments and the free lists per pool.
+
+A block is an address; its fields live in dicts keyed by address (size, prev, next, pool key,
+requested bytes while allocated). Blocks tile their segment through prev/next links (0 = none).
+Each (stream, pool) key — ``stream << 1 | small`` — has one free list: a plain sorted list of
+``size << 52 | address`` keys, PyTorch's BlockPool ordered by (stream, size, address).
+:class:`BlockPools` holds that state and every counter of memory_stats(), keeps the free lists
+(insert and remove: O(log k) bisection + O(k) list insertion/deletion, k = free blocks of the
+pool; the hot path in pytorch_caching.py does the same inline) and asserts their invariants in
+:meth:`BlockPools.check`.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Iterator
+from itertools import pairwise
+
+from allocsim.policies.base import DeviceMemory, Policy, fail, require
+from allocsim.policies.chunks import check_tiling
+from allocsim.policies.pytorch_settings import K_MIN_BLOCK_SIZE
+
+SHIFT = 52                           # free-list key = size << 52 | address (addresses < 2**52)
+MASK = (1 << SHIFT) - 1
+
+
+class Segment:
+    """One cudaMalloc'd segment, or the whole virtual range of one expandable segment."""
+
+    __slots__ = ("base", "expandable", "page", "pool_key", "size", "small", "stream")
+
+    def __init__(self, base: int, size: int, stream: int, small: bool, expandable: bool,
+                 page: int = 0) -> None:
+        self.base = base
+        self.size = size
+        self.stream = stream
+        self.small = small
+        self.expandable = expandable
+        self.page = page
+        self.pool_key = stream << 1 | small
+
+
+class BlockPools(Policy):
+    """The allocator's state: blocks, segments, free lists, counters; the bookkeeping steps
+    that keep them (off the hot path) and :meth:`check`. The settings below are set by
+    PyTorchCachingAllocator.__init__ (pytorch_caching.py) before any call."""
+
+    divisions: list[int]                 # roundup_power2_divisions, 16 entries
+    _divisions: list[int] | None         # the same, None when no entry rounds (> 1)
+    max_split_size: int                  # bytes; NO_LIMIT when unset
+    max_non_split_rounding: int          # bytes
+    gc_threshold: float
+    expandable: bool
+    set_fraction: bool                   # a per-process memory fraction was set
+    allowed_memory_maximum: int          # fraction × capacity, or capacity
+    _gc_on: bool                         # garbage collection can run
+
+    def __init__(self, device: DeviceMemory) -> None:
+        super().__init__(device)
+        # Blocks, keyed by address: every block (allocated, free, unmapped) has size/prev/next/home.
+        self._size: dict[int, int] = {}
+        self._prev: dict[int, int] = {}          # 0 = none (first block of its segment)
+        self._next: dict[int, int] = {}          # 0 = none (last block of its segment)
+        self._home: dict[int, int] = {}          # pool key = stream << 1 | small
+        self._req: dict[int, int] = {}           # allocated blocks -> requested bytes
+        self._unmapped: set[int] = set()         # unmapped blocks (expandable segments only)
+        self._gc_base: dict[int, int] = {}       # free block -> pool's search count at insertion
+        # Free mapped blocks per pool key, as sorted keys size << 52 | address.
+        self._free: dict[int, list[int]] = {}
+        self._unmapped_lists: dict[int, list[int]] = {}   # pool key -> sorted unmapped addresses
+        self.segment_map: dict[int, Segment] = {}         # base -> segment
+        self._es_bases: list[int] = []                    # sorted bases of expandable segments
+        self._gc_calls = [0, 0]                           # get_free_block calls: [large, small]
+
+        # Counters for memory_stats() (PyTorch's names in comments).
+        self.peak_bytes_in_use = 0                # allocated_bytes.all.peak
+        self.allocated_total = 0                  # allocated_bytes.all.allocated
+        self.requested = 0                        # requested_bytes.all.current
+        self.peak_requested = 0
+        self.requested_total = 0
+        self.peak_allocations = 0                 # allocation.all.peak
+        self.pool_bytes = 0                       # reserved_bytes.all.current
+        self.peak_pool_bytes = 0
+        self.reserved_total = 0
+        self.num_segments = 0                     # segment.all.current (cudaMalloc'd segments)
+        self.peak_segments = 0
+        self.segments_total = 0
+        self.inactive_split = 0                   # free blocks of split segments (not expandable)
+        self.peak_inactive_split = 0
+        self.inactive_split_total = 0
+        self.inactive_split_bytes = 0
+        self.peak_inactive_split_bytes = 0
+        self.inactive_split_bytes_total = 0
+        self.oversize_allocations = 0
+        self.peak_oversize_allocations = 0
+        self.oversize_allocations_total = 0
+        self.oversize_segments = 0
+        self.peak_oversize_segments = 0
+        self.oversize_segments_total = 0
+        self.num_alloc_retries = 0
+        self.num_sync_all_streams = 0
+        self.num_device_alloc = 0
+        self.num_device_free = 0
+
+    # -- block bookkeeping (off the hot path) ------------------------------------------
+    def _remove_free(self, address: int) -> None:
+        keys = self._free[self._home[address]]
+        del keys[bisect_left(keys, self._size[address] << SHIFT | address)]
+
+    def _insert_free(self, address: int) -> None:
+        """BlockPool::insert_into_blocks: into the free list, stamped with the search count."""
+        pool_key = self._home[address]
+        insort(self._free.setdefault(pool_key, []), self._size[address] << SHIFT | address)
+        if self._gc_on:
+            self._gc_base[address] = self._gc_calls[pool_key & 1]
+
+    def _forget(self, address: int) -> None:
+        del self._size[address], self._prev[address], self._next[address], self._home[address]
+        self._gc_base.pop(address, None)
+
+    def _new_segment(self, segment: Segment) -> None:
+        base = segment.base
+        self.segment_map[base] = segment
+        self._size[base] = segment.size
+        self._prev[base] = 0
+        self._next[base] = 0
+        self._home[base] = segment.pool_key
+
+    def _reserved_change(self, nbytes: int) -> None:
+        self.pool_bytes += nbytes
+        if nbytes > 0:
+            self.reserved_total += nbytes
+            if self.pool_bytes > self.peak_pool_bytes:
+                self.peak_pool_bytes = self.pool_bytes
+
+    def _oversize_allocation(self) -> None:
+        self.oversize_allocations += 1
+        self.oversize_allocations_total += 1
+        if self.oversize_allocations > self.peak_oversize_allocations:
+            self.peak_oversize_allocations = self.oversize_allocations
+
+    def _chain(self, base: int) -> Iterator[int]:
+        """The blocks of the segment at ``base`` in address order, unmapped ones included."""
+        address = base
+        while address:
+            yield address
+            address = self._next[address]
+
+    def check(self) -> None:
+        """Assert the block invariants: blocks tile their segments (links, contiguity, no
+        strays) and carry their segment's pool key; allocated blocks are mapped and hold their
+        request; each free list is strictly ascending and holds exactly the free mapped blocks
+        of its pool, at their sizes; no two neighbouring blocks are both free and mapped
+        (free_block merged them); non-expandable segments are mapped whole; garbage-collection
+        stamps exist for every free block exactly when GC is on; and every current counter of
+        memory_stats() agrees with a recount (allocated, requested, reserved, segments,
+        inactive splits, oversize blocks and segments), peaks ≥ current values. O(n log n)."""
+        size_of, next_of, home, req = self._size, self._next, self._home, self._req
+        unmapped = self._unmapped
+        segment_of = check_tiling({b: s.size for b, s in self.segment_map.items()}, size_of,
+                                  self._prev, next_of, none=0)
+        require(home.keys() == size_of.keys(), "pytorch: a block lacks its pool key")
+        for address, base in segment_of.items():
+            if home[address] != self.segment_map[base].pool_key:
+                fail(f"pytorch: block {address:#x} is in a pool not its segment's")
+            if size_of[address] % K_MIN_BLOCK_SIZE:
+                fail(f"pytorch: block {address:#x} is not a multiple of 512 bytes")
+        for address, requested in req.items():
+            if address not in size_of or address in unmapped:
+                fail(f"pytorch: allocated block {address:#x} is unknown or unmapped")
+            if not 0 < requested <= size_of[address]:
+                fail(f"pytorch: block {address:#x} holds less than its request of {requested}")
+        free = {a for a in size_of if a not in req and a not in unmapped}
+        listed: set[int] = set()
+        for pool_key, keys in self._free.items():
+            for before, key in pairwise(keys):
+                if before >= key:
+                    fail(f"pytorch: free list of pool {pool_key} is not strictly ascending")
+            for key in keys:
+                address = key & MASK
+                if address not in free or address in listed:
+                    fail(f"pytorch: free list of pool {pool_key} holds {address:#x}, not a "
+                         "free mapped block or listed twice")
+                if size_of[address] != key >> SHIFT or home[address] != pool_key:
+                    fail(f"pytorch: free-list key of {address:#x} disagrees with its size "
+                         "or pool")
+                listed.add(address)
+        if listed != free:
+            fail(f"pytorch: {len(free - listed)} free blocks are in no free list")
+        for address in free:
+            after = next_of[address]
+            if after in free:
+                fail(f"pytorch: neighbouring free blocks {address:#x} and {after:#x} not merged")
+        if self._gc_on:
+            for address in free:
+                stamp = self._gc_base.get(address)
+                if stamp is None or stamp > self._gc_calls[home[address] & 1]:
+                    fail(f"pytorch: free block {address:#x} lacks a valid GC stamp")
+        else:
+            require(not self._gc_base, "pytorch: GC stamps kept with garbage collection off")
+        self._check_counters(free)
+
+    def _check_counters(self, free: set[int]) -> None:
+        size_of, req = self._size, self._req
+        require(self.bytes_in_use == sum(size_of[a] for a in req),
+                f"pytorch: bytes_in_use {self.bytes_in_use} is not the allocated blocks' sum")
+        require(self.requested == sum(req.values()),
+                "pytorch: requested bytes are not the allocated blocks' requests")
+        require(self.num_allocs - self.num_frees == len(req),
+                "pytorch: allocs − frees is not the number of allocated blocks")
+        mapped = sum(size_of[a] for a in size_of if a not in self._unmapped)
+        require(self.pool_bytes == mapped, f"pytorch: reserved {self.pool_bytes} is not the "
+                f"mapped blocks' sum {mapped}")
+        plain = [s for s in self.segment_map.values() if not s.expandable]
+        require(self.num_segments == len(plain), "pytorch: segment count disagrees")
+        require(self.oversize_segments == sum(s.size >= self.max_split_size for s in plain),
+                "pytorch: oversize segment count disagrees")
+        require(self.oversize_allocations == sum(size_of[a] >= self.max_split_size for a in req),
+                "pytorch: oversize allocation count disagrees")
+        split_free = [a for s in plain if self._next[s.base] for a in self._chain(s.base)
+                      if a in free]
+        require(self.inactive_split == len(split_free),
+                f"pytorch: inactive_split {self.inactive_split} is not the {len(split_free)} "
+                "free blocks of split segments")
+        require(self.inactive_split_bytes == sum(size_of[a] for a in split_free),
+                "pytorch: inactive_split_bytes disagrees with the free blocks of split segments")
+        for current, peak in (
+                (self.bytes_in_use, self.peak_bytes_in_use), (self.requested, self.peak_requested),
+                (len(req), self.peak_allocations), (self.pool_bytes, self.peak_pool_bytes),
+                (self.num_segments, self.peak_segments),
+                (self.inactive_split, self.peak_inactive_split),
+                (self.inactive_split_bytes, self.peak_inactive_split_bytes),
+                (self.oversize_allocations, self.peak_oversize_allocations),
+                (self.oversize_segments, self.peak_oversize_segments)):
+            if peak < current:
+                fail(f"pytorch: a peak ({peak}) below its current value ({current})")

@@ -1,0 +1,43 @@
+"""``allocsim baseline`` and ``allocsim check``: figures recorded once, re-checked in CI."""
+
+from __future__ import annotations
+
+import argparse
+
+from allocsim.policies import DEFAULT_POLICIES
+from allocsim.sim.cli.common import add_device_options, device_from_args
+from allocsim.sim.output.files import write_json
+from allocsim.sim.questions.regress import check_baseline, make_baseline
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("baseline", help="record the figures of traces × policies for CI checks")
+    p.add_argument("traces", nargs="+", help="trace files")
+    p.add_argument("--policies", nargs="+", metavar="SPEC",
+                   help=f"policy specs (default: {' '.join(DEFAULT_POLICIES)})")
+    add_device_options(p)
+    p.add_argument("-o", "--output", required=True, help="baseline JSON to write")
+    p.set_defaults(func=run_baseline)
+
+    p = sub.add_parser("check", help="re-run a baseline; exit 1 if anything got worse")
+    p.add_argument("baseline", help="a baseline JSON written by `allocsim baseline`")
+    p.add_argument("--tolerance", default="1%",
+                   help="relative slack, e.g. 1%% or 0.01 (default 1%%)")
+    p.set_defaults(func=run_check)
+
+
+def run_baseline(args: argparse.Namespace) -> int:
+    device = device_from_args(args)
+    document = make_baseline(args.traces, args.policies or DEFAULT_POLICIES, device, args.output)
+    write_json(document, args.output)
+    print(f"wrote {args.output}: {len(document['cells'])} cells "
+          f"({len(args.traces)} traces × {len(document['policies'])} policies) on {device.name}")
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    text = args.tolerance.strip()
+    tolerance = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    outcome = check_baseline(args.baseline, tolerance)
+    print(outcome.text())
+    return 0 if outcome.ok else 1

@@ -1,0 +1,67 @@
+"""``allocsim min-capacity``: the smallest device each policy runs the trace on."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from allocsim.policies import DEFAULT_POLICIES, format_size, parse_size
+from allocsim.sim.cli.common import (
+    add_device_options,
+    add_reading_options,
+    device_from_args,
+    print_json,
+    trace_or_default,
+)
+from allocsim.sim.output.files import write_json
+from allocsim.sim.output.tables import format_table
+from allocsim.sim.questions.capacity import min_capacities
+from allocsim.sim.questions.compare import normalize_spec, trace_facts
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("min-capacity", help="the smallest device each policy runs the trace on")
+    p.add_argument("trace", help="trace file, or 'default' for the bundled one")
+    p.add_argument("--policies", nargs="+", metavar="SPEC",
+                   help=f"policy specs (default: {' '.join(DEFAULT_POLICIES)})")
+    p.add_argument("--resolution", default="1MiB", help="answer to this precision (default 1MiB)")
+    add_device_options(p, capacity=False, purpose=" for costs and granularity")
+    p.add_argument("--out", help="directory for min_capacity.json")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_reading_options(p)
+    p.set_defaults(func=run)
+
+
+def _searching(policy: str) -> None:
+    print(f"  searching {policy} ...", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    device = device_from_args(args)
+    trace = trace_or_default(args.trace, args)
+    policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
+    resolution = parse_size(args.resolution)
+    show = _searching if sys.stderr.isatty() and not args.json else None
+    answers = min_capacities(trace, policies, device, resolution=resolution, progress=show)
+    data = {"trace": trace_facts(trace), "device": device.name, "resolution": resolution,
+            "answers": [a.to_json_dict() for a in answers]}
+    if args.out:
+        write_json(data, Path(args.out) / "min_capacity.json")
+    if args.json:
+        print_json(data)
+        return 0
+    rows = []
+    for a in answers:
+        headroom = ("-" if a.headroom is None
+                    else f"{format_size(a.headroom)} (+{a.headroom_ratio:.1%})")
+        rows.append([a.policy,
+                     "never" if a.min_capacity is None else format_size(a.min_capacity),
+                     format_size(a.lower_bound), headroom,
+                     "yes" if a.monotone else "NO: " + "; ".join(a.exceptions[:2]),
+                     str(a.evaluations)])
+    print(f"trace {trace.name}: peak live {format_size(trace.peak_live()[0])}; "
+          f"resolution {format_size(resolution)}\n")
+    print(format_table(rows, ["policy", "min capacity", "lower bound", "headroom",
+                              "monotone", "runs"], left=(0, 4)))
+    return 0

@@ -1,0 +1,69 @@
+"""``allocsim compare``: replay traces through policies and name the winner."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from allocsim.policies import DEFAULT_POLICIES
+from allocsim.policies.registry import alloc_conf_spec
+from allocsim.sim.cli.common import (
+    add_device_options,
+    add_reading_options,
+    device_from_args,
+    load_trace,
+    print_json,
+    progress_printer,
+)
+from allocsim.sim.output.results_dir import write_comparisons
+from allocsim.sim.output.tables import comparison_text
+from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare, normalize_spec
+from allocsim.traces.bundled import DEFAULT_TRACE_NAME, load_bundled_traces
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="replay traces through policies and name the winner")
+    p.add_argument("traces", nargs="*", help=f"trace files (default: the bundled traces, "
+                                             f"{DEFAULT_TRACE_NAME} and the recorded samples)")
+    p.add_argument("--policies", nargs="+", metavar="SPEC",
+                   help="policy specs, e.g. bfc:allow_growth=false (default: "
+                        f"{' '.join(DEFAULT_POLICIES)})")
+    p.add_argument("--alloc-conf", action="append", metavar="CONF",
+                   help="add the pytorch policy configured by a PYTORCH_CUDA_ALLOC_CONF string "
+                        "as-is, e.g. 'max_split_size_mb:128,expandable_segments:True' "
+                        "(repeatable)")
+    add_device_options(p)
+    p.add_argument("--max-slowdown", type=float, default=DEFAULT_MAX_SLOWDOWN, metavar="X",
+                   help="a winner may make the run at most X times slower through allocator "
+                        f"time (default {DEFAULT_MAX_SLOWDOWN}; inf = no budget)")
+    p.add_argument("--out", help="directory for results.json and figures")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (an array for several traces)")
+    add_reading_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    device = device_from_args(args)
+    policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
+    policies += [str(alloc_conf_spec(text)) for text in args.alloc_conf or []]
+    traces = ([load_trace(p, args) for p in args.traces] if args.traces
+              else load_bundled_traces())
+    progress = progress_printer(sys.stderr.isatty() and not args.json)
+    budget = None if args.max_slowdown == float("inf") else args.max_slowdown
+    comparisons: list[Comparison] = [
+        compare(trace, policies, device, progress=progress, max_slowdown=budget)
+        for trace in traces]
+    if args.out:
+        written = write_comparisons(comparisons, args.out)
+        if not args.json:
+            print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
+    if args.json:
+        data = [c.to_json_dict() for c in comparisons]
+        print_json(data[0] if len(data) == 1 else data)
+        return 0
+    for index, comparison in enumerate(comparisons):
+        if index:
+            print()
+        print(comparison_text(comparison))
+    return 0

@@ -1,0 +1,33 @@
+"""``allocsim export-snapshot``: a policy's simulated run as a PyTorch memory snapshot."""
+
+from __future__ import annotations
+
+import argparse
+
+from allocsim.sim.cli.common import (
+    add_device_options,
+    add_reading_options,
+    device_from_args,
+    trace_or_default,
+)
+from allocsim.sim.output.export import export_snapshot
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export-snapshot",
+                       help="a policy's simulated run as a PyTorch memory snapshot "
+                            "(for memory_viz)")
+    p.add_argument("trace", help="trace file, or 'default' for the bundled one")
+    p.add_argument("--policy", default="pytorch", help="policy spec (default pytorch)")
+    add_device_options(p)
+    p.add_argument("-o", "--output", required=True, help="the .pickle to write")
+    add_reading_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    device = device_from_args(args)
+    trace = trace_or_default(args.trace, args)
+    path = export_snapshot(trace, args.policy, device, args.output)
+    print(f"wrote {path}: open it at https://pytorch.org/memory_viz (drag and drop)")
+    return 0

@@ -1,0 +1,40 @@
+"""``allocsim fidelity SNAPSHOT``: its parser beside its handler, over
+:func:`allocsim.sim.questions.fidelity.fidelity`."""
+
+from __future__ import annotations
+
+import argparse
+
+from allocsim.policies import parse_size
+from allocsim.sim.cli.common import add_reading_options, load_trace, print_json
+from allocsim.sim.questions.fidelity import fidelity
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``fidelity`` to ``allocsim``'s subcommands (sets ``func``)."""
+    p = subparsers.add_parser(
+        "fidelity", help="replay a PyTorch snapshot through the pytorch model and compare "
+                         "its device calls with the recorded ones",
+        description="Replays a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) "
+                    "through the pytorch model configured as recorded and compares the "
+                    "device calls: exit 0 when all match, 1 on divergence.")
+    p.add_argument("snapshot", help="snapshot pickle")
+    p.add_argument("--capacity", help="device capacity (default: from the recorded oom's "
+                                      "device_free, else a large device)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_reading_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``allocsim fidelity SNAPSHOT``: exit 0 when everything matched, 1 on divergence."""
+    trace = load_trace(args.snapshot, args)
+    capacity = parse_size(args.capacity) if args.capacity else None
+    report = fidelity(trace, capacity=capacity)
+    if args.json:
+        print_json(report.to_json_dict())
+    else:
+        print(report.text())
+    return report.exit_status

@@ -1,0 +1,29 @@
+"""``allocsim policies`` and ``allocsim devices``: what can be named on the command line."""
+
+from __future__ import annotations
+
+import argparse
+
+from allocsim.policies import describe_policies, format_size
+from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES
+
+
+def register_policies(sub: argparse._SubParsersAction) -> None:
+    sub.add_parser("policies", help="list policies and parameters").set_defaults(
+        func=run_policies)
+
+
+def register_devices(sub: argparse._SubParsersAction) -> None:
+    sub.add_parser("devices", help="list device profiles").set_defaults(func=run_devices)
+
+
+def run_policies(args: argparse.Namespace) -> int:
+    print(describe_policies())
+    return 0
+
+
+def run_devices(args: argparse.Namespace) -> int:
+    for name, profile in PROFILES.items():
+        mark = " (default)" if name == DEFAULT_PROFILE else ""
+        print(f"{name:12s} {format_size(profile.capacity):>10s}{mark}  — {profile.source}")
+    return 0

@@ -1,0 +1,102 @@
+"""``allocsim gen``, ``info`` and ``convert``: making, reading and converting trace files."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from allocsim.policies import format_size
+from allocsim.sim.cli.common import UserError, add_reading_options, load_trace, print_json
+from allocsim.sim.output.tables import format_table
+from allocsim.traces import formats, synth
+from allocsim.traces.summary import summarize
+
+
+def register_gen(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gen", help="generate a synthetic trace")
+    p.add_argument("kind", help=f"one of: {', '.join(synth.GENERATORS)}")
+    p.add_argument("params", nargs="*", metavar="key=value", help="generator parameters")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("-o", "--output", required=True,
+                   help="file to write (.npz, .csv, .csv.gz, .jsonl)")
+    p.set_defaults(func=run_gen)
+
+
+def register_info(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="what a trace holds")
+    p.add_argument("trace", help="trace file")
+    p.add_argument("--top", type=int, default=10, help="tags to list at the peak (default 10)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_reading_options(p)
+    p.set_defaults(func=run_info)
+
+
+def register_convert(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("convert", help="convert a trace between formats")
+    p.add_argument("input", help="trace file to read")
+    p.add_argument("output", help="file to write; the format follows its name")
+    add_reading_options(p)
+    p.set_defaults(func=run_convert)
+
+
+def run_gen(args: argparse.Namespace) -> int:
+    params = synth.parse_params(args.kind, args.params)
+    trace = synth.generate(args.kind, seed=args.seed, **params)
+    formats.save(trace, args.output)
+    peak, _ = trace.peak_live()
+    print(f"wrote {args.output}: {len(trace):,} events, peak live {format_size(peak)}")
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    trace = load_trace(args.trace, args)
+    facts = summarize(trace, top=args.top)
+    if args.json:
+        print_json(facts)
+        return 0
+    print(f"{args.trace}: {trace.name} ({facts['source']})")
+    print(f"  events      {facts['events']:,} ({facts['allocs']:,} allocs, "
+          f"{facts['frees']:,} frees)")
+    print(f"  duration    {facts['duration_s']:.6g} s")
+    print(f"  processes   {facts['processes']}")
+    print("  streams     " + ", ".join(f"{stream}: {count:,} events"
+                                      for stream, count in facts["events_per_stream"].items()))
+    meta = trace.metadata
+    if meta.get("devices"):
+        chosen = f" (replaying device {meta.get('device')})" if "device" in meta else ""
+        print("  devices     " + ", ".join(f"{d}: {n:,} events"
+                                          for d, n in meta["devices"].items()) + chosen)
+    if meta.get("prologue_events"):
+        print(f"  before rec. {meta['prologue_events']:,} buffers already live when recording "
+              "started (added as allocations at the start)")
+    if meta.get("synthetic_times"):
+        print("  times       synthesised (the file has no timestamps)")
+    print(f"  peak live   {format_size(facts['peak_live'])} after event {facts['peak_event']:,}")
+    print(f"  still live  {facts['leaks']:,} buffers ({format_size(facts['leaked_bytes'])}) "
+          "at the end")
+    if facts.get("validation"):
+        print(f"  repairs     {facts['validation'].get('summary', facts['validation'])}")
+    references = meta.get("reference_events") or []
+    if references:
+        actions: dict[str, int] = {}
+        for entry in references:
+            actions[entry.get("action", "?")] = actions.get(entry.get("action", "?"), 0) + 1
+        print("  recorded allocator decisions: "
+              + ", ".join(f"{a} {n:,}" for a, n in sorted(actions.items())))
+    print("  sizes       " + ", ".join(
+        f"{'<=' + format_size(b['upper'], 0)}: {b['count']:,}" for b in facts["size_histogram"]))
+    if facts["top_live_at_peak"]:
+        print("  largest live at the peak, by tag:")
+        rows = [[t["tag"], f"{t['count']:,}", format_size(t["bytes"])]
+                for t in facts["top_live_at_peak"]]
+        print("    " + format_table(rows, ["tag", "buffers", "bytes"]).replace("\n", "\n    "))
+    return 0
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    if Path(args.input).resolve() == Path(args.output).resolve():
+        raise UserError(f"{args.output}: refusing to overwrite the input file")
+    trace = load_trace(args.input, args)
+    formats.save(trace, args.output)
+    print(f"wrote {args.output}: {len(trace):,} events")
+    return 0

@@ -1,0 +1,35 @@
+"""The validator's backends: each a way of replaying a trace for real, and the policy model its
+measurements are compared with (:data:`BACKENDS`). How each runs:
+:mod:`allocsim.sim.validation.host_device` (``host``), :mod:`allocsim.sim.validation.gpu_backends`
+(the others)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One way of replaying a trace for real, and what it is compared with."""
+
+    name: str
+    description: str
+    model: str | None      # the policy spec it is compared against; None = the user's policy
+    exact: bool            # reserved bytes must agree byte for byte after every event
+    gpu: bool
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("host", "the policy object on host memory (numpy buffers), pattern-checked",
+            None, True, False),
+    Backend("policy", "the policy object on a GPU through CuPy: cudaMalloc / CUDA virtual "
+            "memory, pattern-checked, cudaMemGetInfo after every event", None, False, True),
+    Backend("cupy-pool", "CuPy's MemoryPool vs the cupy model", "cupy", True, True),
+    Backend("cupy-raw", "cudaMalloc/cudaFree per buffer (CuPy, no pool) vs on-demand",
+            "on-demand", False, True),
+    Backend("cupy-async", "CuPy's MemoryAsyncPool (cudaMallocAsync) vs cuda-async",
+            "cuda-async", False, True),
+    Backend("torch", "PyTorch's CUDA caching allocator vs the pytorch model", "pytorch", True,
+            True),
+)}
+DEFAULT_BACKEND = "policy"

@@ -1,0 +1,102 @@
+"""The rules of the house (docs/architecture.md, "Where things are"), checked on the source.
+
+No import circles anywhere (lazy imports count); every room imports only the rooms below it;
+the policies stay pure; nothing uses the old top-level names (`sim`, `policies`, `traces`),
+which PyPI packages of the same names would shadow.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+from import_graph import REPO, Module, cycles, read_graph, room_of
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+# Which rooms each room may import (besides itself). `allocsim` is the root package: its
+# `errors` module imports nothing and may be raised from anywhere.
+ALLOWED = {
+    "allocsim": {"sim.cli"},                          # only __main__, to run the CLI
+    "policies": {"allocsim"},
+    "traces": {"allocsim"},
+    "sim": set(),
+    "sim.kernel": {"allocsim", "policies", "traces"},
+    "sim.questions": {"allocsim", "policies", "traces", "sim.kernel"},
+    "sim.output": {"allocsim", "policies", "traces", "sim.kernel", "sim.questions"},
+    "sim.sweeps": {"allocsim", "policies", "traces", "sim.kernel", "sim.questions",
+                   "sim.output"},
+    "sim.validation": {"allocsim", "policies", "traces", "sim.kernel", "sim.questions",
+                       "sim.output"},
+    "sim.cli": {"allocsim", "policies", "traces", "sim.kernel", "sim.questions",
+                "sim.output", "sim.sweeps", "sim.validation"},
+}
+GRAPH = read_graph()
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    assert cycles(GRAPH) == []
+
+
+def test_the_graph_reader_finds_a_cycle_when_there_is_one() -> None:
+    graph = {"a": Module("a", Path("a.py"), 1, {"b"}), "b": Module("b", Path("b.py"), 1, {"c"}),
+             "c": Module("c", Path("c.py"), 1, {"a"}), "d": Module("d", Path("d.py"), 1, {"a"})}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_each_module_imports_only_the_rooms_below_its_own(module: str) -> None:
+    room = room_of(module)
+    wrong = sorted(target for target in GRAPH[module].imports
+                   if room_of(target) != room and room_of(target) not in ALLOWED[room])
+    assert not wrong, f"{module} (room {room}) imports {wrong}"
+
+
+def test_only_the_command_line_and_the_entry_point_use_argparse() -> None:
+    users = sorted(name for name, module in GRAPH.items() if "argparse" in module.foreign)
+    assert all(room_of(name) == "sim.cli" for name in users), users
+
+
+def test_the_policies_need_nothing_but_the_standard_library() -> None:
+    # The same policy objects run against a real GPU: no simpy, numpy or files in them.
+    third_party = {"numpy", "simpy", "matplotlib", "cupy", "torch"}
+    for name, module in GRAPH.items():
+        if room_of(name) == "policies":
+            assert not module.foreign & third_party, (name, module.foreign & third_party)
+
+
+def _imports_of(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("folder", ["allocsim", "sim", "policies", "traces", "tests",
+                                    "experiments"])
+def test_nothing_imports_the_old_top_level_names(folder: str) -> None:
+    old = {"sim", "policies", "traces"}
+    offenders = sorted(str(path.relative_to(REPO)) for path in (REPO / folder).rglob("*.py")
+                       if _imports_of(path) & old)
+    assert offenders == []
+
+
+def test_pyproject_lists_every_package_folder() -> None:
+    # The wheel holds only the packages listed; a folder left out would be missing there.
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    mapped = dict(config["package-dir"])
+    found = set()
+    for package, folder in mapped.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(REPO / folder).parts
+            found.add(".".join([package, *parts]))
+    assert found == listed

@@ -1,0 +1,90 @@
+"""What a user installs: one `allocsim` namespace, its data, its metadata and entry points."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import allocsim
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_python_dash_m_allocsim_runs_the_command_line() -> None:
+    done = subprocess.run([sys.executable, "-m", "allocsim", "--version"], capture_output=True,
+                          text=True, check=False, cwd="/")
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"allocsim {allocsim.__version__}"
+
+
+def test_the_allocsim_script_reports_its_version() -> None:
+    script = shutil.which("allocsim")
+    if script is None:
+        pytest.skip("the allocsim script is not on PATH")
+    done = subprocess.run([script, "--version"], capture_output=True, text=True, check=False)
+    assert done.stdout.strip() == f"allocsim {allocsim.__version__}"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    # Built from a copy: pip builds in the source folder, and a test writes only its own files.
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, source / name)
+    for folder in ("allocsim", "sim", "policies", "traces"):
+        shutil.copytree(REPO / folder, source / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    out = tmp_path_factory.mktemp("wheel")
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
+                           "-w", str(out), str(source)], capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        pytest.skip(f"could not build the wheel here: {done.stderr.strip()[-300:]}")
+    (path,) = out.glob("allocsim-*.whl")
+    return zipfile.ZipFile(path)
+
+
+def test_the_wheel_installs_one_top_level_package(wheel: zipfile.ZipFile) -> None:
+    top = {name.split("/")[0] for name in wheel.namelist()}
+    assert {t for t in top if not t.endswith(".dist-info")} == {"allocsim"}
+
+
+def test_the_wheel_holds_the_rooms_the_data_and_the_type_marker(wheel: zipfile.ZipFile) -> None:
+    names = set(wheel.namelist())
+    for expected in ("allocsim/__init__.py", "allocsim/__main__.py", "allocsim/py.typed",
+                     "allocsim/errors.py", "allocsim/sim/kernel/engine.py",
+                     "allocsim/sim/cli/main.py", "allocsim/policies/bfc.py",
+                     "allocsim/traces/formats/__init__.py",
+                     "allocsim/traces/data/default-training.npz"):
+        assert expected in names, expected
+    assert not any(name.startswith(("allocsim/experiments", "experiments/", "tests/"))
+                   for name in names)
+    assert any(name.startswith("allocsim/sim/output/schemas/") and name.endswith(".json")
+               for name in names)
+
+
+def test_the_wheel_metadata_names_the_license_and_the_python_versions(
+        wheel: zipfile.ZipFile) -> None:
+    (metadata,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    text = wheel.read(metadata).decode()
+    assert "License-Expression: Apache-2.0" in text
+    assert "Requires-Python: >=3.10" in text
+    assert "Classifier: Typing :: Typed" in text
+    assert any(n.endswith("licenses/LICENSE") for n in wheel.namelist())
+    requires = [line for line in text.splitlines() if line.startswith("Requires-Dist:")]
+    core = [line for line in requires if "extra ==" not in line]
+    assert not any("sortedcontainers" in line for line in core)
+
+
+def test_the_installed_command_runs_outside_the_repository(tmp_path: Path) -> None:
+    # `python -m pytest` puts the repository on sys.path, which can hide a lookup of an old
+    # top-level name; a process started elsewhere sees only what is installed.
+    done = subprocess.run([sys.executable, "-m", "allocsim", "compare", "--policies", "bfc"],
+                          capture_output=True, text=True, check=False, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "default-training" in done.stdout and "winner: bfc" in done.stdout
