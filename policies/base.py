@@ -16,7 +16,7 @@ flatter its own headline numbers.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, NoReturn, Protocol
 
@@ -160,3 +160,20 @@ def require(condition: bool, invariant: str) -> None:
     ``condition``."""
     if not condition:
         fail(invariant)
+
+
+def check_live_chunks(owner: str, policy: Policy, requested: dict[int, int],
+                      in_use: Mapping[int, object], size_of: Mapping[int, int]) -> None:
+    """The accounting every chunk-handing policy keeps (CuPy's pool, the stream-ordered
+    pool): a request per live chunk, never more than its chunk, ``bytes_in_use`` the live
+    chunks' sizes, allocs − frees their number. ``owner`` prefixes each message."""
+    require(requested.keys() == in_use.keys(),
+            f"{owner}: the requested table is not the chunks in use")
+    for address, size in requested.items():
+        if not 0 < size <= size_of[address]:
+            fail(f"{owner}: chunk {address:#x} holds less than its request of {size}")
+    require(policy.bytes_in_use == sum(size_of[a] for a in in_use),
+            f"{owner}: bytes_in_use is not the chunks in use")
+    require(policy.num_allocs - policy.num_frees == len(in_use),
+            f"{owner}: allocs − frees is not the number of live chunks")
+

@@ -79,6 +79,7 @@ from allocsim.policies.base import (
     Param,
     Policy,
     PolicyStats,
+    check_live_chunks,
     fail,
     params_of,
     require,
@@ -442,15 +443,7 @@ class CudaAsyncAllocator(Policy):
                 "cuda-async: free_regions is not the regions that are one shared free chunk")
         require(self.mapped == sum(self.regions.values()),
                 "cuda-async: mapped is not the regions' sum")
-        require(self.requested.keys() == self.in_use.keys(),
-                "cuda-async: the requested table is not the chunks in use")
-        for address, size in self.requested.items():
-            if not 0 < size <= size_of[address]:
-                fail(f"cuda-async: chunk {address:#x} holds less than its request of {size}")
-        require(self.bytes_in_use == sum(size_of[a] for a in self.in_use),
-                "cuda-async: bytes_in_use is not the chunks in use")
-        require(self.num_allocs - self.num_frees == len(self.in_use),
-                "cuda-async: allocs − frees is not the number of live chunks")
+        check_live_chunks("cuda-async", self, self.requested, self.in_use, size_of)
         require(self.peak_bytes_in_use >= self.bytes_in_use,
                 "cuda-async: peak_bytes_in_use < current")
         require(self.peak_mapped >= self.mapped, "cuda-async: peak_mapped < mapped")

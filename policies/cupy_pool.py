@@ -70,6 +70,7 @@ from allocsim.policies.base import (
     Param,
     Policy,
     PolicyStats,
+    check_live_chunks,
     fail,
     params_of,
     require,
@@ -418,15 +419,7 @@ class CuPyPoolAllocator(Policy):
                 "CuPy: total_bytes is not the blocks' sum")
         require(not self._limit or self._total_bytes <= self._limit,
                 "CuPy: total_bytes over the limit")
-        require(self.requested.keys() == self.in_use.keys(),
-                "CuPy: the requested table is not the chunks in use")
-        for address, size in self.requested.items():
-            if not 0 < size <= size_of[address]:
-                fail(f"CuPy: chunk {address:#x} holds less than its request of {size}")
-        require(self.bytes_in_use == sum(size_of[a] for a in self.in_use),
-                "CuPy: used bytes are not the chunks in use")
-        require(self.num_allocs - self.num_frees == len(self.in_use),
-                "CuPy: allocs − frees is not the number of live chunks")
+        check_live_chunks("CuPy", self, self.requested, self.in_use, size_of)
         require(self.peak_bytes_in_use >= self.bytes_in_use, "CuPy: peak_bytes_in_use < current")
         require(self.peak_total_bytes >= self._total_bytes, "CuPy: peak_total_bytes < current")
 

@@ -67,7 +67,7 @@ Modelled but worth knowing:
 
 Starting mid-run: :meth:`PyTorchCachingAllocator.seed` lays out a recorded segment list
 (memory_snapshot()'s shape) before the first malloc, so a replay of a snapshot recorded
-mid-run starts from the state the recording started in (sim/fidelity.py uses it).
+mid-run starts from the state the recording started in (allocsim.sim.questions.fidelity uses it).
 
 Not modelled: record_stream / cross-stream frees (every free is complete at once, so
 process_events and the event queues are empty), CUDA graph private pools and MemPools,
