@@ -85,7 +85,8 @@ NONE = -1
 SIZE_SHIFT = 104
 CID_SHIFT = 52
 ADDRESS_MASK = (1 << CID_SHIFT) - 1
-NUM_BINS = 64           # bin b holds sizes with bit length b: [2^(b-1), 2^b)
+NUM_BINS = 65           # bin b holds sizes with bit length b: [2^(b-1), 2^b); sizes are
+                        # int64 requests rounded up to 512, so at most 2^63 (bit length 64)
 
 
 def round_size(nbytes: int) -> int:

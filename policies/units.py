@@ -2,8 +2,8 @@
 
 Lives in ``policies`` because that package imports nothing of the project; ``sim`` and the CLI
 reuse it so every size a user types or reads goes through one parser and one formatter.
-Binary units (KiB, MiB, GiB, TiB) are powers of 1024; decimal ones (KB, MB, GB, TB) powers of
-1000, as GPU vendors print them (an "80 GB" card).
+Binary units (KiB, MiB, GiB, TiB, PiB, EiB) are powers of 1024; decimal ones (KB, MB, GB, TB,
+PB, EB) powers of 1000, as GPU vendors print them (an "80 GB" card).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ _UNITS = {
     "m": 1024**2, "mib": 1024**2, "mb": 1000**2,
     "g": 1024**3, "gib": 1024**3, "gb": 1000**3,
     "t": 1024**4, "tib": 1024**4, "tb": 1000**4,
+    "p": 1024**5, "pib": 1024**5, "pb": 1000**5,
+    "e": 1024**6, "eib": 1024**6, "eb": 1000**6,
 }
 _SIZE = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -41,12 +43,13 @@ def parse_size(text: str | int | float) -> int:
 
 
 def format_size(nbytes: int | float, precision: int = 2) -> str:
-    """``nbytes`` with the largest binary unit that keeps the number ≥ 1: 1536 → '1.50KiB'."""
+    """``nbytes`` with the largest binary unit (up to EiB) that keeps the number ≥ 1:
+    1536 → '1.50KiB', 2**63 → '8.00EiB'."""
     value = float(nbytes)
     sign = "-" if value < 0 else ""
     value = abs(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if value < 1024 or unit == "EiB":
             if unit == "B":
                 return f"{sign}{int(value)}B"
             return f"{sign}{value:.{precision}f}{unit}"

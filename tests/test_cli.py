@@ -162,3 +162,12 @@ def test_a_user_input_error_is_one_line_and_exit_2(capsys, monkeypatch) -> None:
     monkeypatch.setattr(compare_command, "run", refuses)
     assert main(["compare"]) == 2
     assert capsys.readouterr().err == "allocsim: error: run.npz: event 7: free of an unknown id\n"
+
+
+def test_policies_lists_every_name_policies_accepts(capsys) -> None:
+    code, out, _ = run(capsys, "policies")
+    assert code == 0
+    names = {line.split()[0] for line in out.splitlines() if line and not line.startswith(" ")}
+    assert {"on-demand", "preallocate", "best-fit", "bfc", "pytorch", "cupy", "cuda-async",
+            "buddy", "jax", "offline"} <= names
+    assert "alignment=" in out and "memory_limit=" in out

@@ -19,3 +19,18 @@ def test_the_readme_has_python_examples() -> None:
 def test_each_python_example_runs(index: int, capsys: pytest.CaptureFixture[str]) -> None:
     exec(compile(BLOCKS[index], f"README.md python block {index}", "exec"), {})
     assert capsys.readouterr().out  # every example prints what it computed
+
+
+def test_the_baseline_example_runs_as_written(tmp_path: Path, monkeypatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from allocsim.sim.cli.main import main
+    line = next(line for line in README.read_text().splitlines()
+                if line.startswith("allocsim baseline traces/data/"))
+    first, second = (part.split() for part in line.split("&&"))
+    repo = README.parent
+    traces = sorted(str(p) for p in repo.glob(first[2]))
+    assert traces, "the README's glob matches no bundled trace"
+    monkeypatch.chdir(tmp_path)
+    assert main([first[1], *traces, *first[3:]]) == 0
+    assert main(second[1:]) == 0
+    assert "baseline.json" in capsys.readouterr().out

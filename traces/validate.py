@@ -53,6 +53,7 @@ class ValidationReport:
     unmatched_frees_dropped: int = 0
     duplicate_allocs_renamed: int = 0
     free_sizes_filled: int = 0
+    unknown_actions_dropped: int = 0  # importer-side: snapshot entries of an unknown action
     strict: bool = True
 
     def repairs(self) -> dict[str, int]:
@@ -61,6 +62,7 @@ class ValidationReport:
             "unmatched_frees_dropped": self.unmatched_frees_dropped,
             "duplicate_allocs_renamed": self.duplicate_allocs_renamed,
             "free_sizes_filled": self.free_sizes_filled,
+            "unknown_actions_dropped": self.unknown_actions_dropped,
         }
         return {name: count for name, count in counts.items() if count}
 
@@ -122,6 +124,7 @@ def validate(trace: Trace, *, strict: bool = True,
         mismatched[1:] &= (s_size[1:] != SIZE_UNKNOWN) & (s_size[1:] != s_size[:-1])
 
     report = ValidationReport(strict=strict)
+    report.unknown_actions_dropped = _importer_drops(trace, strict, where)
     try:
         if strict or not breaks.any():
             bad = breaks | mismatched if strict else mismatched
@@ -152,6 +155,29 @@ def validate(trace: Trace, *, strict: bool = True,
     report.allocs = int(np.count_nonzero(result.op == OP_ALLOC))
     report.frees = report.events - report.allocs
     return result, report
+
+
+def _importer_drops(trace: Trace, strict: bool, where: str) -> int:
+    """Entries the importer dropped because it does not know their action (PyTorch snapshots
+    count them in ``metadata["inconsistencies"]``): a repair to count, or, if strict, an error
+    naming the first. A trace that already carries a validation report (saved after a lenient
+    load) had them counted then."""
+    meta = trace.metadata
+    found = meta.get("inconsistencies")
+    if not isinstance(found, dict) or "validation" in meta:
+        return 0
+    count = found.get("unknown_actions_dropped", 0)
+    if not isinstance(count, int) or count <= 0:
+        return 0
+    if strict:
+        first = meta.get("unknown_action")
+        first = first if isinstance(first, dict) else {}
+        entries = "entry" if count == 1 else "entries"
+        raise TraceError(f"device {meta.get('device', 0)} entry {first.get('entry', '?')}: "
+                         f"unknown trace action {first.get('action', '?')!r} ({count} "
+                         f"{entries} of unknown actions; without --strict they are dropped "
+                         "and counted)", source=where)
+    return count
 
 
 # ---------------------------------------------------------------------- column checks

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 
 from allocsim.policies import DEFAULT_POLICIES
-from allocsim.sim.cli.common import add_device_options, device_from_args
+from allocsim.sim.cli.common import (
+    accept_dash_digit_values,
+    add_device_options,
+    device_from_args,
+    tolerance_option,
+)
 from allocsim.sim.output.files import write_json
 from allocsim.sim.questions.regress import check_baseline, make_baseline
 
@@ -23,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("baseline", help="a baseline JSON written by `allocsim baseline`")
     p.add_argument("--tolerance", default="1%",
                    help="relative slack, e.g. 1%% or 0.01 (default 1%%)")
+    accept_dash_digit_values(p)
     p.set_defaults(func=run_check)
 
 
@@ -36,8 +42,7 @@ def run_baseline(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    text = args.tolerance.strip()
-    tolerance = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    tolerance = tolerance_option(args.tolerance)
     outcome = check_baseline(args.baseline, tolerance)
     print(outcome.text())
     return 0 if outcome.ok else 1

@@ -53,8 +53,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     rows = []
     for a in answers:
-        headroom = ("-" if a.headroom is None
-                    else f"{format_size(a.headroom)} (+{a.headroom_ratio:.1%})")
+        if a.headroom is None:
+            headroom = "-"
+        elif a.headroom_ratio is None:  # nothing live: no ratio to a peak of 0
+            headroom = format_size(a.headroom)
+        else:
+            headroom = f"{format_size(a.headroom)} (+{a.headroom_ratio:.1%})"
         rows.append([a.policy,
                      "never" if a.min_capacity is None else format_size(a.min_capacity),
                      format_size(a.lower_bound), headroom,

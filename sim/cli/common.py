@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from allocsim.errors import UserInputError
+from allocsim.policies import parse_size
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, DeviceProfile, resolve_device
 from allocsim.traces import Trace, formats
 from allocsim.traces.bundled import load_default_trace
@@ -43,10 +46,26 @@ def trace_or_default(path: str, args: argparse.Namespace) -> Trace:
     return load_default_trace() if path == "default" else load_trace(path, args)
 
 
+# argparse takes an argument that starts with "-" for an option unless it is a plain number
+# (its matcher is ``^-\d+$|^-\d*\.\d+$``), so ``--capacity -5GiB`` or ``--tolerance -5%``
+# ended in argparse's "expected one argument" usage block instead of reaching our check.
+# No allocsim option looks like "-DIGIT", so every "-DIGIT..." can be taken as a value.
+_DASH_DIGIT = re.compile(r"^-\.?\d")
+
+
+def accept_dash_digit_values(parser: argparse.ArgumentParser) -> None:
+    """Let option values on ``parser`` start with "-" and a digit (``-5GiB``, ``-5%``), so
+    that the option's own check refuses them in one line."""
+    if parser._has_negative_number_optionals:  # an option like "-1" exists: keep argparse's
+        return
+    parser._negative_number_matcher = _DASH_DIGIT
+
+
 def add_device_options(parser: argparse.ArgumentParser, *, capacity: bool = True,
                        purpose: str = "") -> None:
     """``--device NAME``, ``--capacity SIZE`` (unless the command finds the capacity itself)
     and ``--device-profile FILE``, with the same names and help on every command."""
+    accept_dash_digit_values(parser)
     parser.add_argument("--device", metavar="NAME",
                         help=f"device profile{purpose} (default {DEFAULT_PROFILE}; see "
                              "`allocsim devices`)")
@@ -57,9 +76,51 @@ def add_device_options(parser: argparse.ArgumentParser, *, capacity: bool = True
                         help="a device-profile JSON file (from `allocsim calibrate`)")
 
 
+def capacity_option(text: str, option: str = "--capacity") -> int:
+    """Bytes in a ``--capacity`` value; a malformed, zero or negative size is refused in one
+    line that names the option."""
+    try:
+        nbytes = parse_size(text)
+    except UserInputError as err:
+        raise UserError(f"{option}: {err}") from None
+    if nbytes <= 0:
+        raise UserError(f"{option}: capacity must be positive, e.g. 24GiB; got {text!r}")
+    return nbytes
+
+
 def device_from_args(args: argparse.Namespace) -> DeviceProfile:
     """The device the options of :func:`add_device_options` name."""
-    return resolve_device(args.device, getattr(args, "capacity", None), args.device_profile)
+    capacity = getattr(args, "capacity", None)
+    nbytes = None if capacity is None else capacity_option(capacity)
+    return resolve_device(args.device, nbytes, args.device_profile)
+
+
+def tolerance_option(text: str, option: str = "--tolerance") -> float:
+    """A relative slack, "1%" or "0.01" (= 1%); refused in one line unless a number >= 0."""
+    body = text.strip()
+    percent = body.endswith("%")
+    try:
+        value = float(body[:-1] if percent else body)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise UserError(f"{option}: must be a relative slack >= 0, e.g. 1% or 0.01; got {text!r}")
+    return value / 100 if percent else value
+
+
+def max_slowdown_option(value: float, option: str = "--max-slowdown") -> float | None:
+    """The slowdown budget (None for ``inf``, no budget); refused in one line unless >= 1."""
+    if math.isnan(value) or value < 1:
+        raise UserError(f"{option}: must be a factor >= 1 (e.g. 1.1) or inf for no budget; "
+                        f"got {value:g}")
+    return None if math.isinf(value) else value
+
+
+def workers_option(value: int | None, option: str = "--workers") -> int | None:
+    """A number of worker processes (None: the default); refused in one line unless >= 1."""
+    if value is not None and value < 1:
+        raise UserError(f"{option}: must be a number of processes >= 1; got {value}")
+    return value
 
 
 def progress_printer(enabled: bool) -> Callable[[str, int, int], None] | None:

@@ -12,6 +12,7 @@ from allocsim.sim.cli.common import (
     add_reading_options,
     device_from_args,
     load_trace,
+    max_slowdown_option,
     print_json,
     progress_printer,
 )
@@ -44,13 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    budget = max_slowdown_option(args.max_slowdown)
     device = device_from_args(args)
     policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
     policies += [str(alloc_conf_spec(text)) for text in args.alloc_conf or []]
     traces = ([load_trace(p, args) for p in args.traces] if args.traces
               else load_bundled_traces())
     progress = progress_printer(sys.stderr.isatty() and not args.json)
-    budget = None if args.max_slowdown == float("inf") else args.max_slowdown
     comparisons: list[Comparison] = [
         compare(trace, policies, device, progress=progress, max_slowdown=budget)
         for trace in traces]

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         raise UserError("record: give the program after --, e.g. "
                         "allocsim record -o run.npz -- python train.py")
-    trace = run_script(command, args.output, log=args.log)
+    trace = run_script(command, args.output, log=args.log, require_cupy=True)
     peak, _ = trace.peak_live()
     print(f"wrote {args.output}: {len(trace):,} events, peak live {format_size(peak)}",
           file=sys.stderr)

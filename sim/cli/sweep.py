@@ -15,6 +15,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from allocsim.sim.cli.common import accept_dash_digit_values, max_slowdown_option, workers_option
 from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN
 from allocsim.sim.sweeps.grid import SweepDefinition, load_definition
 from allocsim.sim.sweeps.run import run_sweep
@@ -36,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``allocsim sweep`` arguments."""
+    accept_dash_digit_values(parser)
     parser.add_argument("definition", metavar="FILE.toml", help="the sweep file")
     parser.add_argument("--executor", default="local", metavar="local|dask://HOST:PORT",
                         help="where cells run: local processes (default) or an existing Dask "
@@ -62,7 +64,8 @@ def _recorded(sweep: SweepDefinition, path: Path) -> tuple[set[str], list[dict[s
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """``allocsim sweep``: 0 when every cell ran ok, 1 when some failed, 130 when interrupted."""
-    budget = None if args.max_slowdown == float("inf") else args.max_slowdown
+    budget = max_slowdown_option(args.max_slowdown)
+    workers = workers_option(args.workers)
     sweep = load_definition(args.definition)
     path = Path(args.output) if args.output else sweep.output
     if args.report:
@@ -70,7 +73,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"{path}: {len(latest_records(records)):,} of {len(keys):,} cells recorded")
         print(best_policies_text(best_policies(records, max_slowdown=budget)))
         return 0
-    summary = run_sweep(sweep, executor=args.executor, workers=args.workers,
+    summary = run_sweep(sweep, executor=args.executor, workers=workers,
                         progress=not args.no_progress, retry_errors=args.retry_errors,
                         output=path)
     print(summary.text())

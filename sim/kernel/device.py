@@ -16,7 +16,8 @@ from reference/allocators.md §5 until ``allocsim calibrate`` measures a real de
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from allocsim.errors import UserInputError
@@ -51,6 +52,16 @@ class CostModel:
     def malloc(self, nbytes: int) -> float:
         return self.malloc_base_s + self.malloc_per_gib_s * nbytes / GiB
 
+    def refused_malloc(self, nbytes: int) -> float:
+        """A cudaMalloc the device refuses: the fixed cost only. The size-dependent
+        part is committing pages, which a refusal does not do — so an impossible 8 EiB request
+        costs microseconds, not minutes."""
+        return self.malloc_base_s
+
+    def refused_map(self, nbytes: int) -> float:
+        """A map the device refuses: the fixed cost only, as :meth:`refused_malloc`."""
+        return self.map_base_s
+
     def free(self, nbytes: int) -> float:
         return self.free_base_s + self.free_per_gib_s * nbytes / GiB
 
@@ -80,9 +91,80 @@ class DeviceProfile:
 
     @classmethod
     def from_dict(cls, data: dict) -> DeviceProfile:
-        data = dict(data)
-        data["costs"] = CostModel(**data.get("costs", {}))
-        return cls(**data)
+        """The profile in ``data`` (a device-profile JSON object), every field checked as
+        sim/output/schemas/device-profile.schema.json states it. A field that is missing,
+        unknown, of the wrong type or out of range raises :class:`UserInputError` naming it."""
+        if not isinstance(data, dict):
+            raise UserInputError(f"a device profile is a JSON object, got {_json_type(data)}")
+        unknown = sorted(set(data) - _PROFILE_FIELDS)
+        if unknown:
+            raise UserInputError(f"unknown field {unknown[0]!r} (known: "
+                                 f"{', '.join(sorted(_PROFILE_FIELDS))})")
+        for key in ("name", "capacity"):
+            if key not in data:
+                raise UserInputError(f"missing required field {key!r}")
+        values = dict(data)
+        for key in ("name", "source"):
+            if key in values and not isinstance(values[key], str):
+                raise UserInputError(f"field {key!r} must be a string, "
+                                     f"got {_json_type(values[key])}")
+        for key in ("capacity", "granularity", "map_granularity"):
+            if key in values:
+                value = values[key]
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise UserInputError(f"field {key!r} must be an integer number of bytes, "
+                                         f"got {_json_type(value)} {value!r}")
+                if value < 1:
+                    raise UserInputError(f"field {key!r} must be at least 1 byte, got {value}")
+        costs = values.get("costs", {})
+        if not isinstance(costs, dict):
+            raise UserInputError(f"field 'costs' must be an object, got {_json_type(costs)}")
+        unknown = sorted(set(costs) - _COST_FIELDS)
+        if unknown:
+            raise UserInputError(f"unknown field 'costs.{unknown[0]}' (known: "
+                                 f"{', '.join(sorted(_COST_FIELDS))})")
+        checked: dict[str, float | str] = {}
+        for key, value in costs.items():
+            if key == "source":
+                if not isinstance(value, str):
+                    raise UserInputError(f"field 'costs.source' must be a string, "
+                                         f"got {_json_type(value)}")
+                checked[key] = value
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UserInputError(f"field 'costs.{key}' must be a number of seconds, "
+                                     f"got {_json_type(value)} {value!r}")
+            try:
+                seconds = float(value)
+            except OverflowError:
+                seconds = math.inf
+            if not math.isfinite(seconds) or seconds < 0:
+                raise UserInputError(f"field 'costs.{key}' must be a finite number >= 0, "
+                                     f"got {value!r}")
+            checked[key] = seconds
+        values["costs"] = CostModel(**checked)  # type: ignore[arg-type]
+        return cls(**values)
+
+
+def _json_type(value: object) -> str:
+    """The JSON name of ``value``'s type, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+_PROFILE_FIELDS = frozenset(f.name for f in fields(DeviceProfile))
+_COST_FIELDS = frozenset(f.name for f in fields(CostModel))
 
 
 _GRANULARITY_NOTE = ("granularity 512 B: cudaMalloc pointers are at least 256-byte aligned "
@@ -114,8 +196,13 @@ def resolve_device(name: str | None = None, capacity: str | int | None = None,
     applied. A name, file or capacity that does not work raises :class:`UserInputError`."""
     if profile_file is not None:
         try:
-            profile = DeviceProfile.from_dict(json.loads(Path(profile_file).read_text()))
-        except (OSError, ValueError, TypeError) as err:
+            data = json.loads(Path(profile_file).read_text())
+        except (OSError, ValueError) as err:
+            raise UserInputError(f"{profile_file}: not a device profile: "
+                                 f"{str(err).splitlines()[0] if str(err) else err!r}") from None
+        try:
+            profile = DeviceProfile.from_dict(data)
+        except UserInputError as err:
             raise UserInputError(f"{profile_file}: not a device profile: {err}") from None
     else:
         key = (name or DEFAULT_PROFILE).lower()
@@ -225,7 +312,7 @@ class ProcessDevice:
     def reserve(self, nbytes: int) -> int | None:
         taken = round_up(nbytes, self._granularity)
         if not self.device._take(taken):
-            self._charge("malloc", nbytes, False, self._costs.malloc(nbytes))
+            self._charge("malloc", nbytes, False, self._costs.refused_malloc(nbytes))
             self.failed_mallocs += 1
             return None
         self.mallocs += 1
@@ -253,7 +340,8 @@ class ProcessDevice:
             raise RuntimeError(f"map of {nbytes} bytes is not a multiple of the mapping "
                                f"granularity {self.map_granularity}")
         ok = self.device._take(nbytes)
-        self._charge("map", nbytes, ok, self._costs.map(nbytes), address if ok else None)
+        cost = self._costs.map(nbytes) if ok else self._costs.refused_map(nbytes)
+        self._charge("map", nbytes, ok, cost, address if ok else None)
         if not ok:
             self.failed_mallocs += 1
             return False

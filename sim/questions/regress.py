@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +65,98 @@ def make_baseline(trace_paths: Sequence[str], policies: Sequence[str], device: D
             "policies": specs, "cells": cells}
 
 
+# What each field of a baseline holds, as sim/output/schemas/baseline.schema.json says (kept
+# by hand so that the core needs no jsonschema): (name, kind, minimum or None).
+_CELL_FIELDS = (("trace", "string", None), ("fingerprint", "string", None),
+                ("policy", "string", None), ("completed", "boolean", None),
+                ("ooms", "integer", 0), ("peak_reserved", "integer", 0),
+                ("device_calls", "integer", 0), ("alloc_time_s", "number", 0))
+_DEVICE_FIELDS = (("name", "string", None), ("capacity", "integer", 1),
+                  ("granularity", "integer", 1), ("map_granularity", "integer", 1),
+                  ("costs", "object", None), ("source", "string", None))
+_DEVICE_REQUIRED = ("name", "capacity")
+_COST_FIELDS = (*((key, "number", 0) for key in (
+    "malloc_base_s", "malloc_per_gib_s", "free_base_s", "free_per_gib_s", "map_base_s",
+    "map_per_gib_s", "unmap_base_s")), ("source", "string", None))
+_FINGERPRINT = re.compile(r"[0-9a-f]{16}")
+
+
+def _kind_problem(where: str, value: Any, kind: str, minimum: float | None) -> str | None:
+    """Why ``value`` is not a JSON ``kind`` (at least ``minimum``), or None when it is."""
+    checks = {"string": lambda v: isinstance(v, str),
+              "boolean": lambda v: isinstance(v, bool),
+              "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+              "number": lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                   and math.isfinite(v)),
+              "object": lambda v: isinstance(v, dict),
+              "array": lambda v: isinstance(v, list)}
+    article = "an" if kind[0] in "aeiou" else "a"
+    if not checks[kind](value):
+        return f"{where} must be {article} {kind}, got {json.dumps(value)[:40]}"
+    if minimum is not None and value < minimum:
+        return f"{where} must be {article} {kind} >= {minimum}, got {json.dumps(value)[:40]}"
+    return None
+
+
+def _object_problem(where: str, data: Any, fields: Sequence[tuple[str, str, float | None]],
+                    required: Sequence[str]) -> str | None:
+    """The first problem of the JSON object ``data`` with ``fields`` (others refused)."""
+    if not isinstance(data, dict):
+        return f"{where or 'the document'} must be an object, got {json.dumps(data)[:40]}"
+    prefix = f"{where}." if where else ""
+    for key in required:
+        if key not in data:
+            return f"{prefix}{key} is missing"
+    known = {name for name, _, _ in fields}
+    for key in data:
+        if key not in known:
+            return f"{prefix}{key} is not a baseline field"
+    for name, kind, minimum in fields:
+        if name in data:
+            problem = _kind_problem(prefix + name, data[name], kind, minimum)
+            if problem:
+                return problem
+    return None
+
+
+def baseline_problem(document: Any) -> str | None:
+    """The first way ``document`` is not what :func:`make_baseline` writes (the shape of
+    ``baseline.schema.json``), naming the field, e.g. ``cells[2].ooms is missing``; None
+    when it is a baseline."""
+    top = (("allocsim_baseline", "integer", None), ("device", "object", None),
+           ("policies", "array", None), ("cells", "array", None))
+    problem = _object_problem("", document, top, [name for name, _, _ in top])
+    if problem:
+        return problem
+    if document["allocsim_baseline"] != BASELINE_VERSION:
+        return (f"allocsim_baseline is {document['allocsim_baseline']}; this allocsim reads "
+                f"version {BASELINE_VERSION}")
+    device = document["device"]
+    problem = _object_problem("device", device, _DEVICE_FIELDS, _DEVICE_REQUIRED)
+    if problem:
+        return problem
+    if "costs" in device:
+        problem = _object_problem("device.costs", device["costs"], _COST_FIELDS, ())
+        if problem:
+            return problem
+    policies = document["policies"]
+    if not policies:
+        return "policies is empty"
+    for index, spec in enumerate(policies):
+        problem = _kind_problem(f"policies[{index}]", spec, "string", None)
+        if problem:
+            return problem
+    for index, cell in enumerate(document["cells"]):
+        where = f"cells[{index}]"
+        problem = _object_problem(where, cell, _CELL_FIELDS, [name for name, _, _ in _CELL_FIELDS])
+        if problem:
+            return problem
+        if not _FINGERPRINT.fullmatch(cell["fingerprint"]):
+            return (f"{where}.fingerprint must be 16 lowercase hex digits, "
+                    f"got {cell['fingerprint']!r}")
+    return None
+
+
 @dataclass
 class CheckOutcome:
     regressions: list[str]
@@ -89,11 +183,21 @@ def check_baseline(baseline_path: str | os.PathLike[str], tolerance: float = 0.0
     """Re-run the baseline's cells and compare (``tolerance`` is relative, 0.01 = 1%)."""
     path = Path(baseline_path)
     try:
-        baseline = json.loads(path.read_text())
+        text = path.read_text()
+    except OSError as err:
+        raise UserInputError(f"{path}: cannot read the baseline: {err.strerror or err}") from None
+    try:
+        baseline = json.loads(text)
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise UserInputError(f"{path}: not an allocsim baseline: not JSON ({err})") from None
+    problem = baseline_problem(baseline)
+    if problem:
+        raise UserInputError(f"{path}: not an allocsim baseline: {problem}")
+    try:
         device = DeviceProfile.from_dict(baseline["device"])
-        cells = baseline["cells"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UserInputError(f"{path}: not an allocsim baseline ({err})") from None
+    except (ValueError, TypeError) as err:
+        raise UserInputError(f"{path}: not an allocsim baseline: device: {err}") from None
+    cells = baseline["cells"]
     home = path.resolve().parent
     regressions: list[str] = []
     improvements: list[str] = []

@@ -114,6 +114,8 @@ def read_csv(data: bytes, source: str, name: str) -> Trace:
     """Read the documented CSV (see the module docstring)."""
     if data.startswith(BOM):
         data = data[len(BOM):]
+    if not data.strip():
+        raise TraceError("empty file (no header / no events)", source=source)
 
     # Preamble: comments and blank lines, then the header.
     metadata: Any = {}

@@ -12,6 +12,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from allocsim.traces.formats.native_common import (
+    BOM,
     CSV_COLUMNS,
     METADATA_KEY,
     TAGS_KEY,
@@ -69,6 +70,8 @@ _JSONL_FIELDS = frozenset(CSV_COLUMNS)
 
 def read_jsonl(data: bytes, source: str, name: str) -> Trace:
     """Read JSON lines (see the module docstring)."""
+    if not data.removeprefix(BOM).strip():  # as CSV: a header-only file is an empty trace
+        raise TraceError("empty file (no header / no events)", source=source)
     lines = decode_text(data, source).split("\n")
     start = 0
     metadata: Any = {}

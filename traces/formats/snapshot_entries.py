@@ -26,6 +26,7 @@ from typing import Any
 from allocsim.traces.formats.snapshot_shape import (
     BLOCK_ACTIONS,
     INT64_MAX,
+    KNOWN_ACTIONS,
     REFERENCE_ACTIONS,
     SEGMENT_ACTIONS,
     Block,
@@ -39,6 +40,7 @@ from allocsim.traces.model import OP_ALLOC, OP_FREE, TraceError
 
 __all__ = [
     "PROLOGUE_TAG",
+    "UNKNOWN_ACTIONS",
     "Columns",
     "StreamIds",
     "choose_device",
@@ -49,6 +51,10 @@ __all__ = [
 ]
 
 PROLOGUE_TAG = "<allocated before recording>"
+# Key of the ``problems`` counter (``metadata["inconsistencies"]``) for trace entries whose
+# action this reader does not know: how many were dropped. The first is named in
+# ``metadata["unknown_action"]`` (see torch_snapshot.read_snapshot).
+UNKNOWN_ACTIONS = "unknown_actions_dropped"
 
 
 def device_counts(snap: Snapshot) -> dict[int, int]:
@@ -217,10 +223,13 @@ def replay(entries: list[Entry], times: list[int], start: dict[int, Block],
     refs: list[dict[str, Any]] = []
     for e, t in zip(entries, times):
         action, at = e.action, e.addr
-        if action in REFERENCE_ACTIONS:
+        if action not in KNOWN_ACTIONS:
+            # Dropped, and counted: validate() reports it as a repair (an error if strict).
+            problems[UNKNOWN_ACTIONS] += 1
+        elif action in REFERENCE_ACTIONS:
             refs.append(_reference_event(e, t, len(cols), streams(e.stream)))
         elif at is None:
-            continue  # an action this reader does not know (block actions have an address)
+            continue  # an annotation (block actions have an address)
         elif action == "alloc":
             if at in live:
                 # Two live blocks at one address cannot happen; keep the old one as a leak.

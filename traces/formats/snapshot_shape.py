@@ -29,9 +29,11 @@ from allocsim.traces.model import TraceError
 
 __all__ = [
     "ACTIVE_STATES",
+    "ANNOTATION_ACTIONS",
     "BLOCK_ACTIONS",
     "INT64_MAX",
     "INT64_MIN",
+    "KNOWN_ACTIONS",
     "MIN_BLOCK_SIZE",
     "REFERENCE_ACTIONS",
     "SEGMENT_ACTIONS",
@@ -55,6 +57,9 @@ REFERENCE_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_un
                      "snapshot")
 SEGMENT_ACTIONS = REFERENCE_ACTIONS[:4]
 BLOCK_ACTIONS = ("alloc", "free_requested", "free_completed")
+# Entries that mark a point in the run and carry no allocation (PyTorch's user annotations).
+ANNOTATION_ACTIONS = ("user_defined",)
+KNOWN_ACTIONS = BLOCK_ACTIONS + REFERENCE_ACTIONS + ANNOTATION_ACTIONS
 ACTIVE_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free")
 
 # PyTorch CUDACachingAllocator constants (c10/cuda/CUDACachingAllocator.cpp).

@@ -102,7 +102,12 @@ from allocsim.traces.formats.snapshot_entries import (
     replay,
     times_ns,
 )
-from allocsim.traces.formats.snapshot_shape import BLOCK_ACTIONS, REFERENCE_ACTIONS, parse_snapshot
+from allocsim.traces.formats.snapshot_shape import (
+    BLOCK_ACTIONS,
+    KNOWN_ACTIONS,
+    REFERENCE_ACTIONS,
+    parse_snapshot,
+)
 from allocsim.traces.formats.snapshot_start_state import start_state
 from allocsim.traces.formats.snapshot_tags import MAX_STACK_FRAMES, Tagger
 from allocsim.traces.formats.snapshot_unpickler import load_pickle
@@ -187,6 +192,10 @@ def read_snapshot(data: bytes, source: str, name: str, *,
         meta["allocator_settings"] = _plain(snap.allocator_settings)
     if problems:
         meta["inconsistencies"] = dict(sorted(problems.items()))
+    unknown = next(((i, e.action) for i, e in enumerate(entries)
+                    if e.action not in KNOWN_ACTIONS), None)
+    if unknown is not None:  # named for --strict's error line
+        meta["unknown_action"] = {"entry": unknown[0], "action": str(unknown[1])}
     if snap.legacy:
         meta["legacy"] = True
         meta["note"] = ("legacy snapshot: segments only, no trace; the events are the blocks "

@@ -26,6 +26,7 @@ Without CuPy it is a plain object with the same callbacks, so it can be driven d
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 import platform
 import re
@@ -270,20 +271,39 @@ def _split_argv(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
     return args[0], None, args[1:]
 
 
+CUPY_MISSING = ("record: CuPy is not installed (pip install cupy-cuda12x); the recorder hooks "
+                "CuPy's allocator")
+
+
+def _require_cupy() -> None:
+    """Refuse (one line) unless CuPy was importable when this module loaded and still is."""
+    if _cupy is None:
+        raise UserInputError(CUPY_MISSING)
+    try:
+        import cupy  # noqa: F401  (sys.modules['cupy'] = None makes it unimportable)
+    except ImportError:
+        raise UserInputError(CUPY_MISSING) from None
+
+
 def run_script(argv: list[str], output: str | os.PathLike[str], *,
                log: str | os.PathLike[str] | None = None, device_index: object = None,
-               metadata: dict[str, Any] | None = None) -> Trace:
+               metadata: dict[str, Any] | None = None, require_cupy: bool = False) -> Trace:
     """Run a Python script (``runpy``, as ``__main__``, with ``sys.argv`` set) under a
     :class:`TraceRecorderHook`, save its trace to ``output`` and return it.
 
     ``argv`` is ``[python] script.py args...`` or ``[python] -m module args...``. The trace is
     saved even when the script fails; a failure (an exception, or ``SystemExit`` with a
     nonzero code) is then re-raised. Inside the script :func:`active_recorder` is the
-    recorder. Without CuPy nothing calls the hook, so a RuntimeWarning says so.
+    recorder. Without CuPy nothing calls the hook, so a RuntimeWarning says so; with
+    ``require_cupy`` (the command line) a :class:`UserInputError` refuses before the script
+    runs or anything is written.
     """
     script, module, args = _split_argv(argv)
     if script is not None and not Path(script).is_file():
-        raise FileNotFoundError(f"no such script: {script}")
+        # errno, strerror, filename: the command line prints "SCRIPT: no such script".
+        raise FileNotFoundError(errno.ENOENT, "no such script", script)
+    if require_cupy:
+        _require_cupy()
     if _cupy is None:
         warnings.warn("CuPy is not importable: only allocations reported to the recorder "
                       "directly will be recorded", RuntimeWarning, stacklevel=2)

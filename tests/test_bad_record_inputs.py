@@ -1,0 +1,98 @@
+"""Bad inputs to `allocsim record` and to the readers it feeds: each is refused in one line
+(`allocsim: error: ...`, exit 2, no traceback, nothing written) or counted as a repair."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+
+from allocsim.sim.cli.main import main
+from allocsim.traces.formats import load
+from allocsim.traces.model import TraceError
+
+
+def one_error_line(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("allocsim: error: ") and "Traceback" not in err
+    return lines[0]
+
+
+# ---------------------------------------------------------------------- record
+def test_record_names_a_missing_script(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = one_error_line(capsys, ["record", "-o", "out.npz", "--", "nosuch.py"])
+    assert line == "allocsim: error: nosuch.py: no such script"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_record_refuses_without_cupy(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # not importable, installed or not
+    monkeypatch.chdir(tmp_path)
+    Path("script.py").write_text("print('ran')\n")
+    line = one_error_line(capsys, ["record", "-o", "out.npz", "--", "python", "script.py"])
+    assert line == ("allocsim: error: record: CuPy is not installed (pip install "
+                    "cupy-cuda12x); the recorder hooks CuPy's allocator")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["script.py"]
+    assert "ran" not in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- empty native files
+@pytest.mark.parametrize("name", ["e.jsonl", "e.csv", "blank.jsonl"])
+def test_an_empty_native_file_is_refused(tmp_path, capsys, name):
+    path = tmp_path / name
+    path.write_bytes(b"" if name.startswith("e.") else b"\n  \n")
+    line = one_error_line(capsys, ["info", str(path)])
+    assert line == f"allocsim: error: {path}: empty file (no header / no events)"
+    with pytest.raises(TraceError):
+        load(path)
+
+
+@pytest.mark.parametrize("name, text", [("h.jsonl", '{"allocsim-metadata": {}}\n'),
+                                        ("h.csv", "time_ns,op,id,size\n")])
+def test_a_header_only_native_file_is_an_empty_trace(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    assert len(load(path)) == 0
+
+
+# ---------------------------------------------------------------------- snapshot actions
+def snapshot_with_unknown_action(path: Path) -> Path:
+    def entry(action: str, t: int) -> dict:
+        return {"action": action, "addr": 0x1000, "size": 10, "stream": 0, "frames": [],
+                "time_us": t}
+    snap = {"segments": [], "device_traces": [[
+        entry("alloc", 1), entry("teleport", 2), entry("free_requested", 3),
+        entry("free_completed", 4)]]}
+    path.write_bytes(pickle.dumps(snap, protocol=2))
+    return path
+
+
+def test_unknown_snapshot_action_is_a_counted_repair(tmp_path, capsys):
+    path = snapshot_with_unknown_action(tmp_path / "s.pickle")
+    trace = load(path)
+    assert len(trace) == 2
+    assert trace.metadata["validation"]["repairs"] == {"unknown_actions_dropped": 1}
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 unknown actions dropped" in out
+
+
+def test_unknown_snapshot_action_is_an_error_when_strict(tmp_path, capsys):
+    path = snapshot_with_unknown_action(tmp_path / "s.pickle")
+    line = one_error_line(capsys, ["info", "--strict", str(path)])
+    assert line.startswith(f"allocsim: error: {path}: device 0 entry 1: unknown trace action")
+    with pytest.raises(TraceError):
+        load(path, strict=True)
+
+
+def test_a_saved_lenient_snapshot_reloads_strictly(tmp_path):
+    trace = load(snapshot_with_unknown_action(tmp_path / "s.pickle"))
+    from allocsim.traces.formats import save
+    save(trace, tmp_path / "s.npz")
+    assert load(tmp_path / "s.npz", strict=True).equals(trace)
