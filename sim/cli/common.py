@@ -30,6 +30,12 @@ def add_reading_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-index", metavar="N",
                         help="which device of a multi-device recording (default: the one with "
                              "the most events)")
+    parser.add_argument("--module", metavar="NAME",
+                        help="which compiled module of an XLA dump folder (default: the one "
+                             "with the largest temp allocation; `allocsim info DIR` lists them)")
+    parser.add_argument("--allocator", metavar="NAME",
+                        help="which allocator of a profiler trace (.xplane.pb) (default: the "
+                             "one with the most records; `allocsim info FILE` lists them)")
 
 
 def load_trace(path: str, args: argparse.Namespace | None = None) -> Trace:
@@ -38,7 +44,9 @@ def load_trace(path: str, args: argparse.Namespace | None = None) -> Trace:
     device_index = getattr(args, "device_index", None)
     if isinstance(device_index, str) and device_index.isdigit():
         device_index = int(device_index)  # "1" means device 1; "cpu" / "cuda:1" stay text
-    return formats.load(path, strict=strict, device_index=device_index)
+    return formats.load(path, strict=strict, device_index=device_index,
+                        module=getattr(args, "module", None),
+                        allocator=getattr(args, "allocator", None))
 
 
 def trace_or_default(path: str, args: argparse.Namespace) -> Trace:

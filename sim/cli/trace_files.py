@@ -71,6 +71,10 @@ def run_info(args: argparse.Namespace) -> int:
               "started (added as allocations at the start)")
     if meta.get("synthetic_times"):
         print("  times       synthesised (the file has no timestamps)")
+    for line in meta.get("listing") or []:
+        # what the file holds besides the replayed part: an XLA dump's modules, a profile's
+        # allocators (each importer writes its lines; the chosen one is marked)
+        print(f"  holds       {line}")
     print(f"  peak live   {format_size(facts['peak_live'])} after event {facts['peak_event']:,}")
     print(f"  still live  {facts['leaks']:,} buffers ({format_size(facts['leaked_bytes'])}) "
           "at the end")

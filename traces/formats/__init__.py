@@ -32,16 +32,24 @@ import secrets
 import zlib
 from pathlib import Path
 
-from allocsim.traces.formats.registry import FORMATS, Format, register_format
+from allocsim.traces.formats.registry import (
+    FOLDER_FORMATS,
+    FORMATS,
+    Format,
+    register_folder_format,
+    register_format,
+)
 from allocsim.traces.model import Trace, TraceError
 from allocsim.traces.validate import ValidationReport, validate
 
 __all__ = [
+    "FOLDER_FORMATS",
     "FORMATS",
     "Format",
     "format_for",
     "load",
     "load_with_report",
+    "register_folder_format",
     "register_format",
     "save",
     "supported_extensions",
@@ -109,23 +117,44 @@ def _read_bytes(path: Path, source: str) -> bytes:
     return raw
 
 
+def _check_options(name: str, accepted: tuple[str, ...], given: dict[str, object],
+                   source: str) -> None:
+    unknown = sorted(set(given) - set(accepted))
+    if unknown:
+        raise TraceError(f"option {unknown[0]!r} does not apply to {name} files"
+                         + (f" (it takes: {', '.join(accepted)})" if accepted else ""),
+                         source=source)
+
+
+def _read_folder(folder: Path, source: str, given: dict[str, object]) -> tuple[Trace, bool]:
+    """A folder another tool wrote (an XLA dump, a TensorBoard log folder), read by the first
+    folder format that recognises it."""
+    for name, fmt in FOLDER_FORMATS.items():
+        if fmt.detect(folder):
+            _check_options(name, fmt.options, given, source)
+            return fmt.reader(folder, source, folder.name, **given), fmt.recorded
+    known = ", ".join(FOLDER_FORMATS) or "none"
+    raise TraceError(f"is a directory that holds no trace allocsim can read (folder formats: "
+                     f"{known})", source=source)
+
+
 def load_with_report(path: str | os.PathLike[str], *, strict: bool | None = None,
                      **options: object) -> tuple[Trace, ValidationReport]:
     """Read and validate a trace file; returns ``(trace, report)``. See :func:`load`."""
     source = os.fspath(path)
     p = Path(source)
-    data = _read_bytes(p, source)
-    name = format_for(source, data[:_HEAD_BYTES])
-    fmt = FORMATS[name]
     given = {key: value for key, value in options.items() if value is not None}
-    unknown = sorted(set(given) - set(fmt.options))
-    if unknown:
-        raise TraceError(f"option {unknown[0]!r} does not apply to {name} files"
-                         + (f" (it takes: {', '.join(fmt.options)})" if fmt.options else ""),
-                         source=source)
-    trace = fmt.reader(data, source, _stem(p), **given)
+    if p.is_dir():
+        trace, recorded = _read_folder(p, source, given)
+    else:
+        data = _read_bytes(p, source)
+        name = format_for(source, data[:_HEAD_BYTES])
+        fmt = FORMATS[name]
+        _check_options(name, fmt.options, given, source)
+        trace = fmt.reader(data, source, _stem(p), **given)
+        recorded = fmt.recorded
     if strict is None:
-        strict = not fmt.recorded
+        strict = not recorded
     trace, report = validate(trace, strict=strict, source=source)
     if not strict and report.repairs():
         # validate() returned a new trace with its own metadata dict; safe to annotate.

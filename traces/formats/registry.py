@@ -11,12 +11,15 @@ is no import circle.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
 
 from allocsim.traces.formats import native
 from allocsim.traces.formats.native import Reader, Writer
+from allocsim.traces.model import Trace
 
-__all__ = ["FORMATS", "Detect", "Format", "register_format"]
+__all__ = ["FOLDER_FORMATS", "FORMATS", "Detect", "DetectFolder", "FolderFormat", "FolderReader",
+           "Format", "register_folder_format", "register_format"]
 
 Detect = Callable[[str, bytes], bool]
 
@@ -34,6 +37,22 @@ class Format(NamedTuple):
 
 FORMATS: dict[str, Format] = {}
 
+DetectFolder = Callable[[Path], bool]
+FolderReader = Callable[..., Trace]  # (folder, source, name, **options) -> Trace
+
+
+class FolderFormat(NamedTuple):
+    """A format whose input is a folder another tool writes (an XLA dump, a TensorBoard
+    log folder): ``detect`` looks at the folder, ``reader`` reads it."""
+
+    detect: DetectFolder
+    reader: FolderReader
+    recorded: bool = True
+    options: tuple[str, ...] = ()
+
+
+FOLDER_FORMATS: dict[str, FolderFormat] = {}
+
 
 def register_format(name: str, extensions: tuple[str, ...] | list[str], reader: Reader,
                     writer: Writer | None = None, detect: Detect | None = None, *,
@@ -43,6 +62,15 @@ def register_format(name: str, extensions: tuple[str, ...] | list[str], reader: 
                  tuple(options))
     FORMATS.pop(name, None)  # re-registering moves it to the end (most specific)
     FORMATS[name] = fmt
+    return fmt
+
+
+def register_folder_format(name: str, reader: FolderReader, detect: DetectFolder, *,
+                           recorded: bool = True, options: tuple[str, ...] = ()) -> FolderFormat:
+    """Add (or replace) a folder format ``name``; returns its :class:`FolderFormat`."""
+    fmt = FolderFormat(detect, reader, recorded, tuple(options))
+    FOLDER_FORMATS.pop(name, None)
+    FOLDER_FORMATS[name] = fmt
     return fmt
 
 
