@@ -2,7 +2,9 @@
 
 The golden files were recorded before the move into the `allocsim` namespace (issue 12): a
 change that alters a number, a key or the order of keys shows up here as a diff. Regenerate
-them only for an intended change of results, and say why in the commit.
+them only for an intended change of results, and say why in the commit. Changed since:
+compare's reason calls the offline plan a heuristic, not a bound, and names peak live as the
+bound (issue 16.15) — only the "reason" strings of the all-policies file changed.
 """
 
 from __future__ import annotations

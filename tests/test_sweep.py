@@ -239,7 +239,7 @@ def test_any_executor_and_thread_safety(tmp_path, trace_dir):
             == deterministic(by_cell(local.results_path)))
 
 
-def test_offline_bound_runs_and_never_wins(tmp_path, trace_dir):
+def test_the_offline_plan_runs_and_never_wins(tmp_path, trace_dir):
     path = write_sweep(tmp_path, 'traces = ["traces/training-1.npz"]\n'
                                  'policies = ["offline", "best-fit", "bfc"]')
     summary = run_sweep(path, workers=1, progress=False)
@@ -358,7 +358,7 @@ def test_best_policies_follow_the_compare_rule():
         fake("t1", "small", peak=50, time_s=0.002),
         fake("t1", "tie", peak=50, time_s=0.001),                      # same peak, less time
         fake("t1", "slow", peak=20, slowdown=3.0),                     # over the budget
-        fake("t1", "offline", peak=5),                                 # a bound, never a winner
+        fake("t1", "offline", peak=5),                                 # a plan, never a winner
         fake("t1", "broken", status="error"),
         fake("t2", "oom", completed=False),
         fake("t2", "small", capacity=1 << 30, peak=7),

@@ -177,7 +177,7 @@ class OOMExplanation:
         if best is not None:
             lines.append(f"most to spare: {best.policy} ({f(best.spare or 0)})")
         elif self.completing:
-            lines.append("only the offline plan (a bound, not a runnable allocator) completes")
+            lines.append("only the offline plan (a plan, not a runnable allocator) completes")
         else:
             lines.append("none of them completes at this capacity")
         for note in self.notes:

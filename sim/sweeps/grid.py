@@ -40,8 +40,8 @@ plain path must exist. A trace is identified by its path as written relative to 
 keeps the results file valid.
 
 **Policies** are policy specs as everywhere in allocsim (``NAME[:key=value,...]``), plus
-``offline`` (the offline-plan bound, never a winner). **Devices** are profile names
-(``allocsim devices``) or device-profile JSON files (a path ending in ``.json``).
+``offline`` (the offline plan, shown beside the policies, never a winner). **Devices** are
+profile names (``allocsim devices``) or device-profile JSON files (a path ending in ``.json``).
 **Capacities** are sizes (``"24GiB"``, ``"80GB"``, or an integer number of bytes).
 
 Everything is validated before anything runs: an unknown policy (the error lists the known

@@ -48,7 +48,7 @@ def best_policies(records: Iterable[Mapping[str, Any]], *,
     """The best policy per trace × device × capacity, by the winner rule of
     :mod:`allocsim.sim.questions.compare`: among results that complete without OOM and stay
     within the slowdown budget (None: no budget), the lowest peak reserved, then the lowest
-    allocator time; ``offline`` is a bound, never the winner. Takes raw records (duplicates
+    allocator time; ``offline`` is a plan, never the winner. Takes raw records (duplicates
     resolved by :func:`~allocsim.sim.sweeps.store.latest_records`)."""
     budget = math.inf if max_slowdown is None else max_slowdown
     groups: dict[tuple[str, str, int | None], list[dict[str, Any]]] = {}
