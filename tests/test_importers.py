@@ -477,3 +477,35 @@ def test_malloclab_errors():
     assert "takes 1 numbers" in one_line_error(read, "100\n2\n1\n1\nf 0 8\n")
     assert "header" in one_line_error(read, "100\n2\n")
     assert "not an integer" in one_line_error(read, "100\nx\n1\n1\na 0 8\n")
+
+
+HTA = Path(__file__).resolve().parents[2] / "shared" / "traces" / "torch-profiler-cuda-hta.json.gz"
+
+
+@pytest.mark.skipif(not HTA.exists(), reason="the shared HTA recording is absent")
+def test_memory_live_before_recording_is_shown_and_can_be_the_start_state(capsys) -> None:
+    from allocsim.sim.cli.main import main
+    # The file's Total Allocated is 4,096,614,400 B above the trace's live bytes at every event.
+    assert main(["info", str(HTA), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["live_before_recording"] == {"min": 4_096_614_400, "max": 4_096_614_400}
+    assert main(["info", str(HTA)]) == 0
+    assert "3.82GiB live before recording started" in capsys.readouterr().out
+    assert main(["compare", str(HTA), "--policies", "bfc", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert plain["trace"]["live_before_recording"]["in_replay"] is False
+    assert main(["compare", str(HTA), "--policies", "bfc", "--json",
+                 "--start-state", "unrecorded"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert full["trace"]["live_before_recording"]["in_replay"] is True
+    assert full["trace"]["peak_live"] == plain["trace"]["peak_live"] + 4_096_614_400
+    assert full["trace"]["events"] == plain["trace"]["events"] + 1
+
+
+def test_a_start_state_for_a_file_that_has_none_is_one_line(capsys, tmp_path) -> None:
+    from allocsim.sim.cli.main import main
+    path = tmp_path / "t.csv"
+    path.write_text("time_ns,op,id,size\n0,alloc,1,64\n1,free,1,\n")
+    assert main(["info", str(path), "--start-state", "unrecorded"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not apply to csv files" in err

@@ -63,6 +63,14 @@ def summarize(trace: Trace, *, top: int = 10) -> dict[str, Any]:
         "size_histogram": size_histogram(alloc_sizes),
         "validation": trace.metadata.get("validation"),
     }
+    unrecorded = trace.metadata.get("unrecorded_live_bytes")
+    if unrecorded and unrecorded.get("max", 0) > 0:
+        # A profiler trace whose Total Allocated is above the trace's own live bytes: memory
+        # that was live before recording started and that the trace does not hold.
+        facts["live_before_recording"] = {"min": int(unrecorded["min"]),
+                                          "max": int(unrecorded["max"])}
+        if "total_reserved_max" in trace.metadata:
+            facts["reserved_max_recorded"] = int(trace.metadata["total_reserved_max"])
     still_live = live_at(trace, len(trace) - 1) if len(trace) else np.zeros(0, np.int64)
     facts["leaks"] = len(still_live)
     facts["leaked_bytes"] = int(trace.size[still_live].sum()) if len(still_live) else 0

@@ -30,6 +30,10 @@ def add_reading_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-index", metavar="N",
                         help="which device of a multi-device recording (default: the one with "
                              "the most events)")
+    parser.add_argument("--start-state", choices=["unrecorded"],
+                        help="for a PyTorch profiler trace: add the bytes that were live "
+                             "before recording started (the file's Total Allocated minus the "
+                             "trace's live bytes) as one buffer at time 0")
     parser.add_argument("--module", metavar="NAME",
                         help="which compiled module of an XLA dump folder (default: the one "
                              "with the largest temp allocation; `allocsim info DIR` lists them)")
@@ -46,7 +50,8 @@ def load_trace(path: str, args: argparse.Namespace | None = None) -> Trace:
         device_index = int(device_index)  # "1" means device 1; "cpu" / "cuda:1" stay text
     return formats.load(path, strict=strict, device_index=device_index,
                         module=getattr(args, "module", None),
-                        allocator=getattr(args, "allocator", None))
+                        allocator=getattr(args, "allocator", None),
+                        start_state=getattr(args, "start_state", None))
 
 
 def trace_or_default(path: str, args: argparse.Namespace) -> Trace:

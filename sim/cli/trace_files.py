@@ -71,6 +71,16 @@ def run_info(args: argparse.Namespace) -> int:
               "started (added as allocations at the start)")
     if meta.get("synthetic_times"):
         print("  times       synthesised (the file has no timestamps)")
+    if facts.get("live_before_recording"):
+        before = facts["live_before_recording"]
+        span = (format_size(before["min"]) if before["min"] == before["max"]
+                else f"{format_size(before['min'])}–{format_size(before['max'])}")
+        reserved = (f"; the allocator had reserved up to "
+                    f"{format_size(facts['reserved_max_recorded'])}"
+                    if "reserved_max_recorded" in facts else "")
+        print(f"  not in it   {span} live before recording started (the file's Total "
+              f"Allocated minus the trace's live bytes){reserved}; --start-state unrecorded "
+              "adds it as one buffer")
     for line in meta.get("listing") or []:
         # what the file holds besides the replayed part: an XLA dump's modules, a profile's
         # allocators (each importer writes its lines; the chosen one is marked)

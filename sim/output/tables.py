@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from allocsim.policies.units import format_size
 from allocsim.sim.kernel.device import DeviceProfile
@@ -42,12 +43,23 @@ def format_table(rows: Sequence[Sequence[str]], header: Sequence[str],
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
+def _before_recording(trace: dict[str, Any]) -> str:
+    before = trace.get("live_before_recording")
+    if not before:
+        return ""
+    if before.get("in_replay"):
+        return f" (incl. {format_size(before['min'])} live before recording, as one buffer)"
+    return (f" (and {format_size(before['min'])} live before recording that the replay does "
+            "not hold; --start-state unrecorded adds it)")
+
+
 def comparison_text(comparison: Comparison) -> str:
     """The table ``allocsim compare`` prints, with the trace, the device and the verdict."""
     trace = comparison.trace
     device = comparison.device
     head = (f"trace  {trace['name']}: {trace['events']:,} events, {trace['allocs']:,} allocs, "
-            f"{trace['duration_s']:.3g} s, peak live {format_size(trace['peak_live'])}\n"
+            f"{trace['duration_s']:.3g} s, peak live {format_size(trace['peak_live'])}"
+            f"{_before_recording(trace)}\n"
             f"device {device.name}: {format_size(device.capacity)}\n")
     table = format_table([_row(r) for r in comparison.results], COLUMNS)
     verdict = (f"winner: {comparison.winner} — {comparison.reason}" if comparison.winner

@@ -59,9 +59,18 @@ class Comparison:
 def trace_facts(trace: Trace) -> dict[str, Any]:
     """The trace fields of the JSON schema: what was replayed."""
     peak, _ = trace.peak_live()
-    return {"name": trace.name, "source": str(trace.metadata.get("source", "")),
-            "events": len(trace), "allocs": trace.n_allocs,
-            "duration_s": round(trace.duration_ns / 1e9, 9), "peak_live": peak}
+    facts: dict[str, Any] = {
+        "name": trace.name, "source": str(trace.metadata.get("source", "")),
+        "events": len(trace), "allocs": trace.n_allocs,
+        "duration_s": round(trace.duration_ns / 1e9, 9), "peak_live": peak}
+    unrecorded = trace.metadata.get("unrecorded_live_bytes")
+    if unrecorded and unrecorded.get("max", 0) > 0:
+        # Memory the recording shows was live before it started: not in the replay unless
+        # the trace was read with --start-state unrecorded.
+        facts["live_before_recording"] = {"min": int(unrecorded["min"]),
+                                          "max": int(unrecorded["max"]),
+                                          "in_replay": "start_state" in trace.metadata}
+    return facts
 
 
 def rank_key(result: RunResult) -> tuple:

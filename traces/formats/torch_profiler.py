@@ -227,9 +227,20 @@ class _Memory:
         self.device: list[str] = []
 
 
+UNRECORDED_TAG = "<live before recording, not in the trace>"
+START_STATES = ("unrecorded",)
+
+
 def read_torch_profiler(data: bytes, source: str, name: str, *,
-                        device_index: object = None) -> Trace:
-    """Read a PyTorch profiler chrome trace (see the module docstring)."""
+                        device_index: object = None, start_state: object = None) -> Trace:
+    """Read a PyTorch profiler chrome trace (see the module docstring). ``start_state=
+    "unrecorded"`` adds the bytes that were live before recording started and are not in the
+    trace (the least of the file's ``Total Allocated`` minus the trace's live bytes) as one
+    buffer allocated at time 0 and never freed, so that a replay starts as full as the GPU
+    was."""
+    if start_state is not None and start_state not in START_STATES:
+        raise TraceError(f"start state {start_state!r} is not one of: "
+                         f"{', '.join(START_STATES)}", source=source)
     events, top = _trace_events(data, source)
     memory = _memory_events(events, source)
     counts: dict[str, int] = {}
@@ -248,7 +259,26 @@ def read_torch_profiler(data: bytes, source: str, name: str, *,
     metadata.update(_file_facts(top))
     trace = _events_to_trace(memory, rows, ts_ns, events, source, metadata)
     _total_allocated_facts(trace, memory, rows, metadata)
+    if start_state == "unrecorded":
+        trace = _with_unrecorded_buffer(trace, source)
     return trace
+
+
+def _with_unrecorded_buffer(trace: Trace, source: str) -> Trace:
+    unrecorded = trace.metadata.get("unrecorded_live_bytes")
+    if not unrecorded or unrecorded["min"] <= 0:
+        raise TraceError("no bytes were live before recording beyond the trace's own (the "
+                         "file's Total Allocated never exceeds them): nothing to add",
+                         source=source)
+    tags = list(trace.tags) if trace.tags else []
+    tags.append(UNRECORDED_TAG)
+    first_id = int(trace.id.max()) + 1 if len(trace) else 0
+    metadata = dict(trace.metadata)
+    metadata["start_state"] = {"unrecorded_buffer_bytes": int(unrecorded["min"])}
+    return Trace.from_columns(
+        np.r_[0, trace.time_ns], np.r_[OP_ALLOC, trace.op], np.r_[first_id, trace.id],
+        np.r_[int(unrecorded["min"]), trace.size], np.r_[0, trace.stream],
+        np.r_[0, trace.process], np.r_[len(tags) - 1, trace.tag], tags, **metadata)
 
 
 def _trace_events(data: bytes, source: str) -> tuple[list[Any], dict[str, Any]]:
@@ -455,4 +485,5 @@ def _total_allocated_facts(trace: Trace, memory: _Memory, rows: list[int],
 
 
 register_format(FORMAT_NAME, (".json", ".json.gz"), read_torch_profiler,
-                detect=detect_torch_profiler, recorded=True, options=("device_index",))
+                detect=detect_torch_profiler, recorded=True,
+                options=("device_index", "start_state"))
