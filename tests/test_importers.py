@@ -451,7 +451,8 @@ def test_malloclab_rep():
         (6000, "free", 0, 48),
         (7000, "free", 1, SIZE_UNKNOWN),  # id 1 is not live: dropped by lenient loading
     ]
-    assert trace.metadata["malloclab"] == {"heap_size": 20000, "ids": 3, "ops": 7, "weight": 1}
+    assert trace.metadata["malloclab"] == {"flavour": "cs:app", "heap_size": 20000, "ids": 3,
+                                           "ops": 7, "weight": 1}
     assert trace.metadata["synthetic_times"] is True
 
 
@@ -465,6 +466,32 @@ def test_malloclab_load_and_detection(tmp_path):
     other.write_text(MALLOCLAB)
     assert load(other).metadata["format"] == "malloclab"
     assert not malloclab.detect_malloclab("x", b"time_ns,op,id,size\n0,alloc,1,2\n")
+
+
+AUTOLAB = """\
+1
+2
+6
+0
+a 0 24
+f -1
+r 0 0
+a 1 40
+f -1
+f 1
+"""
+
+
+def test_an_autolab_trace_names_its_header_and_frees_null_as_nothing():
+    # The Autolab driver (the real-program traces bash.rep, chrome.rep, ...): the first line is
+    # the weight, not a heap size; "f -1" is free(NULL); realloc to 0 bytes frees the block.
+    trace = read_malloclab(AUTOLAB.encode(), "bash.rep", "bash")
+    assert [(o, i, s) for _, o, i, s, *_ in rows(trace)] == [
+        ("alloc", 0, 24), ("free", 0, 24), ("alloc", 1, 40), ("free", 1, 40)]
+    assert trace.metadata["malloclab"] == {"flavour": "autolab", "weight": 1, "ids": 2,
+                                           "ops": 6, "ignore_ranges": 0}
+    assert trace.metadata["null_frees"] == 2
+    assert "heap_size" not in trace.metadata["malloclab"]
 
 
 def test_malloclab_errors():

@@ -3,10 +3,10 @@
 Follows ``shared/reference/trace-formats.md`` ("Other allocator-research formats"). A file is
 four header lines, then one request per line::
 
-    20000     <- suggested heap size (bytes)
+    20000     <- suggested heap size (bytes; CS:APP) -- or the weight, 0 or 1 (Autolab)
     2         <- number of ids
     5         <- number of requests
-    1         <- weight
+    1         <- weight (CS:APP) -- or ignore-ranges, 0 or 1 (Autolab)
     a 0 2040  <- allocate 2040 bytes as id 0
     a 1 2040
     r 0 48    <- realloc id 0 to 48 bytes
@@ -19,11 +19,21 @@ four header lines, then one request per line::
   plain alloc (``realloc(NULL, n)`` in mdriver).
 - ``f id`` becomes a free (with the block's size); a free of an id that is not live frees
   nothing in mdriver and is kept as a free of unknown size, which lenient validation drops
-  and counts. An ``a`` of an id still live is kept too: lenient validation keeps the old
-  block live as a leak under a fresh id, as mdriver (which forgets the pointer) would.
+  and counts. ``f -1`` is ``free(NULL)`` (the Autolab mdriver: "index (-1) is the null
+  pointer"): a no-op, counted in ``metadata["null_frees"]``.
+  An ``a`` of an id still live is kept too: lenient validation keeps the old block live as a
+  leak under a fresh id, as mdriver (which forgets the pointer) would.
+- ``r id 0`` (realloc to 0 bytes) frees the block and allocates nothing: mdriver requires
+  ``mm_realloc(p, 0)`` to return NULL.
 
 The file has no times: events are 1 µs apart (``metadata["synthetic_times"]`` is True). The
-header is kept as ``metadata["malloclab"] = {"heap_size", "ids", "ops", "weight"}``. An id
+header has two flavours, told apart by its first and fourth lines: CS:APP's (``sugg_heapsize``,
+``num_ids``, ``num_ops``, ``weight``; both read and unused by mdriver) and the Autolab
+driver's (``weight``, ``num_ids``, ``num_ops``, ``ignore_ranges``, the first and last 0 or 1
+— the real-program traces such as bash.rep start with ``1``). It is kept as
+``metadata["malloclab"]``: ``{"flavour": "cs:app", "heap_size", "ids", "ops", "weight"}`` or
+``{"flavour": "autolab", "weight", "ids", "ops", "ignore_ranges"}`` — a first line of 1 is
+never called a heap size. An id
 outside ``0 .. ids-1``, or a request count that differs from the header, is an error naming
 the file, the request (event, 0-based) and the line.
 """
@@ -41,6 +51,8 @@ __all__ = ["FORMAT_NAME", "detect_malloclab", "read_malloclab"]
 FORMAT_NAME = "malloclab"
 STEP_NS = 1000
 _HEADER_NAMES = ("heap_size", "ids", "ops", "weight")
+_AUTOLAB_NAMES = ("weight", "ids", "ops", "ignore_ranges")
+NULL_ID = -1  # free(NULL) in the Autolab traces
 
 
 def _content_lines(text: str) -> list[tuple[int, str]]:
@@ -69,19 +81,24 @@ def read_malloclab(data: bytes, source: str, name: str) -> Trace:
                          source=source) from None
     lines = _content_lines(text)
     header = _header(lines[:4], source)
+    n_ops, n_ids = int(str(header["ops"])), int(str(header["ids"]))
     requests = lines[4:]
-    if len(requests) != header["ops"]:
-        raise TraceError(f"the header says {header['ops']} requests but the file has "
+    if len(requests) != n_ops:
+        raise TraceError(f"the header says {n_ops} requests but the file has "
                          f"{len(requests)}", source=source)
     op: list[int] = []
     ids: list[int] = []
     size: list[int] = []
     live: dict[int, int] = {}
+    null_frees = 0
     for event, (number, line) in enumerate(requests):
         try:
-            kind, block, nbytes = _request(line, header["ids"])
+            kind, block, nbytes = _request(line, n_ids)
         except ValueError as err:
             raise TraceError(f"line {number}: {err}", source=source, event=event) from None
+        if kind == "f" and block == NULL_ID:
+            null_frees += 1  # free(NULL): nothing happens
+            continue
         if kind in "rf" and block in live:
             op.append(OP_FREE)
             ids.append(block)
@@ -90,29 +107,37 @@ def read_malloclab(data: bytes, source: str, name: str) -> Trace:
             op.append(OP_FREE)  # free of a block that is not live: lenient load drops it
             ids.append(block)
             size.append(SIZE_UNKNOWN)
-        if kind in "ar":
+        if kind == "a" or (kind == "r" and nbytes > 0):
             op.append(OP_ALLOC)
             ids.append(block)
             size.append(nbytes)
             live[block] = nbytes
     meta = file_metadata({}, source, name)
     meta.update(format=FORMAT_NAME, synthetic_times=True, malloclab=header)
+    if null_frees:
+        meta["null_frees"] = null_frees
     n = len(op)
     return Trace.from_columns(np.arange(n, dtype=np.int64) * STEP_NS, op, ids, size, **meta)
 
 
-def _header(lines: list[tuple[int, str]], source: str) -> dict[str, int]:
+def _header(lines: list[tuple[int, str]], source: str) -> dict[str, object]:
     if len(lines) < 4:
         raise TraceError("a malloc-lab trace starts with 4 header lines (heap size, ids, "
                          "requests, weight)", source=source)
-    values: dict[str, int] = {}
+    numbers: list[int] = []
     for (number, line), key in zip(lines, _HEADER_NAMES):
         first = line.split()[0]
         try:
-            values[key] = int(first)
+            numbers.append(int(first))
         except ValueError:
             raise TraceError(f"line {number}: header value {key} {first!r} is not an "
                              "integer", source=source) from None
+    # Autolab's driver reads weight and ignore_ranges (each 0 or 1) first and last; CS:APP's
+    # a suggested heap size (thousands of bytes) and a weight.
+    autolab = numbers[0] in (0, 1) and numbers[3] in (0, 1)
+    names = _AUTOLAB_NAMES if autolab else _HEADER_NAMES
+    values: dict[str, object] = {"flavour": "autolab" if autolab else "cs:app"}
+    values.update(zip(names, numbers))
     return values
 
 
@@ -130,6 +155,8 @@ def _request(line: str, n_ids: int) -> tuple[str, int, int]:
     except ValueError:
         raise ValueError(f"{line!r} has a value that is not an integer") from None
     block = numbers[0]
+    if kind == "f" and block == NULL_ID:
+        return kind, block, 0
     if not 0 <= block < n_ids:
         raise ValueError(f"id {block} is outside 0..{n_ids - 1} (the header says {n_ids} ids)")
     nbytes = numbers[1] if kind != "f" else 0
