@@ -282,7 +282,12 @@ def test_cupy_recorder_log():
          "event": 1},
         {"action": "oom", "size": 99999999, "stream": 0, "time_ns": 700, "event": 6},
     ]
-    validate(trace)
+    # A free of an address the log never allocated: counted when lenient, an error when strict
+    # (the recorder logs from the start, so it is an anomaly, not a recording window).
+    _, report = validate(trace, strict=False)
+    assert report.repairs() == {"unknown_address_frees_opened": 1}
+    text = one_line_error(validate, trace)
+    assert text.startswith("c.log: event 5: free of address 0x10000, which was never allocated")
     other = read_log(RECORDER_LOG, device_index=1)
     assert other.metadata["device"] == "cuda:1" and other.size.tolist() == [8]
     assert "cuda:3" in one_line_error(read_log, RECORDER_LOG, device_index="cuda:3")
@@ -382,7 +387,27 @@ def test_rmm_csv():
     assert meta["reference_events"] == [{"action": "oom", "size": 1099511627776,
                                          "stream": 1, "time_ns": 1_100_000, "event": 3}]
     assert meta["prologue_events"] == 1
-    validate(trace)
+    _, report = validate(trace, strict=False)
+    assert report.repairs() == {"unknown_address_frees_opened": 1}
+    assert one_line_error(validate, trace).startswith(
+        "r.rmm.csv: event 5: free of address 0x7f8a50000000, which was never allocated")
+
+
+def test_two_allocations_at_one_live_address_fail_strict_loading():
+    # RMM: 0x10 is allocated twice with no free between (a missed free).
+    log = ("Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x10,64,0x0\n"
+           "1,0.2,allocate,0x10,32,0x0\n1,0.3,free,0x10,32,0x0\n")
+    trace = read_rmm_csv(log.encode(), "r.rmm.csv", "r")
+    _, report = validate(trace, strict=False)
+    assert report.repairs() == {"live_address_allocs_kept": 1}
+    assert one_line_error(validate, trace).startswith(
+        "r.rmm.csv: event 1: alloc at address 0x10, which is still live (a missed free)")
+    # The profiler: the same, and there a free of an unknown address stays the documented
+    # recording window (a prologue), not an anomaly.
+    events = [mem(1, 0xA, 100, 100), mem(2, 0xA, 50, 150), mem(3, 0xB, -8, 142)]
+    profiled = read_profiler(events)
+    assert "frees_of_unknown_addresses" not in profiled.metadata["address_anomalies"]
+    assert "is still live" in one_line_error(validate, profiled)
 
 
 def test_rmm_time_formats():

@@ -54,6 +54,10 @@ class ValidationReport:
     duplicate_allocs_renamed: int = 0
     free_sizes_filled: int = 0
     unknown_actions_dropped: int = 0  # importer-side: snapshot entries of an unknown action
+    # importer-side, logs that name buffers by address: frees of addresses never allocated
+    # (opened as buffers live from the start) and allocs at a live address (the old one leaks)
+    unknown_address_frees_opened: int = 0
+    live_address_allocs_kept: int = 0
     strict: bool = True
 
     def repairs(self) -> dict[str, int]:
@@ -63,6 +67,8 @@ class ValidationReport:
             "duplicate_allocs_renamed": self.duplicate_allocs_renamed,
             "free_sizes_filled": self.free_sizes_filled,
             "unknown_actions_dropped": self.unknown_actions_dropped,
+            "unknown_address_frees_opened": self.unknown_address_frees_opened,
+            "live_address_allocs_kept": self.live_address_allocs_kept,
         }
         return {name: count for name, count in counts.items() if count}
 
@@ -125,6 +131,8 @@ def validate(trace: Trace, *, strict: bool = True,
 
     report = ValidationReport(strict=strict)
     report.unknown_actions_dropped = _importer_drops(trace, strict, where)
+    opened, kept = _address_anomalies(trace, strict, where)
+    report.unknown_address_frees_opened, report.live_address_allocs_kept = opened, kept
     try:
         if strict or not breaks.any():
             bad = breaks | mismatched if strict else mismatched
@@ -155,6 +163,29 @@ def validate(trace: Trace, *, strict: bool = True,
     report.allocs = int(np.count_nonzero(result.op == OP_ALLOC))
     report.frees = report.events - report.allocs
     return result, report
+
+
+def _address_anomalies(trace: Trace, strict: bool, where: str) -> tuple[int, int]:
+    """What an importer of an address-keyed log (RMM, CuPy, the PyTorch profiler) had to
+    repair — ``metadata["address_anomalies"]``, see
+    :func:`allocsim.traces.formats.torch_profiler.build_trace`: counted, or, if strict, an
+    error at the first. Skipped for a trace that already carries a validation report."""
+    meta = trace.metadata
+    found = meta.get("address_anomalies")
+    if not isinstance(found, dict) or "validation" in meta:
+        return 0, 0
+    counts = []
+    for kind, repair in (("frees_of_unknown_addresses", "each opens a buffer live from the "
+                          "start"), ("allocs_at_live_addresses", "the old buffer is kept "
+                                     "live as a leak")):
+        entry = found.get(kind)
+        count = int(entry.get("count", 0)) if isinstance(entry, dict) else 0
+        if strict and count:
+            assert isinstance(entry, dict)
+            raise TraceError(f"{entry.get('problem', kind)} ({count} such; without --strict "
+                             f"{repair})", source=where, event=entry.get("first_event"))
+        counts.append(count)
+    return counts[0], counts[1]
 
 
 def _importer_drops(trace: Trace, strict: bool, where: str) -> int:

@@ -238,7 +238,8 @@ class _Builder:
     def free(self, i: int, event: int) -> None:
         ev = self.events
         stream = self.stream_id(i)
-        buffer_id, size, _ = self.matcher.free(self.key(i), int(ev.mem_size[i]), stream=stream)
+        buffer_id, size, _ = self.matcher.free(self.key(i), int(ev.mem_size[i]), stream=stream,
+                                               event=i)
         # The trace's stream column is the stream a buffer was allocated on.
         self.add(self.time(i, event), OP_FREE, buffer_id, size,
                  self.buffer_stream.pop(buffer_id, stream), ev.tag[i])
@@ -275,7 +276,7 @@ class _Builder:
         return build_trace(self.matcher, time_ns=times, op=cols["op"], ids=cols["id"],
                            size=cols["size"], stream=cols["stream"],
                            process=np.zeros(len(times), dtype=np.int32), tag=tag, tags=tags,
-                           metadata=meta)
+                           metadata=meta, unknown_frees_are_anomalies=True)
 
 
 def _used_tags(codes: np.ndarray, table: list[str]) -> tuple[np.ndarray, list[str]]:

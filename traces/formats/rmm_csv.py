@@ -173,7 +173,8 @@ class _Rows:
         if action in _ALLOC_ACTIONS:
             self.add(time_ns, OP_ALLOC, self.matcher.alloc(pointer, size, event), size, stream)
         elif action in _FREE_ACTIONS:
-            buffer_id, alloc_size, alloc_event = self.matcher.free(pointer, size, stream=stream)
+            buffer_id, alloc_size, alloc_event = self.matcher.free(pointer, size, stream=stream,
+                                                                       event=event)
             if alloc_size != size:
                 raise ValueError(f"free of {size} bytes at {pointer:#x}, which was allocated "
                                  f"with {alloc_size} bytes at event {alloc_event}")
@@ -223,7 +224,8 @@ class _Rows:
         return build_trace(self.matcher, time_ns=times, op=out["op"], ids=out["id"],
                            size=out["size"], stream=out["stream"],
                            process=np.zeros(n, dtype=np.int32),
-                           tag=np.full(n, NO_TAG, dtype=np.int32), tags=[], metadata=meta)
+                           tag=np.full(n, NO_TAG, dtype=np.int32), tags=[], metadata=meta,
+                           unknown_frees_are_anomalies=True)
 
 
 def _int(text: str, field: str) -> int:

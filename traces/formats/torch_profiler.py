@@ -97,6 +97,9 @@ class AddressMatcher:
         self._next = 0
         self.prologue: list[tuple[int, int, int, int]] = []
         self.reallocated_while_live = 0  # allocs at a key still live: the old one leaks
+        # The file's event index of the first of each anomaly, for --strict's error line.
+        self.first_unknown_free: tuple[int, Hashable] | None = None
+        self.first_live_realloc: tuple[int, Hashable] | None = None
 
     def _fresh(self) -> int:
         self._next += 1
@@ -106,12 +109,14 @@ class AddressMatcher:
         """The id of a new buffer at ``key``."""
         if key in self._live:
             self.reallocated_while_live += 1  # missed free: the old buffer stays live
+            if self.first_live_realloc is None:
+                self.first_live_realloc = (event, key)
         buffer_id = self._fresh()
         self._live[key] = (buffer_id, size, event)
         return buffer_id
 
     def free(self, key: Hashable, size: int, *, stream: int = 0,
-             process: int = 0) -> tuple[int, int, int]:
+             process: int = 0, event: int = -1) -> tuple[int, int, int]:
         """``(id, size, alloc event)`` of the buffer freed at ``key``.
 
         For a key that is not live, ``size`` (the free's own) opens a prologue buffer and the
@@ -122,10 +127,17 @@ class AddressMatcher:
             return live
         buffer_id = self._fresh()
         self.prologue.append((buffer_id, size, stream, process))
+        if self.first_unknown_free is None:
+            self.first_unknown_free = (event, key)
         return buffer_id, size, -1
 
     def live_count(self) -> int:
         return len(self._live)
+
+
+def _address_text(key: Hashable) -> str:
+    address = key[-1] if isinstance(key, tuple) and key else key
+    return f"address {address:#x}" if isinstance(address, int) else f"address {address}"
 
 
 def intern_tags(values: Sequence[str | None], table: list[str] | None = None
@@ -150,11 +162,15 @@ def build_trace(matcher: AddressMatcher, *, time_ns: Sequence[int] | np.ndarray,
                 op: Sequence[int] | np.ndarray, ids: Sequence[int] | np.ndarray,
                 size: Sequence[int] | np.ndarray, stream: Sequence[int] | np.ndarray,
                 process: Sequence[int] | np.ndarray, tag: np.ndarray, tags: list[str],
-                metadata: dict[str, Any]) -> Trace:
+                metadata: dict[str, Any], unknown_frees_are_anomalies: bool = False) -> Trace:
     """The recorded events, preceded by ``matcher``'s prologue of synthetic allocs at time 0.
 
     ``time_ns`` must already be relative (>= 0). Sets ``metadata["prologue_events"]`` and
     ``["prologue_bytes"]``, and ``["reallocated_while_live"]`` when the log missed frees.
+    ``metadata["address_anomalies"]`` names the first of each anomaly (an alloc at an address
+    still live; with ``unknown_frees_are_anomalies``, for logs that record from the start, a
+    free of an address never allocated): :func:`~allocsim.traces.validate.validate` counts
+    them as repairs, or fails on them when strict.
     """
     pro = matcher.prologue
     n_pro = len(pro)
@@ -174,6 +190,19 @@ def build_trace(matcher: AddressMatcher, *, time_ns: Sequence[int] | np.ndarray,
     metadata["prologue_bytes"] = int(sum(pro_cols[1]))
     if matcher.reallocated_while_live:
         metadata["reallocated_while_live"] = matcher.reallocated_while_live
+    anomalies: dict[str, dict[str, Any]] = {}
+    if matcher.first_live_realloc is not None:
+        event, key = matcher.first_live_realloc
+        anomalies["allocs_at_live_addresses"] = {
+            "count": matcher.reallocated_while_live, "first_event": event,
+            "problem": f"alloc at {_address_text(key)}, which is still live (a missed free)"}
+    if unknown_frees_are_anomalies and matcher.first_unknown_free is not None:
+        event, key = matcher.first_unknown_free
+        anomalies["frees_of_unknown_addresses"] = {
+            "count": n_pro, "first_event": event,
+            "problem": f"free of {_address_text(key)}, which was never allocated"}
+    if anomalies:
+        metadata["address_anomalies"] = anomalies
     return Trace(
         time_ns=column([0] * n_pro, time_ns, np.int64),
         op=column([OP_ALLOC] * n_pro, op, np.int8),
@@ -397,7 +426,8 @@ def _events_to_trace(memory: _Memory, rows: list[int], ts_ns: np.ndarray,
             op[k], ids[k], size[k] = OP_ALLOC, matcher.alloc(key, nbytes, memory.index[row]), nbytes
         elif nbytes < 0:
             buffer_id, alloc_size, alloc_event = matcher.free(key, -nbytes,
-                                                              process=int(process[k]))
+                                                              process=int(process[k]),
+                                                              event=int(memory.index[row]))
             if alloc_size != -nbytes:
                 raise TraceError(f"free of {-nbytes} bytes at address {memory.addr[row]:#x}, "
                                  f"which was allocated with {alloc_size} bytes at event "
