@@ -458,6 +458,10 @@ def samples(folder: Path, snapshot: Path) -> dict[str, Any]:
         "explain-oom": cli_json("explain-oom", folder / "fragmenting.csv", "--capacity",
                                 "90MiB", "--json"),
         "fidelity": cli_json("fidelity", snapshot, "--json"),
+        "bfc-fidelity": cli_json("fidelity", Path(__file__).parent / "data" / "xplane" /
+                                 "tf-cpu-default.xplane.pb", "--json"),
+        "xla-fidelity": cli_json("fidelity", Path(__file__).parent / "data" / "xla" / "cpu",
+                                 "--json"),
         "validate": cli_json("validate", small, "--policy", "bfc", "--backend", "host",
                              "--json"),
         "baseline": json.loads(baseline.read_text()),

@@ -31,6 +31,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """``allocsim fidelity SNAPSHOT``: exit 0 when everything matched, 1 on divergence."""
     trace = load_trace(args.snapshot, args)
+    from allocsim.sim.questions.bfc_fidelity import bfc_fidelity, is_bfc_recording
+    if is_bfc_recording(trace):   # a TF/JAX profile (.xplane.pb): the bfc model, not pytorch
+        bfc = bfc_fidelity(trace)
+        print_json(bfc.to_json_dict()) if args.json else print(bfc.text())
+        return bfc.exit_status
+    from allocsim.sim.kernel.device import resolve_device
+    from allocsim.sim.questions.xla_fidelity import is_xla_dump_trace, xla_fidelity
+    if is_xla_dump_trace(trace):  # an XLA dump: XLA's assignment against plan and policies
+        xla = xla_fidelity(trace, device=resolve_device(None, args.capacity))
+        print_json(xla.to_json_dict()) if args.json else print(xla.text())
+        return xla.exit_status
     capacity = parse_size(args.capacity) if args.capacity else None
     report = fidelity(trace, capacity=capacity)
     if args.json:

@@ -233,4 +233,6 @@ from allocsim.traces.formats import (  # noqa: E402,F401
     rmm_csv,
     torch_profiler,
     torch_snapshot,
+    xla_dump,
+    xplane,
 )

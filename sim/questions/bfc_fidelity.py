@@ -1,0 +1,336 @@
+"""Does the ``bfc`` model make the decisions TensorFlow's/XLA's BFC allocator made?
+
+What it is for
+    A profiler ``.xplane.pb`` (:mod:`allocsim.traces.formats.xplane`) records, for every call
+    of a BFC allocator, the chunk it handed out or freed (``allocation_bytes``, ``addr``) and
+    its bytes in use after the call (``bytes_allocated``); the importer keeps them as
+    ``metadata["reference_events"]``, one per trace event. :func:`bfc_fidelity` replays the
+    trace through :class:`~allocsim.policies.bfc.BFCAllocator` configured as recorded and
+    compares after every call: the chunk size handed out (or freed), its place (region and
+    offset, i.e. the address), and the bytes in use.
+
+What it follows
+    - Limit: ``bfc_memory_limit`` (= bytes_available + bytes_reserved + bytes_allocated, the
+      same on every record; xla/tsl/framework/bfc_allocator.cc ``AddTraceMe``).
+    - Growth settings are not in the file: the replay is run with ``allow_growth`` and
+      ``garbage_collection`` each on and off and the setting that matches most is reported
+      (ties: TensorFlow's CPU defaults first, allow_growth on, garbage collection off), said so.
+    - Addresses: BFC's best fit breaks ties by address and regions never merge, so the
+      model's regions must lie where the real ones lay. A region the model creates for an
+      allocation is placed at the address the recording handed out for it (a new region's
+      first chunk is its base) when that range is free; otherwise above every recorded address.
+    - Start: when the first record's ``bytes_allocated`` is more than its own chunk, the
+      recording started mid-run. Buffers freed later are in the trace's prologue (their sizes
+      from the deallocation record); they are replayed first but their places and the regions
+      before recording cannot be known: their free records are counted as ``unknowable`` and
+      left out of the comparison, and bytes in use is compared net of the bytes live at the
+      start. ``matched_until`` says how far the match goes without a break.
+
+Counting: ``total`` = compared records; a record matches when chunk size, address and bytes
+in use all agree. Exit status 0 only when all do.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from allocsim.errors import UserInputError
+from allocsim.policies import format_size
+from allocsim.policies.bfc import MIN_ALLOCATION, BFCAllocator
+from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.questions.fidelity_device import RecordedAddressDevice, address_floor
+from allocsim.traces.model import OP_ALLOC, Trace
+
+__all__ = ["BFCFidelityError", "BFCFidelityReport", "bfc_fidelity", "is_bfc_recording"]
+
+SETTINGS = [(True, False), (True, True), (False, False), (False, True)]
+RULES = {
+    "split": "ShouldSplitChunk (split when chunk >= 2*rounded or chunk - rounded >= "
+             "max_internal_fragmentation), bfc_allocator.cc SplitChunk / FindChunkPtr",
+    "best_fit": "FindChunkPtr (bins walked upward; smallest fitting chunk, lowest address "
+                "on ties)",
+    "extend": "Extend (new region: curr_region_allocation_bytes doubling, min(curr, "
+              "available); back-off by 0.9)",
+    "limit": "memory_limit (Extend fails when rounded > memory_limit - total_region_bytes)",
+    "coalesce": "FreeAndMaybeCoalesce (merge with the next chunk, then the previous one)",
+    "in_use": "stats.bytes_in_use (the whole chunk counts, slack included)",
+}
+
+
+class BFCFidelityError(UserInputError):
+    """The trace is not a BFC recording (one line)."""
+
+
+def is_bfc_recording(trace: Trace) -> bool:
+    return trace.metadata.get("format") == "xplane" and "bfc_memory_limit" in trace.metadata
+
+
+class PlacedDevice(RecordedAddressDevice):
+    """A device that puts the next range at ``place`` (the recorded address) when free."""
+
+    def __init__(self, profile: DeviceProfile, floor: int) -> None:
+        super().__init__(profile, floor)
+        self.place: int | None = None
+
+    def _address_range(self, nbytes: int) -> int:
+        if self.place is not None and self._unused(self.place, nbytes):
+            base, self.place = self.place, None
+            self._hold(base, nbytes)
+            return base
+        return super()._address_range(nbytes)
+
+
+@dataclass
+class Replay:
+    """One replay of the trace through ``bfc`` with given growth settings."""
+
+    trace: Trace
+    limit: int
+    allow_growth: bool
+    garbage_collection: bool
+    matched: int = 0
+    total: int = 0
+    unknowable: int = 0
+    by_field: dict[str, int] = field(default_factory=lambda: {"chunk": 0, "address": 0,
+                                                              "in_use": 0})
+    matched_until: int = -1     # last trace event before the first divergence
+    divergence: dict[str, Any] | None = None
+    regions: int = 0
+    prologue_bytes: int = 0     # bytes in use before the first record (mid-run start)
+
+    def run(self) -> Replay:
+        trace, meta = self.trace, self.trace.metadata
+        refs = {int(r["event"]): r for r in meta["reference_events"]}
+        addresses = [int(r["addr"]) for r in refs.values()]
+        floor = address_floor(a + int(r["chunk"]) for a, r in zip(addresses, refs.values()))
+        capacity = max(self.limit, 1) * 2
+        device = PlacedDevice(DeviceProfile("bfc-recording", capacity, granularity=1), floor)
+        policy = BFCAllocator(device.view(0), memory_limit=self.limit,
+                              allow_growth=self.allow_growth,
+                              garbage_collection=self.garbage_collection)
+        prologue = int(meta.get("prologue_events", 0))
+        first = min(refs) if refs else 0
+        start_in_use = 0
+        if refs:
+            r0 = refs[first]
+            start_in_use = int(r0["in_use"]) - (int(r0["chunk"]) if r0["action"] == "alloc"
+                                                else -int(r0["chunk"]))
+        prologue_addrs: set[int] = set()
+        address_of: dict[int, int] = {}
+        ops, ids, sizes = trace.op.tolist(), trace.id.tolist(), trace.size.tolist()
+        broken = False
+        offset = start_in_use   # bytes in use the model does not hold (set after the prologue)
+        for index in range(len(trace)):
+            if index == prologue:
+                offset = start_in_use - policy.bytes_in_use
+            ref = refs.get(index)
+            if ops[index] == OP_ALLOC:
+                if ref is not None:
+                    device.place = int(ref["addr"])
+                address = policy.malloc(sizes[index])
+                device.place = None
+                if address is None:
+                    if ref is not None:
+                        self._compare(index, ref, policy, None, None, offset, broken)
+                        broken = True
+                    continue
+                address_of[ids[index]] = address
+                if index < prologue:
+                    prologue_addrs.add(address)
+                if ref is not None:
+                    chunk = policy.chunks.size[address]
+                    broken = not self._compare(index, ref, policy, address, chunk,
+                                               offset, broken) or broken
+            else:
+                address = address_of.pop(ids[index], None)
+                if address is None:
+                    continue
+                chunk = policy.chunks.size[address]
+                policy.free(address)
+                if ref is None:
+                    continue
+                if address in prologue_addrs:
+                    prologue_addrs.discard(address)
+                    self.unknowable += 1
+                    continue
+                broken = not self._compare(index, ref, policy, address, chunk,
+                                           offset, broken) or broken
+            if not broken:
+                self.matched_until = index
+        self.regions = len(policy.chunks.regions)
+        self.prologue_bytes = start_in_use
+        return self
+
+    def _compare(self, index: int, ref: dict[str, Any], policy: BFCAllocator,
+                 address: int | None, chunk: int | None, offset: int,
+                 broken: bool) -> bool:
+        self.total += 1
+        want_addr, want_chunk, want_in_use = int(ref["addr"]), int(ref["chunk"]), \
+            int(ref["in_use"])
+        in_use = policy.bytes_in_use + offset
+        ok_chunk = chunk == want_chunk
+        ok_addr = address == want_addr
+        ok_use = in_use == want_in_use
+        self.by_field["chunk"] += ok_chunk
+        self.by_field["address"] += ok_addr
+        self.by_field["in_use"] += ok_use
+        ok = ok_chunk and ok_addr and ok_use
+        self.matched += ok
+        if not ok and self.divergence is None:
+            self.divergence = self._divergence(index, ref, policy, address, chunk, in_use)
+        return ok
+
+    def _divergence(self, index: int, ref: dict[str, Any], policy: BFCAllocator,
+                    address: int | None, chunk: int | None, in_use: int) -> dict[str, Any]:
+        want_addr, want_chunk = int(ref["addr"]), int(ref["chunk"])
+        regions = policy.chunks.regions
+
+        def place(addr: int | None) -> dict[str, int] | None:
+            if addr is None:
+                return None
+            for base, size in regions.items():
+                if base <= addr < base + size:
+                    return {"region": base, "offset": addr - base, "region_bytes": size}
+            return None
+
+        action = str(ref["action"])
+        if address is None:
+            rule = "limit"
+        elif action == "free":
+            rule = "coalesce" if chunk != want_chunk else "in_use"
+        elif address == want_addr and chunk != want_chunk:
+            rule = "split"
+        elif address != want_addr and place(want_addr) is None:
+            rule = "extend"
+        elif address != want_addr:
+            rule = "best_fit"
+        else:
+            rule = "in_use"
+        rounded = -(-int(self.trace.size[index]) // MIN_ALLOCATION) * MIN_ALLOCATION
+        tag = self.trace.tag_name(int(self.trace.tag[index])) if action == "alloc" else None
+        return {"event": index, "action": action, "requested": int(ref["requested"]),
+                "rounded": rounded, "tag": tag, "rule": rule, "rule_text": RULES[rule],
+                "recorded": {"chunk": want_chunk, "address": want_addr,
+                             "place": place(want_addr), "in_use": int(ref["in_use"])},
+                "model": {"chunk": chunk, "address": address, "place": place(address),
+                          "in_use": in_use},
+                "model_regions": [[base, size] for base, size in sorted(regions.items())]}
+
+
+@dataclass
+class BFCFidelityReport:
+    trace: str
+    source: str
+    allocator: str
+    events: int
+    memory_limit: int
+    allow_growth: bool
+    garbage_collection: bool
+    settings_tried: list[dict[str, Any]]
+    matched: int
+    total: int
+    unknowable: int
+    by_field: dict[str, int]
+    matched_until: int
+    started_mid_run: bool
+    bytes_in_use_at_start: int
+    model_regions: int
+    first_divergence: dict[str, Any] | None
+    notes: list[str]
+    elapsed_s: float = 0.0
+
+    @property
+    def exit_status(self) -> int:
+        return 0 if self.total and self.matched == self.total else 1
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"schema": 1, "kind": "bfc", "trace": self.trace, "source": self.source,
+                "allocator": self.allocator, "events": self.events, "policy": "bfc",
+                "memory_limit": self.memory_limit, "allow_growth": self.allow_growth,
+                "garbage_collection": self.garbage_collection,
+                "settings_tried": self.settings_tried, "matched": self.matched,
+                "total": self.total, "unknowable": self.unknowable, "by_field": self.by_field,
+                "matched_until": self.matched_until, "started_mid_run": self.started_mid_run,
+                "bytes_in_use_at_start": self.bytes_in_use_at_start,
+                "model_regions": self.model_regions,
+                "first_divergence": self.first_divergence, "notes": self.notes,
+                "exit_status": self.exit_status}
+
+    def text(self) -> str:
+        share = 100.0 * self.matched / self.total if self.total else 0.0
+        lines = [f"trace {self.trace}: {self.events:,} events, BFC allocator "
+                 f"{self.allocator or '<unnamed>'}, limit {format_size(self.memory_limit)}",
+                 f"model bfc: memory_limit={self.memory_limit} allow_growth="
+                 f"{self.allow_growth} garbage_collection={self.garbage_collection} "
+                 "(growth settings inferred: best of "
+                 + ", ".join(f"{s['allow_growth']}/{s['garbage_collection']} {s['matched']}"
+                             for s in self.settings_tried) + ")",
+                 f"matched {self.matched:,}/{self.total:,} records ({share:.1f}%): chunk size "
+                 f"{self.by_field['chunk']:,}, address {self.by_field['address']:,}, bytes in "
+                 f"use {self.by_field['in_use']:,}"]
+        if self.unknowable:
+            lines.append(f"not knowable: {self.unknowable:,} records (buffers allocated "
+                         "before recording)")
+        if self.started_mid_run:
+            lines.append(f"recording started mid-run: "
+                         f"{format_size(self.bytes_in_use_at_start)} in use before the first "
+                         "record")
+        div = self.first_divergence
+        if div is None:
+            lines.append("every compared record matched")
+        else:
+            rec, mod = div["recorded"], div["model"]
+
+            def where(d: dict[str, Any]) -> str:
+                if d["address"] is None:
+                    return "nothing (refused)"
+                spot = d["place"]
+                at = (f"region {spot['region']:#x}+{spot['offset']:#x}" if spot
+                      else "outside the model's regions")
+                return f"chunk {d['chunk']} at {d['address']:#x} ({at}), in use {d['in_use']}"
+
+            lines += [f"matched without a break up to event {self.matched_until:,}",
+                      f"first divergence at event {div['event']:,}: {div['action']} of "
+                      f"{div['requested']} B (rounded {div['rounded']})"
+                      + (f" [{div['tag']}]" if div.get("tag") else ""),
+                      f"  recorded: {where(rec)}",
+                      f"  model:    {where(mod)}",
+                      f"  rule: {div['rule_text']}"]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def bfc_fidelity(trace: Trace, *, allow_growth: bool | None = None,
+                 garbage_collection: bool | None = None) -> BFCFidelityReport:
+    """Replay a BFC recording through ``bfc`` and compare after every call (module docstring).
+    Growth settings given are used as they are; those not given are inferred."""
+    started = time.perf_counter()
+    if not is_bfc_recording(trace):
+        raise BFCFidelityError(f"{trace.metadata.get('source', trace.name)}: not a BFC "
+                               "recording (expected a profiler .xplane.pb or log folder)")
+    meta = trace.metadata
+    limit = int(meta["bfc_memory_limit"])
+    tried = [s for s in SETTINGS if (allow_growth is None or s[0] == allow_growth)
+             and (garbage_collection is None or s[1] == garbage_collection)]
+    replays = [Replay(trace, limit, growth, gc).run() for growth, gc in tried]
+    best = max(replays, key=lambda r: (r.matched, r.matched_until))   # first wins ties
+    notes = []
+    if meta.get("time_ties"):
+        notes.append(f"{meta['time_ties']} groups of records share a timestamp; ordered by "
+                     "the bytes_allocated chain")
+    if best.prologue_bytes and not meta.get("prologue_events"):
+        notes.append("bytes in use before recording belong to buffers never freed in it")
+    return BFCFidelityReport(
+        trace=trace.name, source=str(meta.get("source", "")),
+        allocator=str(meta.get("allocator", "")), events=len(trace), memory_limit=limit,
+        allow_growth=best.allow_growth, garbage_collection=best.garbage_collection,
+        settings_tried=[{"allow_growth": r.allow_growth,
+                         "garbage_collection": r.garbage_collection, "matched": r.matched}
+                        for r in replays],
+        matched=best.matched, total=best.total, unknowable=best.unknowable,
+        by_field=best.by_field, matched_until=best.matched_until,
+        started_mid_run=best.prologue_bytes > 0, bytes_in_use_at_start=best.prologue_bytes,
+        model_regions=best.regions, first_divergence=best.divergence, notes=notes,
+        elapsed_s=time.perf_counter() - started)
