@@ -8,6 +8,9 @@ so the ``.xplane.pb`` holds every request the BFC allocator saw:
 - ``tf-cpu-100mb.xplane.pb``: the same at ``TF_CPU_BFC_MEM_LIMIT_IN_MB=100``;
 - ``tf-cpu-oom.xplane.pb``: a program that asks for more than a 4 MiB limit allows.
 
+``record("keras", ...)`` (a small Keras CNN, ``fit`` for 2 epochs) is not kept as a file: the
+tests run it live where TensorFlow is installed (tests/test_bfc_fidelity.py).
+
 Only the host plane is kept and only the allocator's own events (MemoryAllocation /
 MemoryDeallocation), re-serialised with the ``protobuf`` package, so the files stay small;
 everything else the profiler wrote (op events, Python trace) is dropped. Needs TensorFlow;
@@ -46,6 +49,16 @@ try:
                 loss = tf.reduce_mean((tf.nn.relu(x @ w1) @ w2 - y) ** 2)
             for var, grad in zip((w1, w2), tape.gradient(loss, (w1, w2))):
                 var.assign_sub(0.01 * grad)
+    elif kind == "keras":
+        # a small Keras CNN trained for 2 epochs with fit(): the Keras case
+        x = np.random.default_rng(0).normal(size=(512, 16, 16, 1)).astype("float32")
+        y = np.random.default_rng(1).integers(0, 10, size=512)
+        model = tf.keras.Sequential([
+            tf.keras.Input((16, 16, 1)), tf.keras.layers.Conv2D(8, 3, activation="relu"),
+            tf.keras.layers.MaxPooling2D(), tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(10)])
+        model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, epochs=2, batch_size=64, verbose=0)
     else:
         kept = []
         try:

@@ -143,3 +143,23 @@ def test_not_a_bfc_recording() -> None:
     trace = Trace.from_events([(0, "alloc", 1, 10)])
     with pytest.raises(BFCFidelityError):
         bfc_fidelity(trace)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limit_mb", [None, 100])
+def test_a_live_keras_run_matches_the_real_bfc_at_every_record(tmp_path, limit_mb) -> None:
+    # The cases, recorded now by TensorFlow's own BFC (CI installs the extra): a Keras
+    # fit() traced from before its first tensor, at the default limit and at 100 MiB.
+    pytest.importorskip("tensorflow")
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from make_xplane import record
+
+    from allocsim.sim.questions.bfc_fidelity import bfc_fidelity
+    from allocsim.traces import formats
+    extra = {} if limit_mb is None else {"TF_CPU_BFC_MEM_LIMIT_IN_MB": str(limit_mb)}
+    profile = record("keras", extra, str(tmp_path))
+    report = bfc_fidelity(formats.load(profile))
+    data = report.to_json_dict()
+    assert report.exit_status == 0, report.text()
+    assert data["matched"] == data["total"] > 1000
