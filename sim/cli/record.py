@@ -1,37 +1,75 @@
-"""``allocsim record``: run a Python program and record its CuPy allocations."""
+"""``allocsim record``: run a Python program and record its allocations (CuPy or JAX)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 
 from allocsim.policies import format_size
 from allocsim.sim.cli.common import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("record", help="run a Python program and record its CuPy allocations",
-                       description="allocsim record -o run.npz -- python train.py args: "
-                                   "installs a CuPy memory hook, runs the script, writes a "
-                                   "native trace (time, size, stream, call site). From your "
-                                   "own code: `with allocsim.traces.record.cupy('run.npz'): "
-                                   "...`.")
+    p = sub.add_parser("record", help="run a Python program and record its allocations",
+                       description="allocsim record -o run.npz -- python train.py args: runs "
+                                   "the script and writes a native trace. --framework cupy "
+                                   "(default) installs a CuPy memory hook (time, size, stream, "
+                                   "call site); --framework jax records the device buffers "
+                                   "JAX holds (arrays, each execution's temp buffer, donation). "
+                                   "From your own code: `with allocsim.traces.record.cupy("
+                                   "'run.npz'): ...` or `with allocsim.traces.record.jax("
+                                   "'run.npz'): ...`.")
     p.add_argument("-o", "--output", required=True, help="trace file to write (.npz, .csv, ...)")
-    p.add_argument("--log", help="also write the raw hook calls as a CuPy JSON-lines log")
+    p.add_argument("--framework", choices=("cupy", "jax"), default="cupy",
+                   help="whose allocations to record (default: cupy)")
+    p.add_argument("--log", help="also write the raw hook calls as a CuPy JSON-lines log "
+                                 "(--framework cupy)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- python script.py args")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from allocsim.traces.record import run_script  # imports the recorder only when recording
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise UserError("record: give the program after --, e.g. "
                         "allocsim record -o run.npz -- python train.py")
+    if args.framework == "jax":
+        if args.log:
+            raise UserError("record: --log is for --framework cupy (CuPy's hook calls)")
+        return _run_jax(command, args.output)
+    from allocsim.traces.record import run_script  # imports the recorder only when recording
     trace = run_script(command, args.output, log=args.log, require_cupy=True)
     peak, _ = trace.peak_live()
     print(f"wrote {args.output}: {len(trace):,} events, peak live {format_size(peak)}",
           file=sys.stderr)
     return 0
+
+
+def _run_jax(command: list[str], output: str) -> int:
+    """Record a JAX script; its failure's exit status is returned, its partial trace kept."""
+    from allocsim.traces.record.jax_recorder import record_script
+    result = record_script(command, output)
+    trace = result.trace
+    peak, _ = trace.peak_live()
+    if result.error is None:
+        print(f"wrote {output}: {len(trace):,} events, peak live {format_size(peak)}",
+              file=sys.stderr)
+        return 0
+    error = result.error
+    if isinstance(error, SystemExit):
+        if not isinstance(error.code, int) and error.code is not None:
+            print(error.code, file=sys.stderr)  # as Python prints sys.exit("message")
+    else:  # the script's own traceback, as Python would print it (the recorder's frames out)
+        tb = error.__traceback__
+        while tb is not None and tb.tb_next is not None and (
+                tb.tb_frame.f_code.co_filename.endswith("jax_recorder.py")
+                or "runpy" in tb.tb_frame.f_code.co_filename):
+            tb = tb.tb_next
+        traceback.print_exception(type(error), error, tb, file=sys.stderr)
+    print(f"allocsim: record: the script exited with status {result.exit_status}; partial "
+          f"trace written to {output} ({len(trace):,} events, peak live "
+          f"{format_size(peak)})", file=sys.stderr)
+    return result.exit_status

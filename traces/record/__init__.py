@@ -6,10 +6,13 @@
 - :func:`run_script` — runs a Python script under that recorder (``allocsim record -o out.npz
   -- python train.py args``);
 - :func:`record_torch` — runs a function under ``torch.profiler`` with ``profile_memory=True``
-  and converts its ``[memory]`` events (:mod:`allocsim.traces.record.torch_profiler`).
+  and converts its ``[memory]`` events (:mod:`allocsim.traces.record.torch_profiler`);
+- :func:`jax` — ``with allocsim.traces.record.jax("run.npz"):`` records the device buffers a
+  JAX program holds (arrays, each execution's temp buffer, donation) and saves the trace at
+  exit (:mod:`allocsim.traces.record.jax_recorder`; ``allocsim record --framework jax``).
 
-Importing this package imports neither CuPy nor torch: each is imported when first needed,
-so the package works (and is tested) on machines without them.
+Importing this package imports neither CuPy, torch nor JAX: each is imported when first
+needed, so the package works (and is tested) on machines without them.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only; importing would pull in CuPy
     from allocsim.traces.model import Trace
     from allocsim.traces.record.cupy_hook import TraceRecorderHook
+    from allocsim.traces.record.jax_recorder import JaxRecorder
 
-__all__ = ["TraceRecorderHook", "cupy", "record_torch", "run_script"]
+__all__ = ["TraceRecorderHook", "cupy", "jax", "record_torch", "run_script"]
 
 
 def cupy(path: str | os.PathLike[str] | None, *, log: str | os.PathLike[str] | None = None,
@@ -34,6 +38,16 @@ def cupy(path: str | os.PathLike[str] | None, *, log: str | os.PathLike[str] | N
     """
     from allocsim.traces.record.cupy_hook import TraceRecorderHook
     return TraceRecorderHook(path, log=log, **options)
+
+
+def jax(path: str | os.PathLike[str] | None, *, device: int = 0,
+        metadata: dict[str, Any] | None = None) -> JaxRecorder:
+    """A recorder to use as ``with allocsim.traces.record.jax(path):``; it saves ``path`` at
+    exit. ``device``: index into ``jax.devices()`` of the device recorded (default 0);
+    ``metadata`` is added to the trace's. See
+    :class:`allocsim.traces.record.jax_recorder.JaxRecorder`."""
+    from allocsim.traces.record.jax_recorder import JaxRecorder
+    return JaxRecorder(path, device=device, metadata=metadata)
 
 
 def run_script(argv: list[str], output: str | os.PathLike[str], **options: Any) -> Trace:

@@ -29,7 +29,6 @@ import datetime
 import errno
 import os
 import platform
-import re
 import runpy
 import sys
 import threading
@@ -54,13 +53,13 @@ from allocsim.traces.formats.cupy_log import (
     write_hook_log,
 )
 from allocsim.traces.model import NO_TAG, Trace
+from allocsim.traces.record.script_args import split_argv
 from allocsim.traces.validate import validate
 
 __all__ = ["CUPY_AVAILABLE", "TraceRecorderHook", "active_recorder", "run_script"]
 
 RECORDER = "allocsim TraceRecorderHook (CuPy memory hooks)"
 _COLUMNS = ("hook", "t", "device", "size", "mem_size", "ptr", "pmem_id", "stream", "tag")
-_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$", re.IGNORECASE)
 
 
 def _import_cupy() -> tuple[type, ModuleType | None]:
@@ -256,21 +255,6 @@ class TraceRecorderHook(_MemoryHook):  # type: ignore[misc, valid-type]
 
 
 # ====================================================================== run a script
-def _split_argv(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
-    """``(script path, module name, arguments)`` of ``[python] script args`` or
-    ``[python] -m module args``."""
-    args = list(argv)
-    if args and (_PYTHON.match(os.path.basename(args[0])) or args[0] == sys.executable):
-        args = args[1:]
-    if not args:
-        raise UserInputError("no script to run: expected [python] script.py [args...]")
-    if args[0] == "-m":
-        if len(args) < 2:
-            raise UserInputError("-m needs a module name")
-        return None, args[1], args[2:]
-    return args[0], None, args[1:]
-
-
 CUPY_MISSING = ("record: CuPy is not installed (pip install cupy-cuda12x); the recorder hooks "
                 "CuPy's allocator")
 
@@ -298,7 +282,7 @@ def run_script(argv: list[str], output: str | os.PathLike[str], *,
     ``require_cupy`` (the command line) a :class:`UserInputError` refuses before the script
     runs or anything is written.
     """
-    script, module, args = _split_argv(argv)
+    script, module, args = split_argv(argv)
     if script is not None and not Path(script).is_file():
         # errno, strerror, filename: the command line prints "SCRIPT: no such script".
         raise FileNotFoundError(errno.ENOENT, "no such script", script)

@@ -1,0 +1,520 @@
+"""Record the device buffers a JAX program holds over time, as an allocation trace.
+
+``with allocsim.traces.record.jax("run.npz"): ...`` (or ``allocsim record --framework jax -o
+run.npz -- python train.py``) records, on the device the program runs on (default: JAX's first
+device; the CPU on a machine without an accelerator):
+
+- every array placed or created — ``jax.device_put``, eager ops, the outputs of jitted
+  functions — one buffer of the array's ``nbytes`` (its shard's bytes on the recorded device
+  when it is sharded over several), allocated when the array appears;
+- every execution's temp buffer, ``memory_analysis().temp_size_in_bytes`` of that executable,
+  allocated before the execution and freed after it;
+- arguments given from the host (numpy arrays, Python scalars), transferred for the call and
+  freed after it;
+- donation: a donated argument is released at the call; an output whose buffer is the donated
+  one (same device pointer: XLA's input-output aliasing) takes that buffer over and allocates
+  nothing, a donated buffer no output reuses is freed;
+- an array is freed when the program drops it (a weak reference's callback) or deletes it.
+
+Arrays alive when recording starts (``jax.live_arrays()``) open the trace, tagged
+``<allocated before recording>``. Tags name the executable and, where the optimized HLO says,
+the op that produced the output (``jit(update)/sub``, ``jit(update)/temp``); an eager op is
+tagged with its primitive (``add``). Times are ``time.perf_counter_ns()`` from the start of
+recording, taken when Python dispatches (JAX runs asynchronously: the order is the program's,
+the times are dispatch times). How the hooks reach inside JAX:
+:mod:`allocsim.traces.record.jax_internals`.
+
+Events are kept as one ``array('q')`` of ``(time, op, buffer id, size, tag)`` rows, appended
+in one call each, so a weak-reference callback that fires in the middle of a hook (CPython
+runs them whenever an array's last reference goes) cannot tear a row.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import itertools
+import math
+import os
+import platform
+import runpy
+import sys
+import threading
+import time
+import warnings
+import weakref
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from allocsim.errors import UserInputError
+from allocsim.traces.formats import save
+from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
+from allocsim.traces.record import jax_internals
+from allocsim.traces.record.script_args import split_argv
+from allocsim.traces.validate import validate
+
+__all__ = ["PROLOGUE_TAG", "RECORDER", "JaxRecorder", "ScriptRun", "active_recorder",
+           "record_script", "run_script"]
+
+RECORDER = "allocsim JaxRecorder (JAX dispatch hooks)"
+PROLOGUE_TAG = "<allocated before recording>"
+_FIELDS = 5  # time, op, buffer id, size, tag
+_ACTIVE: list[JaxRecorder] = []
+
+
+def active_recorder() -> JaxRecorder | None:
+    """The JAX recorder whose with-block is running, or None."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+class _Ref(weakref.ref):
+    """A tracked array: the buffer id and size its free will carry."""
+
+    __slots__ = ("bid", "key", "size", "tag")
+    bid: int
+    key: int
+    size: int
+    tag: int
+
+
+@dataclass
+class _Executable:
+    info: jax_internals.ExecutableInfo
+    on_device: bool
+    temp_tag: int                  # -1: no temp buffer
+    output_tags: tuple[int, ...]
+
+
+class JaxRecorder:
+    """Records a JAX program's device buffers while its with-block runs; saves on exit.
+
+    ``output``: the trace file written on exit (format from the extension; None: keep in
+    memory, see :attr:`trace`); ``device``: index into ``jax.devices()`` of the device to
+    record (default 0); ``metadata``: added to the trace's. One recorder records at a time.
+    """
+
+    def __init__(self, output: str | os.PathLike[str] | None = None, *, device: int = 0,
+                 metadata: dict[str, Any] | None = None) -> None:
+        self.output = None if output is None else os.fspath(output)
+        self.device_index = device
+        self.metadata = dict(metadata or {})
+        self.trace: Trace | None = None  # set by close()
+        self._events = array("q")
+        self._tags: list[str] = []
+        self._tag_ids: dict[str, int] = {}
+        self._live: dict[int, _Ref] = {}
+        self._executables: dict[Any, _Executable] = {}
+        self._placement: dict[Any, int] = {}
+        self._ids = itertools.count()
+        self._local = threading.local()
+        self._t0 = time.perf_counter_ns()
+        self._hooks: jax_internals.Hooks | None = None
+        self._device: Any = None
+        self._array_type: type | None = None
+        self._versions: dict[str, Any] = {}
+        self._end_check: dict[str, Any] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ with-block
+    def __enter__(self) -> JaxRecorder:
+        jax_internals.check_version()
+        import jax
+        import jaxlib
+        from jax._src.lib import xla_client
+
+        if _ACTIVE:
+            raise UserInputError("a JAX recorder is already recording; nest none")
+        devices = jax.devices()
+        if not 0 <= self.device_index < len(devices):
+            raise UserInputError(f"device {self.device_index} does not exist (jax.devices() "
+                                 f"has {len(devices)})")
+        self._device = devices[self.device_index]
+        self._array_type = xla_client.ArrayImpl
+        self._versions = {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
+        self._t0 = time.perf_counter_ns()
+        prologue = self._tag(PROLOGUE_TAG)
+        for array_ in jax.live_arrays(self._device.platform):
+            self._track(array_, prologue)
+        self._hooks = jax_internals.Hooks(self._on_execute, self._on_inputs,
+                                          self._on_device_put, self._on_assemble,
+                                          self._on_delete)
+        self._hooks.install()
+        _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        try:
+            if self._hooks is not None:
+                self._hooks.uninstall()
+                self._hooks = None
+            self._end_check = self._check_against_live_arrays()
+        finally:
+            if self in _ACTIVE:
+                _ACTIVE.remove(self)
+            self._live.clear()  # the weak references go: their callbacks never run
+            self._executables.clear()
+            self.close()
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _tag(self, name: str) -> int:
+        tag = self._tag_ids.get(name)
+        if tag is None:
+            tag = self._tag_ids[name] = len(self._tags)
+            self._tags.append(name)
+        return tag
+
+    def _emit(self, op: int, bid: int, size: int, tag: int) -> None:
+        self._events.extend((time.perf_counter_ns() - self._t0, op, bid, size, tag))
+
+    def _dead(self, ref: _Ref) -> None:
+        """Weak-reference callback: the program dropped a tracked array."""
+        if self._live.get(ref.key) is ref:
+            del self._live[ref.key]
+        self._emit(OP_FREE, ref.bid, ref.size, ref.tag)
+
+    def _device_bytes(self, array_: Any) -> int | None:
+        """Bytes ``array_`` holds on the recorded device (None: it holds none there)."""
+        sharding = array_.sharding
+        mode = self._placement.get(sharding)
+        if mode is None:
+            devices = sharding.device_set
+            mode = 0 if self._device not in devices else 1 if len(devices) == 1 else 2
+            self._placement[sharding] = mode
+        if mode == 1:
+            return int(array_.nbytes)
+        if mode == 0:
+            return None
+        shard = sharding.shard_shape(array_.shape)
+        return math.prod(shard) * array_.dtype.itemsize
+
+    def _base(self, value: Any) -> Any:
+        """The ArrayImpl holding ``value``'s buffer (a typed PRNG key wraps one), or None."""
+        if type(value) is self._array_type:
+            return value
+        base = getattr(value, "_base_array", None)
+        return base if type(base) is self._array_type else None
+
+    def _tracked(self, array_: Any) -> _Ref | None:
+        ref = self._live.get(id(array_))
+        return ref if ref is not None and ref() is array_ else None
+
+    def _track(self, array_: Any, tag: int, bid: int | None = None,
+               size: int | None = None) -> None:
+        """Start following ``array_``; emits its alloc unless it takes over buffer ``bid``."""
+        if size is None:
+            try:
+                if array_.is_deleted():
+                    return
+                size = self._device_bytes(array_)
+            except Exception:  # an array JAX cannot describe (deleted under us)
+                return
+            if size is None:
+                return
+        ref = _Ref(array_, self._dead)
+        ref.key, ref.size, ref.tag = id(array_), size, tag
+        if bid is None:
+            ref.bid = next(self._ids)
+            self._emit(OP_ALLOC, ref.bid, size, tag)
+        else:
+            ref.bid = bid
+        self._live[ref.key] = ref
+
+    def _release(self, ref: _Ref) -> None:
+        """A tracked array's buffer went (deleted, donated): free it now."""
+        if self._live.get(ref.key) is ref:
+            del self._live[ref.key]
+        self._emit(OP_FREE, ref.bid, ref.size, ref.tag)
+
+    # ------------------------------------------------------------------ executions
+    def _describe(self, executable: Any) -> _Executable:
+        info = jax_internals.executable_info(executable)
+        try:
+            on_device = self._device in executable.xla_executable.local_devices()
+        except Exception:
+            on_device = True
+        name = info.name
+        inner = name[4:-1] if name.startswith("jit(") and name.endswith(")") else name
+
+        def output_tag(op: str) -> int:
+            if not op:
+                return self._tag(name)
+            return self._tag(inner if op == f"{name}/{inner}" else op)
+
+        return _Executable(info=info, on_device=on_device,
+                           temp_tag=self._tag(f"{name}/temp") if info.temp_bytes else -1,
+                           output_tags=tuple(output_tag(op) for op in info.output_ops))
+
+    def _on_execute(self, executable: Any, args: Sequence[Any],
+                    call: Callable[..., Any]) -> Any:
+        described = self._executables.get(executable)
+        if described is None:
+            described = self._executables[executable] = self._describe(executable)
+        if not described.on_device:
+            return call(executable, *args)
+        info = described.info
+        emit = self._emit
+        temp_bid = -1
+        if info.temp_bytes:
+            temp_bid = next(self._ids)
+            emit(OP_ALLOC, temp_bid, info.temp_bytes, described.temp_tag)
+        donated: list[tuple[Any, _Ref, int | None]] = []
+        if info.aliased_params:
+            kept_args = [a for i, a in enumerate(args) if i in info.kept]
+            for param in info.aliased_params:
+                position = param - info.token_params
+                if 0 <= position < len(kept_args):
+                    arg = self._base(kept_args[position])
+                    ref = self._tracked(arg) if arg is not None else None
+                    if ref is not None:
+                        donated.append((arg, ref, _pointer(arg)))
+        local = self._local
+        transfers: list[tuple[int, int]] = []
+        stack = getattr(local, "transfers", None)
+        if stack is None:
+            stack = local.transfers = []
+        stack.append((transfers, described))
+        try:
+            try:
+                outputs = call(executable, *args)
+            finally:
+                stack.pop()
+            self._outputs(outputs, described, donated)
+        finally:
+            if transfers:
+                tag = self._tag(f"{info.name}/argument")
+                for bid, size in transfers:
+                    emit(OP_FREE, bid, size, tag)
+            if temp_bid >= 0:
+                emit(OP_FREE, temp_bid, info.temp_bytes, described.temp_tag)
+        return outputs
+
+    def _outputs(self, outputs: Sequence[Any], described: _Executable,
+                 donated: list[tuple[Any, _Ref, int | None]]) -> None:
+        reusable: dict[int, _Ref] = {}
+        gone: list[_Ref] = []
+        for arg, ref, pointer in donated:
+            if arg.is_deleted():
+                gone.append(ref)
+                if pointer is not None:
+                    reusable[pointer] = ref
+        tags = described.output_tags
+        offset = len(tags) - len(outputs)
+        for index, value in enumerate(outputs):
+            out = self._base(value)
+            if out is None or self._tracked(out) is not None:
+                continue  # a token, or an input JAX forwarded as it was
+            position = index + offset
+            tag = tags[position] if 0 <= position < len(tags) and offset >= 0 \
+                else self._tag(described.info.name)
+            if reusable:
+                taken = reusable.pop(_pointer(out) or -1, None)
+                if taken is not None and self._device_bytes(out) == taken.size:
+                    gone.remove(taken)  # the donated buffer, now the output's
+                    del self._live[taken.key]
+                    self._track(out, taken.tag, bid=taken.bid, size=taken.size)
+                    continue
+            self._track(out, tag)
+        for ref in gone:
+            self._release(ref)
+
+    # ------------------------------------------------------------------ transfers, deletes
+    def _on_inputs(self, args: Sequence[Any], call: Callable[[], Any]) -> Any:
+        """An execution's arguments go to the device: a host value or a resharded array
+        becomes a buffer held for that execution (freed after its outputs appear)."""
+        local = self._local
+        local.inputs = getattr(local, "inputs", 0) + 1
+        try:
+            bufs = call()
+        finally:
+            local.inputs -= 1
+        stack = getattr(local, "transfers", None)
+        if not stack:
+            return bufs
+        transfers, described = stack[-1]
+        for arg, buf in zip(args, bufs):
+            if buf is arg or type(buf) is not self._array_type:
+                continue
+            size = self._device_bytes(buf)
+            if size:
+                bid = next(self._ids)
+                self._emit(OP_ALLOC, bid, size, self._tag(f"{described.info.name}/argument"))
+                transfers.append((bid, size))
+        return bufs
+
+    def _on_assemble(self, call: Callable[[], Any]) -> Any:
+        out = call()
+        if not getattr(self._local, "inputs", 0):  # not an execution's argument
+            base = self._base(out)
+            if base is not None and self._tracked(base) is None:
+                self._track(base, self._tag("device_put"))
+        return out
+
+    def _on_device_put(self, xs: Sequence[Any], call: Callable[[], Any]) -> Any:
+        inputs = []
+        for x in xs:
+            base = self._base(x)
+            ref = self._tracked(base) if base is not None else None
+            inputs.append((base, ref))
+        ys = call()
+        tag = self._tag("device_put")
+        for index, y in enumerate(ys):
+            out = self._base(y)
+            if out is None or self._tracked(out) is not None:
+                continue
+            source, ref = inputs[index] if index < len(inputs) else (None, None)
+            if ref is not None and source is not None and source.is_deleted() \
+                    and self._device_bytes(out) == ref.size:  # donated: the buffer moved
+                del self._live[ref.key]
+                self._track(out, ref.tag, bid=ref.bid, size=ref.size)
+                continue
+            self._track(out, tag)
+        for source, ref in inputs:
+            if ref is not None and self._live.get(ref.key) is ref and source.is_deleted():
+                self._release(ref)
+        return ys
+
+    def _on_delete(self, array_: Any) -> None:
+        ref = self._tracked(array_)
+        if ref is not None and array_.is_deleted():
+            self._release(ref)
+
+    # ------------------------------------------------------------------ results
+    def __len__(self) -> int:
+        return len(self._events) // _FIELDS
+
+    def _rows(self) -> np.ndarray:
+        return np.array(self._events, dtype=np.int64).reshape(-1, _FIELDS)
+
+    def live_bytes(self) -> int:
+        """Bytes the recording holds live now (every buffer, a running execution's temp
+        included)."""
+        rows = self._rows()
+        sizes = rows[:, 3]
+        return int(sizes[rows[:, 1] == OP_ALLOC].sum() - sizes[rows[:, 1] == OP_FREE].sum())
+
+    def _check_against_live_arrays(self) -> dict[str, Any]:
+        """The recording's live bytes against ``jax.live_arrays()`` now (kept in metadata)."""
+        import jax
+        arrays = jax.live_arrays(self._device.platform)
+        expected = 0
+        for array_ in arrays:
+            size = self._device_bytes(array_)
+            expected += size or 0
+        recorded = self.live_bytes()
+        if recorded != expected:
+            warnings.warn(f"JAX recording ends with {recorded:,} live bytes but "
+                          f"jax.live_arrays() holds {expected:,}", RuntimeWarning,
+                          stacklevel=3)
+        return {"recorded_live_bytes": recorded, "live_arrays_bytes": expected,
+                "match": recorded == expected}
+
+    def build_trace(self) -> Trace:
+        """The trace of the buffers so far (validated leniently, times never backwards)."""
+        rows = self._rows()
+        device = self._device
+        meta: dict[str, Any] = {
+            "recorder": RECORDER, **self._versions, "python": platform.python_version(),
+            "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"),
+            "device": str(device) if device is not None else None,
+            "platform": getattr(device, "platform", None),
+            "device_kind": getattr(device, "device_kind", None),
+            "temp_sizes": "memory_analysis().temp_size_in_bytes of each executable (XLA's "
+                          f"buffer assignment for {getattr(device, 'platform', '?')})"}
+        if self._end_check:
+            meta["end_check"] = self._end_check
+        meta.update(self.metadata)
+        name = Path(self.output).name.split(".")[0] if self.output else "jax-recording"
+        times = np.maximum.accumulate(rows[:, 0]) if len(rows) else rows[:, 0]
+        trace = Trace.from_columns(times, rows[:, 1], rows[:, 2], rows[:, 3], tag=rows[:, 4],
+                                   tags=list(self._tags), name=name,
+                                   source=self.output or "<jax recorder>", **meta)
+        trace, report = validate(trace, strict=False)
+        if report.repairs():
+            trace.metadata["validation"] = {"summary": report.summary(),
+                                            "repairs": report.repairs()}
+        return trace
+
+    def close(self) -> Trace:
+        """Build the trace and write ``output`` once; returns the trace."""
+        if self._closed and self.trace is not None:
+            return self.trace
+        self._closed = True
+        self.trace = self.build_trace()
+        if self.output is not None:
+            save(self.trace, self.output)
+        return self.trace
+
+
+def _pointer(array_: Any) -> int | None:
+    try:
+        return int(array_.unsafe_buffer_pointer())
+    except Exception:  # sharded over several devices, deleted, or a backend without pointers
+        return None
+
+
+# ====================================================================== run a script
+@dataclass
+class ScriptRun:
+    """What :func:`record_script` ran: the trace (saved), the script's exit status and, when
+    it failed, the exception it ended with."""
+
+    trace: Trace
+    exit_status: int
+    error: BaseException | None
+
+
+def record_script(argv: list[str], output: str | os.PathLike[str], *, device: int = 0,
+                  metadata: dict[str, Any] | None = None) -> ScriptRun:
+    """Run a Python script (``runpy``, as ``__main__``, with ``sys.argv`` set) under a
+    :class:`JaxRecorder` and save its trace to ``output``, whether or not it fails.
+
+    Refused before anything runs or is written (:class:`UserInputError`, one line): no
+    script, JAX not installed, a JAX version the hooks were not tested against. A
+    ``KeyboardInterrupt`` is re-raised after the trace is saved.
+    """
+    script, module, args = split_argv(argv)
+    if script is not None and not Path(script).is_file():
+        raise FileNotFoundError(errno.ENOENT, "no such script", script)
+    jax_internals.check_version()
+    meta = {"script": script if script is not None else f"-m {module}", "argv": list(argv)}
+    meta.update(metadata or {})
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [script if script is not None else str(module), *args]
+    sys.path.insert(0, str(Path(script).resolve().parent) if script is not None else os.getcwd())
+    recorder = JaxRecorder(output, device=device, metadata=meta)
+    status: int = 0
+    error: BaseException | None = None
+    try:
+        with recorder:
+            try:
+                if script is not None:
+                    runpy.run_path(script, run_name="__main__")
+                else:
+                    runpy.run_module(str(module), run_name="__main__", alter_sys=True)
+            except SystemExit as stop:
+                if stop.code not in (None, 0):
+                    status = stop.code if isinstance(stop.code, int) else 1
+                    error = stop
+            except Exception as failure:  # the script's own error, reported by the caller
+                status, error = 1, failure
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+    assert recorder.trace is not None
+    return ScriptRun(recorder.trace, status, error)
+
+
+def run_script(argv: list[str], output: str | os.PathLike[str], *, device: int = 0,
+               metadata: dict[str, Any] | None = None) -> Trace:
+    """:func:`record_script`, then, as the CuPy recorder's ``run_script`` does, re-raise the
+    script's failure (an exception, or ``SystemExit`` with a nonzero code) after saving."""
+    run = record_script(argv, output, device=device, metadata=metadata)
+    if run.error is not None:
+        raise run.error
+    return run.trace
