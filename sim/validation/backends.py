@@ -1,7 +1,8 @@
 """The validator's backends: each a way of replaying a trace for real, and the policy model its
 measurements are compared with (:data:`BACKENDS`). How each runs:
-:mod:`allocsim.sim.validation.host_device` (``host``), :mod:`allocsim.sim.validation.gpu_backends`
-(the others)."""
+:mod:`allocsim.sim.validation.host_device` (``host``),
+:mod:`allocsim.sim.validation.tensorflow_backend` (``tensorflow``, on the CPU),
+:mod:`allocsim.sim.validation.gpu_backends` (the others)."""
 
 from __future__ import annotations
 
@@ -31,5 +32,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             "cuda-async", False, True),
     Backend("torch", "PyTorch's CUDA caching allocator vs the pytorch model", "pytorch", True,
             True),
+    Backend("tensorflow", "TensorFlow's BFC allocator on the CPU (TF_CPU_ALLOCATOR_USE_BFC, "
+            "a child process, its profile) vs the bfc model, call by call", "bfc", True, False),
 )}
 DEFAULT_BACKEND = "policy"

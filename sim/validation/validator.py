@@ -27,6 +27,10 @@ Backends (:data:`~allocsim.sim.validation.backends.BACKENDS`):
 - ``cupy-async``: CuPy's MemoryAsyncPool (cudaMallocAsync) against ``cuda-async``.
 - ``torch``: ``torch.cuda.caching_allocator_alloc``/``_delete`` against the ``pytorch`` model,
   ``memory_reserved()``/``memory_allocated()`` after every event, byte for byte.
+- ``tensorflow``: TensorFlow's BFC allocator on the CPU, in a child process, against the
+  ``bfc`` model at TensorFlow's limit (:mod:`~allocsim.sim.validation.tensorflow_backend`):
+  every allocator call from its profile (chunk size, place, bytes in use), and reserved / in
+  use after every event. Needs TensorFlow, not a GPU.
 
 CuPy (and torch) are imported only inside the GPU backends: importing this module never needs
 them. Without a GPU every GPU backend raises :class:`NoGPUError`, one line, which the CLI
@@ -167,7 +171,16 @@ def validate(trace: Trace | str | Path, policy_spec: str | PolicySpec | None = N
         raise ValidatorError(f"{trace.name}: the validator replays one process, and this trace "
                              f"has {len(trace.processes())}; extract one first")
     tolerance: int | None = None
-    if chosen.name == "host":
+    tf_run = None
+    if chosen.name == "tensorflow":
+        from allocsim.sim.validation import tensorflow_backend as tfb
+        tf_run = tfb.run_tensorflow(trace, size)
+        trace = tf_run.replayed      # with TensorFlow's own calls, as its allocator saw them
+        profile = tfb.tensorflow_profile(profile, tf_run.limit, device_profile is not None)
+        if policy_spec is None:
+            spec = parse_policy(tfb.model_spec_text(tf_run.limit))
+        measured = tf_run.measured
+    elif chosen.name == "host":
         measured = drive(trace, spec, HostDevice(profile), patterns=patterns)
         measured.device_name = f"host ({platform.machine() or 'cpu'}, numpy buffers)"
         measured.versions = host_versions()
@@ -197,9 +210,13 @@ def validate(trace: Trace | str | Path, policy_spec: str | PolicySpec | None = N
             measured = run_torch(trace, profile, size)
         tolerance = measured.granularity
     simulated = simulate(trace, spec, profile)
-    return build_report(chosen, spec, trace, profile, simulated, measured,
-                        device_name=measured.device_name, versions=measured.versions,
-                        tolerance_bytes=tolerance)
+    report = build_report(chosen, spec, trace, profile, simulated, measured,
+                          device_name=measured.device_name, versions=measured.versions,
+                          tolerance_bytes=tolerance)
+    if tf_run is not None:
+        from allocsim.sim.validation.tensorflow_backend import add_tensorflow_checks
+        add_tensorflow_checks(report, tf_run)
+    return report
 
 
 def validate_results(results: str | Path, backend: str = DEFAULT_BACKEND, *,
