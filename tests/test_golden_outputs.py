@@ -4,7 +4,11 @@ The golden files were recorded before the move into the `allocsim` namespace (is
 change that alters a number, a key or the order of keys shows up here as a diff. Regenerate
 them only for an intended change of results, and say why in the commit. Changed since:
 compare's reason calls the offline plan a heuristic, not a bound, and names peak live as the
-bound (issue 16.15) — only the "reason" strings of the all-policies file changed.
+bound (issue 16.15) — only the "reason" strings of the all-policies file changed; a bundled
+JAX recording joined the bundled traces (sample-jax-cpu-train, issue 13), and a winner that
+ties the next policy on memory and on time is said to be first by name instead of "spends less
+time" (two reasons changed; no number did); the offline plan follows XLA's heap simulator
+(offsets aligned, sizes unpadded), which changed only its diagnostic heap_size.
 """
 
 from __future__ import annotations

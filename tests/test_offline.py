@@ -88,3 +88,22 @@ def test_offline_runs_out_of_memory_when_the_plan_does_not_fit() -> None:
     trace = Trace.from_events([(0, "alloc", 1, 600 << 20), (1, "alloc", 2, 600 << 20)])
     result = compare(trace, ["offline"], DeviceProfile("d", GiB)).results[0]
     assert not result.completed and result.first_oom_event == 1
+
+
+def test_a_winner_that_ties_on_memory_and_time_is_said_to_be_first_by_name() -> None:
+    trace = Trace.from_events([(0, "alloc", 1, 3 << 20), (1, "free", 1, None)])
+    result = compare(trace, ["on-demand", "jax:allocator=platform"], DeviceProfile("d", GiB),
+                     max_slowdown=None)
+    assert result.winner == "jax:allocator=platform"   # the same allocator under two names
+    assert "first by name" in result.reason and "spends less time" not in result.reason
+
+
+def test_the_plan_aligns_offsets_but_not_sizes_as_xlas_heap_simulator() -> None:
+    # Two buffers alive together, 100 B and 50 B, alignment 64: the larger goes at 0 and ends
+    # at 100; the other starts at the next aligned offset, 128, and ends at 178. XLA's temp
+    # allocation is that end, unpadded (a jax 0.10 CPU dump: size = max(offset + size)).
+    from allocsim.sim.questions.offline import plan_offline
+    trace = Trace.from_events([(0, "alloc", 1, 100), (1, "alloc", 2, 50),
+                               (2, "free", 1, None), (3, "free", 2, None)])
+    plan = plan_offline(trace, alignment=64)
+    assert plan.offsets.tolist() == [0, 128] and plan.heap_size == 178

@@ -3,6 +3,9 @@
 - ``default-training.npz``: the synthetic DNN training loop from
   :mod:`allocsim.traces.synth.training` at its default parameters and seed 0 (regenerate with
   ``python -m allocsim.traces.bundled``);
+- ``sample-jax-cpu-train.npz``: a real JAX run (CPU; a transformer block trained for 20 jitted,
+  donated steps) recorded with :func:`allocsim.traces.record.jax` by
+  ``experiments/record_jax.py``;
 - ``sample-torch-cpu-mlp.npz``, ``sample-torch-cpu-transformer.npz``: real PyTorch runs (CPU)
   recorded with :func:`allocsim.traces.record.record_torch` by
   ``experiments/record_samples.py``.

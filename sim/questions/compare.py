@@ -122,6 +122,12 @@ def pick_winner(results: Sequence[RunResult], max_slowdown: float | None = DEFAU
                       f"budget ({cost}){excluded}")
     second = done[1]
     if second.peak_reserved == best.peak_reserved:
+        if second.alloc_time_s == best.alloc_time_s:
+            # The same memory and the same modelled time (often the same allocator under two
+            # names): the name decides, and the reason says so rather than inventing a gap.
+            return best, (f"{best.policy} completes without OOM and ties {second.policy} on "
+                          f"peak reserved ({format_size(best.peak_reserved)}) and allocator "
+                          f"time ({cost}); first by name{excluded}")
         return best, (f"{best.policy} completes without OOM, ties {second.policy} on peak "
                       f"reserved ({format_size(best.peak_reserved)}) and spends less time in "
                       f"the allocator ({cost}){excluded}")

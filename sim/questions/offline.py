@@ -34,7 +34,7 @@ class OfflinePlan:
 
     alloc_events: np.ndarray
     free_events: np.ndarray    # the event that frees it, or len(trace) if never freed
-    sizes: np.ndarray          # rounded sizes
+    sizes: np.ndarray          # requested sizes (the bytes each buffer occupies)
     offsets: np.ndarray
     heap_size: int
     peak_live: int             # the lower bound (requested bytes)
@@ -60,9 +60,14 @@ def buffer_lifetimes(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def plan_offline(trace: Trace, alignment: int = 256) -> OfflinePlan:
-    """Global decreasing-size best-fit placement over the trace's known lifetimes."""
+    """Global decreasing-size best-fit placement over the trace's known lifetimes.
+
+    As XLA's heap simulator does: every offset is a multiple of ``alignment``, a buffer
+    occupies exactly its size from there (sizes are not padded), and the heap ends at the
+    highest byte used — so a temp allocation of XLA's ends unaligned when its last buffer does
+    (checked on a jax 0.10 CPU dump: allocation size = max(offset + size))."""
     starts, ends, requested = buffer_lifetimes(trace)
-    sizes = (-(-requested // alignment) * alignment).astype(np.int64)
+    sizes = requested.astype(np.int64)
     count = len(sizes)
     offsets = np.zeros(count, dtype=np.int64)
     placed = np.zeros(count, dtype=bool)
@@ -71,7 +76,7 @@ def plan_offline(trace: Trace, alignment: int = 256) -> OfflinePlan:
     for index in np.lexsort((starts, -sizes)):
         start, end, size = starts[index], ends[index], sizes[index]
         overlapping = placed & (starts < end) & (ends > start)
-        offset = _best_gap(offsets[overlapping], sizes[overlapping], int(size))
+        offset = _best_gap(offsets[overlapping], sizes[overlapping], int(size), alignment)
         offsets[index] = offset
         placed[index] = True
         heap = max(heap, offset + int(size))
@@ -79,19 +84,20 @@ def plan_offline(trace: Trace, alignment: int = 256) -> OfflinePlan:
     return OfflinePlan(starts, ends, sizes, offsets, heap, peak)
 
 
-def _best_gap(offsets: np.ndarray, sizes: np.ndarray, size: int) -> int:
-    """Lowest offset of the smallest gap of at least ``size`` bytes between the given address
-    intervals (which may overlap each other), or the top of them all."""
+def _best_gap(offsets: np.ndarray, sizes: np.ndarray, size: int, alignment: int = 1) -> int:
+    """Lowest aligned offset of the smallest gap that holds ``size`` bytes from an aligned
+    start, between the given address intervals (which may overlap each other), or the aligned
+    top of them all. A gap's size is counted from its aligned start."""
     if not len(offsets):
         return 0
     order = np.argsort(offsets, kind="stable")
     lows = offsets[order]
     highs = np.maximum.accumulate(lows + sizes[order])
-    gap_starts = np.concatenate([[0], highs[:-1]])
+    gap_starts = -(-np.concatenate([[0], highs[:-1]]) // alignment) * alignment
     gaps = lows - gap_starts
     fits = np.flatnonzero(gaps >= size)
     if not len(fits):
-        return int(highs[-1])
+        return int(-(-int(highs[-1]) // alignment) * alignment)
     best = fits[np.argmin(gaps[fits])]   # argmin takes the first (lowest offset) on ties
     return int(gap_starts[best])
 
