@@ -171,3 +171,40 @@ def test_policies_lists_every_name_policies_accepts(capsys) -> None:
     assert {"on-demand", "preallocate", "best-fit", "bfc", "pytorch", "cupy", "cuda-async",
             "buddy", "jax", "offline"} <= names
     assert "alignment=" in out and "memory_limit=" in out
+
+
+def test_a_trace_given_after_the_policy_list_is_taken_as_a_trace(capsys, small_trace) -> None:
+    code, out, _ = run(capsys, "compare", "--policies", "bfc", "on-demand", str(small_trace),
+                       "--json")
+    data = json.loads(out)
+    assert code == 0 and data["trace"]["name"] == "small"
+    assert [r["policy"] for r in data["results"]] == ["bfc", "on-demand"]
+
+
+def test_report_never_overwrites_a_file_it_did_not_write(capsys, tmp_path) -> None:
+    assert main(["compare", "--policies", "bfc", "--out", str(tmp_path / "r")]) == 0
+    capsys.readouterr()
+    notes = tmp_path / "notes.html"
+    notes.write_text("<html>my notes</html>")
+    code, _, err = run(capsys, "report", str(tmp_path / "r" / "results.json"), "-o", str(notes))
+    assert code == 2 and "is not an allocsim report" in err and err.count("\n") == 1
+    assert notes.read_text() == "<html>my notes</html>"
+    page = tmp_path / "page.html"
+    assert run(capsys, "report", str(tmp_path / "r" / "results.json"), "-o", str(page))[0] == 0
+    assert run(capsys, "report", str(tmp_path / "r" / "results.json"), "-o", str(page))[0] == 0
+
+
+def test_gen_lists_every_generators_parameters(capsys) -> None:
+    from allocsim.sim.cli.main import build_parser
+    gen = build_parser()._subparsers._group_actions[0].choices["gen"]  # type: ignore[union-attr]
+    text = gen.format_help()
+    assert "kvcache:" in text and "bytes_per_token" in text and "steps" in text
+
+
+def test_gen_and_convert_create_a_missing_output_folder(capsys, tmp_path, small_trace) -> None:
+    target = tmp_path / "new" / "deeper" / "t.npz"
+    assert run(capsys, "gen", "random", "events=1000", "-o", str(target))[0] == 0
+    assert target.exists()
+    converted = tmp_path / "other" / "t.csv"
+    assert run(capsys, "convert", str(small_trace), str(converted))[0] == 0
+    assert converted.exists()

@@ -10,6 +10,7 @@ import math
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from allocsim.errors import UserInputError
@@ -147,6 +148,12 @@ def progress_printer(enabled: bool) -> Callable[[str, int, int], None] | None:
                          + end)
         sys.stderr.flush()
     return show
+
+
+def ensure_parent(path: str) -> None:
+    """The one rule for output paths on the command line: a missing folder is created (as
+    ``--out DIR`` is), so ``gen``, ``convert``, ``report`` and ``export-snapshot`` agree."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
 
 
 def print_json(data: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from allocsim.policies import DEFAULT_POLICIES
 from allocsim.policies.registry import alloc_conf_spec
@@ -44,7 +45,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _traces_after_policies(args: argparse.Namespace) -> None:
+    """``compare --policies bfc run.npz``: argparse gives the trace to ``--policies``. An item
+    that names an existing file or folder is a trace, not a policy spec; move it back."""
+    specs = args.policies or []
+    traces = [p for p in specs if Path(p).exists()]
+    if traces:
+        args.policies = [p for p in specs if p not in traces] or None
+        args.traces = [*args.traces, *traces]
+
+
 def run(args: argparse.Namespace) -> int:
+    _traces_after_policies(args)
     budget = max_slowdown_option(args.max_slowdown)
     device = device_from_args(args)
     policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]

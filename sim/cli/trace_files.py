@@ -6,20 +6,38 @@ import argparse
 from pathlib import Path
 
 from allocsim.policies import format_size
-from allocsim.sim.cli.common import UserError, add_reading_options, load_trace, print_json
+from allocsim.sim.cli.common import (
+    UserError,
+    add_reading_options,
+    ensure_parent,
+    load_trace,
+    print_json,
+)
 from allocsim.sim.output.tables import format_table
 from allocsim.traces import formats, synth
 from allocsim.traces.summary import summarize
 
 
 def register_gen(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gen", help="generate a synthetic trace")
+    p = sub.add_parser("gen", help="generate a synthetic trace",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=_generator_parameters())
     p.add_argument("kind", help=f"one of: {', '.join(synth.GENERATORS)}")
     p.add_argument("params", nargs="*", metavar="key=value", help="generator parameters")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("-o", "--output", required=True,
                    help="file to write (.npz, .csv, .csv.gz, .jsonl)")
     p.set_defaults(func=run_gen)
+
+
+def _generator_parameters() -> str:
+    """Every generator kind and its parameters with their defaults, for ``gen --help``."""
+    lines = ["generators and their parameters (key=value; default in brackets):"]
+    for name, info in synth.GENERATORS.items():
+        lines.append(f"  {name}: {info.description}")
+        for key, (kind, default, text) in info.params.items():
+            lines.append(f"    {key} ({kind.__name__}) [{default}]  {text}")
+    return "\n".join(lines)
 
 
 def register_info(sub: argparse._SubParsersAction) -> None:
@@ -42,6 +60,7 @@ def register_convert(sub: argparse._SubParsersAction) -> None:
 def run_gen(args: argparse.Namespace) -> int:
     params = synth.parse_params(args.kind, args.params)
     trace = synth.generate(args.kind, seed=args.seed, **params)
+    ensure_parent(args.output)
     formats.save(trace, args.output)
     peak, _ = trace.peak_live()
     print(f"wrote {args.output}: {len(trace):,} events, peak live {format_size(peak)}")
@@ -111,6 +130,7 @@ def run_convert(args: argparse.Namespace) -> int:
     if Path(args.input).resolve() == Path(args.output).resolve():
         raise UserError(f"{args.output}: refusing to overwrite the input file")
     trace = load_trace(args.input, args)
+    ensure_parent(args.output)
     formats.save(trace, args.output)
     print(f"wrote {args.output}: {len(trace):,} events")
     return 0

@@ -205,13 +205,31 @@ def render_report(documents: Sequence[dict[str, Any]], title: str = "allocsim re
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
             f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
-            f"<h1>{html.escape(title)}</h1><p class=meta>made by allocsim, {stamp}</p>"
+            f"<h1>{html.escape(title)}</h1>{REPORT_MARK}, {stamp}</p>"
             + "".join(sections) + f"<script>{_CHECK_SCRIPT}</script></body></html>")
 
 
 def write_report(documents: Sequence[dict[str, Any]], path: str | Path,
                  title: str = "allocsim report") -> Path:
     path = Path(path)
+    _refuse_a_file_not_ours(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_report(documents, title), encoding="utf-8")
     return path
+
+
+REPORT_MARK = "<p class=meta>made by allocsim"
+
+
+def _refuse_a_file_not_ours(path: Path) -> None:
+    """An existing file is replaced only when it is an allocsim report (its ``made by
+    allocsim`` line): a user's page, notes or data are never overwritten."""
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise UserInputError(f"{path}: exists and is not a file; refusing to write the report")
+    with path.open("rb") as handle:
+        head = handle.read(1 << 20)
+    if REPORT_MARK.encode() not in head:
+        raise UserInputError(f"{path}: exists and is not an allocsim report; refusing to "
+                             "overwrite it (choose another -o)")
