@@ -37,6 +37,17 @@ OP_FREE = 1
 OP_NAMES = {OP_ALLOC: "alloc", OP_FREE: "free"}
 OP_CODES = {"alloc": OP_ALLOC, "free": OP_FREE}
 SIZE_UNKNOWN = -1
+# The columns are int64: a number a format writes outside this range cannot be held, and an
+# importer refuses it by name (file, event, field) rather than overflow or wrap.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def int64_problem(value: int) -> str | None:
+    """Why ``value`` cannot be a trace number, or None when it can."""
+    if not INT64_MIN <= value <= INT64_MAX:
+        shown = str(value) if len(str(value)) <= 24 else f"{float(value):.3e}"
+        return f"{shown} does not fit in 64 bits"
+    return None
 NO_TAG = -1
 
 COLUMN_DTYPES: dict[str, type] = {

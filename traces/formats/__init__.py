@@ -151,7 +151,15 @@ def load_with_report(path: str | os.PathLike[str], *, strict: bool | None = None
         name = format_for(source, data[:_HEAD_BYTES])
         fmt = FORMATS[name]
         _check_options(name, fmt.options, given, source)
-        trace = fmt.reader(data, source, _stem(p), **given)
+        try:
+            trace = fmt.reader(data, source, _stem(p), **given)
+        except OverflowError:
+            # The class "numbers a format cannot hold": readers refuse them by field; this
+            # catches any one that a reader does not name, still as one line for the file.
+            raise TraceError("holds a number too large for a 64-bit trace column",
+                             source=source) from None
+        except RecursionError:
+            raise TraceError("is nested too deeply to read", source=source) from None
         recorded = fmt.recorded
     if strict is None:
         strict = not recorded

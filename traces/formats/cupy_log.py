@@ -79,7 +79,7 @@ from allocsim.traces.formats.torch_profiler import (
     intern_tags,
     parse_device_index,
 )
-from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
+from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError, int64_problem
 
 __all__ = [
     "FORMAT_NAME",
@@ -357,6 +357,8 @@ def _parse_lines(lines: list[str], source: str) -> tuple[HookEvents, dict[str, A
             record = json.loads(line)
         except ValueError as err:
             raise fail(f"bad JSON: {err}") from None
+        except RecursionError:
+            raise fail("JSON nested too deeply to read") from None
         if not isinstance(record, dict):
             raise fail("expected a JSON object")
         if HEADER_KEY in record and record_no == 0 and not metadata:
@@ -423,16 +425,22 @@ def _parse_record(record: dict[str, Any], fail: Callable[[str], TraceError],
 
 def _integer(value: Any, key: str, fail: Callable[[str], TraceError]) -> int:
     """An int, or a hex string such as DebugPrintHook's ``"0x7f39200c5278"``."""
+    number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
             raise fail(f"{key} {value!r} is negative")
-        return value
-    if isinstance(value, str):
+        number = value
+    elif isinstance(value, str):
         try:
-            return int(value, 0)
+            number = int(value, 0)
         except ValueError:
             pass
-    raise fail(f"{key} {value!r} is not an integer")
+    if number is None:
+        raise fail(f"{key} {value!r} is not an integer")
+    problem = int64_problem(number)
+    if problem:
+        raise fail(f"{key} {problem}")
+    return number
 
 
 register_format(FORMAT_NAME, (".log", ".log.gz", ".cupy.jsonl", ".cupy.jsonl.gz"),

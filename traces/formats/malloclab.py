@@ -44,7 +44,14 @@ import numpy as np
 
 from allocsim.traces.formats.native import file_metadata
 from allocsim.traces.formats.registry import register_format
-from allocsim.traces.model import OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace, TraceError
+from allocsim.traces.model import (
+    OP_ALLOC,
+    OP_FREE,
+    SIZE_UNKNOWN,
+    Trace,
+    TraceError,
+    int64_problem,
+)
 
 __all__ = ["FORMAT_NAME", "detect_malloclab", "read_malloclab"]
 
@@ -154,6 +161,10 @@ def _request(line: str, n_ids: int) -> tuple[str, int, int]:
         numbers = [int(f) for f in fields[1:]]
     except ValueError:
         raise ValueError(f"{line!r} has a value that is not an integer") from None
+    for number in numbers:
+        problem = int64_problem(number)
+        if problem:
+            raise ValueError(problem)
     block = numbers[0]
     if kind == "f" and block == NULL_ID:
         return kind, block, 0

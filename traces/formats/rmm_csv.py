@@ -44,7 +44,7 @@ import numpy as np
 from allocsim.traces.formats.native import file_metadata
 from allocsim.traces.formats.registry import register_format
 from allocsim.traces.formats.torch_profiler import AddressMatcher, build_trace
-from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
+from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError, int64_problem
 
 __all__ = ["FORMAT_NAME", "HEADER", "detect_rmm_csv", "parse_time", "read_rmm_csv"]
 
@@ -73,8 +73,12 @@ def _header_fields(line: str) -> tuple[str, ...]:
 def parse_time(text: str) -> int:
     """Nanoseconds of an RMM ``Time`` cell: ``HH:MM:SS:ffffff`` (or ``.ffffff``), or seconds.
 
-    Raises ValueError for anything else.
+    Raises ValueError for anything else, and for a time beyond 64-bit nanoseconds.
     """
+    return _fits(_parse_time(text), "Time")
+
+
+def _parse_time(text: str) -> int:
     text = text.strip()
     parts = text.split(":")
     if len(parts) == 4:  # HH:MM:SS:microseconds, the logger's "%H:%M:%S:%f"
@@ -231,7 +235,14 @@ class _Rows:
 def _int(text: str, field: str) -> int:
     if not text.isdigit():
         raise ValueError(f"{field} {text!r} is not a non-negative integer")
-    return int(text)
+    return _fits(int(text), field)
+
+
+def _fits(value: int, field: str) -> int:
+    problem = int64_problem(value)
+    if problem:
+        raise ValueError(f"{field} {problem}")
+    return value
 
 
 def _handle(text: str) -> int | str:
@@ -244,9 +255,10 @@ def _handle(text: str) -> int | str:
 
 def _hex(text: str) -> int:
     try:
-        return int(text, 16)  # int() accepts an optional 0x prefix with base 16
+        address = int(text, 16)  # int() accepts an optional 0x prefix with base 16
     except ValueError:
         raise ValueError(f"Pointer {text!r} is not a hex address") from None
+    return _fits(address, "Pointer")
 
 
 register_format(FORMAT_NAME, (".rmm.csv", ".rmm.csv.gz"), read_rmm_csv, detect=detect_rmm_csv,

@@ -51,6 +51,7 @@ matching and prologue assembly shared with the CuPy and RMM importers.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -58,7 +59,15 @@ import numpy as np
 
 from allocsim.traces.formats.native import file_metadata
 from allocsim.traces.formats.registry import register_format
-from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
+from allocsim.traces.model import (
+    INT64_MAX,
+    NO_TAG,
+    OP_ALLOC,
+    OP_FREE,
+    Trace,
+    TraceError,
+    int64_problem,
+)
 
 __all__ = [
     "FORMAT_NAME",
@@ -319,6 +328,9 @@ def _trace_events(data: bytes, source: str) -> tuple[list[Any], dict[str, Any]]:
                          source=source) from None
     except ValueError as err:
         raise TraceError(f"not a JSON chrome trace: {err}", source=source) from None
+    except RecursionError:
+        raise TraceError("not a chrome trace: JSON nested too deeply to read",
+                         source=source) from None
     if isinstance(top, list):
         return top, {}
     if isinstance(top, dict) and isinstance(top.get("traceEvents"), list):
@@ -342,6 +354,10 @@ def _memory_events(events: list[Any], source: str) -> _Memory:
         ts = event.get("ts")
         if isinstance(ts, bool) or not isinstance(ts, (int, float)):
             raise TraceError(f"[memory] event ts {ts!r} is not a number", source=source, event=i)
+        if not math.isfinite(ts) or abs(ts) * 1000 > INT64_MAX:
+            raise TraceError(f"[memory] event ts {ts!r} is not a time in microseconds a trace "
+                             "can hold (finite, within 64-bit nanoseconds)", source=source,
+                             event=i)
         memory.index.append(i)
         memory.ts.append(float(ts))
         memory.thread.append((_hashable(event.get("pid")), _hashable(event.get("tid"))))
@@ -366,11 +382,14 @@ def _int_arg(args: dict[str, Any], key: str, event: int, source: str,
     value = args.get(key, default)
     if value is None:
         raise TraceError(f"[memory] event without {key!r}", source=source, event=event)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TraceError(f"[memory] {key} {value!r} is not an integer", source=source,
                          event=event)
+    problem = int64_problem(value)
+    if problem:
+        raise TraceError(f"[memory] {key} {problem}", source=source, event=event)
     return value
 
 
