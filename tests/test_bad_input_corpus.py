@@ -60,3 +60,21 @@ def test_a_bad_input_is_one_line_exit_2_and_nothing_changes(tmp_path: Path, caps
     assert err.startswith(f"allocsim: error: {path}") and err.count("\n") == 1, err
     assert problem in err and "Traceback" not in err
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_compression_bomb_is_refused_before_it_fills_memory(tmp_path: Path, capsys,
+                                                              monkeypatch) -> None:
+    import gzip
+    monkeypatch.setenv("ALLOCSIM_MAX_INPUT_BYTES", str(1 << 20))
+    bomb = tmp_path / "bomb.csv.gz"
+    # 64 MiB of CSV rows in a file of a few hundred KiB
+    row = b"0,alloc,1,64\n"
+    bomb.write_bytes(gzip.compress(b"time_ns,op,id,size\n" + row * ((64 << 20) // len(row))))
+    assert main(["info", str(bomb)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ALLOCSIM_MAX_INPUT_BYTES" in err
+    assert "decompresses to more than 1,048,576 bytes" in err
+    big = tmp_path / "big.csv"
+    big.write_bytes(b"time_ns,op,id,size\n" + row * 100_000)
+    assert main(["info", str(big)]) == 2
+    assert "the file holds more than" in capsys.readouterr().err

@@ -27,6 +27,7 @@ wrong.
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import secrets
 import zlib
@@ -100,8 +101,28 @@ def format_for(path: str | os.PathLike[str], head: bytes) -> str:
                      + ", ".join(supported_extensions()) + ")", source=os.fspath(path))
 
 
+MAX_INPUT_ENV = "ALLOCSIM_MAX_INPUT_BYTES"
+DEFAULT_MAX_INPUT_BYTES = 2 << 30   # 2 GiB of file (after decompression): ~60M events of CSV
+
+
+def max_input_bytes() -> int:
+    """The most bytes a trace file may hold once decompressed, ``ALLOCSIM_MAX_INPUT_BYTES``
+    or 2 GiB. Readers hold the file in memory (a few times its size while parsing), so a
+    larger one — or a small ``.gz`` that expands to gigabytes — is refused up front."""
+    text = os.environ.get(MAX_INPUT_ENV, "")
+    return int(text) if text.isdigit() and int(text) > 0 else DEFAULT_MAX_INPUT_BYTES
+
+
+def _too_large(limit: int, source: str, what: str) -> TraceError:
+    return TraceError(f"{what} more than {limit:,} bytes, the input limit (set "
+                      f"{MAX_INPUT_ENV}=BYTES to lift it)", source=source)
+
+
 def _read_bytes(path: Path, source: str) -> bytes:
+    limit = max_input_bytes()
     try:
+        if path.stat().st_size > limit:
+            raise _too_large(limit, source, "the file holds")
         raw = path.read_bytes()
     except FileNotFoundError:
         raise TraceError("no such file", source=source) from None
@@ -111,9 +132,14 @@ def _read_bytes(path: Path, source: str) -> bytes:
         raise TraceError(f"cannot read: {err.strerror or err}", source=source) from None
     if raw.startswith(_GZIP_MAGIC):
         try:
-            return gzip.decompress(raw)
+            # Read at most limit + 1 bytes: a compression bomb stops here, not in memory.
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
+                data = stream.read(limit + 1)
         except (OSError, EOFError, zlib.error) as err:
             raise TraceError(f"corrupt gzip data: {err}", source=source) from None
+        if len(data) > limit:
+            raise _too_large(limit, source, "it decompresses to")
+        return data
     return raw
 
 
