@@ -34,3 +34,14 @@ def test_the_baseline_example_runs_as_written(tmp_path: Path, monkeypatch,
     assert main([first[1], *traces, *first[3:]]) == 0
     assert main(second[1:]) == 0
     assert "baseline.json" in capsys.readouterr().out
+
+
+def test_the_example_sweep_grid_the_readme_names_runs(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from allocsim.sim.cli.main import main
+    grid = README.parent / "docs" / "examples" / "grid.toml"
+    assert "docs/examples/grid.toml" in README.read_text()
+    out = tmp_path / "results.jsonl"
+    assert main(["sweep", str(grid), "--output", str(out), "--workers", "1"]) == 0
+    assert len(out.read_text().splitlines()) == 30   # 6 traces × 5 policies × 1 × 1
+    assert not (grid.parent / "example-results.jsonl").exists()
