@@ -43,8 +43,11 @@ JAX_PARAMS = {
 def _jax_policy(params: dict[str, Any]) -> PolicySpec:
     """JAX on GPU (jaxlib/xla_client.py, xla/pjrt/gpu/gpu_helpers.cc; allocators.md §2):
     BFC with allow_growth = not preallocate and memory_limit = fraction × total memory;
-    platform = no caching; cuda_async = the stream-ordered pool, release threshold
-    fraction × total."""
+    platform = no caching; cuda_async = the stream-ordered pool as XLA's
+    CreateCudaAsyncAllocator (xla/pjrt/gpu/se_gpu_pjrt_client.cc) builds it: with preallocate
+    (JAX's default) it reserves fraction × total up front and keeps that much at a sync
+    (reserve_memory, reserve_memory_size = allocator_memory); without, nothing is reserved and
+    the release threshold is 0."""
     allocator = params.get("allocator", "bfc")
     fraction = params.get("fraction", 0.75)
     if allocator in ("bfc", "default"):
@@ -54,7 +57,9 @@ def _jax_policy(params: dict[str, Any]) -> PolicySpec:
     if allocator == "platform":
         return parse_policy("on-demand")
     if allocator == "cuda_async":
-        return parse_policy(f"cuda-async:fraction={fraction}")
+        if params.get("preallocate", True):
+            return parse_policy(f"cuda-async:fraction={fraction},preallocate=true")
+        return parse_policy("cuda-async")
     raise PolicySpecError(f"preset 'jax': allocator must be bfc, platform or cuda_async, "
                           f"got {allocator!r}")
 

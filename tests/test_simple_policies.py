@@ -132,7 +132,10 @@ def test_every_policy_is_described() -> None:
     ("jax:fraction=0.5", "preallocate:fraction=0.5"),
     ("jax:preallocate=false", "bfc:fraction=0.75"),
     ("jax:allocator=platform", "on-demand"),
-    ("jax:allocator=cuda_async", "cuda-async:fraction=0.75"),
+    # XLA's CreateCudaAsyncAllocator: preallocate reserves fraction × total up front and keeps
+    # it; without preallocation the release threshold is 0 (issue 16a)
+    ("jax:allocator=cuda_async", "cuda-async:fraction=0.75,preallocate=true"),
+    ("jax:preallocate=false,allocator=cuda_async", "cuda-async"),
 ])
 def test_jax_presets_map_onto_the_policies_jax_builds(preset: str, stands_for: str) -> None:
     spec = parse_policy(preset)

@@ -28,8 +28,10 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("cupy-pool", "CuPy's MemoryPool vs the cupy model", "cupy", True, True),
     Backend("cupy-raw", "cudaMalloc/cudaFree per buffer (CuPy, no pool) vs on-demand",
             "on-demand", False, True),
-    Backend("cupy-async", "CuPy's MemoryAsyncPool (cudaMallocAsync) vs cuda-async",
-            "cuda-async", False, True),
+    # MemoryAsyncPool.__init__ calls set_limit(), which with no CUPY_GPU_MEMORY_LIMIT sets the
+    # release threshold to UINT64_MAX: the pool never shrinks (cupy/cuda/memory.pyx).
+    Backend("cupy-async", "CuPy's MemoryAsyncPool (cudaMallocAsync) vs cuda-async with "
+            "CuPy's never-release threshold", "cuda-async:release_threshold=8EiB", False, True),
     Backend("torch", "PyTorch's CUDA caching allocator vs the pytorch model", "pytorch", True,
             True),
     Backend("tensorflow", "TensorFlow's BFC allocator on the CPU (TF_CPU_ALLOCATOR_USE_BFC, "
