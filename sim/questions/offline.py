@@ -10,8 +10,11 @@ it exactly) and an online allocator can beat this heuristic (best fit did on a d
 NoFragmentationStatsHeap); the gap between this heap and it is what the heuristic, knowing the
 future, could not save.
 
-Cost: O(B · P) vector work for B buffers and P placed buffers overlapping in time (numpy does
-the inner loop); a 10k-buffer trace plans in well under a second, 500k buffers take minutes.
+The placement itself is :func:`allocsim.traces.plan.plan_lifetimes` (pure numpy over
+lifetimes, shared with the synthetic generators' ``pattern=jax``); this module adds the trace's
+lifetimes and the plan as a run. Cost: O(B · P) vector work for B buffers and P placed buffers
+overlapping in time (numpy does the inner loop); a 10k-buffer trace plans in well under a
+second, 500k buffers take minutes.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from allocsim.policies.units import round_up
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.results import RunResult, Timeline
 from allocsim.traces.model import OP_ALLOC, Trace
+from allocsim.traces.plan import best_gap, plan_lifetimes
 
 OFFLINE_NAME = "offline"
 
@@ -68,38 +72,14 @@ def plan_offline(trace: Trace, alignment: int = 256) -> OfflinePlan:
     (checked on a jax 0.10 CPU dump: allocation size = max(offset + size))."""
     starts, ends, requested = buffer_lifetimes(trace)
     sizes = requested.astype(np.int64)
-    count = len(sizes)
-    offsets = np.zeros(count, dtype=np.int64)
-    placed = np.zeros(count, dtype=bool)
-    heap = 0
-    # Largest first; ties by earlier start (XLA sorts by size, then by the buffer's order).
-    for index in np.lexsort((starts, -sizes)):
-        start, end, size = starts[index], ends[index], sizes[index]
-        overlapping = placed & (starts < end) & (ends > start)
-        offset = _best_gap(offsets[overlapping], sizes[overlapping], int(size), alignment)
-        offsets[index] = offset
-        placed[index] = True
-        heap = max(heap, offset + int(size))
+    offsets, heap = plan_lifetimes(starts, ends, sizes, alignment)
     peak, _ = trace.peak_live()
     return OfflinePlan(starts, ends, sizes, offsets, heap, peak)
 
 
-def _best_gap(offsets: np.ndarray, sizes: np.ndarray, size: int, alignment: int = 1) -> int:
-    """Lowest aligned offset of the smallest gap that holds ``size`` bytes from an aligned
-    start, between the given address intervals (which may overlap each other), or the aligned
-    top of them all. A gap's size is counted from its aligned start."""
-    if not len(offsets):
-        return 0
-    order = np.argsort(offsets, kind="stable")
-    lows = offsets[order]
-    highs = np.maximum.accumulate(lows + sizes[order])
-    gap_starts = -(-np.concatenate([[0], highs[:-1]]) // alignment) * alignment
-    gaps = lows - gap_starts
-    fits = np.flatnonzero(gaps >= size)
-    if not len(fits):
-        return int(-(-int(highs[-1]) // alignment) * alignment)
-    best = fits[np.argmin(gaps[fits])]   # argmin takes the first (lowest offset) on ties
-    return int(gap_starts[best])
+# The placement core lives in allocsim.traces.plan (the generators' pattern=jax plans each
+# step's temp buffer with it, and traces/ may not import sim/); the old private name stays.
+_best_gap = best_gap
 
 
 def offline_result(trace: Trace, device: DeviceProfile, alignment: int = 256) -> RunResult:

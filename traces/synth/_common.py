@@ -17,6 +17,7 @@ import inspect
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Union
 
 import numpy as np
@@ -166,6 +167,20 @@ class StepProgram:
     def live_slots(self) -> list[int]:
         return sorted(self._live)
 
+    def table(self) -> ProgramTable:
+        """The program as arrays, for renderers other than :meth:`render` (``pattern=jax``)."""
+        n_features = len(self.features)
+        return ProgramTable(
+            features=self.features,
+            op=np.array(self._op, dtype=np.int8),
+            slot=np.array(self._slot, dtype=np.int64),
+            size=np.array(self._size, dtype=np.int64).reshape(-1, n_features),
+            work=np.array(self._work, dtype=np.float64).reshape(-1, n_features),
+            slot_size=np.array(self._slot_size, dtype=np.int64).reshape(-1, n_features),
+            slot_tag=tuple(self._slot_tag),
+            handed_on={old: new for old, new in self._inherited.items() if new is not None},
+        )
+
     def require_closed(self) -> None:
         """Raise unless every buffer the step allocated is freed (a per-step invariant).
 
@@ -233,6 +248,22 @@ class StepProgram:
             "tag": np.tile(np.array(self._tag, dtype=np.int32), n_steps),
             "gap_ns": gap,
         }
+
+
+@dataclass(frozen=True)
+class ProgramTable:
+    """A :class:`StepProgram` as arrays: per event its op, slot and the linear forms of its
+    size and preceding work (rows in ``features`` order); per slot its size form and tag;
+    ``handed_on`` maps each inherited slot to the slot that replaces it for the next step."""
+
+    features: tuple[str, ...]
+    op: np.ndarray
+    slot: np.ndarray
+    size: np.ndarray
+    work: np.ndarray
+    slot_size: np.ndarray
+    slot_tag: tuple[str, ...]
+    handed_on: dict[int, int]
 
 
 def jittered(rng: np.random.Generator, ns: np.ndarray) -> np.ndarray:
@@ -386,3 +417,16 @@ def functional_update(p: StepProgram, shapes: Mapping[str, int], elt_bytes: int,
         p.hand_on(params[index], p.alloc(f"param/{_owner(name)}", nbytes, work=work))
         if tmp is not None:
             p.free(tmp, work=memory_ns(4 * nbytes))
+
+
+# ---------------------------------------------------------------------- allocation patterns
+PATTERNS = ("eager", "jax")
+
+
+def check_pattern(pattern: str, optimizer_mode: str, temp_alignment: int) -> None:
+    """Validate ``pattern`` with the optimizer mode (a jitted step is functional)."""
+    choice("pattern", pattern, PATTERNS)
+    positive(temp_alignment=temp_alignment)
+    if pattern == "jax" and optimizer_mode != "functional":
+        raise UserInputError("pattern=jax needs optimizer_mode=functional (a jitted step returns "
+                             "new parameters and state; add donate=true for donate_argnums)")

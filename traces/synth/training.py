@@ -37,6 +37,16 @@ block (sizes for batch b, width h, inner width 4h, e bytes per element):
   output. Backward recomputes the GELU activation for fc2's weight gradient (a short-lived
   buffer) and applies GELU' in the dgrad matmul's epilogue (no separate GELU-gradient buffer).
   Fewer allocations and a lower activation peak than eager; ``separate_bias`` has no effect.
+  Note what the lower peak is: not fusion but a recompute choice. The saving is the GELU
+  activation (b*4h*e per block) that eager saves for fc2's weight gradient and ``fused``
+  drops and rematerialises in backward -- a rematerialisation decision a compiler may make,
+  not something fusing kernels does. ``fused_elementwise`` measures fusion alone.
+- ``fused_elementwise``: the same fused kernels (no bias-add, GELU-gradient or pre-residual
+  temporaries; dropout folded into its producer) but the same saved activations as eager: the
+  GELU activation fc2 consumes is kept for backward (tag ``{t}/act``) and nothing is
+  recomputed. At the sizes tried (the default, and 4 layers of width 256 with batch 2048) its
+  peak equals eager's to the byte: the temporaries fusion removes never coexist with the
+  saved activations at the peak; it saves allocations and time.
 - ``remat`` (activation checkpointing per block, as ``torch.utils.checkpoint`` does, with the
   eager kernels): forward keeps only each block's input (the checkpoint) and frees every other
   buffer as soon as its consumer has run. Backward, block by block, first replays the block's
@@ -46,9 +56,9 @@ block (sizes for batch b, width h, inner width 4h, e bytes per element):
 
 The head (logits, log-softmax, loss) is the same in all modes. At the default sizes the step's
 peak is set by parameters + optimizer state + gradients at the end of backward, so the modes
-change the activation peak (eager 250 MiB, fused 156 MiB, remat 52 MiB) but not the overall
-peak; with a larger batch (or fewer, wider layers) activations dominate and the overall peak
-follows them.
+change the activation peak (eager 250 MiB, fused 156 MiB, fused_elementwise 250 MiB, remat
+52 MiB) but not the overall peak; with a larger batch (or fewer, wider layers) activations
+dominate and the overall peak follows them.
 
 Optimizer updates (``optimizer_mode``, ``donate``), for buffer-donation experiments:
 
@@ -62,8 +72,26 @@ Optimizer updates (``optimizer_mode``, ``donate``), for buffer-donation experime
   in turn, so for a moment two copies of parameters + state are live: the peak rises by about
   one copy of parameters + state.
 - ``functional`` with ``donate=True`` (JAX's ``donate_argnums``): the step writes its outputs
-  into the donated input buffers, so it allocates nothing new -- modelled as exactly the in-place
-  step's events. ``donate=True`` with ``optimizer_mode=inplace`` is an error.
+  into the donated input buffers, so it allocates nothing new -- under ``pattern=eager``
+  modelled as exactly the in-place step's events (so there, donation and in-place are the same
+  trace by construction; ``pattern=jax`` derives donation from output-aliases-input instead).
+  ``donate=True`` with ``optimizer_mode=inplace`` is an error.
+
+Allocation pattern (``pattern``), for "what does a jitted JAX program ask for" experiments:
+
+- ``eager`` (default): every buffer of the step is its own allocation -- what PyTorch, or JAX
+  without ``jit``, asks its allocator for (all of the above).
+- ``jax``: a jitted step (:mod:`allocsim.traces.synth.jit`). Per step the arguments (the batch),
+  ONE temp buffer (tag ``jit(step)/temp``) whose size is XLA's plan of the step's
+  intermediates -- every buffer the ``mode``'s program allocates and frees inside the step,
+  gradients and optimizer temporaries included, placed with :mod:`allocsim.traces.plan`
+  at offsets aligned to ``temp_alignment`` (64, XLA:CPU's, the default; 256 on XLA:GPU) -- and
+  the outputs (``jit(step)/output/...``: the loss and, without donation, the new parameters
+  and state; the old ones are freed after the step returns, the previous loss too). With
+  ``donate=True`` the new parameters and state alias the donated inputs: no new buffers, no
+  frees, and the peak is lower than without donation by exactly parameters + state.
+  Needs ``optimizer_mode=functional``; ``mode`` still chooses which intermediates exist.
+  ``metadata["jit"]`` has the executable's temp size and the compile count (1).
 
 Parameters, gradients' lifetimes and the optimizer state follow PyTorch; two simplifications:
 the optimizer state is allocated up front with the parameters (PyTorch creates it lazily in
@@ -85,6 +113,7 @@ from allocsim.traces.synth._common import (
     TagTable,
     assemble,
     check_optimizer_mode,
+    check_pattern,
     choice,
     functional_update,
     inherit_persistent,
@@ -93,9 +122,11 @@ from allocsim.traces.synth._common import (
     positive,
     steps_for_events,
 )
+from allocsim.traces.synth.jit import CPU_TEMP_ALIGNMENT, events_per_step, render_jit
 
 OPTIMIZERS = ("adam", "sgd")
-MODES = ("eager", "fused", "remat")
+MODES = ("eager", "fused", "fused_elementwise", "remat")
+SIZE_PARAMS = ("temp_alignment",)  # accept "256B" as well as 256
 _STATE_BUFFERS = {"adam": 2, "sgd": 1}  # exp_avg + exp_avg_sq; momentum buffer
 SCALAR = 4  # a 0-dim float32 tensor: loss, a norm, a clip coefficient
 
@@ -108,7 +139,8 @@ HELP = {
     "optimizer": "adam (2 state buffers per parameter) or sgd (1 momentum buffer)",
     "mode": "eager (every op's output is a buffer; intermediates live until their consumer ran "
             "or, if saved, until backward), fused (torch.compile/XLA-style: elementwise chains "
-            "fused into their producer, so only kernel outputs and what backward needs exist) "
+            "fused into their producer, and the GELU activation recomputed in backward instead "
+            "of saved), fused_elementwise (the same fusion, the eager saved activations) "
             "or remat (activation checkpointing: forward keeps only each block's input; backward "
             "recomputes the block's activations, block by block)",
     "dropout": "dropout probability after GELU and on each block's residual branch; 0 (the "
@@ -121,8 +153,15 @@ HELP = {
                       "state where they are) or functional (JAX/optax style: the step returns "
                       "new parameters and state)",
     "donate": "functional only: donate the old parameter and state buffers to the step (JAX's "
-              "donate_argnums), which then updates them in place: no new buffers, the in-place "
-              "trace. Without donation the new buffers are allocated while the old still live",
+              "donate_argnums): no new parameter/state buffers. pattern=eager models it as the "
+              "in-place trace; pattern=jax as outputs aliasing the donated inputs. Without "
+              "donation the new buffers are allocated while the old are still live",
+    "pattern": "eager (default: every buffer of the step is its own allocation, as PyTorch or "
+               "JAX without jit ask for them) or jax (a jitted step: per step the arguments, ONE "
+               "temp buffer sized by XLA's plan of the step's intermediates, and the outputs; "
+               "needs optimizer_mode=functional, donate=true aliases outputs to inputs)",
+    "temp_alignment": "pattern=jax: offset alignment of the temp buffer's plan, 64 (XLA:CPU, "
+                      "the default, as the bundled recordings) or 256 (XLA:GPU)",
     "steps": "training steps",
     "events": "if given, choose steps so the trace has about this many events (overrides steps)",
     "seed": "random seed (only the timing jitter depends on it)",
@@ -133,6 +172,7 @@ def training(*, layers: int = 12, hidden: int = 1024, batch: int = 512, classes:
              dtype_bytes: int = 4, optimizer: str = "adam", steps: int = 25,
              events: int | None = None, mode: str = "eager", dropout: float = 0.0,
              separate_bias: bool = False, optimizer_mode: str = "inplace", donate: bool = False,
+             pattern: str = "eager", temp_alignment: int = CPU_TEMP_ALIGNMENT,
              seed: int = 0) -> Trace:
     """A training-loop trace; see the module docstring. Deterministic in all parameters."""
     positive(layers=layers, hidden=hidden, batch=batch, classes=classes,
@@ -140,6 +180,7 @@ def training(*, layers: int = 12, hidden: int = 1024, batch: int = 512, classes:
     choice("optimizer", optimizer, OPTIMIZERS)
     choice("mode", mode, MODES)
     check_optimizer_mode(optimizer_mode, donate)
+    check_pattern(pattern, optimizer_mode, temp_alignment)
     if not 0.0 <= dropout < 1.0:
         raise UserInputError(f"dropout must be in [0, 1), got {dropout!r}")
     if events is not None:
@@ -148,20 +189,32 @@ def training(*, layers: int = 12, hidden: int = 1024, batch: int = 512, classes:
               "dtype_bytes": dtype_bytes, "optimizer": optimizer, "steps": steps, "events": events,
               "mode": mode, "dropout": dropout, "separate_bias": separate_bias,
               "optimizer_mode": optimizer_mode, "donate": donate, "seed": seed}
+    if pattern != "eager":  # eager traces keep their metadata byte for byte
+        params.update(pattern=pattern, temp_alignment=temp_alignment)
 
     tags = TagTable()
     shapes = parameter_shapes(layers, hidden, classes)
     prologue = persistent_program(shapes, dtype_bytes, optimizer, tags)
-    # A donated functional update writes into the old buffers: the in-place step's allocations.
-    functional = optimizer_mode == "functional" and not donate
+    # A donated functional update writes into the old buffers: the in-place step's allocations
+    # (pattern=eager). Compiled (pattern=jax), the functional step's program is what XLA plans.
+    functional = optimizer_mode == "functional" and (not donate or pattern == "jax")
     step, initial_ids = step_program(layers, hidden, batch, classes, dtype_bytes, optimizer,
                                      shapes, tags, mode=mode, dropout=dropout,
                                      separate_bias=separate_bias, functional=functional)
     if events is not None:
-        steps = steps_for_events(events, prologue.n_events, step.n_events)
+        per_step = events_per_step(step, donate) if pattern == "jax" else step.n_events
+        steps = steps_for_events(events, prologue.n_events, per_step)
         params["steps"] = steps
 
     rng = np.random.default_rng(seed)
+    if pattern == "jax":
+        first = prologue.render(np.ones((1, 1)), first_id=0, rng=rng)
+        columns, jit = render_jit(step, np.ones((steps, 1)), [""] * steps, tags=tags,
+                                  first_id=prologue.n_slots, rng=rng, initial_ids=initial_ids,
+                                  donate=donate, temp_alignment=temp_alignment)
+        trace = assemble([first, columns], tags, kind="training", params=params)
+        trace.metadata["jit"] = jit
+        return trace
     parts = [
         prologue.render(np.ones((1, 1)), first_id=0, rng=rng),
         step.render(np.ones((steps, 1)), first_id=prologue.n_slots, rng=rng,
@@ -285,8 +338,11 @@ class _Block:
         p.free(out)
         return s, x_out
 
-    def fused_forward(self, t: str, x: int) -> tuple[dict[str, int], int]:
-        """Elementwise chains fused into their producer: only saved and kernel outputs exist."""
+    def fused_forward(self, t: str, x: int, *,
+                      recompute: bool = True) -> tuple[dict[str, int], int]:
+        """Elementwise chains fused into their producer: only saved and kernel outputs exist.
+        ``recompute`` (mode ``fused``): the activation fc2 consumes is not saved but recomputed
+        in backward; without it (``fused_elementwise``) it is saved, as eager saves it."""
         p, b, h, f = self.p, self.b, self.h, self.f
         act_h, act_f, mask_h, mask_f = self.act_h, self.act_f, self.mask_h, self.mask_f
         dropout = self.dropout
@@ -295,16 +351,20 @@ class _Block:
         s["ln"] = p.alloc(f"{t}/act", act_h, work=memory_ns(2 * act_h))
         s["stats"] = p.alloc(f"{t}/stats", stats)
         # fc1 + bias + GELU (+ dropout) in one kernel: writes the pre-activation (saved for
-        # GELU's backward), the mask, and the activation fc2 consumes (not saved: recomputed).
+        # GELU's backward), the mask, and the activation fc2 consumes (fused: not saved,
+        # recomputed in backward; fused_elementwise: saved, as fc2's weight gradient needs it).
         s["fc1"] = p.alloc(f"{t}/act", act_f, work=matmul_ns(b, h, f))
         if dropout:
             s["mask"] = p.alloc(f"{t}/dropout_mask", mask_f)
-        a = p.alloc(f"{t}/fused", act_f, work=memory_ns(act_f))
+        a = p.alloc(f"{t}/fused" if recompute else f"{t}/act", act_f, work=memory_ns(act_f))
         # fc2 + bias (+ dropout) + residual add in one kernel.
         if dropout:
             s["mask2"] = p.alloc(f"{t}/dropout_mask", mask_h)
         x_out = p.alloc(f"{t}/act", act_h, work=matmul_ns(b, f, h) + memory_ns(2 * act_h))
-        p.free(a)
+        if recompute:
+            p.free(a)
+        else:
+            s["fc2_in"] = a
         return s, x_out
 
     def backward(self, t: str, owner: str, s: dict[str, int], g: int, mode: str,
@@ -332,9 +392,11 @@ class _Block:
         if mode == "fused":
             p.free(s["fc2_in"])
         weight_grad(owner, "fc2.bias", memory_ns(act_h))
-        if mode == "fused":  # dgrad matmul with the GELU' (and mask) epilogue
+        if mode in ("fused", "fused_elementwise"):  # dgrad with the GELU' (and mask) epilogue
             g_fc1 = p.alloc(f"{t}/act_grad", act_f,
                             work=matmul_ns(b, h, f) + memory_ns(2 * act_f))
+            if mode == "fused_elementwise":  # fc2's saved input goes as eager's does
+                p.free(s["fc2_in"])
             p.free(s["fc1"], *([s["mask"]] if dropout else []))
         else:
             g_in = p.alloc(f"{t}/act_grad", act_f, work=matmul_ns(b, h, f))
@@ -390,8 +452,8 @@ def step_program(layers: int, hidden: int, batch: int, classes: int, dtype_bytes
     saved: list[dict[str, int]] = []
     for layer in range(layers):
         t = f"forward/layer{layer}"
-        if mode == "fused":
-            s, x = block.fused_forward(t, x)
+        if mode in ("fused", "fused_elementwise"):
+            s, x = block.fused_forward(t, x, recompute=mode == "fused")
         else:
             s, out = block.eager_forward(t, x, save=mode == "eager")
             assert out is not None  # only recompute=True stops before the block's output

@@ -29,13 +29,25 @@ drawn (so the timing jitter matches the unpadded trace's) and recorded as
   (saved) and the activation fc2 consumes (freed after fc2, recomputed in backward). Backward
   fuses dropout's and softmax's backward into one kernel and applies GELU' in fc1's dgrad
   epilogue. Score matrices are still materialised: this is fusion, not a flash-attention kernel.
+  Its lower peak is a recompute choice, not fusion: the dropped probabilities and the GELU
+  activation eager saves are dropped and rematerialised in backward.
+- ``fused_elementwise``: the same fused kernels with eager's saved activations (the dropped
+  probabilities and the GELU activation are kept for backward, nothing is recomputed): fusion
+  alone. Its peak equals eager's at the sizes tried; it saves allocations and time.
 - ``remat``: per-block activation checkpointing with the eager kernels: forward keeps only each
   block's input; backward replays the block's forward (tags ``recompute/layerN/...``) up to
   GELU, then runs its eager backward.
 - ``optimizer_mode=functional`` without ``donate``: Adam returns new parameters and state,
   allocated while the old ones are live and carried into the next step (the old ones freed at
-  the end of the step); with ``donate=True`` the update reuses the old buffers: the in-place
-  trace.
+  the end of the step); with ``donate=True`` the update reuses the old buffers: under
+  ``pattern=eager`` the in-place trace, by construction.
+
+``pattern=jax`` (with ``optimizer_mode=functional``) is a jitted step as in
+:mod:`allocsim.traces.synth.training`: per step the arguments, ONE temp buffer planned from the
+step's intermediates, the outputs; donation aliases the new parameters and state to the old.
+Each distinct sequence length is its own executable -- a recompile -- with its own temp (tag
+``jit(step)[seq=128]/temp``); ``metadata["jit"]`` counts the compiles and lists each
+executable's temp size. ``static_shapes=True`` compiles once.
 
 As in :mod:`allocsim.traces.synth.training`: parameters and optimizer state are allocated first
 and left live; per-step buffers are all freed within their step; ids are never reused. Not
@@ -57,15 +69,18 @@ from allocsim.traces.synth._common import (
     TagTable,
     assemble,
     check_optimizer_mode,
+    check_pattern,
     choice,
     functional_update,
     inherit_persistent,
     positive,
     steps_for_events,
 )
+from allocsim.traces.synth.jit import CPU_TEMP_ALIGNMENT, events_per_step, render_jit
 
 SEQ_DISTRIBUTIONS = ("uniform", "bucketed", "lognormal")
-MODES = ("eager", "fused", "remat")
+MODES = ("eager", "fused", "fused_elementwise", "remat")
+SIZE_PARAMS = ("temp_alignment",)  # accept "256B" as well as 256
 SCALAR = 4
 FP32 = 4
 
@@ -87,15 +102,24 @@ HELP = {
                      "unpadded_seq_lens",
     "mode": "eager (every op's output is a buffer), fused (torch.compile/XLA-style: elementwise "
             "chains fused into their producer; softmax+dropout and GELU outputs that feed a "
-            "matmul are recomputed in backward instead of saved) or remat (activation "
+            "matmul are recomputed in backward instead of saved), fused_elementwise (the same "
+            "fusion, the eager saved activations) or remat (activation "
             "checkpointing: forward keeps only each block's input; backward recomputes the "
             "block's activations, block by block)",
     "optimizer_mode": "inplace (default: PyTorch's Adam updates parameters and state where "
                       "they are) or functional (JAX/optax style: the step returns new "
                       "parameters and state)",
     "donate": "functional only: donate the old parameter and state buffers to the step (JAX's "
-              "donate_argnums), which then updates them in place: no new buffers, the in-place "
-              "trace. Without donation the new buffers are allocated while the old still live",
+              "donate_argnums): no new parameter/state buffers. pattern=eager models it as the "
+              "in-place trace; pattern=jax as outputs aliasing the donated inputs. Without "
+              "donation the new buffers are allocated while the old are still live",
+    "pattern": "eager (default: every buffer of the step is its own allocation) or jax (a "
+               "jitted step: per step the arguments, ONE temp buffer sized by XLA's plan of the "
+               "step's intermediates, and the outputs; each sequence length is its own "
+               "executable (a recompile); needs optimizer_mode=functional, donate=true aliases "
+               "outputs to inputs)",
+    "temp_alignment": "pattern=jax: offset alignment of the temp buffer's plan, 64 (XLA:CPU, "
+                      "the default, as the bundled recordings) or 256 (XLA:GPU)",
     "steps": "training steps",
     "events": "if given, choose steps so the trace has about this many events (overrides steps)",
     "seed": "random seed (sequence lengths and timing jitter)",
@@ -107,6 +131,7 @@ def transformer(*, layers: int = 6, d_model: int = 512, heads: int = 8, vocab: i
                 seq_dist: str = "uniform", bucket: int = 64, act_bytes: int = 2,
                 steps: int = 20, events: int | None = None, static_shapes: bool = False,
                 mode: str = "eager", optimizer_mode: str = "inplace", donate: bool = False,
+                pattern: str = "eager", temp_alignment: int = CPU_TEMP_ALIGNMENT,
                 seed: int = 0) -> Trace:
     """A variable-sequence-length transformer training trace; see the module docstring."""
     positive(layers=layers, d_model=d_model, heads=heads, vocab=vocab, batch=batch,
@@ -114,6 +139,7 @@ def transformer(*, layers: int = 6, d_model: int = 512, heads: int = 8, vocab: i
     choice("seq_dist", seq_dist, SEQ_DISTRIBUTIONS)
     choice("mode", mode, MODES)
     check_optimizer_mode(optimizer_mode, donate)
+    check_pattern(pattern, optimizer_mode, temp_alignment)
     if min_seq > max_seq:
         raise UserInputError(f"min_seq ({min_seq}) must be <= max_seq ({max_seq})")
     if events is not None:
@@ -123,16 +149,20 @@ def transformer(*, layers: int = 6, d_model: int = 512, heads: int = 8, vocab: i
               "act_bytes": act_bytes, "steps": steps, "events": events,
               "static_shapes": static_shapes, "mode": mode, "optimizer_mode": optimizer_mode,
               "donate": donate, "seed": seed}
+    if pattern != "eager":  # eager traces keep their metadata byte for byte
+        params.update(pattern=pattern, temp_alignment=temp_alignment)
 
     tags = TagTable()
     shapes = parameter_shapes(layers, d_model, vocab, max_seq)
     prologue = persistent_program(shapes, tags)
-    # A donated functional update writes into the old buffers: the in-place step's allocations.
-    functional = optimizer_mode == "functional" and not donate
+    # A donated functional update writes into the old buffers: the in-place step's allocations
+    # (pattern=eager). Compiled (pattern=jax), the functional step's program is what XLA plans.
+    functional = optimizer_mode == "functional" and (not donate or pattern == "jax")
     step, initial_ids = step_program(layers, d_model, heads, vocab, act_bytes, shapes, tags,
                                      mode=mode, functional=functional)
     if events is not None:
-        steps = steps_for_events(events, prologue.n_events, step.n_events)
+        per_step = events_per_step(step, donate) if pattern == "jax" else step.n_events
+        steps = steps_for_events(events, prologue.n_events, per_step)
         params["steps"] = steps
 
     rng = np.random.default_rng(seed)
@@ -140,11 +170,19 @@ def transformer(*, layers: int = 6, d_model: int = 512, heads: int = 8, vocab: i
     seq = np.full_like(drawn, max_seq) if static_shapes else drawn
     tokens = batch * seq
     values = np.stack([np.ones_like(seq), tokens, tokens * seq], axis=1)  # one, tokens, sq
-    parts = [
-        prologue.render(np.ones((1, 1)), first_id=0, rng=rng),
-        step.render(values, first_id=prologue.n_slots, rng=rng, initial_ids=initial_ids),
-    ]
-    trace = assemble(parts, tags, kind="transformer", params=params)
+    first = prologue.render(np.ones((1, 1)), first_id=0, rng=rng)
+    jit = None
+    if pattern == "jax":  # one executable (one compile) per sequence length
+        columns, jit = render_jit(step, values, [f"[seq={n}]" for n in seq.tolist()],
+                                  tags=tags, first_id=prologue.n_slots, rng=rng,
+                                  initial_ids=initial_ids, donate=donate,
+                                  temp_alignment=temp_alignment)
+    else:
+        columns = step.render(values, first_id=prologue.n_slots, rng=rng,
+                              initial_ids=initial_ids)
+    trace = assemble([first, columns], tags, kind="transformer", params=params)
+    if jit is not None:
+        trace.metadata["jit"] = jit
     if steps <= 10_000:  # small enough to keep: which length each step drew
         trace.metadata["seq_lens"] = [int(s) for s in seq]
         if static_shapes:
@@ -291,8 +329,12 @@ class _Block:
         p.free(out)
         return s, x
 
-    def fused_forward(self, t: str, x: int) -> tuple[dict[str, int], int]:
-        """Elementwise chains fused into their producer: only saved and kernel outputs exist."""
+    def fused_forward(self, t: str, x: int, *,
+                      recompute: bool = True) -> tuple[dict[str, int], int]:
+        """Elementwise chains fused into their producer: only saved and kernel outputs exist.
+        ``recompute`` (mode ``fused``): the dropped probabilities and the GELU activation,
+        which feed matmuls, are not saved but recomputed in backward; without it
+        (``fused_elementwise``) both are saved, as eager saves them."""
         p, d, e, hs, attn_mm = self.p, self.d, self.e, self.hs, self.attn_mm
         s = {"x": x}
         s["ln1"] = p.alloc(f"{t}/act", tok(d * e), work=bw(2 * d * e))
@@ -300,22 +342,29 @@ class _Block:
         s["qkv"] = p.alloc(f"{t}/act", tok(3 * d * e), work=mm(d, 3 * d))
         scores = p.alloc(f"{t}/attn_scores", sq(hs * e), work=attn_mm)
         # scale + softmax + dropout in one kernel: probs and the mask are saved for backward;
-        # the dropped probabilities feed PV and are recomputed in backward.
+        # the dropped probabilities feed PV (fused: recomputed in backward; else saved).
         s["probs"] = p.alloc(f"{t}/attn_probs", sq(hs * e), work=bw(0, (3 * e + 1) * hs))
         s["mask"] = p.alloc(f"{t}/attn_mask", sq(hs))
-        dprobs = p.alloc(f"{t}/fused", sq(hs * e))
+        dprobs = p.alloc(f"{t}/fused" if recompute else f"{t}/attn_probs", sq(hs * e))
         p.free(scores)
         s["ctx"] = p.alloc(f"{t}/act", tok(d * e), work=attn_mm)
-        p.free(dprobs)
+        if recompute:
+            p.free(dprobs)
+        else:
+            s["dprobs"] = dprobs
         # out-projection + bias + residual add in one kernel
         s["h1"] = p.alloc(f"{t}/act", tok(d * e), work=plus(mm(d, d), bw(2 * d * e)))
         s["ln2"] = p.alloc(f"{t}/act", tok(d * e), work=bw(2 * d * e))
         s["ln2_stats"] = p.alloc(f"{t}/stats", tok(2 * FP32))
         # fc1 + bias + GELU: the pre-activation (saved) and the activation fc2 consumes
         s["fc1"] = p.alloc(f"{t}/act", tok(4 * d * e), work=mm(d, 4 * d))
-        a = p.alloc(f"{t}/fused", tok(4 * d * e), work=bw(4 * d * e))
+        a = p.alloc(f"{t}/fused" if recompute else f"{t}/act", tok(4 * d * e),
+                    work=bw(4 * d * e))
         x = p.alloc(f"{t}/act", tok(d * e), work=plus(mm(4 * d, d), bw(2 * d * e)))
-        p.free(a)
+        if recompute:
+            p.free(a)
+        else:
+            s["gelu"] = a
         return s, x
 
     def backward(self, t: str, o: str, s: dict[str, int], g: int, mode: str,
@@ -336,6 +385,12 @@ class _Block:
             g_fc1 = p.alloc(f"{t}/act_grad", tok(4 * d * e),
                             work=plus(mm(d, 4 * d), bw(8 * d * e)))
             p.free(s["fc1"])
+        elif mode == "fused_elementwise":  # GELU saved; GELU' in the dgrad matmul's epilogue
+            weight_grad(f"{o}/fc2.weight", mm(4 * d, d))
+            weight_grad(f"{o}/fc2.bias", bw(d * e))
+            g_fc1 = p.alloc(f"{t}/act_grad", tok(4 * d * e),
+                            work=plus(mm(d, 4 * d), bw(8 * d * e)))
+            p.free(s["gelu"], s["fc1"])
         else:
             weight_grad(f"{o}/fc2.weight", mm(4 * d, d))
             weight_grad(f"{o}/fc2.bias", bw(d * e))
@@ -363,6 +418,13 @@ class _Block:
             dprobs = p.alloc(f"{t}/recompute", sq(hs * e), work=bw(0, (2 * e + 1) * hs))
             g_v_part = p.alloc(f"{t}/tmp", tok(d * e), work=attn_mm)  # dV = P^T @ dCtx
             p.free(dprobs)
+            g_scores = p.alloc(f"{t}/attn_grad", sq(hs * e), work=bw(0, (4 * e + 1) * hs))
+            p.free(g_dprobs, s["mask"], s["probs"])
+        elif mode == "fused_elementwise":
+            # the dropped probabilities were saved (dV); dropout's and softmax's backward
+            # still run as one kernel.
+            g_v_part = p.alloc(f"{t}/tmp", tok(d * e), work=attn_mm)  # dV = P^T @ dCtx
+            p.free(s["dprobs"])
             g_scores = p.alloc(f"{t}/attn_grad", sq(hs * e), work=bw(0, (4 * e + 1) * hs))
             p.free(g_dprobs, s["mask"], s["probs"])
         else:
@@ -411,8 +473,8 @@ def step_program(layers: int, d: int, heads: int, vocab: int, e: int,
     saved: list[dict[str, int]] = []
     for layer in range(layers):
         t = f"forward/layer{layer}"
-        if mode == "fused":
-            s, x = block.fused_forward(t, x)
+        if mode in ("fused", "fused_elementwise"):
+            s, x = block.fused_forward(t, x, recompute=mode == "fused")
         else:
             s, out = block.eager_forward(t, x, save=mode == "eager")
             assert out is not None  # only recompute=True stops before the block's output
