@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -10,9 +11,19 @@ from pathlib import Path
 
 import pytest
 
+from allocsim import __version__
 from allocsim.sim.cli import main
-from allocsim.sim.output.html_report import load_results, render_report
-from allocsim.traces.bundled import bundled_path
+from allocsim.sim.kernel.device import resolve_device
+from allocsim.sim.output.figures import POLICY_COLORS, policy_colors, size_unit
+from allocsim.sim.output.html_report import (
+    MEMORY_VIZ_URL,
+    REPORT_MARK,
+    load_results,
+    render_report,
+)
+from allocsim.sim.output.results_dir import holders_at_peak, write_comparisons
+from allocsim.sim.questions.compare import compare
+from allocsim.traces.bundled import bundled_path, load_default_trace
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +38,58 @@ def results_dir(tmp_path_factory) -> Path:
 
 def test_compare_out_writes_a_self_contained_page(results_dir: Path) -> None:
     page = (results_dir / "report.html").read_text()
-    assert page.count('<img alt="figure" src="data:image/png;base64,') == 3
-    assert "http://" not in page and "https://" not in page      # nothing fetched from a network
+    assert page.count('src="data:image/png;base64,') == 3
+    # nothing fetched from a network: the one web address is a link for the reader to follow
+    addresses = re.findall(r"https?://[^\s\"<]+", page)
+    assert set(addresses) == {MEMORY_VIZ_URL}
+    assert not re.search(r'(src|href)="(?!data:|https://pytorch\.org/memory_viz")', page)
     assert "winner: best-fit" in page and "offline" in page
+
+
+def test_every_figure_has_a_real_description(results_dir: Path) -> None:
+    page = (results_dir / "report.html").read_text()
+    alts = [html.unescape(a) for a in re.findall(r'<img alt="([^"]*)" src=', page)]
+    assert len(alts) == 3 and 'alt="figure"' not in page
+    assert alts[0].startswith("memory over time — ") and "bfc peaks at " in alts[0]
+    assert alts[1].startswith("free share of reserved memory — ") and "best-fit " in alts[1]
+    assert alts[2].startswith("peak reserved vs allocated — ") and "log scale" in alts[2]
+    assert all(len(a) > 80 for a in alts)
+
+
+def test_the_page_names_the_version_explains_the_columns_and_points_to_memory_viz(
+        results_dir: Path) -> None:
+    page = (results_dir / "report.html").read_text()
+    assert f"{REPORT_MARK} {__version__}," in page          # still recognised as a report
+    legend = re.search(r"<p class=legend>(.*?)</p>", page)
+    assert legend
+    for column in ("peak reserved", "peak allocated", "util", "frag", "dev mallocs",
+                   "dev frees", "alloc time", "slowdown"):
+        assert f"<b>{column}" in legend.group(1) or f"/ {column}</b>" in legend.group(1), column
+    assert "1 − utilization" in html.unescape(legend.group(1))
+    assert "allocsim export-snapshot " in page and "--policy bfc -o run.pickle" in page
+    assert f'<a href="{MEMORY_VIZ_URL}">' in page
+
+
+def test_the_folder_names_who_holds_memory_at_the_peak_when_the_trace_is_given(
+        tmp_path: Path) -> None:
+    trace = load_default_trace()
+    comparison = compare(trace, ["bfc", "on-demand"], resolve_device())
+    write_comparisons([comparison], tmp_path, traces=[trace])
+    page = (tmp_path / "report.html").read_text()
+    rows = holders_at_peak(trace)
+    assert rows and sum(r[1] for r in rows) == trace.peak_live()[0]
+    assert "Who holds memory at the trace" in page and html.escape(rows[0][0]) in page
+    write_comparisons([comparison], tmp_path)                    # no trace: no such table
+    assert "Who holds memory" not in (tmp_path / "report.html").read_text()
+
+
+def test_one_colour_per_policy_and_units_from_the_data() -> None:
+    colors = policy_colors(["zeta", "bfc", "alpha", "on-demand"])
+    assert colors["bfc"] == POLICY_COLORS["bfc"]
+    assert colors == policy_colors(["zeta", "bfc", "alpha", "on-demand"])
+    assert len(set(colors.values())) == 4
+    assert size_unit(25 << 20) == ("MiB", 1 << 20) and size_unit(60 << 30)[0] == "GiB"
+    assert size_unit(512)[0] == "B" and size_unit(3 << 10)[0] == "KiB"
 
 
 def test_report_combines_comparisons_and_capacity_answers(results_dir: Path, capsys) -> None:

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         compare(trace, policies, device, progress=progress, max_slowdown=budget)
         for trace in traces]
     if args.out:
-        written = write_comparisons(comparisons, args.out)
+        written = write_comparisons(comparisons, args.out, traces=traces)
         if not args.json:
             print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
     if args.json:

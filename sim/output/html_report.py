@@ -14,6 +14,7 @@ import base64
 import html
 import io
 import json
+import shlex
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,9 +22,22 @@ from typing import Any
 
 import numpy as np
 
+from allocsim import __version__
 from allocsim.errors import UserInputError
 from allocsim.policies.units import format_size
-from allocsim.sim.output.figures import pyplot
+from allocsim.sim.output.figures import (
+    FRAGMENTATION_TITLE,
+    fragmentation_alt,
+    fragmentation_fig,
+    peaks_alt,
+    peaks_fig,
+    policy_colors,
+    pyplot,
+    size_unit,
+    timeline_alt,
+    timeline_fig,
+)
+from allocsim.traces.bundled import DEFAULT_TRACE_NAME
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -36,6 +50,8 @@ td.fail { color: #b00; font-weight: 600; }
 .verdict { background: #f6f6f6; padding: 0.6em 1em; border-left: 4px solid #4a4; }
 img { max-width: 100%; display: block; margin: 0.5em 0; }
 .meta { color: #666; font-size: 0.85em; }
+.legend { color: #555; font-size: 0.8em; margin-top: -0.6em; }
+code { background: #f3f3f3; padding: 0 0.2em; }
 """
 
 _CHECK_SCRIPT = """
@@ -57,88 +73,84 @@ def _png(fig: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _gib(values: Any) -> np.ndarray:
-    return np.asarray(values, dtype=np.float64) / (1 << 30)
-
-
 def timeline_figure(results: Sequence[dict[str, Any]], title: str) -> str:
-    plt = pyplot()
-    shown = [r for r in results if r.get("timeline")]
-    fig, axes = plt.subplots(max(1, len(shown)), 1, figsize=(10, 2.1 * max(1, len(shown)) + 0.5),
-                             sharex=True, squeeze=False)
-    for ax, result in zip(axes[:, 0], shown):
-        tl = result["timeline"]
-        seconds = np.asarray(tl["time_ns"], dtype=np.float64) / 1e9
-        ax.fill_between(seconds, _gib(tl["allocated"]), step="post", alpha=0.35, label="allocated")
-        ax.step(seconds, _gib(tl["reserved"]), where="post", color="black", lw=1.3,
-                label="reserved")
-        if result.get("first_oom_event") is not None:
-            at = min(int(np.searchsorted(tl["event"], result["first_oom_event"])), len(seconds) - 1)
-            ax.axvline(seconds[at], color="red", ls="--", lw=1, label="first OOM")
-        ax.set_title(f"{result['policy']}: peak reserved {format_size(result['peak_reserved'])}",
-                     fontsize=9, loc="left")
-        ax.set_ylabel("GiB")
-    axes[0, 0].legend(fontsize=7, loc="upper right", ncol=3)
-    axes[-1, 0].set_xlabel("simulated time (s)")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return _png(fig)
+    return _png(timeline_fig(results, title))
 
 
 def fragmentation_figure(results: Sequence[dict[str, Any]], title: str) -> str:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(10, 3.2))
-    for result in results:
-        tl = result.get("timeline")
-        if not tl:
-            continue
-        reserved = np.asarray(tl["reserved"], dtype=np.float64)
-        in_use = np.asarray(tl["in_use"], dtype=np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(reserved > 0, (reserved - in_use) / reserved, 0.0)
-        ax.step(np.asarray(tl["time_ns"]) / 1e9, share * 100, where="post", lw=1,
-                label=result["policy"])
-    ax.set_ylim(0, 100)
-    ax.set_ylabel("free inside reserved (%)")
-    ax.set_xlabel("simulated time (s)")
-    ax.legend(fontsize=7)
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    return _png(fig)
+    return _png(fragmentation_fig(results, title))
 
 
 def peaks_figure(results: Sequence[dict[str, Any]], title: str) -> str:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(results) + 2), 3.3))
-    x = np.arange(len(results))
-    ax.bar(x - 0.2, _gib([r["peak_reserved"] for r in results]), 0.4, label="peak reserved")
-    ax.bar(x + 0.2, _gib([r["peak_allocated"] for r in results]), 0.4, label="peak allocated")
-    ax.set_xticks(x, [r["policy"] for r in results], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("GiB")
-    ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    return _png(fig)
+    return _png(peaks_fig(results, title))
 
 
 def capacity_figure(data: dict[str, Any]) -> str:
-    plt = pyplot()
     answers = [a for a in data["answers"] if a.get("min_capacity")]
-    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(answers) + 2), 3.3))
+    colors = policy_colors([a["policy"] for a in answers])
+    fig = pyplot().figure(figsize=(max(6, 1.2 * len(answers) + 3.5), 3.3), layout="constrained")
+    ax = fig.subplots()
     x = np.arange(len(answers))
-    ax.bar(x, _gib([a["min_capacity"] for a in answers]), 0.6, label="minimum capacity")
+    top = max([a["min_capacity"] for a in answers] + [1])
+    unit, scale = size_unit(top)
+    ax.bar(x, [a["min_capacity"] / scale for a in answers], 0.6,
+           color=[colors[a["policy"]] for a in answers], label="minimum capacity")
     if answers:
-        ax.axhline(answers[0]["lower_bound"] / (1 << 30), color="black", ls="--", lw=1,
+        ax.axhline(answers[0]["lower_bound"] / scale, color="black", ls="--", lw=1,
                    label="peak live (lower bound)")
     ax.set_xticks(x, [a["policy"] for a in answers], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("GiB")
-    ax.legend(fontsize=8)
+    ax.set_ylabel(unit)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title(f"smallest device that runs {data['trace']['name']}", fontsize=10)
-    fig.tight_layout()
     return _png(fig)
 
 
-def _comparison_section(data: dict[str, Any]) -> str:
+def capacity_alt(data: dict[str, Any]) -> str:
+    answers = data["answers"]
+    return (f"Bar chart: the smallest device capacity on which each policy runs "
+            f"{data['trace']['name']} without running out of memory, against peak live (the lower "
+            "bound). " + "; ".join(
+                f"{a['policy']} " + ("never fits" if a.get("min_capacity") is None
+                                     else format_size(a["min_capacity"]))
+                for a in answers) + ".")
+
+
+# What each column of the comparison table means (README, "The JSON schema").
+COLUMN_LEGEND = (
+    ("peak reserved", "most bytes held from the device at once (counted by the device)"),
+    ("peak allocated", "peak live requested bytes (counted from the trace)"),
+    ("util", "utilization = peak allocated / peak reserved"),
+    ("frag", "fragmentation = 1 − utilization"),
+    ("OOMs", "allocations that ran out of memory"),
+    ("dev mallocs / dev frees", "calls to the device's malloc and free (cudaMalloc/cudaFree)"),
+    ("alloc time", "modelled time spent in the allocator over the run"),
+    ("slowdown", "(trace duration + alloc time) / trace duration; the winner must stay within "
+                 "the budget"),
+)
+
+MEMORY_VIZ_URL = "https://pytorch.org/memory_viz"
+
+
+def _column_legend() -> str:
+    return ("<p class=legend>" + "; ".join(
+        f"<b>{html.escape(name)}</b>: {html.escape(text)}" for name, text in COLUMN_LEGEND)
+        + ".</p>")
+
+
+def _memory_viz_line(trace: dict[str, Any], policies: Sequence[str]) -> str:
+    source = str(trace.get("source", ""))
+    shown = source if source and Path(source).suffix else (
+        "default" if trace.get("name") == Path(DEFAULT_TRACE_NAME).stem else "TRACE")
+    policy = policies[0] if policies else "P"
+    command = (f"allocsim export-snapshot {shlex.quote(shown)} --policy {shlex.quote(policy)} "
+               "-o run.pickle")
+    return ("<p class=meta>To see a policy's run block by block in PyTorch's memory viewer: "
+            f"<code>{html.escape(command)}</code> (any policy of the table for "
+            f"<code>--policy</code>), then drop <code>run.pickle</code> onto "
+            f'<a href="{MEMORY_VIZ_URL}">{MEMORY_VIZ_URL}</a>.</p>')
+
+
+def _comparison_section(data: dict[str, Any], holders: str = "") -> str:
     trace, device = data["trace"], data["device"]
     rows = []
     for r in data["results"]:
@@ -152,9 +164,12 @@ def _comparison_section(data: dict[str, Any]) -> str:
             f"<td>{r['device_mallocs']:,}</td><td>{r['device_frees']:,}</td>"
             f"<td>{r['alloc_time_s'] * 1e3:.3g} ms</td><td>{r.get('slowdown', 1):.3f}×</td></tr>")
     title = f"{trace['name']} on {device['name']}"
-    figures = [timeline_figure(data["results"], f"memory over time — {title}"),
-               fragmentation_figure(data["results"], f"external fragmentation — {title}"),
-               peaks_figure(data["results"], f"peak reserved vs allocated — {title}")]
+    results = data["results"]
+    names = (f"memory over time — {title}", f"{FRAGMENTATION_TITLE} — {title}",
+             f"peak reserved vs allocated — {title}")
+    figures = [(timeline_figure(results, names[0]), timeline_alt(results, names[0])),
+               (fragmentation_figure(results, title), fragmentation_alt(results, names[1])),
+               (peaks_figure(results, names[2]), peaks_alt(results, names[2]))]
     verdict = (f"<b>winner: {html.escape(data['winner'])}</b> — " if data.get("winner")
                else "<b>no winner</b> — ") + html.escape(data.get("reason", ""))
     return (
@@ -166,8 +181,26 @@ def _comparison_section(data: dict[str, Any]) -> str:
         "<table><tr><th>policy</th><th>done</th><th>peak reserved</th><th>peak allocated</th>"
         "<th>util</th><th>frag</th><th>OOMs</th><th>dev mallocs</th><th>dev frees</th>"
         "<th>alloc time</th><th>slowdown</th></tr>" + "".join(rows) + "</table>"
-        f"<p class=verdict>{verdict}</p>"
-        + "".join(f'<img alt="figure" src="{src}">' for src in figures))
+        + _column_legend()
+        + f"<p class=verdict>{verdict}</p>"
+        + _memory_viz_line(trace, [r["policy"] for r in results if r["policy"] != "offline"])
+        + holders
+        + "".join(f'<img alt="{html.escape(alt)}" src="{src}">' for src, alt in figures))
+
+
+def holders_section(holders: Sequence[tuple[str, int, int]], peak_live: int) -> str:
+    """Who holds memory at the trace's peak live bytes, by tag (call site / op): rows of
+    ``(tag, live bytes, live blocks)``, largest first. Empty rows give an empty string."""
+    if not holders:
+        return ""
+    rows = "".join(
+        f"<tr><td>{html.escape(tag)}</td><td>{format_size(size)}</td>"
+        f"<td>{size / peak_live if peak_live else 0:.1%}</td><td>{count:,}</td></tr>"
+        for tag, size, count in holders)
+    return ("<p class=meta>Who holds memory at the trace's peak live "
+            f"({format_size(peak_live)}; the same requests under every policy), by tag:</p>"
+            "<table><tr><th>tag</th><th>live bytes</th><th>share</th><th>blocks</th></tr>"
+            + rows + "</table>")
 
 
 def _capacity_section(data: dict[str, Any]) -> str:
@@ -180,7 +213,7 @@ def _capacity_section(data: dict[str, Any]) -> str:
     return (f"<h2>minimum capacity — {html.escape(data['trace']['name'])}</h2>"
             "<table><tr><th>policy</th><th>min capacity</th><th>lower bound</th>"
             "<th>headroom</th><th>monotone</th></tr>" + rows + "</table>"
-            f'<img alt="capacity" src="{capacity_figure(data)}">')
+            f'<img alt="{html.escape(capacity_alt(data))}" src="{capacity_figure(data)}">')
 
 
 def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
@@ -199,22 +232,27 @@ def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     return documents
 
 
-def render_report(documents: Sequence[dict[str, Any]], title: str = "allocsim report") -> str:
-    sections = [(_comparison_section(d) if "results" in d else _capacity_section(d))
-                for d in documents]
+def render_report(documents: Sequence[dict[str, Any]], title: str = "allocsim report",
+                  holders: Sequence[str] | None = None) -> str:
+    """The page. ``holders``, one per document when given, is HTML (:func:`holders_section`)
+    that results.json cannot supply: it is computed from the trace where the trace is at hand."""
+    extra = list(holders or []) + [""] * len(documents)
+    sections = [(_comparison_section(d, extra[i]) if "results" in d else _capacity_section(d))
+                for i, d in enumerate(documents)]
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
             f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
-            f"<h1>{html.escape(title)}</h1>{REPORT_MARK}, {stamp}</p>"
+            f"<h1>{html.escape(title)}</h1>{REPORT_MARK} {html.escape(__version__)}"
+            f", {stamp}</p>"
             + "".join(sections) + f"<script>{_CHECK_SCRIPT}</script></body></html>")
 
 
 def write_report(documents: Sequence[dict[str, Any]], path: str | Path,
-                 title: str = "allocsim report") -> Path:
+                 title: str = "allocsim report", holders: Sequence[str] | None = None) -> Path:
     path = Path(path)
     _refuse_a_file_not_ours(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(documents, title), encoding="utf-8")
+    path.write_text(render_report(documents, title, holders), encoding="utf-8")
     return path
 
 
