@@ -1,8 +1,15 @@
 """Benchmark: replay speed (events/second) and memory per event of every policy.
 
     python -m experiments.bench_replay [--events 1000000] [--kind training] [--policies ...]
+    python -m experiments.bench_replay --memory      # bytes/event, one subprocess per policy
 
-Generates a synthetic trace once, then replays it through each policy in a fresh subprocess
+Speed (the default, issue 17): generates the trace once and, in this one process, times the
+floor — a bare Python dict loop over the same events (alloc: ``d[id] = size``, running sum,
+peak; free: ``pop``) — and then every policy's :func:`replay`, each the best of ``--repeat``
+runs (3), loading excluded. Each policy is printed with its events/s and its ratio to the
+floor (target: within 13× of it, ≈ 1M events/s).
+
+Memory (``--memory``): replays the saved trace through each policy in a fresh subprocess
 (one core; a clean heap so peak RSS belongs to that replay alone). Memory per event is
 (peak RSS while replaying − RSS after imports) / events: the trace's columns plus everything
 the replay holds at its worst (the engine's per-chunk lists, the policy's state, the device-call
@@ -21,9 +28,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from allocsim.traces.model import OP_ALLOC
+
+if TYPE_CHECKING:
+    from allocsim.traces.model import Trace
 
 DEFAULT_POLICIES = ("on-demand", "preallocate", "best-fit", "bfc")
+SPEED_POLICIES = ("on-demand", "preallocate", "best-fit", "bfc", "pytorch",
+                  "pytorch:expandable_segments=true", "cupy", "cuda-async",
+                  "cuda-async:fraction=0.75", "buddy")
+FLOOR_RATIO_TARGET = 13.0
 
 
 def _rss_bytes() -> int:
@@ -82,13 +100,77 @@ def measure_one(policy: str, path: str, device: str) -> dict:
     }
 
 
+def dict_floor(ops: list[int], ids: list[int], sizes: list[int]) -> int:
+    """The floor: what a bare Python loop over the events costs (the peak of live bytes)."""
+    live: dict[int, int] = {}
+    total = peak = 0
+    for op, buffer, size in zip(ops, ids, sizes):
+        if op == OP_ALLOC:
+            live[buffer] = size
+            total += size
+            if total > peak:
+                peak = total
+        else:
+            total -= live.pop(buffer, 0)
+    return peak
+
+
+def best_of(repeat: int, run: Callable[[], object]) -> float:
+    """The fastest of ``repeat`` runs of ``run``, in seconds (garbage collected before each)."""
+    best = float("inf")
+    for _ in range(repeat):
+        gc.collect()
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_speed(trace: Trace, policies: list[str], device: str, repeat: int) -> list[dict]:
+    """The floor and every policy's replay of ``trace`` side by side in this process, each the
+    best of ``repeat``; prints one line each as it goes."""
+    from allocsim.sim.kernel.device import resolve_device
+    from allocsim.sim.kernel.engine import SharedProcess, replay, run_shared
+
+    profile = resolve_device(device)
+    n = len(trace)
+    ops, ids = trace.op.tolist(), trace.id.tolist()
+    sizes = trace.matched_sizes().tolist()
+    floor_s = best_of(repeat, lambda: dict_floor(ops, ids, sizes))
+    floor = n / floor_s
+    print(f"{'policy':34s} {'events/s':>12s} {'floor ×':>8s} {'seconds':>8s}")
+    print(f"{'dict loop (floor)':34s} {floor:12,.0f} {1.0:8.1f} {floor_s:8.3f}")
+    rows = [{"policy": "floor", "events": n, "seconds": floor_s, "events_per_s": floor,
+             "floor_ratio": 1.0}]
+    for policy in policies:
+        spec = policy.removeprefix("simpy:")
+        if policy.startswith("simpy:"):
+            def run(spec: str = spec) -> object:
+                return run_shared([SharedProcess(trace, spec)], profile)
+        else:
+            def run(spec: str = spec) -> object:
+                return replay(trace, spec, profile)
+        seconds = best_of(repeat, run)
+        rows.append({"policy": policy, "events": n, "seconds": seconds,
+                     "events_per_s": n / seconds, "floor_ratio": seconds / floor_s})
+        mark = "" if seconds / floor_s <= FLOOR_RATIO_TARGET else "   (over the 13× target)"
+        print(f"{policy:34s} {n / seconds:12,.0f} {seconds / floor_s:8.1f} {seconds:8.3f}{mark}")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--kind", default="training")
     parser.add_argument("--device", default="a100-80g")
-    parser.add_argument("--policies", nargs="+", default=[*DEFAULT_POLICIES, "simpy:bfc"],
-                        help="policy specs; simpy:SPEC replays through the simpy engine")
+    parser.add_argument("--policies", nargs="+",
+                        help="policy specs; simpy:SPEC replays through the simpy engine "
+                             "(default: every policy for speed, four and simpy:bfc for memory)")
+    parser.add_argument("--repeat", type=int, default=3, help="speed: best of this many runs")
+    parser.add_argument("--trace", help="speed: replay this trace file instead of generating "
+                                        "one (the same input for runs of two checkouts)")
+    parser.add_argument("--memory", action="store_true",
+                        help="measure bytes/event instead, one subprocess per policy")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument("--one", nargs=2, metavar=("POLICY", "TRACE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -98,6 +180,22 @@ def main(argv: list[str] | None = None) -> int:
 
     from allocsim.traces import formats, synth
 
+    if not args.memory:
+        start = time.perf_counter()
+        if args.trace:
+            trace = formats.load(args.trace)
+            made = f"{args.trace}, {len(trace):,} events (loaded"
+        else:
+            trace = synth.generate(args.kind, seed=0, events=args.events)
+            made = f"{args.kind}, {len(trace):,} events (generated"
+        print(f"trace: {made} in {time.perf_counter() - start:.2f} s); best of {args.repeat}, "
+              "loading excluded")
+        rows = measure_speed(trace, list(args.policies or SPEED_POLICIES), args.device,
+                             args.repeat)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+        return 0
+    policies = args.policies or [*DEFAULT_POLICIES, "simpy:bfc"]
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "bench.npz")
         start = time.perf_counter()
@@ -108,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'policy':34s} {'events/s':>12s} {'bytes/event':>12s} {'seconds':>8s} "
               f"{'load bytes/event':>17s}")
         rows = []
-        for policy in args.policies:
+        for policy in policies:
             output = subprocess.run(
                 [sys.executable, "-m", "experiments.bench_replay", "--device", args.device,
                  "--one", policy, path], check=True, capture_output=True, text=True).stdout

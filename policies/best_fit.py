@@ -49,7 +49,10 @@ class BestFitAllocator(Policy):
         self.mapped = 0
         self.peak_mapped = 0
         self.chunks = ChunkMap()
-        self._pop_best_fit = self.chunks.free_index.pop_best_fit   # bound once: hot path
+        # Bound once: the hot path.
+        self._pop_best_fit = self.chunks.free_index.pop_best_fit
+        self._hand_out = self.chunks.hand_out
+        self._give_back = self.chunks.give_back
         self.requested: dict[int, int] = {}
         self.peak_bytes_in_use = 0
 
@@ -71,16 +74,17 @@ class BestFitAllocator(Policy):
             self.num_ooms += 1
             return None
         address, chunk_size = found
-        self.bytes_in_use += self.chunks.hand_out(address, chunk_size, rounded, split=True)
-        if self.bytes_in_use > self.peak_bytes_in_use:
-            self.peak_bytes_in_use = self.bytes_in_use
+        in_use = self.bytes_in_use + self._hand_out(address, chunk_size, rounded, True)
+        self.bytes_in_use = in_use
+        if in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = in_use
         self.requested[address] = size
         self.num_allocs += 1
         return address
 
     def free(self, address: int) -> None:
         del self.requested[address]
-        self.bytes_in_use -= self.chunks.give_back(address)
+        self.bytes_in_use -= self._give_back(address)
         self.num_frees += 1
         if self.trim:
             self._trim()

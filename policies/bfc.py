@@ -76,7 +76,10 @@ class BFCAllocator(Policy):
         else:
             self.curr_region_allocation_bytes = round_bytes(self.memory_limit)
         self.chunks = ChunkMap()
-        self._pop_best_fit = self.chunks.free_index.pop_best_fit   # bound once: hot path
+        # Bound once: the hot path.
+        self._pop_best_fit = self.chunks.free_index.pop_best_fit
+        self._hand_out = self.chunks.hand_out
+        self._give_back = self.chunks.give_back
         self.requested: dict[int, int] = {}   # address in use -> requested bytes
         self.pool_bytes = 0
         self.peak_pool_bytes = 0
@@ -96,7 +99,7 @@ class BFCAllocator(Policy):
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
-        rounded = -(-size // MIN_ALLOCATION) * MIN_ALLOCATION
+        rounded = (size + MIN_ALLOCATION - 1) & -MIN_ALLOCATION     # a power of two
         found = self._pop_best_fit(rounded)
         if found is None and self._extend(rounded):
             found = self._pop_best_fit(rounded)
@@ -108,16 +111,17 @@ class BFCAllocator(Policy):
         address, chunk_size = found
         split = (chunk_size >= 2 * rounded
                  or chunk_size - rounded >= self.max_internal_fragmentation)
-        self.bytes_in_use += self.chunks.hand_out(address, chunk_size, rounded, split)
-        if self.bytes_in_use > self.peak_bytes_in_use:
-            self.peak_bytes_in_use = self.bytes_in_use
+        in_use = self.bytes_in_use + self._hand_out(address, chunk_size, rounded, split)
+        self.bytes_in_use = in_use
+        if in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = in_use
         self.requested[address] = size
         self.num_allocs += 1
         return address
 
     def free(self, address: int) -> None:
         del self.requested[address]
-        self.bytes_in_use -= self.chunks.give_back(address)
+        self.bytes_in_use -= self._give_back(address)
         self.num_frees += 1
 
     # -- growth ----------------------------------------------------------------------

@@ -150,13 +150,16 @@ class CudaAsyncAllocator(Policy):
             self._preallocate()
         rounded = -(-size // self.alignment) * self.alignment
         if self.sync_on_free:
-            found, owner = self._shared_best_fit(rounded), SHARED
+            found = self._shared_best_fit(rounded)
+            if found is not None:
+                address = found[0]
+                self._take_shared(address, found[1], rounded)
         else:
             found, owner = self._find(rounded, stream)
-        if found is not None:
-            address = found[0]
-            self._take(address, found[1], owner, rounded)
-        else:
+            if found is not None:
+                address = found[0]
+                self._take(address, found[1], owner, rounded)
+        if found is None:
             grown = self._grow(rounded, stream)
             if grown is None:
                 self.num_ooms += 1
@@ -254,19 +257,76 @@ class CudaAsyncAllocator(Policy):
         if not self.sync_on_free:
             self.owner_of[rest] = owner
 
+    def _take_shared(self, address: int, chunk_size: int, rounded: int) -> None:
+        """:meth:`_take` from SHARED under ``sync=free`` (no owners to keep): the hot path of
+        the default mode."""
+        self.shared.remove(chunk_size, address)
+        next_of = self.next_of
+        after = next_of[address]
+        prev_of = self.prev_of
+        if after == NONE and prev_of[address] == NONE:
+            self.free_regions.discard(address)
+        if chunk_size == rounded:
+            return
+        rest = address + rounded
+        size_of = self.size_of
+        size_of[address] = rounded
+        size_of[rest] = chunk_size - rounded
+        prev_of[rest] = address
+        next_of[rest] = after
+        next_of[address] = rest
+        if after != NONE:
+            prev_of[after] = rest
+        self.shared.add(chunk_size - rounded, rest)
+
     # -- free ------------------------------------------------------------------------
     def free(self, address: int) -> None:
         stream = self.in_use.pop(address)
         del self.requested[address]
-        self.bytes_in_use -= self.size_of[address]
+        size = self.size_of[address]
+        self.bytes_in_use -= size
         self.num_frees += 1
         if self.sync_on_free:
-            self._give_back(address, SHARED)
+            self._give_back_shared(address, size)
             # The synchronisation after the free applies the release threshold.
             if self.free_regions and self.mapped > self.threshold:
                 self._trim(self.threshold)
         else:
             self._give_back(address, stream)
+
+    def _give_back_shared(self, address: int, size: int) -> None:
+        """:meth:`_give_back` of ``address`` (``size`` bytes) to SHARED under ``sync=free``,
+        where every free chunk is shared (no owners to compare): the hot path of the default
+        mode, the same merges in the same order — the next free neighbour, then the previous
+        one — and the same free-region bookkeeping."""
+        size_of, next_of, prev_of, in_use = self.size_of, self.next_of, self.prev_of, self.in_use
+        index = self.shared
+        after = next_of[address]
+        if after != NONE and after not in in_use:
+            merged = after
+            merged_size = size_of.pop(merged)
+            index.remove(merged_size, merged)
+            size += merged_size
+            after = next_of.pop(merged)
+            del prev_of[merged]
+            next_of[address] = after
+            if after != NONE:
+                prev_of[after] = address
+        before = prev_of[address]
+        if before != NONE and before not in in_use:
+            before_size = size_of[before]
+            index.remove(before_size, before)
+            del size_of[address], prev_of[address], next_of[address]
+            address = before
+            size += before_size
+            next_of[address] = after
+            if after != NONE:
+                prev_of[after] = address
+            before = prev_of[address]
+        size_of[address] = size
+        index.add(size, address)
+        if after == NONE and before == NONE:
+            self.free_regions.add(address)
 
     def _give_back(self, address: int, owner: int) -> None:
         """Return a chunk (in no index) as free memory of ``owner``, merging with the next free

@@ -30,26 +30,28 @@ class OnDemandAllocator(Policy):
         super().__init__(device)
         self.live: dict[int, int] = {}  # address -> requested bytes
         self.peak_bytes_in_use = 0
+        self._reserve, self._release = device.reserve, device.release   # bound once: hot path
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(__init__)
 
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
-        address = self.device.reserve(size)
+        address = self._reserve(size)
         if address is None:
             self.num_ooms += 1
             return None
         self.live[address] = size
-        self.bytes_in_use += size
-        if self.bytes_in_use > self.peak_bytes_in_use:
-            self.peak_bytes_in_use = self.bytes_in_use
+        in_use = self.bytes_in_use + size
+        self.bytes_in_use = in_use
+        if in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = in_use
         self.num_allocs += 1
         return address
 
     def free(self, address: int) -> None:
         self.bytes_in_use -= self.live.pop(address)
-        self.device.release(address)
+        self._release(address)
         self.num_frees += 1
 
     def check(self) -> None:

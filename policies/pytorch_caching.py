@@ -152,6 +152,11 @@ class PyTorchCachingAllocator(Snapshots):
             if K_SMALL_BUFFER % granularity or K_LARGE_BUFFER % granularity:
                 raise ValueError(f"expandable segments map 2 and 20 MiB pages; this device maps in "
                                  f"multiples of {granularity} bytes")
+        if (not self.expandable and self._divisions is None and not self._gc_on
+                and self.max_split_size == NO_LIMIT):
+            # PyTorch's defaults: the hot path specialised for them (issue 17).
+            self.malloc = self._malloc_default      # type: ignore[method-assign]
+            self.free = self._free_default          # type: ignore[method-assign]
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(
         __init__,
@@ -340,3 +345,142 @@ class PyTorchCachingAllocator(Snapshots):
             elif subsumed_count:
                 self.inactive_split -= subsumed_count
                 self.inactive_split_bytes -= subsumed_bytes
+
+    # -- the hot path, specialised for PyTorch's default settings --------------------------
+    # :meth:`malloc` and :meth:`free` with the settings that pick another branch fixed at their
+    # defaults: no expandable segments, no roundup_power2_divisions, no garbage collection,
+    # max_split_size unlimited (so every block may be split and none is oversize). Bound in
+    # place of them by __init__ when those hold; the same decisions and the same counters in
+    # the same order (tests/test_fast_paths.py holds both to the results recorded before).
+    def _malloc_default(self, size: int, stream: int = 0) -> int | None:
+        if size <= 0:
+            return None
+        rounded = 512 if size < 512 else (size + 511) & -512
+        small = rounded <= K_SMALL_SIZE
+        pool_key = stream << 1 | small
+        free_lists = self._free
+        keys = free_lists.get(pool_key)
+        if keys is None:
+            keys = free_lists[pool_key] = []
+        # get_free_block: the smallest block of this stream and pool that fits, or none.
+        position = bisect_left(keys, rounded << SHIFT)
+        if position < len(keys):
+            key = keys.pop(position)
+            block = key & MASK
+            block_size = key >> SHIFT
+        else:
+            found = self._malloc_miss(rounded, small, stream, pool_key)
+            if found is None:
+                return None
+            block, block_size = found
+        # should_split, then alloc_found_block.
+        remaining = block_size - rounded
+        next_of = self._next
+        prev_of = self._prev
+        already_split = prev_of[block] or next_of[block]
+        if remaining >= K_MIN_BLOCK_SIZE if small else remaining > K_SMALL_SIZE:
+            size_of = self._size
+            rest = block + rounded
+            after = next_of[block]
+            size_of[block] = rounded
+            size_of[rest] = remaining
+            prev_of[rest] = block
+            next_of[rest] = after
+            next_of[block] = rest
+            if after:
+                prev_of[after] = rest
+            self._home[rest] = pool_key
+            insort(keys, remaining << SHIFT | rest)
+            if already_split:
+                self.inactive_split_bytes -= rounded
+            else:
+                count = self.inactive_split + 1
+                self.inactive_split = count
+                self.inactive_split_total += 1
+                if count > self.peak_inactive_split:
+                    self.peak_inactive_split = count
+                nbytes = self.inactive_split_bytes + remaining
+                self.inactive_split_bytes = nbytes
+                self.inactive_split_bytes_total += remaining
+                if nbytes > self.peak_inactive_split_bytes:
+                    self.peak_inactive_split_bytes = nbytes
+            block_size = rounded
+        elif already_split:
+            self.inactive_split -= 1
+            self.inactive_split_bytes -= block_size
+        self._req[block] = size
+        in_use = self.bytes_in_use + block_size
+        self.bytes_in_use = in_use
+        if in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = in_use
+        self.allocated_total += block_size
+        requested = self.requested + size
+        self.requested = requested
+        if requested > self.peak_requested:
+            self.peak_requested = requested
+        self.requested_total += size
+        allocs = self.num_allocs + 1
+        self.num_allocs = allocs
+        if allocs - self.num_frees > self.peak_allocations:
+            self.peak_allocations = allocs - self.num_frees
+        return block
+
+    def _free_default(self, address: int) -> None:
+        req = self._req
+        requested = req.pop(address)
+        size_of, prev_of, next_of, home = self._size, self._prev, self._next, self._home
+        size = size_of[address]
+        self.bytes_in_use -= size
+        self.requested -= requested
+        self.num_frees += 1
+        keys = self._free[home[address]]
+        # free_block: try_merge_blocks with the previous block, then with the next one.
+        block = address
+        total = size
+        subsumed_count = 0
+        subsumed_bytes = 0
+        before = prev_of[address]
+        if before and before not in req:
+            before_size = size_of[before]
+            del keys[bisect_left(keys, before_size << SHIFT | before)]
+            after = next_of.pop(address)
+            del size_of[address], prev_of[address], home[address]
+            next_of[before] = after
+            if after:
+                prev_of[after] = before
+            block = before
+            total += before_size
+            subsumed_count = 1
+            subsumed_bytes = before_size
+        after = next_of[block]
+        if after and after not in req:
+            after_size = size_of.pop(after)
+            del keys[bisect_left(keys, after_size << SHIFT | after)]
+            beyond = next_of.pop(after)
+            del prev_of[after], home[after]
+            next_of[block] = beyond
+            if beyond:
+                prev_of[beyond] = block
+            total += after_size
+            subsumed_count += 1
+            subsumed_bytes += after_size
+        size_of[block] = total
+        insort(keys, total << SHIFT | block)
+        # free_block's net change of inactive_split(_bytes), as in :meth:`free`.
+        if prev_of[block] or next_of[block]:
+            nbytes = self.inactive_split_bytes + size
+            self.inactive_split_bytes = nbytes
+            self.inactive_split_bytes_total += size
+            if nbytes > self.peak_inactive_split_bytes:
+                self.peak_inactive_split_bytes = nbytes
+            if not subsumed_count:
+                count = self.inactive_split + 1
+                self.inactive_split = count
+                self.inactive_split_total += 1
+                if count > self.peak_inactive_split:
+                    self.peak_inactive_split = count
+            elif subsumed_count == 2:
+                self.inactive_split -= 1
+        elif subsumed_count:
+            self.inactive_split -= subsumed_count
+            self.inactive_split_bytes -= subsumed_bytes

@@ -31,14 +31,16 @@ class ExpandableSegments(BlockPools):
         """get_free_block's walk: from the first fitting block, move on to bigger blocks while
         their size plus the unmapped space right behind them is smaller."""
         size_of, next_of, unmapped = self._size, self._next, self._unmapped
-
-        def expandable_size(address: int) -> int:
+        # A block's expandable size: its own plus the unmapped block right behind it (written
+        # out twice rather than as a helper: this runs on every expandable malloc).
+        address = keys[position] & MASK
+        after = next_of[address]
+        current = size_of[address] + (size_of[after] if after in unmapped else 0)
+        last = len(keys) - 1
+        while position < last:
+            address = keys[position + 1] & MASK
             after = next_of[address]
-            return size_of[address] + (size_of[after] if after in unmapped else 0)
-
-        current = expandable_size(keys[position] & MASK)
-        while position + 1 < len(keys):
-            following = expandable_size(keys[position + 1] & MASK)
+            following = size_of[address] + (size_of[after] if after in unmapped else 0)
             if following >= current:
                 break
             position += 1

@@ -118,10 +118,17 @@ class ProcessReplay:
 
     def _run(self, i: int, stop: int, stop_on_call: bool) -> tuple[int, bool]:
         """The per-event loop over events [i, stop) of the loaded chunk: O(stop − i) plus the
-        policy's calls. Per event it allocates nothing beyond the live dict's entry for a new
-        buffer (and one sample every ``sample_every`` events); device calls
-        (:meth:`_device_called`) and OOMs (:meth:`_out_of_memory`) leave the loop through a
-        method call."""
+        policy's calls. Returns the next index and whether it stopped right after a device
+        call (``stop_on_call``).
+
+        The events run in segments that end at the next sampled event, so the loop itself
+        checks neither the sample point nor the end: per event it is one policy call, the
+        live-dict update, the running sum and one comparison of the device's call counter.
+        It allocates nothing beyond the live dict's entry for a new buffer; an event that
+        made device calls appends to the call log inline (what :meth:`_device_called` does),
+        OOMs leave the loop through :meth:`_out_of_memory`. A stopping OOM (``stop_on_oom``)
+        or, with ``stop_on_call``, a device call ends the segment early; the event's own
+        device calls and sample are still recorded, as for every other event."""
         ops, ids, sizes, streams = self._lists
         base = self._base
         live = self.live
@@ -132,39 +139,66 @@ class ProcessReplay:
         allocated = self.allocated
         peak = self.peak_allocated
         next_sample = self.next_sample
+        # The device-call log (what :meth:`_device_called` does, written out in the loop: a
+        # policy like on-demand makes a call at every event).
+        log_event, log_reserved = self.call_events.append, self.call_reserved.append
+        log_cost = self.call_cost.append
+        reserved_at_peak = self.reserved_at_peak
         called = False
         while i < stop:
-            k = i - base
-            if ops[k] == OP_ALLOC:
-                size = sizes[k]
-                if size > 0:
-                    address = malloc(size, streams[k])
-                    if address is None:
-                        self._out_of_memory(i, size, allocated)
-                    else:
-                        live[ids[k]] = address
-                        allocated += size
-                        if allocated > peak:
-                            peak = allocated
-                            self.peak_allocated_event = i
-                            self.in_use_at_peak_allocated = policy.bytes_in_use
-            else:
-                address = live.pop(ids[k], None)
-                if address is None:
-                    if sizes[k]:
-                        self.skipped_events.append(i)
+            end = min(stop, next_sample + 1)        # through the next sampled event
+            lo, hi = i - base, end - base
+            broke = True
+            events = range(i, end)
+            for i, op, buffer, size, stream in zip(events, ops[lo:hi], ids[lo:hi],
+                                                   sizes[lo:hi], streams[lo:hi]):
+                if op == OP_ALLOC:
+                    if size > 0:
+                        address = malloc(size, stream)
+                        if address is None:
+                            self._out_of_memory(i, size, allocated)
+                            if self.stopped:
+                                break               # its device calls are logged below
+                        else:
+                            live[buffer] = address
+                            allocated += size
+                            if allocated > peak:
+                                peak = allocated
+                                self.peak_allocated_event = i
+                                self.in_use_at_peak_allocated = policy.bytes_in_use
                 else:
-                    free(address)
-                    allocated -= sizes[k]
-            if view.calls != calls:
+                    address = live.pop(buffer, None)
+                    if address is None:
+                        if size:
+                            self.skipped_events.append(i)
+                    else:
+                        free(address)
+                        allocated -= size
+                if view.calls != calls:
+                    calls = view.calls
+                    reserved = view.reserved
+                    log_event(i)
+                    log_reserved(reserved)
+                    log_cost(view.cost_s)
+                    if reserved > reserved_at_peak:
+                        reserved_at_peak = self.reserved_at_peak = reserved
+                        self.peak_reserved_event = i
+                        self.in_use_at_peak_reserved = policy.bytes_in_use
+                    if stop_on_call:
+                        called = True
+                        break
+            else:
+                broke = False
+            if view.calls != calls:                 # a stopping OOM's own device calls
                 calls = view.calls
                 self._device_called(i)
+                reserved_at_peak = self.reserved_at_peak
                 called = True
-            if i >= next_sample:
+            if i == next_sample:
                 self.samples.append((i, policy.bytes_in_use))
                 next_sample += self.sample_every
             i += 1
-            if (called and stop_on_call) or self.stopped:
+            if broke:
                 break
         self.allocated = allocated
         self.peak_allocated = peak
@@ -172,6 +206,7 @@ class ProcessReplay:
         return i, called
 
     def _device_called(self, i: int) -> None:
+        """Log the device calls of event ``i`` (the loop in :meth:`_run` does the same inline)."""
         view = self.view
         self.call_events.append(i)
         self.call_reserved.append(view.reserved)
