@@ -8,7 +8,9 @@ with Adam written out by hand. Options choose what changes which buffers live wh
 - ``--no-jit``: every op runs eagerly (``jax.disable_jit()``), one buffer per intermediate;
 - ``--no-donate``: the update step does not donate its parameters and optimizer state;
 - ``--varying``: the sequence length changes every step (32, 64, 128), so the step recompiles
-  for each new shape.
+  for each new shape;
+- ``--donate-batch``: also donate the token batch, a donation XLA refuses (no output has its
+  shape and type: "Some donated buffers were not usable"), so the batch stays live.
 
 Seeded: the same options give the same buffers (times are the run's).
 """
@@ -72,11 +74,12 @@ def batches(steps: int, varying: bool, seed: int = 0) -> Iterator[tuple[np.ndarr
 
 
 def train(steps: int = 20, *, jit: bool = True, donate: bool = True,
-          varying: bool = False) -> float:
+          varying: bool = False, donate_batch: bool = False) -> float:
     """Train for ``steps`` steps; returns the last loss."""
     step_fn = adam_step
     if jit:
-        step_fn = jax.jit(adam_step, donate_argnums=(0, 1) if donate else ())
+        donated = ((0, 1) if donate else ()) + ((2,) if donate_batch else ())
+        step_fn = jax.jit(adam_step, donate_argnums=donated)
     mode = contextlib.nullcontext() if jit else jax.disable_jit()
     with mode:
         params = init_params(jax.random.key(0))
@@ -94,9 +97,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-jit", action="store_true", help="run every op eagerly")
     parser.add_argument("--no-donate", action="store_true", help="do not donate the state")
     parser.add_argument("--varying", action="store_true", help="vary the sequence length")
+    parser.add_argument("--donate-batch", action="store_true",
+                        help="also donate the token batch (a donation XLA refuses)")
     args = parser.parse_args(argv)
+    if args.donate_batch:
+        import warnings
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
     loss = train(args.steps, jit=not args.no_jit, donate=not args.no_donate,
-                 varying=args.varying)
+                 varying=args.varying, donate_batch=args.donate_batch)
     print(f"trained {args.steps} steps, last loss {loss:.4f}")
 
 

@@ -10,7 +10,8 @@ process so that nothing of one run is live in the next, and writes
   ``allocsim compare`` replays with no arguments;
 - ``experiments/data/jax/train-{jit-donate,jit-nodonate,eager,varying}.npz`` — the same model
   jitted with and without ``donate_argnums``, op by op (``jax.disable_jit()``), and with a
-  sequence length that changes every step (recompiles);
+  sequence length that changes every step (recompiles); ``train-jit-donate-refused.npz`` also
+  donates the token batch, which XLA refuses;
 - ``experiments/data/jax/xla-dump/`` — XLA's own buffer assignment of the jitted step
   (``XLA_FLAGS=--xla_dump_to``), the text files ``allocsim fidelity DIR`` reads.
 
@@ -36,6 +37,7 @@ RUNS = {
     "train-jit-nodonate": ["--no-donate"],
     "train-eager": ["--no-jit"],
     "train-varying": ["--varying"],
+    "train-jit-donate-refused": ["--donate-batch"],
 }
 CHILD = r"""
 import sys
