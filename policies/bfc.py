@@ -17,7 +17,10 @@ reference/allocators.md §1:
 - on a miss, Extend: available = floor256(memory_limit − pool_bytes), fail if rounded >
   available; double curr_region_allocation_bytes until it holds rounded; ask the device for
   min(curr, available); if refused, back off to round256(bytes·0.9) (strictly decreasing) until
-  accepted or below rounded; if curr did not grow for this request, double it after success;
+  accepted or below rounded — on every refused Extend: current tsl has no started_backpedal_
+  (TensorFlow's pre-tsl copy backed off once per allocator) — with bytes·0.9 computed as the
+  source computes it, in single precision (size_t × float kBackpedalFactor is a float,
+  truncated back to size_t); if curr did not grow for this request, double it after success;
 - curr starts at round256(min(memory_limit, 2 MiB)) with allow_growth, else at
   round256(memory_limit) — one region of the whole limit, taken at the first allocation;
 - garbage_collection (TensorFlow's GPU default; off in XLA/JAX): when Extend fails, free every
@@ -29,6 +32,7 @@ chunks (freed_by_count), spatial partitioning, and alignment above 256 bytes.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -54,6 +58,23 @@ BACKPEDAL_FACTOR = 0.9
 def round_bytes(nbytes: int) -> int:
     """BFC's RoundedBytes: up to a multiple of 256."""
     return -(-nbytes // MIN_ALLOCATION) * MIN_ALLOCATION
+
+
+def _float32(value: float) -> float:
+    """``value`` rounded to the nearest IEEE single, as a C++ ``float`` holds it."""
+    return float(struct.unpack("f", struct.pack("f", value))[0])
+
+
+_BACKPEDAL_FACTOR_F32 = _float32(BACKPEDAL_FACTOR)   # 0.89999997615814208984375
+
+
+def backpedal_bytes(nbytes: int) -> int:
+    """Extend's ``RoundedBytes(bytes * kBackpedalFactor)``: ``kBackpedalFactor`` is a
+    ``float``, so ``bytes`` converts to float, the product is a float (the exact product of two
+    singles fits a double, so rounding it once to single is the float multiply), and the
+    implicit conversion back to ``size_t`` truncates. Double arithmetic differs for most sizes
+    above 16 MiB (e.g. 1 GiB + 256 B backs off to the same bytes, 80 GiB + 256 B does not)."""
+    return round_bytes(int(_float32(_float32(float(nbytes)) * _BACKPEDAL_FACTOR_F32)))
 
 
 class BFCAllocator(Policy):
@@ -137,7 +158,7 @@ class BFCAllocator(Policy):
         nbytes = min(self.curr_region_allocation_bytes, available)
         base = self.device.reserve(nbytes)
         while base is None:
-            backpedal = round_bytes(int(nbytes * BACKPEDAL_FACTOR))
+            backpedal = backpedal_bytes(nbytes)
             if backpedal >= nbytes:  # strict progress, as the source forces for small sizes
                 backpedal = nbytes - MIN_ALLOCATION
             nbytes = backpedal

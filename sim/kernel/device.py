@@ -235,7 +235,10 @@ class SimulatedDevice:
 
     def __init__(self, profile: DeviceProfile) -> None:
         self.profile = profile
-        self.capacity = profile.capacity
+        # Memory is whole granules: a partial last granule could never be handed out, yet it
+        # would count toward a policy's fraction × capacity (BFC's last region then refused by
+        # its rounding, issue 16.12). A real GPU's memory is whole pages.
+        self.capacity = profile.capacity // profile.granularity * profile.granularity
         self.used = 0                       # bytes taken by all processes together
         self.peak_used = 0
         self._next_address = ADDRESS_BASE
