@@ -1,0 +1,63 @@
+"""Benchmark: min-capacity's time per policy, as a multiple of one replay (issue 17, item 3).
+
+    python -m experiments.bench_capacity [--events 1000000] [--kind training] [--policies ...]
+
+Generates the trace once, then per policy times one :func:`replay` on the default device and
+:func:`min_capacity` on it, in this one process, and prints both, the ratio (target ≤ 4) and
+the replays the search ran (``evaluations``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from allocsim.policies import DEFAULT_POLICIES
+from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES
+from allocsim.sim.kernel.engine import replay
+from allocsim.sim.questions.capacity import min_capacity
+from allocsim.traces.formats import load
+from allocsim.traces.model import Trace
+
+TARGET = 4.0
+
+
+def _trace(kind: str, events: int, seed: int) -> Trace:
+    from allocsim.sim.cli.main import main
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.npz"
+        main(["gen", kind, f"events={events}", "--seed", str(seed), "-o", str(path)])
+        return load(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--kind", default="training")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES))
+    args = parser.parse_args(argv)
+    trace = _trace(args.kind, args.events, args.seed)
+    device = PROFILES[DEFAULT_PROFILE]
+    print(f"{'policy':<28}{'replay s':>10}{'min-cap s':>11}{'ratio':>8}{'runs':>6}  answer")
+    worst = 0.0
+    for policy in args.policies:
+        start = time.perf_counter()
+        replay(trace, policy, device)
+        one = time.perf_counter() - start
+        start = time.perf_counter()
+        answer = min_capacity(trace, policy, device)
+        search = time.perf_counter() - start
+        ratio = search / one if one else float("inf")
+        worst = max(worst, ratio)
+        print(f"{policy:<28}{one:>10.2f}{search:>11.2f}{ratio:>8.2f}{answer.evaluations:>6}  "
+              f"{answer.min_capacity} monotone={answer.monotone}", flush=True)
+    print(f"worst ratio {worst:.2f} (target ≤ {TARGET:g})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
