@@ -11,6 +11,7 @@ from allocsim.sim.cli.common import (
     add_device_options,
     add_reading_options,
     device_from_args,
+    plain_progress,
     print_json,
     trace_or_default,
 )
@@ -42,8 +43,18 @@ def run(args: argparse.Namespace) -> int:
     trace = trace_or_default(args.trace, args)
     policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
     resolution = parse_size(args.resolution)
-    show = _searching if sys.stderr.isatty() and not args.json else None
-    answers = min_capacities(trace, policies, device, resolution=resolution, progress=show)
+    with plain_progress("min-capacity") as log:   # stderr not a terminal: a line every 10 s
+        seen: list[str] = []
+
+        def show(policy: str) -> None:
+            seen.append(policy)
+            if sys.stderr.isatty():
+                if not args.json:
+                    _searching(policy)
+            else:
+                log.update(f"searching {policy} (policy {len(seen)}/{len(policies)})")
+        answers = min_capacities(trace, policies, device, resolution=resolution,
+                                 progress=show)
     data = {"trace": trace_facts(trace), "device": device.name, "resolution": resolution,
             "answers": [a.to_json_dict() for a in answers]}
     if args.out:

@@ -9,9 +9,12 @@ import json
 import math
 import re
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, TextIO
 
 from allocsim.errors import UserInputError
 from allocsim.policies import parse_size
@@ -148,6 +151,89 @@ def progress_printer(enabled: bool) -> Callable[[str, int, int], None] | None:
                          + end)
         sys.stderr.flush()
     return show
+
+
+PROGRESS_INTERVAL_S = 10.0  # the most often a plain progress line is printed
+
+
+class PlainProgress:
+    """Progress of long work for a log (stderr not a terminal): a plain line, no carriage
+    return, at most every :data:`PROGRESS_INTERVAL_S` seconds, such as
+    ``allocsim: min-capacity: searching bfc (policy 2/4), 12 s``.
+
+    Used as a context manager around the work: :meth:`update` names the current step (and
+    prints it when the last line is ``interval`` seconds old); while the work is silent, a
+    background timer repeats the current step every ``interval`` seconds. Work that ends
+    within the first ``interval`` prints nothing at all (so quick commands, and their one-line
+    errors, stay as they were); longer work ends with ``allocsim: CMD: done in 69 s``.
+    Disabled (``enabled=False``) it does nothing. Lines go to stderr only, so ``--json`` on
+    stdout stays clean.
+    """
+
+    def __init__(self, command: str, *, enabled: bool = True, interval: float | None = None,
+                 stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.command = command
+        self.enabled = enabled
+        self.interval = PROGRESS_INTERVAL_S if interval is None else max(0.0, interval)
+        self.stream = stream if stream is not None else sys.stderr
+        self.clock = clock
+        self.step = "working"
+        self.lines = 0
+        self._start = self._last = clock()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._timer: threading.Thread | None = None
+
+    def elapsed(self) -> float:
+        return self.clock() - self._start
+
+    def _line(self, text: str) -> None:
+        self.stream.write(f"allocsim: {self.command}: {text}\n")
+        self.stream.flush()
+        self.lines += 1
+        self._last = self.clock()
+
+    def _due(self) -> bool:
+        return self.clock() - self._last >= self.interval
+
+    def update(self, step: str) -> None:
+        """The work is at ``step`` now; printed if the last line is old enough."""
+        if not self.enabled:
+            return
+        with self._lock:
+            self.step = step
+            if self._due():
+                self._line(f"{step}, {self.elapsed():.0f} s")
+
+    def _tick(self) -> None:
+        while not self._stop.wait(max(0.05, self.interval - (self.clock() - self._last))):
+            with self._lock:
+                if self._due() and not self._stop.is_set():
+                    self._line(f"{self.step}, {self.elapsed():.0f} s")
+
+    def __enter__(self) -> PlainProgress:
+        self._start = self._last = self.clock()
+        if self.enabled and self.interval > 0:
+            self._timer = threading.Thread(target=self._tick, name="allocsim-progress",
+                                           daemon=True)
+            self._timer.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self._stop.set()
+        if self._timer is not None:
+            self._timer.join()
+        if self.enabled and kind is None and self.lines:
+            with self._lock:
+                self._line(f"done in {self.elapsed():.0f} s")
+
+
+def plain_progress(command: str, *, enabled: bool = True) -> PlainProgress:
+    """A :class:`PlainProgress` for ``command`` that prints only when stderr is not a
+    terminal (on a terminal the command's own live lines are used, or none)."""
+    return PlainProgress(command, enabled=enabled and not sys.stderr.isatty())
 
 
 def ensure_parent(path: str) -> None:

@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Any
 
+from allocsim.sim.cli.common import plain_progress
 from allocsim.sim.kernel.device import DeviceProfile, resolve_device
 from allocsim.sim.validation.backends import BACKENDS, DEFAULT_BACKEND
 from allocsim.sim.validation.errors import ValidatorError
@@ -54,15 +55,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     elif args.device:
         profile = resolve_device(args.device)
     patterns = not args.no_patterns
-    if args.input.lower().endswith(".json"):
-        report = validate_results(args.input, args.backend, capacity=args.capacity,
-                                  device_profile=profile, policy=args.policy, patterns=patterns)
-    else:
-        if args.policy is None and BACKENDS[args.backend].model is None:
-            raise ValidatorError(f"--policy is required with a trace for backend "
-                                 f"{args.backend} (or give a compare results.json)")
-        report = validate(args.input, args.policy, args.backend, profile, args.capacity,
-                          patterns=patterns)
+    # validate() has no progress hook: when stderr is not a terminal, a line every 10 s
+    # while it runs (none for a run shorter than that) and one with the time at the end.
+    with plain_progress("validate") as log:
+        log.update(f"replaying {args.input} on {args.backend}")
+        if args.input.lower().endswith(".json"):
+            report = validate_results(args.input, args.backend, capacity=args.capacity,
+                                      device_profile=profile, policy=args.policy,
+                                      patterns=patterns)
+        else:
+            if args.policy is None and BACKENDS[args.backend].model is None:
+                raise ValidatorError(f"--policy is required with a trace for backend "
+                                     f"{args.backend} (or give a compare results.json)")
+            report = validate(args.input, args.policy, args.backend, profile, args.capacity,
+                              patterns=patterns)
     if args.out:
         written = report.write(args.out)
         if not args.json:

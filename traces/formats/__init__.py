@@ -33,6 +33,7 @@ import secrets
 import zlib
 from pathlib import Path
 
+from allocsim.traces.formats.limits import MAX_INPUT_ENV, max_input_bytes, too_large
 from allocsim.traces.formats.registry import (
     FOLDER_FORMATS,
     FORMATS,
@@ -46,10 +47,12 @@ from allocsim.traces.validate import ValidationReport, validate
 __all__ = [
     "FOLDER_FORMATS",
     "FORMATS",
+    "MAX_INPUT_ENV",
     "Format",
     "format_for",
     "load",
     "load_with_report",
+    "max_input_bytes",
     "register_folder_format",
     "register_format",
     "save",
@@ -101,28 +104,11 @@ def format_for(path: str | os.PathLike[str], head: bytes) -> str:
                      + ", ".join(supported_extensions()) + ")", source=os.fspath(path))
 
 
-MAX_INPUT_ENV = "ALLOCSIM_MAX_INPUT_BYTES"
-DEFAULT_MAX_INPUT_BYTES = 2 << 30   # 2 GiB of file (after decompression): ~60M events of CSV
-
-
-def max_input_bytes() -> int:
-    """The most bytes a trace file may hold once decompressed, ``ALLOCSIM_MAX_INPUT_BYTES``
-    or 2 GiB. Readers hold the file in memory (a few times its size while parsing), so a
-    larger one — or a small ``.gz`` that expands to gigabytes — is refused up front."""
-    text = os.environ.get(MAX_INPUT_ENV, "")
-    return int(text) if text.isdigit() and int(text) > 0 else DEFAULT_MAX_INPUT_BYTES
-
-
-def _too_large(limit: int, source: str, what: str) -> TraceError:
-    return TraceError(f"{what} more than {limit:,} bytes, the input limit (set "
-                      f"{MAX_INPUT_ENV}=BYTES to lift it)", source=source)
-
-
 def _read_bytes(path: Path, source: str) -> bytes:
     limit = max_input_bytes()
     try:
         if path.stat().st_size > limit:
-            raise _too_large(limit, source, "the file holds")
+            raise too_large(limit, source, "the file holds")
         raw = path.read_bytes()
     except FileNotFoundError:
         raise TraceError("no such file", source=source) from None
@@ -138,7 +124,7 @@ def _read_bytes(path: Path, source: str) -> bytes:
         except (OSError, EOFError, zlib.error) as err:
             raise TraceError(f"corrupt gzip data: {err}", source=source) from None
         if len(data) > limit:
-            raise _too_large(limit, source, "it decompresses to")
+            raise too_large(limit, source, "it decompresses to")
         return data
     return raw
 
@@ -171,7 +157,13 @@ def load_with_report(path: str | os.PathLike[str], *, strict: bool | None = None
     p = Path(source)
     given = {key: value for key, value in options.items() if value is not None}
     if p.is_dir():
-        trace, recorded = _read_folder(p, source, given)
+        try:
+            trace, recorded = _read_folder(p, source, given)
+        except OverflowError:
+            raise TraceError("holds a number too large for a 64-bit trace column",
+                             source=source) from None
+        except RecursionError:
+            raise TraceError("is nested too deeply to read", source=source) from None
     else:
         data = _read_bytes(p, source)
         name = format_for(source, data[:_HEAD_BYTES])

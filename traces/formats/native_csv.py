@@ -168,7 +168,10 @@ def _json_field(text: str, kind: type, what: str, source: str, line_no: int) -> 
 
 
 def _csv_header(line: str, source: str, line_no: int) -> list[str]:
-    names = [name.strip() for name in next(csv.reader([line]))]
+    try:
+        names = [name.strip() for name in next(csv.reader([line]))]
+    except csv.Error as err:  # e.g. a bare carriage return inside the header line
+        raise TraceError(f"line {line_no}: unreadable CSV header: {err}", source=source) from None
     unknown = [name for name in names if name not in CSV_COLUMNS]
     if unknown:
         raise TraceError(f"line {line_no}: unknown column(s) "

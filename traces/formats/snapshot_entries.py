@@ -73,6 +73,9 @@ def choose_device(snap: Snapshot, device_index: Any, source: str) -> int:
         if with_events:
             return max(with_events, key=lambda d: (counts[d], -d))  # ties: lowest index
         with_segments = sorted({s.device for s in snap.segments if s.device is not None})
+        if with_segments and with_segments[0] < 0:
+            raise TraceError(f"segment device {with_segments[0]} is not a device index",
+                             source=source)
         return with_segments[0] if with_segments else 0
     if not is_int(device_index):
         try:

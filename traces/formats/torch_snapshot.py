@@ -155,7 +155,7 @@ def read_snapshot(data: bytes, source: str, name: str, *,
     """
     snap = parse_snapshot(load_pickle(data, source), source)
     device = choose_device(snap, device_index, source)
-    raw = snap.device_traces[device] if device < len(snap.device_traces) else []
+    raw = snap.device_traces[device] if 0 <= device < len(snap.device_traces) else []
     entries = parse_entries(raw, device, source)
     times, time_meta = times_ns(raw, device, source)
     segments = [s for s in snap.segments if s.device is None or s.device == device]

@@ -106,6 +106,9 @@ def _number(record: dict[str, Any], key: str, source: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TraceError(f"a {record['kind']} record lacks the numeric stat {key!r}",
                          source=source, event=record["order"])
+    if isinstance(value, float) and not math.isfinite(value):
+        raise TraceError(f"a {record['kind']} record's stat {key!r} is {value!r}, not a "
+                         "number of bytes", source=source, event=record["order"])
     return int(value)
 
 
