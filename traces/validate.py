@@ -165,6 +165,19 @@ def validate(trace: Trace, *, strict: bool = True,
     return result, report
 
 
+def validate_recording(trace: Trace, *, strict: bool = False,
+                       source: str | None = None) -> tuple[Trace, ValidationReport]:
+    """:func:`validate`, and, when lenient validation repaired anything, the report kept in
+    the trace's ``metadata["validation"]`` (what ``allocsim info`` shows): how every reader
+    and recorder of another tool's data hands over a trace."""
+    trace, report = validate(trace, strict=strict, source=source)
+    if not strict and report.repairs():
+        # validate() returned a new trace with its own metadata dict; safe to annotate.
+        trace.metadata["validation"] = {"summary": report.summary(),
+                                        "repairs": report.repairs()}
+    return trace, report
+
+
 def _address_anomalies(trace: Trace, strict: bool, where: str) -> tuple[int, int]:
     """What an importer of an address-keyed log (RMM, CuPy, the PyTorch profiler) had to
     repair — ``metadata["address_anomalies"]``, see

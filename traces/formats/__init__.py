@@ -42,7 +42,7 @@ from allocsim.traces.formats.registry import (
     register_format,
 )
 from allocsim.traces.model import Trace, TraceError
-from allocsim.traces.validate import ValidationReport, validate
+from allocsim.traces.validate import ValidationReport, validate_recording
 
 __all__ = [
     "FOLDER_FORMATS",
@@ -181,12 +181,7 @@ def load_with_report(path: str | os.PathLike[str], *, strict: bool | None = None
         recorded = fmt.recorded
     if strict is None:
         strict = not recorded
-    trace, report = validate(trace, strict=strict, source=source)
-    if not strict and report.repairs():
-        # validate() returned a new trace with its own metadata dict; safe to annotate.
-        trace.metadata["validation"] = {"summary": report.summary(),
-                                        "repairs": report.repairs()}
-    return trace, report
+    return validate_recording(trace, strict=strict, source=source)
 
 
 def load(path: str | os.PathLike[str], *, strict: bool | None = None, **options: object) -> Trace:

@@ -262,6 +262,18 @@ def _put_int(out: bytearray, number: int, value: int) -> None:
     _put_varint(out, value)
 
 
+def _put_metadata(plane: bytearray, field: int, ids: dict[str, int]) -> None:
+    """A map<int64, {id, name}> field of an XPlane: one entry (key 1, value 2) per name."""
+    for name, number in ids.items():
+        meta = bytearray()
+        _put_int(meta, 1, number)
+        _put_bytes(meta, 2, name.encode())
+        entry = bytearray()
+        _put_int(entry, 1, number)
+        _put_bytes(entry, 2, bytes(meta))
+        _put_bytes(plane, field, bytes(entry))
+
+
 def encode_xspace(planes: list[dict]) -> bytes:
     """Serialize planes given as ``{"id", "name", "lines": [{"id", "name", "timestamp_ns",
     "events": [{"name", "offset_ps", "stats": {name: value}}]}]}`` into an XSpace. Event and
@@ -304,21 +316,7 @@ def encode_xspace(planes: list[dict]) -> bytes:
                     _put_bytes(event, 4, bytes(stat))
                 _put_bytes(line, 4, bytes(event))
             _put_bytes(plane, 3, bytes(line))
-        for name, number in event_ids.items():
-            meta = bytearray()
-            _put_int(meta, 1, number)
-            _put_bytes(meta, 2, name.encode())
-            entry = bytearray()
-            _put_int(entry, 1, number)
-            _put_bytes(entry, 2, bytes(meta))
-            _put_bytes(plane, 4, bytes(entry))
-        for name, number in stat_ids.items():
-            meta = bytearray()
-            _put_int(meta, 1, number)
-            _put_bytes(meta, 2, name.encode())
-            entry = bytearray()
-            _put_int(entry, 1, number)
-            _put_bytes(entry, 2, bytes(meta))
-            _put_bytes(plane, 5, bytes(entry))
+        _put_metadata(plane, 4, event_ids)   # XPlane.event_metadata: map<int64, XEventMetadata>
+        _put_metadata(plane, 5, stat_ids)    # XPlane.stat_metadata: map<int64, XStatMetadata>
         _put_bytes(space, 1, bytes(plane))
     return bytes(space)

@@ -54,7 +54,7 @@ from allocsim.traces.formats.cupy_log import (
 )
 from allocsim.traces.model import NO_TAG, Trace
 from allocsim.traces.record.script_args import split_argv
-from allocsim.traces.validate import validate
+from allocsim.traces.validate import validate_recording
 
 __all__ = ["CUPY_AVAILABLE", "TraceRecorderHook", "active_recorder", "run_script"]
 
@@ -231,10 +231,7 @@ class TraceRecorderHook(_MemoryHook):  # type: ignore[misc, valid-type]
                                      device_index=self.device_index, metadata=meta)
         # Threads sharing one hook may append slightly out of time order.
         trace.time_ns = np.maximum.accumulate(trace.time_ns) if len(trace) else trace.time_ns
-        trace, report = validate(trace, strict=False)
-        if report.repairs():
-            trace.metadata["validation"] = {"summary": report.summary(),
-                                            "repairs": report.repairs()}
+        trace, _ = validate_recording(trace)
         return trace
 
     def close(self) -> Trace:

@@ -56,7 +56,7 @@ from allocsim.traces.formats import save
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 from allocsim.traces.record import jax_internals
 from allocsim.traces.record.script_args import split_argv
-from allocsim.traces.validate import validate
+from allocsim.traces.validate import validate_recording
 
 __all__ = ["PROLOGUE_TAG", "RECORDER", "JaxRecorder", "ScriptRun", "active_recorder",
            "record_script", "run_script"]
@@ -434,10 +434,7 @@ class JaxRecorder:
         trace = Trace.from_columns(times, rows[:, 1], rows[:, 2], rows[:, 3], tag=rows[:, 4],
                                    tags=list(self._tags), name=name,
                                    source=self.output or "<jax recorder>", **meta)
-        trace, report = validate(trace, strict=False)
-        if report.repairs():
-            trace.metadata["validation"] = {"summary": report.summary(),
-                                            "repairs": report.repairs()}
+        trace, _ = validate_recording(trace)
         return trace
 
     def close(self) -> Trace:

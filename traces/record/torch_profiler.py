@@ -21,7 +21,7 @@ from allocsim.errors import UserInputError
 from allocsim.traces.formats import save
 from allocsim.traces.formats.torch_profiler import read_torch_profiler
 from allocsim.traces.model import Trace
-from allocsim.traces.validate import validate
+from allocsim.traces.validate import validate_recording
 
 __all__ = ["RECORDER", "record_torch"]
 
@@ -65,10 +65,7 @@ def record_torch(fn: Callable[..., Any], *args: Any, output: str | os.PathLike[s
     trace.metadata.update(recorder=RECORDER, torch=torch.__version__, function=function)
     trace.metadata["source"] = os.fspath(output) if output is not None else "memory"
     trace.metadata.update(metadata or {})
-    trace, report = validate(trace, strict=False)
-    if report.repairs():
-        trace.metadata["validation"] = {"summary": report.summary(),
-                                        "repairs": report.repairs()}
+    trace, _ = validate_recording(trace)
     if output is not None:
         save(trace, output)
     return trace
