@@ -129,10 +129,7 @@ def validate(trace: Trace, *, strict: bool = True,
     if limit:
         mismatched[1:] &= (s_size[1:] != SIZE_UNKNOWN) & (s_size[1:] != s_size[:-1])
 
-    report = ValidationReport(strict=strict)
-    report.unknown_actions_dropped = _importer_drops(trace, strict, where)
-    opened, kept = _address_anomalies(trace, strict, where)
-    report.unknown_address_frees_opened, report.live_address_allocs_kept = opened, kept
+    report = ValidationReport(strict=strict, **_importer_repairs(trace, strict, where))
     try:
         if strict or not breaks.any():
             bad = breaks | mismatched if strict else mismatched
@@ -178,50 +175,38 @@ def validate_recording(trace: Trace, *, strict: bool = False,
     return trace, report
 
 
-def _address_anomalies(trace: Trace, strict: bool, where: str) -> tuple[int, int]:
-    """What an importer of an address-keyed log (RMM, CuPy, the PyTorch profiler) had to
-    repair — ``metadata["address_anomalies"]``, see
-    :func:`allocsim.traces.formats.torch_profiler.build_trace`: counted, or, if strict, an
-    error at the first. Skipped for a trace that already carries a validation report."""
+# What importers repair while reading, one record each in the trace's metadata (under the
+# importer's key): ``{"count", "first_event", "problem"}``. Validation counts them as repairs
+# or, when strict, fails at the first: (metadata key, record, report field, the repair made).
+IMPORTER_REPAIRS = (
+    ("address_anomalies", "frees_of_unknown_addresses", "unknown_address_frees_opened",
+     "each opens a buffer live from the start"),
+    ("address_anomalies", "allocs_at_live_addresses", "live_address_allocs_kept",
+     "the old buffer is kept live as a leak"),
+    ("entry_anomalies", "unknown_actions", "unknown_actions_dropped",
+     "they are dropped and counted"),
+)
+
+
+def _importer_repairs(trace: Trace, strict: bool, where: str) -> dict[str, int]:
+    """The counts of :data:`IMPORTER_REPAIRS` by report field (see
+    :func:`allocsim.traces.formats.torch_profiler.build_trace` and
+    :func:`allocsim.traces.formats.torch_snapshot.read_snapshot`). A trace that already
+    carries a validation report (saved after a lenient load) had them counted then."""
     meta = trace.metadata
-    found = meta.get("address_anomalies")
-    if not isinstance(found, dict) or "validation" in meta:
-        return 0, 0
-    counts = []
-    for kind, repair in (("frees_of_unknown_addresses", "each opens a buffer live from the "
-                          "start"), ("allocs_at_live_addresses", "the old buffer is kept "
-                                     "live as a leak")):
-        entry = found.get(kind)
+    counts: dict[str, int] = {}
+    if "validation" in meta:
+        return counts
+    for key, kind, field_name, repair in IMPORTER_REPAIRS:
+        found = meta.get(key)
+        entry = found.get(kind) if isinstance(found, dict) else None
         count = int(entry.get("count", 0)) if isinstance(entry, dict) else 0
         if strict and count:
             assert isinstance(entry, dict)
             raise TraceError(f"{entry.get('problem', kind)} ({count} such; without --strict "
                              f"{repair})", source=where, event=entry.get("first_event"))
-        counts.append(count)
-    return counts[0], counts[1]
-
-
-def _importer_drops(trace: Trace, strict: bool, where: str) -> int:
-    """Entries the importer dropped because it does not know their action (PyTorch snapshots
-    count them in ``metadata["inconsistencies"]``): a repair to count, or, if strict, an error
-    naming the first. A trace that already carries a validation report (saved after a lenient
-    load) had them counted then."""
-    meta = trace.metadata
-    found = meta.get("inconsistencies")
-    if not isinstance(found, dict) or "validation" in meta:
-        return 0
-    count = found.get("unknown_actions_dropped", 0)
-    if not isinstance(count, int) or count <= 0:
-        return 0
-    if strict:
-        first = meta.get("unknown_action")
-        first = first if isinstance(first, dict) else {}
-        entries = "entry" if count == 1 else "entries"
-        raise TraceError(f"device {meta.get('device', 0)} entry {first.get('entry', '?')}: "
-                         f"unknown trace action {first.get('action', '?')!r} ({count} "
-                         f"{entries} of unknown actions; without --strict they are dropped "
-                         "and counted)", source=where)
-    return count
+        counts[field_name] = count
+    return counts
 
 
 # ---------------------------------------------------------------------- column checks

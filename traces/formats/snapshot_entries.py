@@ -52,8 +52,8 @@ __all__ = [
 
 PROLOGUE_TAG = "<allocated before recording>"
 # Key of the ``problems`` counter (``metadata["inconsistencies"]``) for trace entries whose
-# action this reader does not know: how many were dropped. The first is named in
-# ``metadata["unknown_action"]`` (see torch_snapshot.read_snapshot).
+# action this reader does not know: how many were dropped (read_snapshot also records them in
+# ``metadata["entry_anomalies"]``, the repair record validate() reads).
 UNKNOWN_ACTIONS = "unknown_actions_dropped"
 
 
