@@ -187,7 +187,7 @@ def test_report_never_overwrites_a_file_it_did_not_write(capsys, tmp_path) -> No
     notes = tmp_path / "notes.html"
     notes.write_text("<html>my notes</html>")
     code, _, err = run(capsys, "report", str(tmp_path / "r" / "results.json"), "-o", str(notes))
-    assert code == 2 and "is not an allocsim report" in err and err.count("\n") == 1
+    assert code == 2 and "is not an HTML report allocsim wrote" in err and err.count("\n") == 1
     assert notes.read_text() == "<html>my notes</html>"
     page = tmp_path / "page.html"
     assert run(capsys, "report", str(tmp_path / "r" / "results.json"), "-o", str(page))[0] == 0

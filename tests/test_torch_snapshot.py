@@ -606,7 +606,8 @@ def test_write_snapshot_is_plain_protocol_4_and_reads_back(tmp_path):
     assert data[:2] == b"\x80\x04"  # MemoryViz.js reads protocols 2 to 4
     snapshot = _PlainUnpickler(io.BytesIO(data)).load()
     walk_plain(snapshot)
-    assert set(snapshot) == {"segments", "device_traces", "allocator_settings"}
+    assert set(snapshot) == {"allocsim_export", "segments", "device_traces", "allocator_settings"}
+    assert next(iter(snapshot)) == "allocsim_export"      # first: how allocsim knows its own file
     actions = collections.Counter(e["action"] for e in snapshot["device_traces"][0])
     assert actions == {"alloc": 4, "free_requested": 3, "free_completed": 3}
 

@@ -8,10 +8,12 @@ from allocsim.policies import DEFAULT_POLICIES
 from allocsim.sim.cli.common import (
     accept_dash_digit_values,
     add_device_options,
+    add_output_option,
     device_from_args,
     tolerance_option,
 )
 from allocsim.sim.output.files import write_json
+from allocsim.sim.output.ownership import json_with, refuse_unless_ours
 from allocsim.sim.questions.regress import check_baseline, make_baseline
 
 
@@ -21,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policies", nargs="+", metavar="SPEC",
                    help=f"policy specs (default: {' '.join(DEFAULT_POLICIES)})")
     add_device_options(p)
-    p.add_argument("-o", "--output", required=True, help="baseline JSON to write")
+    add_output_option(p, dest="output", metavar="FILE", required=True,
+                      help="baseline JSON to write")
     p.set_defaults(func=run_baseline)
 
     p = sub.add_parser("check", help="re-run a baseline; exit 1 if anything got worse")
@@ -33,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_baseline(args: argparse.Namespace) -> int:
+    refuse_unless_ours(args.output, "a baseline", json_with("allocsim_baseline"))
     device = device_from_args(args)
     document = make_baseline(args.traces, args.policies or DEFAULT_POLICIES, device, args.output)
     write_json(document, args.output)

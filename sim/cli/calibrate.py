@@ -9,8 +9,13 @@ import sys
 from typing import Any
 
 from allocsim.policies import format_size, parse_size
+from allocsim.sim.cli.common import add_output_option
 from allocsim.sim.output.files import write_json
+from allocsim.sim.output.ownership import json_with, refuse_unless_ours
 from allocsim.sim.validation.calibrate import DEFAULT_CALIBRATION_SIZES, calibrate
+
+# The keys every measurements file calibrate writes holds (calibrate-measurements.schema.json).
+MEASUREMENT_KEYS = ("date", "latencies", "footprints", "packing", "profile")
 
 
 def register(subparsers: Any) -> None:
@@ -20,7 +25,8 @@ def register(subparsers: Any) -> None:
         description="Measure cudaMalloc/cudaFree latency over sizes and the allocation "
                     "granularity seen by cudaMemGetInfo; write a device profile for "
                     "compare --device-profile.")
-    p.add_argument("-o", "--output", help="profile JSON to write (default: print it)")
+    add_output_option(p, dest="output", metavar="FILE",
+                      help="profile JSON to write (default: print it)")
     p.add_argument("--name", help="the profile's name (default: the GPU's name + -calibrated)")
     p.add_argument("--sizes", nargs="+", metavar="SIZE",
                    help="sizes to time (default: " + " ".join(
@@ -34,6 +40,11 @@ def register(subparsers: Any) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Run ``allocsim calibrate``: write (or print) the profile; 0 once it is measured."""
+    if args.output:
+        refuse_unless_ours(args.output, "a device profile", json_with("name", "capacity"))
+    if args.measurements:
+        refuse_unless_ours(args.measurements, "a calibration measurements file",
+                           json_with(*MEASUREMENT_KEYS))
     sizes = ([parse_size(s) for s in args.sizes] if args.sizes
              else list(DEFAULT_CALIBRATION_SIZES))
     calibration = calibrate(sizes, args.repeats, name=args.name, output=args.output)

@@ -9,6 +9,7 @@ from pathlib import Path
 from allocsim.policies import DEFAULT_POLICIES, format_size, parse_size
 from allocsim.sim.cli.common import (
     add_device_options,
+    add_output_option,
     add_reading_options,
     device_from_args,
     plain_progress,
@@ -28,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"policy specs (default: {' '.join(DEFAULT_POLICIES)})")
     p.add_argument("--resolution", default="1MiB", help="answer to this precision (default 1MiB)")
     add_device_options(p, capacity=False, purpose=" for costs and granularity")
-    p.add_argument("--out", help="directory for min_capacity.json")
+    add_output_option(p, dest="out", metavar="DIR",
+                      help="directory for min_capacity.json (default: write nothing)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_reading_options(p)
     p.set_defaults(func=run)

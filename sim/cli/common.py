@@ -1,6 +1,7 @@
 """What every command shares, in one place: the reading options (``--strict``,
 ``--device-index``) and loading a trace with them, the device options (``--device``,
-``--capacity``, ``--device-profile``), progress lines and JSON on stdout."""
+``--capacity``, ``--device-profile``), the output option (``-o/--out/--output``), progress
+lines and JSON on stdout."""
 
 from __future__ import annotations
 
@@ -234,6 +235,18 @@ def plain_progress(command: str, *, enabled: bool = True) -> PlainProgress:
     """A :class:`PlainProgress` for ``command`` that prints only when stderr is not a
     terminal (on a terminal the command's own live lines are used, or none)."""
     return PlainProgress(command, enabled=enabled and not sys.stderr.isatty())
+
+
+OUTPUT_OPTIONS = ("-o", "--out", "--output")
+
+
+def add_output_option(parser: argparse.ArgumentParser, *, dest: str, metavar: str, help: str,
+                      required: bool = False, default: str | None = None) -> None:
+    """The one spelling of "where to write" on every command that writes: ``-o``, ``--out``
+    and ``--output`` are the same option everywhere (a FILE or a DIR, as ``metavar`` says), so
+    a user never has to remember which command takes which."""
+    parser.add_argument(*OUTPUT_OPTIONS, dest=dest, metavar=metavar, help=help,
+                        required=required, default=default)
 
 
 def ensure_parent(path: str) -> None:

@@ -10,6 +10,7 @@ from allocsim.policies import DEFAULT_POLICIES
 from allocsim.policies.registry import alloc_conf_spec
 from allocsim.sim.cli.common import (
     add_device_options,
+    add_output_option,
     add_reading_options,
     device_from_args,
     load_trace,
@@ -38,7 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-slowdown", type=float, default=DEFAULT_MAX_SLOWDOWN, metavar="X",
                    help="a winner may make the run at most X times slower through allocator "
                         f"time (default {DEFAULT_MAX_SLOWDOWN}; inf = no budget)")
-    p.add_argument("--out", help="directory for results.json and figures")
+    add_output_option(p, dest="out", metavar="DIR",
+                      help="directory for results.json, figures and report.html "
+                           "(default: write nothing)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (an array for several traces)")
     add_reading_options(p)

@@ -6,11 +6,13 @@ import argparse
 
 from allocsim.sim.cli.common import (
     add_device_options,
+    add_output_option,
     add_reading_options,
     device_from_args,
     trace_or_default,
 )
 from allocsim.sim.output.export import export_snapshot
+from allocsim.sim.output.ownership import is_allocsim_trace, refuse_unless_ours
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,12 +22,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("trace", help="trace file, or 'default' for the bundled one")
     p.add_argument("--policy", default="pytorch", help="policy spec (default pytorch)")
     add_device_options(p)
-    p.add_argument("-o", "--output", required=True, help="the .pickle to write")
+    add_output_option(p, dest="output", metavar="FILE", required=True, help="the .pickle to write")
     add_reading_options(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_unless_ours(args.output, "a snapshot", is_allocsim_trace)
     device = device_from_args(args)
     trace = trace_or_default(args.trace, args)
     path = export_snapshot(trace, args.policy, device, args.output)

@@ -7,7 +7,12 @@ import sys
 import traceback
 
 from allocsim.policies import format_size
-from allocsim.sim.cli.common import UserError
+from allocsim.sim.cli.common import UserError, add_output_option
+from allocsim.sim.output.ownership import (
+    is_allocsim_hook_log,
+    is_allocsim_trace,
+    refuse_unless_ours,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "From your own code: `with allocsim.traces.record.cupy("
                                    "'run.npz'): ...` or `with allocsim.traces.record.jax("
                                    "'run.npz'): ...`.")
-    p.add_argument("-o", "--output", required=True, help="trace file to write (.npz, .csv, ...)")
+    add_output_option(p, dest="output", metavar="FILE", required=True,
+                      help="trace file to write (.npz, .csv, ...)")
     p.add_argument("--framework", choices=("cupy", "jax"), default="cupy",
                    help="whose allocations to record (default: cupy)")
     p.add_argument("--log", help="also write the raw hook calls as a CuPy JSON-lines log "
@@ -36,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         raise UserError("record: give the program after --, e.g. "
                         "allocsim record -o run.npz -- python train.py")
+    refuse_unless_ours(args.output, "a trace", is_allocsim_trace)
+    if args.log:
+        refuse_unless_ours(args.log, "a CuPy hook log", is_allocsim_hook_log)
     if args.framework == "jax":
         if args.log:
             raise UserError("record: --log is for --framework cupy (CuPy's hook calls)")

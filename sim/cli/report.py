@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from allocsim.sim.cli.common import add_output_option
 from allocsim.sim.output.html_report import load_results, write_report
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="one self-contained HTML page from results files")
     p.add_argument("results", nargs="+", help="results.json of compare --out, min_capacity.json")
-    p.add_argument("-o", "--output", default="report.html",
-                   help="the page to write (default report.html)")
+    add_output_option(p, dest="output", metavar="FILE", default="report.html",
+                      help="the page to write (default report.html)")
     p.add_argument("--title", default="allocsim report", help="the page's title")
     p.set_defaults(func=run)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from allocsim.sim.cli.common import (
     add_device_options,
+    add_output_option,
     add_reading_options,
     device_from_args,
     print_json,
@@ -14,6 +15,7 @@ from allocsim.sim.cli.common import (
 )
 from allocsim.sim.output.figures import plot_share
 from allocsim.sim.output.files import write_json
+from allocsim.sim.output.ownership import guard
 from allocsim.sim.output.tables import share_text
 from allocsim.sim.questions.share import expand_processes, parse_share_spec, share, share_json
 
@@ -25,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "Exit status 1 when some process runs out of memory.")
     p.add_argument("specs", nargs="+", metavar="SPEC")
     add_device_options(p)
-    p.add_argument("--out", help="directory for share.json and share.png")
+    add_output_option(p, dest="out", metavar="DIR",
+                      help="directory for share.json and share.png (default: write nothing)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_reading_options(p)
     p.set_defaults(func=run)
@@ -39,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     result = share(traces, specs, device)
     if args.out:
         out = Path(args.out)
+        for name in ("share.json", "share.png"):
+            guard(out / name)   # both refused before either is written
         out.mkdir(parents=True, exist_ok=True)
         write_json(share_json(result, specs, device), out / "share.json")
         plot_share(result, specs, device, out / "share.png")

@@ -15,7 +15,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from allocsim.sim.cli.common import accept_dash_digit_values, max_slowdown_option, workers_option
+from allocsim.sim.cli.common import (
+    accept_dash_digit_values,
+    add_output_option,
+    max_slowdown_option,
+    workers_option,
+)
 from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN
 from allocsim.sim.sweeps.grid import SweepDefinition, load_definition
 from allocsim.sim.sweeps.run import run_sweep
@@ -46,8 +51,8 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
                         help="local worker processes (default: one per core)")
     parser.add_argument("--retry-errors", action="store_true",
                         help="rerun cells that recorded an error (default: skip them)")
-    parser.add_argument("--output", metavar="FILE.jsonl",
-                        help="results file (default: the sweep file's `output`)")
+    add_output_option(parser, dest="output", metavar="FILE.jsonl",
+                      help="results file (default: the sweep file's `output`)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--report", action="store_true",
                         help="run nothing; print the best policy per trace from the results file")

@@ -8,11 +8,13 @@ from pathlib import Path
 from allocsim.policies import format_size
 from allocsim.sim.cli.common import (
     UserError,
+    add_output_option,
     add_reading_options,
     ensure_parent,
     load_trace,
     print_json,
 )
+from allocsim.sim.output.ownership import is_allocsim_trace, refuse_unless_ours
 from allocsim.sim.output.tables import format_table
 from allocsim.traces import formats, synth
 from allocsim.traces.summary import summarize
@@ -25,8 +27,8 @@ def register_gen(sub: argparse._SubParsersAction) -> None:
     p.add_argument("kind", help=f"one of: {', '.join(synth.GENERATORS)}")
     p.add_argument("params", nargs="*", metavar="key=value", help="generator parameters")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("-o", "--output", required=True,
-                   help="file to write (.npz, .csv, .csv.gz, .jsonl)")
+    add_output_option(p, dest="output", metavar="FILE", required=True,
+                      help="file to write (.npz, .csv, .csv.gz, .jsonl)")
     p.set_defaults(func=run_gen)
 
 
@@ -52,13 +54,17 @@ def register_info(sub: argparse._SubParsersAction) -> None:
 def register_convert(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("convert", help="convert a trace between formats")
     p.add_argument("input", help="trace file to read")
-    p.add_argument("output", help="file to write; the format follows its name")
+    p.add_argument("output_file", nargs="?", metavar="output",
+                   help="file to write; the format follows its name (or give it as -o FILE)")
+    add_output_option(p, dest="output", metavar="FILE",
+                      help="file to write, as the second argument does")
     add_reading_options(p)
     p.set_defaults(func=run_convert)
 
 
 def run_gen(args: argparse.Namespace) -> int:
     params = synth.parse_params(args.kind, args.params)
+    refuse_unless_ours(args.output, "a trace", is_allocsim_trace)
     trace = synth.generate(args.kind, seed=args.seed, **params)
     ensure_parent(args.output)
     formats.save(trace, args.output)
@@ -127,8 +133,14 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_convert(args: argparse.Namespace) -> int:
+    if args.output and args.output_file:
+        raise UserError("convert: give the output file once, as the second argument or as -o")
+    args.output = args.output or args.output_file
+    if not args.output:
+        raise UserError("convert: no output file: allocsim convert INPUT OUTPUT (or -o OUTPUT)")
     if Path(args.input).resolve() == Path(args.output).resolve():
         raise UserError(f"{args.output}: refusing to overwrite the input file")
+    refuse_unless_ours(args.output, "a trace", is_allocsim_trace)
     trace = load_trace(args.input, args)
     ensure_parent(args.output)
     formats.save(trace, args.output)

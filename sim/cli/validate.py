@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from allocsim.sim.cli.common import plain_progress
+from allocsim.sim.cli.common import add_output_option, plain_progress
 from allocsim.sim.kernel.device import DeviceProfile, resolve_device
 from allocsim.sim.validation.backends import BACKENDS, DEFAULT_BACKEND
 from allocsim.sim.validation.errors import ValidatorError
@@ -42,7 +42,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--device-profile", help="a device-profile JSON file (from allocsim calibrate)")
     p.add_argument("--no-patterns", action="store_true",
                    help="do not write and check block patterns (faster, no overlap check)")
-    p.add_argument("--out", help="directory for the report: JSON, Markdown and a PNG figure")
+    add_output_option(p, dest="out", metavar="DIR",
+                      help="directory for the report: JSON, Markdown and a PNG figure "
+                           "(default: write nothing)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_validate)
 

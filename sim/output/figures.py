@@ -35,6 +35,7 @@ from allocsim.policies.units import format_size
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.engine import SharedRun
 from allocsim.sim.kernel.results import RunResult
+from allocsim.sim.output.ownership import figure_metadata, guard
 from allocsim.sim.questions.share import ShareSpec
 
 
@@ -352,7 +353,9 @@ def peaks_alt(runs: Sequence[Any], title: str) -> str:
 
 # -- the PNG files ---------------------------------------------------------------------------------
 def save(fig: Any, path: str | Path, dpi: int = 110) -> Path:
-    fig.savefig(path, dpi=dpi)
+    """Save a figure as allocsim's own (its PNG says so), never over a file it did not write."""
+    guard(path)
+    fig.savefig(path, dpi=dpi, metadata=figure_metadata())
     pyplot().close(fig)
     return Path(path)
 
@@ -394,6 +397,4 @@ def plot_share(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile
     ax.set_title(f"processes sharing {device.name}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save(fig, path)

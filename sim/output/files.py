@@ -8,10 +8,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from allocsim.sim.output.ownership import guard
+
 
 def write_json(data: Any, path: str | Path) -> None:
     """Write JSON atomically (temp file + rename); keys in schema order, not sorted."""
     path = Path(path)
+    guard(path)     # never replaces a file allocsim did not write
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     umask = os.umask(0)

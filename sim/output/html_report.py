@@ -37,6 +37,7 @@ from allocsim.sim.output.figures import (
     timeline_alt,
     timeline_fig,
 )
+from allocsim.sim.output.ownership import REPORT_MARK, guard
 from allocsim.traces.bundled import DEFAULT_TRACE_NAME
 
 _STYLE = """
@@ -250,24 +251,9 @@ def render_report(documents: Sequence[dict[str, Any]], title: str = "allocsim re
 def write_report(documents: Sequence[dict[str, Any]], path: str | Path,
                  title: str = "allocsim report", holders: Sequence[str] | None = None) -> Path:
     path = Path(path)
-    _refuse_a_file_not_ours(path)
+    guard(path)     # replaces only an allocsim report
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_report(documents, title, holders), encoding="utf-8")
     return path
 
 
-REPORT_MARK = "<p class=meta>made by allocsim"
-
-
-def _refuse_a_file_not_ours(path: Path) -> None:
-    """An existing file is replaced only when it is an allocsim report (its ``made by
-    allocsim`` line): a user's page, notes or data are never overwritten."""
-    if not path.exists():
-        return
-    if not path.is_file():
-        raise UserInputError(f"{path}: exists and is not a file; refusing to write the report")
-    with path.open("rb") as handle:
-        head = handle.read(1 << 20)
-    if REPORT_MARK.encode() not in head:
-        raise UserInputError(f"{path}: exists and is not an allocsim report; refusing to "
-                             "overwrite it (choose another -o)")

@@ -8,6 +8,7 @@ from pathlib import Path
 from allocsim.sim.output.figures import plot_fragmentation, plot_peaks, plot_timelines
 from allocsim.sim.output.files import write_json
 from allocsim.sim.output.html_report import holders_section, write_report
+from allocsim.sim.output.ownership import guard
 from allocsim.sim.questions.compare import Comparison
 from allocsim.traces.model import OP_ALLOC, Trace
 
@@ -53,9 +54,13 @@ def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path,
     order of ``comparisons`` when the caller has them, add to the report who holds memory at
     the peak, by tag (results.json has no per-tag data). Returns the paths written."""
     out = Path(out_dir)
+    json_path = out / "results.json"
+    figures = [[out / f"{_prefix(index, c, len(comparisons))}{kind}.png" for kind in FIGURE_KINDS]
+               for index, c in enumerate(comparisons)]
+    for path in [json_path, out / "report.html", *(p for paths in figures for p in paths)]:
+        guard(path)     # all refused before any is written: a folder is never half replaced
     out.mkdir(parents=True, exist_ok=True)
     documents = [c.to_json_dict(timeline=True) for c in comparisons]
-    json_path = out / "results.json"
     write_json(documents[0] if len(documents) == 1 else documents, json_path)
     title = ("allocsim: " + documents[0]["trace"]["name"]) if len(documents) == 1 \
         else f"allocsim: {len(documents)} traces"
@@ -64,13 +69,19 @@ def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path,
         holders = [holders_section(holders_at_peak(t), t.peak_live()[0])
                    if t.name == c.trace["name"] else "" for t, c in zip(traces, comparisons)]
     written = [json_path, write_report(documents, out / "report.html", title, holders)]
-    for index, comparison in enumerate(comparisons):
-        name = comparison.trace["name"]
-        prefix = "" if len(comparisons) == 1 else f"{index:02d}-{name}-"
-        title = f"trace {name}"
+    for comparison, (timeline, peaks, fragmentation) in zip(comparisons, figures):
+        title = f"trace {comparison.trace['name']}"
         written += [
-            plot_timelines(comparison.results, out / f"{prefix}memory_timeline.png", title),
-            plot_peaks(comparison.results, out / f"{prefix}peaks.png", title),
-            plot_fragmentation(comparison.results, out / f"{prefix}fragmentation.png", title),
+            plot_timelines(comparison.results, timeline, title),
+            plot_peaks(comparison.results, peaks, title),
+            plot_fragmentation(comparison.results, fragmentation, title),
         ]
     return written
+
+
+FIGURE_KINDS = ("memory_timeline", "peaks", "fragmentation")
+
+
+def _prefix(index: int, comparison: Comparison, count: int) -> str:
+    """Figures of one trace have plain names; of several, ``NN-NAME-`` in front."""
+    return "" if count == 1 else f"{index:02d}-{comparison.trace['name']}-"

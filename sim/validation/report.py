@@ -17,6 +17,8 @@ import numpy as np
 
 from allocsim.policies import PolicySpec, format_size
 from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.output.figures import save
+from allocsim.sim.output.ownership import MARKDOWN_MARK, guard
 from allocsim.sim.validation.backends import Backend
 from allocsim.sim.validation.errors import ValidatorError
 from allocsim.sim.validation.measured import Corruption, Measured
@@ -293,9 +295,7 @@ class ValidationReport:
         bottom.set_ylabel("measured − sim (MiB)", fontsize=8)
         bottom.set_xlabel("event")
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return Path(path)
+        return save(fig, path)
 
     def stem(self) -> str:
         return slug(f"{self.trace.get('name', 'trace')}-{self.backend}-{self.policy}")
@@ -308,8 +308,10 @@ class ValidationReport:
         stem = stem or self.stem()
         json_path, md_path, png_path = (out / f"{stem}.json", out / f"{stem}.md",
                                         out / f"{stem}.png")
+        for path in (json_path, md_path, png_path):
+            guard(path)     # all refused before any is written
         write_json(self.to_json_dict(), json_path)
-        md_path.write_text(self.markdown())
+        md_path.write_text(MARKDOWN_MARK + "\n" + self.markdown())
         self.plot(png_path)
         return [json_path, md_path, png_path]
 

@@ -237,9 +237,17 @@ def snapshot_of_run(trace: Trace, addresses: dict[int, int] | None = None,
         span = rounded_size if bump else (lambda size: size)
         segs = _covering_segments((int(addresses[r]), span(max(sizes[r], 1)),
                                    raw_stream.get(streams[r], streams[r])) for r in rows_alloc)
-    return {"segments": _final_segments(segs, live, tag_frames),
+    return {EXPORT_MARK: EXPORT_VERSION,      # first, so a writer can recognise its own file
+            "segments": _final_segments(segs, live, tag_frames),
             "device_traces": [entries],
             "allocator_settings": {}}
+
+
+# The first key of every snapshot this module writes: PyTorch's viewer and importer ignore it,
+# and allocsim recognises a file it exported by it (allocsim.sim.output.ownership), so that it
+# replaces its own exports but never a user's recorded snapshot.
+EXPORT_MARK = "allocsim_export"
+EXPORT_VERSION = 1
 
 
 def _device_entry(ev: dict[str, Any], times: list[int], raw_stream: dict[int, int],
