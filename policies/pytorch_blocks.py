@@ -8,6 +8,13 @@ Each (stream, pool) key — ``stream << 1 | small`` — has one free list: a pla
 (insert and remove: O(log k) bisection + O(k) list insertion/deletion, k = free blocks of the
 pool; the hot path in pytorch_caching.py does the same inline) and asserts their invariants in
 :meth:`BlockPools.check`.
+
+The counters that only memory_stats() reads (:data:`MEMORY_STATS_ONLY`) can be left out when
+nobody will read that report (``memory_stats_kept`` False, set through
+PyTorchCachingAllocator.keep_memory_stats before the first malloc): they are then absent from
+the object, so a read raises AttributeError instead of returning a stale number. Their current
+values could be recounted from the blocks, but their totals and peaks could not, which is why
+the choice is made before the run and not when the report is asked for.
 """
 
 from __future__ import annotations
@@ -22,6 +29,14 @@ from allocsim.policies.pytorch_settings import K_MIN_BLOCK_SIZE
 
 SHIFT = 52                           # free-list key = size << 52 | address (addresses < 2**52)
 MASK = (1 << SHIFT) - 1
+
+# Counters that memory_stats() alone reads (not stats(), not the engine), updated at every
+# malloc/free by the general path: left out when memory_stats_kept is False (module docstring).
+MEMORY_STATS_ONLY = (
+    "allocated_total", "peak_requested", "requested_total", "peak_allocations",
+    "inactive_split", "peak_inactive_split", "inactive_split_total",
+    "inactive_split_bytes", "peak_inactive_split_bytes", "inactive_split_bytes_total",
+)
 
 
 class Segment:
@@ -72,7 +87,9 @@ class BlockPools(Policy):
         self._es_bases: list[int] = []                    # sorted bases of expandable segments
         self._gc_calls = [0, 0]                           # get_free_block calls: [large, small]
 
-        # Counters for memory_stats() (PyTorch's names in comments).
+        # Counters for memory_stats() (PyTorch's names in comments); those of
+        # MEMORY_STATS_ONLY exist only while memory_stats_kept (see _keep_memory_stats_only).
+        self.memory_stats_kept = True
         self.peak_bytes_in_use = 0                # allocated_bytes.all.peak
         self.allocated_total = 0                  # allocated_bytes.all.allocated
         self.requested = 0                        # requested_bytes.all.current
@@ -101,6 +118,18 @@ class BlockPools(Policy):
         self.num_sync_all_streams = 0
         self.num_device_alloc = 0
         self.num_device_free = 0
+
+    def _keep_memory_stats_only(self, keep: bool) -> None:
+        """Create the MEMORY_STATS_ONLY counters at zero (``keep``), or delete them. Only on a
+        fresh allocator: a peak or total missed before cannot be recounted."""
+        if keep:
+            for name in MEMORY_STATS_ONLY:
+                setattr(self, name, 0)
+        else:
+            for name in MEMORY_STATS_ONLY:
+                if hasattr(self, name):
+                    delattr(self, name)
+        self.memory_stats_kept = keep
 
     # -- block bookkeeping (off the hot path) ------------------------------------------
     def _remove_free(self, address: int) -> None:
@@ -154,7 +183,8 @@ class BlockPools(Policy):
         (free_block merged them); non-expandable segments are mapped whole; garbage-collection
         stamps exist for every free block exactly when GC is on; and every current counter of
         memory_stats() agrees with a recount (allocated, requested, reserved, segments,
-        inactive splits, oversize blocks and segments), peaks ≥ current values. O(n log n)."""
+        inactive splits, oversize blocks and segments), peaks ≥ current values — those of
+        MEMORY_STATS_ONLY when kept, and none of them held (stale) when not. O(n log n)."""
         size_of, next_of, home, req = self._size, self._next, self._home, self._req
         unmapped = self._unmapped
         segment_of = check_tiling({b: s.size for b, s in self.segment_map.items()}, size_of,
@@ -217,20 +247,27 @@ class BlockPools(Policy):
                 "pytorch: oversize segment count disagrees")
         require(self.oversize_allocations == sum(size_of[a] >= self.max_split_size for a in req),
                 "pytorch: oversize allocation count disagrees")
-        split_free = [a for s in plain if self._next[s.base] for a in self._chain(s.base)
-                      if a in free]
-        require(self.inactive_split == len(split_free),
-                f"pytorch: inactive_split {self.inactive_split} is not the {len(split_free)} "
-                "free blocks of split segments")
-        require(self.inactive_split_bytes == sum(size_of[a] for a in split_free),
-                "pytorch: inactive_split_bytes disagrees with the free blocks of split segments")
-        for current, peak in (
-                (self.bytes_in_use, self.peak_bytes_in_use), (self.requested, self.peak_requested),
-                (len(req), self.peak_allocations), (self.pool_bytes, self.peak_pool_bytes),
-                (self.num_segments, self.peak_segments),
-                (self.inactive_split, self.peak_inactive_split),
-                (self.inactive_split_bytes, self.peak_inactive_split_bytes),
-                (self.oversize_allocations, self.peak_oversize_allocations),
-                (self.oversize_segments, self.peak_oversize_segments)):
+        peaks = [(self.bytes_in_use, self.peak_bytes_in_use),
+                 (self.pool_bytes, self.peak_pool_bytes), (self.num_segments, self.peak_segments),
+                 (self.oversize_allocations, self.peak_oversize_allocations),
+                 (self.oversize_segments, self.peak_oversize_segments)]
+        held = [name for name in MEMORY_STATS_ONLY if hasattr(self, name)]
+        if not self.memory_stats_kept:
+            require(not held, f"pytorch: {held} held while memory_stats() is not kept (stale)")
+        else:
+            require(len(held) == len(MEMORY_STATS_ONLY),
+                    "pytorch: a counter of memory_stats() is missing while it is kept")
+            split_free = [a for s in plain if self._next[s.base] for a in self._chain(s.base)
+                          if a in free]
+            require(self.inactive_split == len(split_free),
+                    f"pytorch: inactive_split {self.inactive_split} is not the "
+                    f"{len(split_free)} free blocks of split segments")
+            require(self.inactive_split_bytes == sum(size_of[a] for a in split_free),
+                    "pytorch: inactive_split_bytes disagrees with the free blocks of split "
+                    "segments")
+            peaks += [(self.requested, self.peak_requested), (len(req), self.peak_allocations),
+                      (self.inactive_split, self.peak_inactive_split),
+                      (self.inactive_split_bytes, self.peak_inactive_split_bytes)]
+        for current, peak in peaks:
             if peak < current:
                 fail(f"pytorch: a peak ({peak}) below its current value ({current})")

@@ -76,20 +76,30 @@ expandable_segments during a run (all segments are one kind), and requested_size
 blocks in :meth:`segments` (reported as 0; PyTorch reports stale values there). Stats kept per
 pool only as current values (computed on demand), peaks are kept for the aggregate ("all").
 
+Which statistics are kept: everything by default. A caller that will not read memory_stats()
+says so before the first malloc with :meth:`PyTorchCachingAllocator.keep_memory_stats`
+(False) — the replay engine does, as it reads only ``bytes_in_use`` and ``stats()`` — and the
+counters only memory_stats() reads (pytorch_blocks.MEMORY_STATS_ONLY) are then left off the hot
+path: memory_stats() raises and those attributes are absent, so nothing reads a stale number.
+
 Layout: the class is built in layers, one module each, each layer a subclass of the one before:
 pytorch_settings (configuration and size rules, functions) → pytorch_blocks (the state, the
 free lists, check()) → pytorch_expandable (expandable segments) → pytorch_oom (the miss path
 and release steps) → pytorch_snapshot (seed, segments, memory_stats) → this module (the
-parameters, malloc and free — the hot path). Costs: malloc is an O(log k) bisection in the
-(stream, pool) free list plus O(k) list deletion and, for a split, insertion (k = free blocks of
-that pool); free is O(1) link updates plus one O(log k + k) update per merged neighbour and one
-for the joined block; a miss adds the steps in pytorch_oom.
+parameters, malloc and free — the hot path: the general malloc/free for every setting, and
+_malloc_default/_free_default for PyTorch's defaults without memory_stats()'s counters, held to
+the general pair on random workloads by tests/test_fast_path_equivalence.py). Costs: malloc
+is an O(log k) bisection in the (stream, pool) free list plus O(k) list deletion and, for a
+split, insertion (k = free blocks of that pool); free is O(1) link updates plus one
+O(log k + k) update per merged neighbour and one for the joined block; a miss adds the steps in
+pytorch_oom.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import ClassVar
+from collections.abc import Iterable
+from typing import Any, ClassVar
 
 from allocsim.policies.base import DeviceMemory, Param, params_of
 from allocsim.policies.pytorch_blocks import MASK, SHIFT
@@ -152,11 +162,9 @@ class PyTorchCachingAllocator(Snapshots):
             if K_SMALL_BUFFER % granularity or K_LARGE_BUFFER % granularity:
                 raise ValueError(f"expandable segments map 2 and 20 MiB pages; this device maps in "
                                  f"multiples of {granularity} bytes")
-        if (not self.expandable and self._divisions is None and not self._gc_on
-                and self.max_split_size == NO_LIMIT):
-            # PyTorch's defaults: the hot path specialised for them (issue 17).
-            self.malloc = self._malloc_default      # type: ignore[method-assign]
-            self.free = self._free_default          # type: ignore[method-assign]
+        # PyTorch's defaults: the hot path specialised for them can run (keep_memory_stats).
+        self._default_settings = (not self.expandable and self._divisions is None
+                                  and not self._gc_on and self.max_split_size == NO_LIMIT)
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(
         __init__,
@@ -176,6 +184,51 @@ class PyTorchCachingAllocator(Snapshots):
                                               "allocations fail beyond this share of capacity; "
                                               "0 = never set (whole device)"),
     )
+
+    # -- which statistics are kept --------------------------------------------------------
+    def keep_memory_stats(self, keep: bool) -> None:
+        """Say whether :meth:`memory_stats` will be read (default: yes, everything is kept).
+
+        With ``False`` the allocator may leave out the counters only that report reads
+        (MEMORY_STATS_ONLY in pytorch_blocks.py: inactive splits, requested-bytes totals and
+        peak, allocated total, peak allocation count): with PyTorch's default settings it then
+        runs the specialised hot path, memory_stats() raises RuntimeError and a read of one of
+        those counters AttributeError — never a stale number. stats(), bytes_in_use,
+        segments(), blocks(), seed() and check() stay exact. With other settings the general
+        path runs and keeps them anyway (``memory_stats_kept`` says which). The replay engine
+        says ``False`` (sim/kernel/engine.py, ProcessReplay's ``memory_stats``). Only before
+        the first malloc or seed(): a peak missed cannot be recounted later."""
+        keep = bool(keep) or not self._default_settings
+        if keep == self.memory_stats_kept:
+            return
+        if self.num_allocs or self.segment_map:
+            raise ValueError("keep_memory_stats() must come before the first malloc or seed(): "
+                             "peaks and totals missed until then cannot be recounted")
+        self._keep_memory_stats_only(keep)
+        if keep:
+            del self.malloc, self.free              # the class's general path again
+        else:
+            self.malloc = self._malloc_default      # type: ignore[method-assign]
+            self.free = self._free_default          # type: ignore[method-assign]
+
+    def memory_stats(self) -> dict[str, int]:
+        """Snapshots.memory_stats, refused (RuntimeError) when it was said not to be read."""
+        if not self.memory_stats_kept:
+            raise RuntimeError("pytorch: memory_stats() was not kept: this allocator was told it "
+                               "would not be read (keep_memory_stats(False), as the replay "
+                               "engine does unless ProcessReplay(..., memory_stats=True))")
+        return super().memory_stats()
+
+    def seed(self, segments: Iterable[dict[str, Any]]) -> dict[int, int]:
+        """Snapshots.seed, with or without the counters of memory_stats() kept."""
+        if self.memory_stats_kept:
+            return super().seed(segments)
+        # Snapshots.seed counts every counter; the ones not kept are dropped again after it.
+        self._keep_memory_stats_only(True)
+        try:
+            return super().seed(segments)
+        finally:
+            self._keep_memory_stats_only(False)
 
     # -- the hot path ------------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0) -> int | None:
@@ -348,10 +401,13 @@ class PyTorchCachingAllocator(Snapshots):
 
     # -- the hot path, specialised for PyTorch's default settings --------------------------
     # :meth:`malloc` and :meth:`free` with the settings that pick another branch fixed at their
-    # defaults: no expandable segments, no roundup_power2_divisions, no garbage collection,
-    # max_split_size unlimited (so every block may be split and none is oversize). Bound in
-    # place of them by __init__ when those hold; the same decisions and the same counters in
-    # the same order (tests/test_fast_paths.py holds both to the results recorded before).
+    # defaults — no expandable segments, no roundup_power2_divisions, no garbage collection,
+    # max_split_size unlimited (so every block may be split and none is oversize) — and with
+    # only the counters that stats() and the engine read: bytes_in_use and its peak,
+    # requested, num_allocs, num_frees (MEMORY_STATS_ONLY are not kept). Bound in place of them
+    # by :meth:`keep_memory_stats` (False) when those settings hold. The same decisions and
+    # the same state: tests/test_fast_path_equivalence.py holds them to malloc/free after
+    # every step of random workloads, tests/test_fast_paths.py to the results recorded before.
     def _malloc_default(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
@@ -373,13 +429,10 @@ class PyTorchCachingAllocator(Snapshots):
             if found is None:
                 return None
             block, block_size = found
-        # should_split, then alloc_found_block.
+        # should_split, then alloc_found_block (the caller keeps the low end).
         remaining = block_size - rounded
-        next_of = self._next
-        prev_of = self._prev
-        already_split = prev_of[block] or next_of[block]
         if remaining >= K_MIN_BLOCK_SIZE if small else remaining > K_SMALL_SIZE:
-            size_of = self._size
+            size_of, prev_of, next_of = self._size, self._prev, self._next
             rest = block + rounded
             after = next_of[block]
             size_of[block] = rounded
@@ -391,54 +444,27 @@ class PyTorchCachingAllocator(Snapshots):
                 prev_of[after] = rest
             self._home[rest] = pool_key
             insort(keys, remaining << SHIFT | rest)
-            if already_split:
-                self.inactive_split_bytes -= rounded
-            else:
-                count = self.inactive_split + 1
-                self.inactive_split = count
-                self.inactive_split_total += 1
-                if count > self.peak_inactive_split:
-                    self.peak_inactive_split = count
-                nbytes = self.inactive_split_bytes + remaining
-                self.inactive_split_bytes = nbytes
-                self.inactive_split_bytes_total += remaining
-                if nbytes > self.peak_inactive_split_bytes:
-                    self.peak_inactive_split_bytes = nbytes
             block_size = rounded
-        elif already_split:
-            self.inactive_split -= 1
-            self.inactive_split_bytes -= block_size
         self._req[block] = size
         in_use = self.bytes_in_use + block_size
         self.bytes_in_use = in_use
         if in_use > self.peak_bytes_in_use:
             self.peak_bytes_in_use = in_use
-        self.allocated_total += block_size
-        requested = self.requested + size
-        self.requested = requested
-        if requested > self.peak_requested:
-            self.peak_requested = requested
-        self.requested_total += size
-        allocs = self.num_allocs + 1
-        self.num_allocs = allocs
-        if allocs - self.num_frees > self.peak_allocations:
-            self.peak_allocations = allocs - self.num_frees
+        self.requested += size
+        self.num_allocs += 1
         return block
 
     def _free_default(self, address: int) -> None:
         req = self._req
-        requested = req.pop(address)
         size_of, prev_of, next_of, home = self._size, self._prev, self._next, self._home
         size = size_of[address]
         self.bytes_in_use -= size
-        self.requested -= requested
+        self.requested -= req.pop(address)
         self.num_frees += 1
         keys = self._free[home[address]]
         # free_block: try_merge_blocks with the previous block, then with the next one.
         block = address
         total = size
-        subsumed_count = 0
-        subsumed_bytes = 0
         before = prev_of[address]
         if before and before not in req:
             before_size = size_of[before]
@@ -450,8 +476,6 @@ class PyTorchCachingAllocator(Snapshots):
                 prev_of[after] = before
             block = before
             total += before_size
-            subsumed_count = 1
-            subsumed_bytes = before_size
         after = next_of[block]
         if after and after not in req:
             after_size = size_of.pop(after)
@@ -462,25 +486,5 @@ class PyTorchCachingAllocator(Snapshots):
             if beyond:
                 prev_of[beyond] = block
             total += after_size
-            subsumed_count += 1
-            subsumed_bytes += after_size
         size_of[block] = total
         insort(keys, total << SHIFT | block)
-        # free_block's net change of inactive_split(_bytes), as in :meth:`free`.
-        if prev_of[block] or next_of[block]:
-            nbytes = self.inactive_split_bytes + size
-            self.inactive_split_bytes = nbytes
-            self.inactive_split_bytes_total += size
-            if nbytes > self.peak_inactive_split_bytes:
-                self.peak_inactive_split_bytes = nbytes
-            if not subsumed_count:
-                count = self.inactive_split + 1
-                self.inactive_split = count
-                self.inactive_split_total += 1
-                if count > self.peak_inactive_split:
-                    self.peak_inactive_split = count
-            elif subsumed_count == 2:
-                self.inactive_split -= 1
-        elif subsumed_count:
-            self.inactive_split -= subsumed_count
-            self.inactive_split_bytes -= subsumed_bytes

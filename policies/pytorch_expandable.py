@@ -3,10 +3,13 @@
 With ``expandable_segments`` each (stream, pool) grows one virtual range instead of taking
 new segments: pages (2 MiB small pool, 20 MiB large pool) are mapped behind free space on a
 miss and unmapped by release_cached_blocks. Unmapped space is held as blocks too (in
-``_unmapped``, and per pool in an address-sorted list). Costs: find_expandable_block walks this
-pool's unmapped blocks in address order, O(u · blocks walked); map_block and unmap_block are
-O(1) link updates plus O(log k + k) free-list and unmapped-list updates and one device call;
-the get_free_block walk over growable blocks is O(blocks passed).
+``_unmapped``, and per pool in an address-sorted list). A recorded start state is laid out in
+the same terms by ``Snapshots.seed`` (pytorch_snapshot.py): mapped ranges and the unmapped
+space around them in one virtual range of :meth:`ExpandableSegments._range_size` bytes.
+Costs: find_expandable_block walks this pool's unmapped blocks in address order, O(u · blocks
+walked); map_block and unmap_block are O(1) link updates plus O(log k + k) free-list and
+unmapped-list updates and one device call; the get_free_block walk over growable blocks is
+O(blocks passed).
 """
 
 from __future__ import annotations
@@ -65,13 +68,20 @@ class ExpandableSegments(BlockPools):
             if nbytes >= size:
                 return candidate
         page = K_SMALL_BUFFER if small else K_LARGE_BUFFER
-        capacity = self.device.capacity
-        nbytes = -(-(capacity + capacity // 8) // page) * page
+        nbytes = self._range_size(page)
         base = self.device.address_range(nbytes)
         self._new_segment(Segment(base, nbytes, stream, small, True, page))
         insort(self._es_bases, base)
         self._add_unmapped(base)
         return base
+
+    def _range_size(self, page: int) -> int:
+        """The bytes of a new virtual range with pages of ``page`` bytes: ceil(1.125 ×
+        capacity / page) pages (ExpandableSegment's constructor: ``max_handles_ =
+        numSegments(prop.totalGlobalMem + prop.totalGlobalMem / 8)``, reserved as
+        ``segment_size_ * max_handles_``)."""
+        capacity = self.device.capacity
+        return -(-(capacity + capacity // 8) // page) * page
 
     def _add_unmapped(self, address: int) -> None:
         self._unmapped.add(address)

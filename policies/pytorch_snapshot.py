@@ -1,20 +1,83 @@
 """PyTorch caching allocator: its state in and out, as memory_snapshot() shows it.
 
 :meth:`Snapshots.seed` lays out a recorded segment list before the first malloc (a snapshot
-recorded mid-run); :meth:`Snapshots.segments` and :meth:`Snapshots.memory_stats` report the
-state in torch.cuda.memory_snapshot()'s and memory_stats()'s shapes; ``blocks`` and ``stats``
-are the Policy views. All O(n) in the blocks held (seed: in the blocks recorded).
+recorded mid-run: cudaMalloc'd segments, or the mapped ranges of expandable segments, each
+(stream, pool)'s in one virtual range); :meth:`Snapshots.segments` and
+:meth:`Snapshots.memory_stats` report the state in torch.cuda.memory_snapshot()'s and
+memory_stats()'s shapes; ``blocks`` and ``stats`` are the Policy views. All O(n) in the
+blocks held (seed: in the blocks recorded).
 """
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from allocsim.policies.base import PolicyStats
 from allocsim.policies.pytorch_blocks import SHIFT, Segment
 from allocsim.policies.pytorch_oom import ReleasePath
-from allocsim.policies.pytorch_settings import K_SMALL_BUFFER, NO_LIMIT
+from allocsim.policies.pytorch_settings import (
+    K_LARGE_BUFFER,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    NO_LIMIT,
+)
+
+FREE = -1                  # a seeded piece that is a cached free block
+UNMAPPED = -2              # a seeded piece that is unmapped space of an expandable segment
+
+
+def segment_is_small(seg: dict[str, Any]) -> bool:
+    """Is a recorded segment (memory_snapshot()'s shape) in the small pool?
+
+    An ordinary segment: its ``segment_type`` says; without one, it is small when it is at
+    most kSmallBuffer (2 MiB, what a small-pool cudaMalloc takes). A mapped range of an
+    expandable segment: an allocated block in it says (get_pool: a request of at most
+    kSmallSize = 1 MiB is small-pool, any larger one large-pool), then a size that is not
+    whole 20 MiB pages (small-pool pages are 2 MiB, large-pool 20 MiB), then its
+    ``segment_type``; the evidence comes first because a range rebuilt by undoing a
+    ``segment_unmap`` has no pool of its own in the file (the entry names none)."""
+    kind = seg.get("segment_type")
+    total = int(seg["total_size"])
+    if seg.get("is_expandable"):
+        for block in seg.get("blocks") or ():
+            if str(block.get("state", "")).startswith("active"):
+                return (int(block.get("requested_size") or 0) or int(block["size"])) \
+                    <= K_SMALL_SIZE
+        if total % K_LARGE_BUFFER:
+            return True
+    if kind in ("small", "large"):
+        return kind == "small"
+    return total <= K_SMALL_BUFFER and not seg.get("is_expandable")
+
+
+def _pieces(seg: dict[str, Any]) -> tuple[int, int, list[list[int]]]:
+    """``(address, total_size, pieces)`` of one recorded segment: ``[offset, size, requested
+    bytes or FREE]`` tiling it, touching inactive blocks joined. ValueError when its blocks do
+    not tile it."""
+    recorded = int(seg["address"])
+    total = int(seg["total_size"])
+    pieces: list[list[int]] = []
+    cursor = recorded
+    for block in seg.get("blocks") or [{"size": total, "state": "inactive"}]:
+        address = int(block.get("address", cursor))
+        size = int(block["size"])
+        if address != cursor or size <= 0:
+            raise ValueError(f"segment {recorded:#x}: its blocks do not tile it "
+                             f"(block at {address:#x}, expected {cursor:#x})")
+        cursor += size
+        if str(block.get("state", "inactive")).startswith("active"):
+            pieces.append([address - recorded, size,
+                           int(block.get("requested_size") or 0) or size])
+        elif pieces and pieces[-1][2] == FREE:
+            pieces[-1][1] += size
+        else:
+            pieces.append([address - recorded, size, FREE])
+    if cursor != recorded + total:
+        raise ValueError(f"segment {recorded:#x}: its blocks cover {cursor - recorded} "
+                         f"of its {total} bytes")
+    return recorded, total, pieces
 
 
 class Snapshots(ReleasePath):
@@ -25,50 +88,51 @@ class Snapshots(ReleasePath):
 
         ``segments`` have the shape of :meth:`segments` (and of memory_snapshot()'s, as the
         snapshot importer writes them to ``metadata["initial_segments"]``): ``address``,
-        ``total_size``, ``stream`` (small id), ``segment_type``, ``blocks`` of ``{address, size,
-        requested_size, state}`` tiling the segment. Each segment is taken from the device with
-        one ``reserve`` (so the device counts it; its address is the device's), its blocks are
-        laid out at the same offsets: ``active_*`` blocks become allocated blocks (requested
-        bytes = requested_size, or size when that is 0), ``inactive`` ones cached free blocks,
-        touching ones joined as free_block would have. Returns ``{recorded block address: this
-        model's address}`` of the active blocks, so a caller can ``free`` them later.
+        ``total_size``, ``stream`` (small id), ``segment_type``, ``is_expandable``, ``blocks``
+        of ``{address, size, requested_size, state}`` tiling the segment. Blocks are laid out
+        at the same offsets: ``active_*`` blocks become allocated blocks (requested bytes =
+        requested_size, or size when that is 0), ``inactive`` ones cached free blocks,
+        touching ones joined as free_block would have. Returns ``{recorded block address:
+        this model's address}`` of the active blocks, so a caller can ``free`` them later.
 
-        Only on a fresh allocator; expandable segments (and an expandable-segments model) are
-        refused with ValueError, as are blocks that do not tile their segment and segments the
-        device cannot hold.
+        Ordinary segments: each is taken from the device with one ``reserve`` (so the device
+        counts it; its address is the device's).
+
+        Expandable segments (an expandable-segments model; see :meth:`_seed_ranges`):
+        memory_snapshot() reports one segment per contiguous mapped range of an
+        ExpandableSegment, ``is_expandable`` set, with the blocks inside it; the unmapped
+        rest of the virtual range is not reported (CUDACachingAllocator.cpp, snapshot():
+        "For expandable segments, we report one segment for each contiguous mapped range of
+        memory"; it walks ``block->next`` while ``block->mapped``). The recorded ranges of
+        one (stream, pool) are laid out in one virtual range, which is taken from the device
+        with one ``address_range`` and mapped with one ``map`` per recorded range; the space
+        between and after them is unmapped, as in the recording. An optional
+        ``range_base`` on a segment is an address known to lie in the same virtual range
+        below its mapped ranges (a later recorded segment_map there: the range starts at
+        the lowest such address, see :meth:`_seed_ranges`).
+
+        Only on a fresh allocator, and only segments of the model's kind (all segments are
+        one kind: the model does not toggle expandable_segments); otherwise ValueError, as
+        for blocks that do not tile their segment, mapped ranges that are not whole pages of
+        their virtual range, and segments the device cannot hold.
         """
         if self.num_allocs or self.segment_map:
             raise ValueError("seed() needs a fresh allocator (no malloc before it)")
-        if self.expandable:
-            raise ValueError("seeding an expandable-segments allocator is not modelled")
+        ordered = sorted(segments, key=lambda s: int(s["address"]))
+        for seg in ordered:
+            if bool(seg.get("is_expandable")) != self.expandable:
+                raise ValueError(
+                    f"segment {int(seg['address']):#x} is "
+                    f"{'an' if seg.get('is_expandable') else 'not an'} expandable segment and "
+                    f"this model {'uses' if self.expandable else 'does not use'} expandable "
+                    "segments (all segments are one kind)")
         mapping: dict[int, int] = {}
-        for seg in sorted(segments, key=lambda s: int(s["address"])):
-            if seg.get("is_expandable"):
-                raise ValueError(f"segment {int(seg['address']):#x} is an expandable segment; "
-                                 "seeding those is not modelled")
-            recorded = int(seg["address"])
-            total = int(seg["total_size"])
-            pieces: list[list[int]] = []        # [offset, size, requested or -1 when free]
-            cursor = recorded
-            for block in seg.get("blocks") or [{"size": total, "state": "inactive"}]:
-                address = int(block.get("address", cursor))
-                size = int(block["size"])
-                if address != cursor or size <= 0:
-                    raise ValueError(f"segment {recorded:#x}: its blocks do not tile it "
-                                     f"(block at {address:#x}, expected {cursor:#x})")
-                cursor += size
-                if str(block.get("state", "inactive")).startswith("active"):
-                    pieces.append([address - recorded, size,
-                                   int(block.get("requested_size") or 0) or size])
-                elif pieces and pieces[-1][2] < 0:
-                    pieces[-1][1] += size
-                else:
-                    pieces.append([address - recorded, size, -1])
-            if cursor != recorded + total:
-                raise ValueError(f"segment {recorded:#x}: its blocks cover {cursor - recorded} "
-                                 f"of its {total} bytes")
-            kind = seg.get("segment_type")
-            small = kind == "small" if kind in ("small", "large") else total <= K_SMALL_BUFFER
+        if self.expandable:
+            self._seed_ranges(ordered, mapping)
+            return mapping
+        for seg in ordered:
+            recorded, total, pieces = _pieces(seg)
+            small = segment_is_small(seg)
             base = self.device.reserve(total)
             if base is None:
                 raise ValueError(f"the device cannot hold the recorded segment {recorded:#x} "
@@ -81,18 +145,9 @@ class Snapshots(ReleasePath):
                       mapping: dict[int, int]) -> None:
         """Lay out one seeded segment's blocks and count them as malloc/free would have."""
         self._new_segment(segment)
-        base, pool_key = segment.base, segment.pool_key
+        base = segment.base
+        self._link(base, segment.pool_key, pieces)
         split = len(pieces) > 1
-        previous = 0
-        for offset, size, _ in pieces:
-            address = base + offset
-            self._size[address] = size
-            self._prev[address] = previous
-            self._next[address] = 0
-            self._home[address] = pool_key
-            if previous:
-                self._next[previous] = address
-            previous = address
         for offset, size, requested in pieces:
             address = base + offset
             if requested < 0:
@@ -103,21 +158,8 @@ class Snapshots(ReleasePath):
                     self.inactive_split_bytes += size
                     self.inactive_split_bytes_total += size
                 continue
-            mapping[recorded + offset] = address
-            self._req[address] = requested
-            self.bytes_in_use += size
-            self.allocated_total += size
-            self.requested += requested
-            self.requested_total += requested
-            self.num_allocs += 1
-            if size >= self.max_split_size:
-                self._oversize_allocation()
-        self.peak_bytes_in_use = max(self.peak_bytes_in_use, self.bytes_in_use)
-        self.peak_requested = max(self.peak_requested, self.requested)
-        self.peak_allocations = max(self.peak_allocations, self.num_allocs - self.num_frees)
-        self.peak_inactive_split = max(self.peak_inactive_split, self.inactive_split)
-        self.peak_inactive_split_bytes = max(self.peak_inactive_split_bytes,
-                                             self.inactive_split_bytes)
+            self._seed_allocated(address, size, requested, recorded + offset, mapping)
+        self._seed_peaks()
         self._reserved_change(segment.size)
         self.num_segments += 1
         self.segments_total += 1
@@ -128,6 +170,143 @@ class Snapshots(ReleasePath):
             self.peak_oversize_segments = max(self.peak_oversize_segments,
                                               self.oversize_segments)
         self.num_device_alloc += 1
+
+    def _seed_ranges(self, ordered: list[dict[str, Any]], mapping: dict[int, int]) -> None:
+        """Seed recorded mapped ranges of expandable segments (sorted by address).
+
+        The rules followed (c10/cuda/CUDACachingAllocator.cpp): each (stream, pool) grows one
+        virtual range — find_expandable_block makes a new ExpandableSegment only when no
+        unmapped block of that stream's pool (in address order) has room, and a range holds
+        1.125 × the device's memory, so short of an OOM there is one — of
+        ceil(1.125 × totalGlobalMem / page) pages, 2 MiB pages in the small pool, 20 MiB in
+        the large one; ExpandableSegment::map asserts that a range is mapped from a page
+        boundary of the range (``ptr() + begin * segment_size_ == range.ptr``) and maps whole
+        pages, and unmap releases whole pages only. So the recorded ranges of one
+        (stream, pool) lie whole pages apart in one virtual range (checked), and the space
+        between them is unmapped address space of that range.
+
+        What a snapshot cannot tell, and what is assumed:
+        - Where the virtual range starts. A new range is mapped first at its base (the first
+          map_block of find_expandable_block's new block maps from ``es->ptr()``), and the
+          lowest pages leave it only through release_cached_blocks; a later map below the
+          lowest mapped range is made at the range's base again (find_expandable_block walks
+          unmapped blocks in address order, and map_block maps from the unmapped block's
+          start, which for the space below every mapped page is the base). So the base is
+          the lowest of the recorded ranges and their ``range_base`` (the caller's: the
+          lowest later segment_map of the range); where nothing later maps below, the base
+          is taken to be the lowest mapped range, and that changes no decision: unmapped
+          space below it that nothing maps into is never chosen.
+        - How large the range is: 1.125 × the recording device's totalGlobalMem, which the
+          file does not hold; this model's capacity is used (the range grows to the whole
+          pages that hold every recorded range if those span more). Only a request larger
+          than all the unmapped space above the highest mapped page could tell.
+        - Whether a pool had a second virtual range (possible only after a request found
+          no room in the first, i.e. at an OOM): all ranges of a (stream, pool) are laid out
+          in one.
+        - The pool of a segment whose ``segment_type`` is missing (:func:`segment_is_small`).
+
+        Each virtual range is one ``address_range`` (in address order of the recorded bases)
+        and one ``map`` per recorded range; counted as those map_block calls would have
+        (reserved bytes, num_device_alloc), not as cudaMalloc'd segments (the segment and
+        inactive_split counts of memory_stats() leave expandable segments out, as PyTorch's
+        do). O(blocks + ranges log ranges)."""
+        groups: dict[tuple[int, bool], list[dict[str, Any]]] = {}
+        for seg in ordered:
+            groups.setdefault((int(seg.get("stream", 0)), segment_is_small(seg)), []).append(seg)
+        layouts = []
+        for (stream, small), group in groups.items():
+            page = K_SMALL_BUFFER if small else K_LARGE_BUFFER
+            base = min([int(group[0]["address"])] + [int(s["range_base"]) for s in group
+                                                    if s.get("range_base") is not None])
+            runs: list[list[int]] = []      # [offset, size, requested | FREE | UNMAPPED]
+            ranges: list[tuple[int, int]] = []          # mapped: (offset, size)
+            cursor = base
+            for seg in group:
+                recorded, total, pieces = _pieces(seg)
+                if (recorded - base) % page or total % page:
+                    raise ValueError(f"expandable segment {recorded:#x} ({total} bytes) is not "
+                                     f"whole {page >> 20} MiB pages of a virtual range "
+                                     f"starting at {base:#x}")
+                if recorded < cursor:
+                    raise ValueError(f"expandable segment {recorded:#x} overlaps the one "
+                                     "before it")
+                if recorded > cursor:
+                    runs.append([cursor - base, recorded - cursor, UNMAPPED])
+                for offset, size, requested in pieces:
+                    if requested == FREE and runs and runs[-1][2] == FREE:
+                        runs[-1][1] += size             # touching ranges: free_block joins
+                    else:
+                        runs.append([recorded - base + offset, size, requested])
+                ranges.append((recorded - base, total))
+                cursor = recorded + total
+            nbytes = max(self._range_size(page), -(-(cursor - base) // page) * page)
+            if cursor < base + nbytes:
+                runs.append([cursor - base, base + nbytes - cursor, UNMAPPED])
+            layouts.append((base, Segment(0, nbytes, stream, small, True, page), runs, ranges))
+        layouts.sort(key=lambda layout: layout[0])
+        for recorded_base, segment, runs, ranges in layouts:
+            segment.base = self.device.address_range(segment.size)
+            for offset, total in ranges:
+                if not self.device.map(segment.base + offset, total):
+                    raise ValueError(f"the device cannot hold the recorded mapped range "
+                                     f"{recorded_base + offset:#x} ({total} bytes)")
+            self._seed_range(segment, runs, ranges, recorded_base, mapping)
+
+    def _seed_range(self, segment: Segment, runs: list[list[int]],
+                    ranges: list[tuple[int, int]], recorded: int,
+                    mapping: dict[int, int]) -> None:
+        """Lay out one seeded virtual range (mapped blocks and unmapped space) and count it
+        as the map_block calls and mallocs would have."""
+        self._new_segment(segment)
+        insort(self._es_bases, segment.base)
+        base = segment.base
+        self._link(base, segment.pool_key, runs)
+        for offset, size, requested in runs:
+            address = base + offset
+            if requested == UNMAPPED:
+                self._add_unmapped(address)
+            elif requested == FREE:
+                self._insert_free(address)
+            else:
+                self._seed_allocated(address, size, requested, recorded + offset, mapping)
+        self._seed_peaks()
+        for _, total in ranges:
+            self._reserved_change(total)
+            self.num_device_alloc += 1
+
+    def _link(self, base: int, pool_key: int, pieces: list[list[int]]) -> None:
+        """Blocks at ``base`` + each piece's offset, linked in order, in pool ``pool_key``."""
+        previous = 0
+        for offset, size, _ in pieces:
+            address = base + offset
+            self._size[address] = size
+            self._prev[address] = previous
+            self._next[address] = 0
+            self._home[address] = pool_key
+            if previous:
+                self._next[previous] = address
+            previous = address
+
+    def _seed_allocated(self, address: int, size: int, requested: int, recorded: int,
+                        mapping: dict[int, int]) -> None:
+        """Count a seeded allocated block as malloc would have."""
+        mapping[recorded] = address
+        self._req[address] = requested
+        self.bytes_in_use += size
+        self.allocated_total += size
+        self.requested += requested
+        self.requested_total += requested
+        self.num_allocs += 1
+        if size >= self.max_split_size:
+            self._oversize_allocation()
+
+    def _seed_peaks(self) -> None:
+        self.peak_bytes_in_use = max(self.peak_bytes_in_use, self.bytes_in_use)
+        self.peak_requested = max(self.peak_requested, self.requested)
+        self.peak_allocations = max(self.peak_allocations, self.num_allocs - self.num_frees)
+        self.peak_inactive_split = max(self.peak_inactive_split, self.inactive_split)
+        self.peak_inactive_split_bytes = max(self.peak_inactive_split_bytes,
+                                             self.inactive_split_bytes)
 
     def blocks(self) -> Iterator[tuple[int, int, bool]]:
         """Every block of memory held from the device, in address order. Unmapped address

@@ -1,9 +1,11 @@
 """Each specialised hot path gives, on random workloads, what its policy's general path gives.
 
-PyTorch's default settings and the stream-ordered pool's default ``sync=free`` take hot paths
-written out for those settings (issue 17); the general path stays, obviously correct, and is
-the referee here: the same addresses, the same device calls, the same counters, after every
-step (tests/test_fast_paths.py holds both to results recorded before the split as well).
+PyTorch's default settings (when memory_stats() is not to be read, as in the replay engine) and
+the stream-ordered pool's default ``sync=free`` take hot paths written out for those settings
+(issue 17); the general path stays, obviously correct, and is the referee here: the same
+addresses, the same device calls, the same counters (PyTorch: every one both keep) and blocks,
+after every step (tests/test_fast_paths.py holds both to results recorded before the split as
+well).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from policy_checks import small_device, workload_actions
 
 from allocsim.policies.cuda_async import SHARED, CudaAsyncAllocator
+from allocsim.policies.pytorch_blocks import MEMORY_STATS_ONLY
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
 from allocsim.sim.kernel.device import SimulatedDevice
 
@@ -28,15 +31,24 @@ class GeneralCudaAsync(CudaAsyncAllocator):
         self._give_back(address, SHARED)
 
 
-def general_pytorch(device: Any) -> PyTorchCachingAllocator:
+def fast_pytorch(device: Any) -> PyTorchCachingAllocator:
+    """PyTorch's defaults as the replay engine runs them: memory_stats() said not to be read,
+    so the specialised methods are bound on the instance."""
     policy = PyTorchCachingAllocator(device)
-    # The specialised methods are bound on the instance at construction; without them the
-    # class's general malloc and free run.
-    del policy.malloc, policy.free
+    policy.keep_memory_stats(False)
+    assert "malloc" in vars(policy) and not policy.memory_stats_kept
     return policy
 
 
-def replay_both(fast: Any, slow: Any, fast_view: Any, slow_view: Any, actions: Any) -> None:
+def general_pytorch(device: Any) -> PyTorchCachingAllocator:
+    """The same settings with every counter kept: the class's general malloc and free."""
+    policy = PyTorchCachingAllocator(device)
+    assert "malloc" not in vars(policy) and policy.memory_stats_kept
+    return policy
+
+
+def replay_both(fast: Any, slow: Any, fast_view: Any, slow_view: Any, actions: Any,
+                same_state: Any = None) -> None:
     live: list[tuple[int, int]] = []
     for is_alloc, size, pick in actions:
         if is_alloc or not live:
@@ -50,8 +62,20 @@ def replay_both(fast: Any, slow: Any, fast_view: Any, slow_view: Any, actions: A
             slow.free(b)
         assert fast.stats() == slow.stats()
         assert (fast_view.reserved, fast_view.calls) == (slow_view.reserved, slow_view.calls)
+        if same_state is not None:
+            same_state(fast, slow)
         fast.check()
         slow.check()
+
+
+def same_pytorch_state(fast: PyTorchCachingAllocator, slow: PyTorchCachingAllocator) -> None:
+    """Every block with its state and request, every counter both keep and the block tables."""
+    assert fast.segments() == slow.segments()
+    kept = {name for name, value in vars(slow).items()
+            if isinstance(value, (int, dict, list, set)) and not isinstance(value, bool)
+            and name not in MEMORY_STATS_ONLY and name != "segment_map"}
+    assert {name: getattr(fast, name) for name in kept} == {
+        name: getattr(slow, name) for name in kept}
 
 
 def views() -> tuple[Any, Any]:
@@ -63,9 +87,8 @@ def views() -> tuple[Any, Any]:
 @given(actions=workload_actions())
 def test_pytorchs_default_hot_path_is_its_general_path(actions: Any) -> None:
     fast_view, slow_view = views()
-    fast = PyTorchCachingAllocator(fast_view)
-    assert "malloc" in vars(fast)              # the specialised path is the one in use
-    replay_both(fast, general_pytorch(slow_view), fast_view, slow_view, actions)
+    replay_both(fast_pytorch(fast_view), general_pytorch(slow_view), fast_view, slow_view,
+                actions, same_pytorch_state)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

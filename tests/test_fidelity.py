@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import pickle
 from pathlib import Path
@@ -23,6 +24,7 @@ from allocsim.policies import parse_policy
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
 from allocsim.sim.cli.fidelity import register
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
+from allocsim.sim.questions import fidelity_replay
 from allocsim.sim.questions.fidelity import (
     COMPARED_ACTIONS,
     FidelityError,
@@ -30,6 +32,7 @@ from allocsim.sim.questions.fidelity import (
     settings_from_snapshot,
     simulate_snapshot,
 )
+from allocsim.sim.questions.fidelity_recording import expandable_range_bases
 from allocsim.traces import formats, synth
 from allocsim.traces.formats.torch_snapshot import read_snapshot
 from allocsim.traces.model import Trace
@@ -267,6 +270,208 @@ def test_seed_refuses_what_it_cannot_model() -> None:
     policy.malloc(512)
     with pytest.raises(ValueError, match="fresh"):
         policy.seed([])
+
+
+# -- starting mid-run with expandable segments --------------------------------------------
+def es(address: int, size: int, blocks: list[dict], kind: str = "large", stream: int = 0,
+       **extra: Any) -> dict:
+    """One recorded mapped range of an expandable segment, as memory_snapshot() reports it."""
+    return {"address": address, "total_size": size, "stream": stream, "segment_type": kind,
+            "is_expandable": True, "blocks": blocks, **extra}
+
+
+def test_seed_lays_out_expandable_ranges_in_one_virtual_range_per_stream_and_pool() -> None:
+    """Two recorded mapped ranges of the large pool, 40 MiB apart, are one virtual range
+    with 40 MiB of unmapped space between them; the small pool's range is another one.
+    Worked by hand from find_expandable_block / map_block (CUDACachingAllocator.cpp)."""
+    base = 1 << 40
+    first = es(base, 40 * MiB, [block(base, 25 * MiB, "active_allocated", 25 * MiB - 100),
+                                block(base + 25 * MiB, 15 * MiB)])
+    second = es(base + 80 * MiB, 20 * MiB, [block(base + 80 * MiB, 4 * MiB),
+                                            block(base + 84 * MiB, 6 * MiB),
+                                            block(base + 90 * MiB, 10 * MiB, "active_allocated",
+                                                  10 * MiB)])
+    small = es(base + (4 << 30), 2 * MiB, [block(base + (4 << 30), 512, "active_allocated", 100),
+                                           block(base + (4 << 30) + 512, 2 * MiB - 512)],
+               kind="small")
+    policy, mapping, view = seeded([small, second, first], expandable_segments=True)
+    policy.check()
+    assert sorted(mapping) == [base, base + 90 * MiB, base + (4 << 30)]
+    start = mapping[base]                          # the model's virtual range of the large pool
+    assert mapping[base + 90 * MiB] == start + 90 * MiB            # same offsets, same range
+    assert view.reserved == 62 * MiB and view.mallocs == 3         # one map per mapped range
+    assert len(policy.segment_map) == 2                            # two virtual ranges
+    segments = policy.segments()
+    assert [(s["address"] - start, s["total_size"], s["is_expandable"]) for s in segments[:2]] \
+        == [(0, 40 * MiB, True), (80 * MiB, 20 * MiB, True)]
+    # The touching inactive blocks were joined, as free_block would have.
+    assert [(b["size"], b["state"]) for b in segments[1]["blocks"]] == [
+        (10 * MiB, "inactive"), (10 * MiB, "active_allocated")]
+    stats = policy.memory_stats()
+    assert stats["reserved_bytes.all.current"] == 62 * MiB
+    assert stats["allocated_bytes.all.current"] == 35 * MiB + 512
+    assert stats["requested_bytes.all.current"] == 35 * MiB - 100 + 100
+    assert stats["segment.all.current"] == 0          # PyTorch counts no expandable segment
+    assert stats["num_device_alloc"] == 3
+    # 30 MiB fits no free block; the lowest unmapped block with a free block before it is the
+    # gap: 15 MiB free + one 20 MiB page mapped at +40 MiB, the block starting at +25 MiB.
+    view.log = []
+    assert policy.malloc(30 * MiB) == start + 25 * MiB
+    assert [(c.kind, c.nbytes, c.address) for c in view.log] == [
+        ("map", 20 * MiB, start + 40 * MiB)]
+    policy.check()
+    # Everything freed and the cache emptied: every page unmapped, both ranges released.
+    for address in [start + 25 * MiB, *mapping.values()]:
+        policy.free(address)
+    policy.empty_cache()
+    assert view.reserved == 0 and not policy.segment_map
+    policy.check()
+
+
+def test_seed_starts_the_virtual_range_where_a_later_map_shows_it_starts() -> None:
+    """The first page of a range was unmapped before recording started: the range at the
+    start is [base + 20 MiB, base + 60 MiB). The recording's later map at ``base`` (a map
+    below every mapped page is made at the range's base) says where the range begins.
+    A 25 MiB request then maps one page there (20 MiB unmapped + 10 MiB free before the
+    allocated block); taking the range to begin at its lowest mapped page, the model would
+    map two pages at the end instead."""
+    base = 1 << 40
+    start_range = es(base + 20 * MiB, 40 * MiB,
+                     [block(base + 20 * MiB, 10 * MiB),
+                      block(base + 30 * MiB, 30 * MiB, "active_allocated", 30 * MiB)])
+    calls = {}
+    for name, seg in (("revealed", dict(start_range, range_base=base)), ("lowest", start_range)):
+        policy, mapping, view = seeded([seg], expandable_segments=True)
+        policy.check()
+        view.log = []
+        address = policy.malloc(25 * MiB)
+        calls[name] = [(c.kind, c.nbytes, c.address - address) for c in view.log]
+        policy.check()
+        if name == "revealed":
+            assert address == mapping[base + 30 * MiB] - 30 * MiB        # at the range's base
+    assert calls == {"revealed": [("map", 20 * MiB, 0)], "lowest": [("map", 40 * MiB, 0)]}
+
+
+def test_expandable_range_bases_follow_the_recorded_maps_while_the_range_lives() -> None:
+    base, small = 1 << 40, (1 << 40) + (2 << 40)
+    initial = [es(base + 20 * MiB, 40 * MiB, []), es(small + 4 * MiB, 2 * MiB, [], "small")]
+
+    def ref(action: str, addr: int, size: int) -> dict:
+        return {"action": action, "addr": addr, "size": size, "stream": 0}
+
+    refs = [ref("segment_map", small, 2 * MiB),            # a small-pool page (one 2 MiB page)
+            ref("segment_map", base - 50 * MiB, 20 * MiB),  # not whole pages away: elsewhere
+            ref("segment_map", base, 20 * MiB),            # the large range's base
+            ref("segment_unmap", base, 60 * MiB),          # every page: the range is released
+            ref("segment_map", base - 40 * MiB, 20 * MiB)]  # ... so this is a new range
+    assert expandable_range_bases(initial, refs) == {(0, False): base, (0, True): small}
+    assert expandable_range_bases(initial, []) == {(0, False): base + 20 * MiB,
+                                                   (0, True): small + 4 * MiB}
+
+
+def test_seed_refuses_expandable_states_it_cannot_lay_out() -> None:
+    base = 1 << 40
+    with pytest.raises(ValueError, match="not an expandable segment"):
+        seeded([{"address": base, "total_size": 20 * MiB, "blocks": [block(base, 20 * MiB)]}],
+               expandable_segments=True)
+    # Two large-pool ranges of one stream that are not whole 20 MiB pages apart.
+    with pytest.raises(ValueError, match="pages"):
+        seeded([es(base, 20 * MiB, [block(base, 20 * MiB)]),
+                es(base + 30 * MiB, 20 * MiB, [block(base + 30 * MiB, 20 * MiB)])],
+               expandable_segments=True)
+    with pytest.raises(ValueError, match="cover"):
+        seeded([es(base, 20 * MiB, [block(base, 4 * MiB)])], expandable_segments=True)
+
+
+@functools.cache
+def expandable_snapshot(kind: str, seed: int = 5, **params: Any) -> dict[str, Any]:
+    """The expandable-segments model's own snapshot of a synthetic run, empty_cache() every
+    tenth of the way (so pages are unmapped and mapped again after each cut, and a pool can
+    hold several mapped ranges at a cut)."""
+    trace = synth.generate(kind, seed=seed, **params)
+    return simulate_snapshot(trace, "pytorch:expandable_segments=true",
+                             empty_cache_before=[len(trace) * k // 10 for k in range(1, 10)])
+
+
+def cut_at(snapshot: dict[str, Any], fraction: float) -> Trace:
+    """The snapshot as if recording had started at ``fraction`` of its allocs."""
+    entries = snapshot["device_traces"][0]
+    allocs = [k for k, e in enumerate(entries) if e["action"] == "alloc"]
+    return imported(dict(snapshot, device_traces=[entries[allocs[int(len(allocs) * fraction)]:]]))
+
+
+def unseeded(trace: Trace) -> Trace:
+    meta = copy.deepcopy(trace.metadata)
+    meta["initial_segments"] = []
+    return Trace(trace.time_ns, trace.op, trace.id, trace.size, trace.stream, trace.process,
+                 trace.tag, trace.tags, meta)
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.25, 0.5, 0.75])
+@pytest.mark.parametrize("kind", ["training", "transformer"])
+def test_an_expandable_recording_started_mid_run_starts_from_the_rebuilt_state(
+        kind: str, fraction: float) -> None:
+    """A recording with expandable segments cut at 10-75% of its allocs: the mapped ranges
+    at the start (several per pool at some cuts) and their blocks are seeded, and every
+    later segment_map / segment_unmap is made again. Without the start state, the model maps
+    pages afresh for blocks that already had them. Honest limit: these cuts come from the
+    model's own snapshots (simulate_snapshot) — no real expandable-segments snapshot is
+    available here — so they check the seeding against the model's rules, not PyTorch's."""
+    cut = cut_at(expandable_snapshot(kind), fraction)
+    initial = cut.metadata["initial_segments"]
+    assert initial and all(s["is_expandable"] for s in initial)
+    assert cut.metadata["prologue_events"] > 0
+    report = fidelity(cut)
+    consistent(report)
+    assert report.seeded_segments == len(initial)
+    assert report.seeded_blocks == cut.metadata["prologue_events"]
+    assert report.total > 0 and report.matched == report.total and report.extra == 0
+    assert report.final_segments_match and report.exit_status == 0, report.text()
+    bare = fidelity(unseeded(cut))
+    assert bare.exit_status == 1 and bare.extra > 0
+
+
+def test_an_expandable_recording_cut_after_its_first_pages_were_unmapped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """empty_cache() unmapped the first page of the range before recording started; the
+    next request maps it again, at the range's base, below every page mapped at the start."""
+    trace = Trace.from_events([(0, "alloc", 1, 30 * MiB), (1, "alloc", 2, 30 * MiB),
+                               (2, "free", 1, None), (3, "alloc", 3, 25 * MiB),
+                               (4, "free", 3, None), (5, "free", 2, None),
+                               (6, "alloc", 4, 50 * MiB)], name="gap")
+    snapshot = simulate_snapshot(trace, "pytorch:expandable_segments=true",
+                                 empty_cache_before=[3, 6])
+    maps = [(e["action"], e["size"] // MiB) for e in snapshot["device_traces"][0]
+            if e["action"].startswith("segment")]
+    assert maps == [("segment_map", 40), ("segment_map", 20), ("segment_unmap", 20),
+                    ("segment_map", 20), ("segment_unmap", 60), ("segment_map", 60)]
+    entries = snapshot["device_traces"][0]
+    after = next(k for k, e in enumerate(entries) if e["action"] == "segment_unmap") + 1
+    cut = imported(dict(snapshot, device_traces=[entries[after:]]))   # right after the unmap
+    start = cut.metadata["initial_segments"]
+    assert [(s["address"] - entries[0]["addr"], s["total_size"]) for s in start] == [
+        (20 * MiB, 40 * MiB)]
+    report = fidelity(cut)
+    assert report.total == 3 and report.exit_status == 0, report.text()
+    assert fidelity(unseeded(cut)).exit_status == 1
+    # Taking the range to begin at its lowest page mapped at the start maps 40 MiB, not 20.
+    monkeypatch.setattr(fidelity_replay, "expandable_range_bases",
+                        lambda initial, refs, ranks=None: expandable_range_bases(initial, []))
+    lowest = fidelity(cut)
+    assert lowest.exit_status == 1
+    assert lowest.first_divergence["simulated"] == {"action": "segment_map", "size": 40 * MiB}
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.25, 0.5, 0.75])
+@pytest.mark.parametrize("seed, streams", [(5, 1), (3, 3)])
+def test_an_expandable_random_workload_cut_mid_run(seed: int, streams: int,
+                                                    fraction: float) -> None:
+    """The same cuts of a random workload (three streams in raw-handle order other than
+    first appearance at most cuts). The importer must rebuild a block freed after the cut at
+    its rounded size in an expandable segment (any rest of 512 B or more is split there),
+    not with up to 1 MiB of its room as in a large-pool segment."""
+    cut = cut_at(expandable_snapshot("random", seed, streams=streams), fraction)
+    assert fidelity(cut).exit_status == 0
 
 
 # -- settings ----------------------------------------------------------------------------

@@ -136,6 +136,14 @@ def _comparison(c: dict[str, Any], facts: dict[str, dict[str, Any]] | None,
     return parts
 
 
+def not_sized(results: dict[str, Any]) -> list[str]:
+    """Policies the experiment compares but does not size, in the order compared: said in
+    the README, so that no policy drops out of the minimum-capacity table unnoticed."""
+    compared = dict.fromkeys(r["policy"] for c in results["comparisons"] for r in c["results"])
+    sized = {c["policy"] for c in results["capacities"]}
+    return [policy for policy in compared if policy not in sized]
+
+
 def _capacities(results: dict[str, Any], facts: dict[str, dict[str, Any]] | None) -> list[str]:
     rows = [[c["trace"], c["policy"],
              "never" if c["min_capacity"] is None else format_size(c["min_capacity"]),
@@ -149,6 +157,10 @@ def _capacities(results: dict[str, Any], facts: dict[str, dict[str, Any]] | None
         header, left = [header[0], "source", *header[1:]], (0, 1, 2)
     parts = ["Minimum capacity (resolution as configured):", "", "```",
              format_table(rows, header, left=left), "```", ""]
+    unsized = not_sized(results)
+    if unsized:
+        parts += ["Not sized (the experiment's `capacity_policies` leaves them out; compared "
+                  "above only): " + ", ".join(f"`{p}`" for p in unsized) + ".", ""]
     if facts is not None:
         parts += _notes(facts, [c["trace"] for c in results["capacities"]])
     return parts

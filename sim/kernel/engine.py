@@ -58,11 +58,19 @@ class ProcessReplay:
     :meth:`result` is O(events) numpy work (the timeline)."""
 
     def __init__(self, trace: Trace, policy: PolicySpec, device: SimulatedDevice, process: int = 0,
-                 *, start_ns: int = 0, stop_on_oom: bool = False) -> None:
+                 *, start_ns: int = 0, stop_on_oom: bool = False,
+                 memory_stats: bool = False) -> None:
         self.trace = trace
         self.spec = policy
         self.view = device.view(process)
         self.policy = policy.build(self.view)
+        # What the replay reads of the policy: bytes_in_use and stats(). A policy with a report
+        # of its own beyond those (PyTorch's memory_stats()) is told whether it will be read
+        # (``memory_stats``: a caller reading run.policy.memory_stats() afterwards), so it can
+        # leave that report's counters off the hot path (issue 17).
+        keep_memory_stats = getattr(self.policy, "keep_memory_stats", None)
+        if keep_memory_stats is not None:
+            keep_memory_stats(memory_stats)
         self.process = process
         self.start_ns = start_ns
         self.stop_on_oom = stop_on_oom

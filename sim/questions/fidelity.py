@@ -56,11 +56,13 @@ later match; ``extra`` = calls the model made that the recording did not. The ru
 (exit status 0) when everything matched, nothing extra was made and the final segments agree.
 
 Limits: blocks live when recording started but freed during it have inferred sizes (the
-file records requested sizes only; the importer rounds to 512 B and keeps remainders of at
-most 1 MiB), so a seeded start can differ from the real one where a block was larger (an
-unsplit remainder next to space freed later, or roundup_power2_divisions); expandable
-segments at the start are not seeded; record_stream / cross-stream frees, CUDA graph pools
-and a memory fraction (not in the file) are not modelled.
+file records requested sizes only; the importer rounds to 512 B and, outside expandable
+segments, keeps remainders of at most 1 MiB), so a seeded start can differ from the real one
+where a block was larger (an unsplit remainder next to space freed later, or
+roundup_power2_divisions); expandable segments at the start are seeded as one virtual range
+per (stream, pool) whose base is inferred from the recording (policies/pytorch_snapshot.py
+says what a snapshot cannot tell); record_stream / cross-stream frees, CUDA graph pools and
+a memory fraction (not in the file) are not modelled.
 
 Speed: one pass in a plain loop (no per-event allocation, device calls are rare); a
 1,000,000-entry snapshot takes well under 30 s, most of it in the importer (measured on one

@@ -76,7 +76,12 @@ class RecordedAddressDevice(SimulatedDevice):
     ``hints`` are ``(action, address, size)`` of the recorded segments expected now; a
     cudaMalloc of the same size takes the first such address that overlaps nothing held, a
     new virtual range (expandable segments) starts at the first recorded ``segment_map``.
-    Everything else gets a fresh address from ``floor`` up (above every recorded address).
+    ``("address_range", base, 0)`` hints at the front are the virtual ranges of a seeded
+    start (PyTorchCachingAllocator.seed asks for them in address order): the next virtual
+    range request takes the first of them, at ``base`` if that range is free.
+    Everything else gets a fresh address from ``floor`` up (above every recorded address),
+    past every range held (a virtual range is 1.125 × the capacity long and may reach above
+    ``floor``).
     ``calls`` (when a list) logs ``(action, address, size)`` of every successful call.
 
     Costs, for h hints and r ranges held: a range request O(h log r) plus O(r) to keep the
@@ -104,6 +109,13 @@ class RecordedAddressDevice(SimulatedDevice):
         return view
 
     def _address_range(self, nbytes: int) -> int:
+        if self.virtual and self.hints and self.hints[0][0] == "address_range":
+            # A seeded virtual range: taken in order, at its address when that is free.
+            _, address, _ = self.hints.pop(0)
+            if self._unused(address, nbytes):
+                self._hold(address, nbytes)
+                return address
+            return self._fresh(nbytes)
         want = "segment_map" if self.virtual else "segment_alloc"
         for k, (action, address, size) in enumerate(self.hints):
             if action != want or (want == "segment_alloc" and size != nbytes):
@@ -112,7 +124,18 @@ class RecordedAddressDevice(SimulatedDevice):
                 del self.hints[k]
                 self._hold(address, nbytes)
                 return address
+        return self._fresh(nbytes)
+
+    def _fresh(self, nbytes: int) -> int:
+        """A fresh range from the next free address up, past any range held there (a
+        virtual range at a recorded address can reach far above the floor). O(log r) per
+        range passed."""
         base = super()._address_range(nbytes)
+        while not self._unused(base, nbytes):
+            last = self._bases[bisect_left(self._bases, base + nbytes) - 1]
+            end = last + self.held[last]
+            self._next_address = -(-end // RANGE_ALIGN) * RANGE_ALIGN + RANGE_ALIGN
+            base = super()._address_range(nbytes)
         self._hold(base, nbytes)
         return base
 

@@ -5,8 +5,9 @@ allocator's device calls in ``metadata["reference_events"]``, in file order, eac
 index of the trace event it comes before. This module reads them: which entries are compared
 (:data:`COMPARED_ACTIONS`), the capacity the recording implies (:func:`snapshot_capacity`),
 the recorded entries grouped into episodes that the replay handles as one
-(:class:`Episode`, :func:`episodes`) and the recording's segments at the end
-(:func:`recorded_final_sizes`). The whole method is in :mod:`allocsim.sim.questions.fidelity`.
+(:class:`Episode`, :func:`episodes`), the recording's segments at the end
+(:func:`recorded_final_sizes`) and where the expandable segments live at the start begin
+(:func:`expandable_range_bases`). The whole method is in :mod:`allocsim.sim.questions.fidelity`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 
 from allocsim.errors import UserInputError
 from allocsim.policies import format_size
+from allocsim.policies.pytorch_settings import K_LARGE_BUFFER, K_SMALL_BUFFER
+from allocsim.policies.pytorch_snapshot import segment_is_small
 from allocsim.traces.model import OP_ALLOC, Trace
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "check_snapshot_trace",
     "compared_refs",
     "episodes",
+    "expandable_range_bases",
     "final_reserved",
     "recorded_final_sizes",
     "reserved_before",
@@ -230,3 +234,52 @@ def recorded_final_sizes(initial: list[dict[str, Any]], refs: list[dict[str, Any
             apply_segment(ordinary, segments, ref["action"], int(ref.get("addr") or 0),
                           int(ref["size"]))
     return sorted([s[1] for s in segments] + list(ordinary.values()))
+
+
+# ============================================================================ expandable bases
+def expandable_range_bases(initial: list[dict[str, Any]], refs: list[dict[str, Any]],
+                           ranks: dict[int, int] | None = None) -> dict[tuple[int, bool], int]:
+    """``{(stream, small pool): lowest address known to lie in its virtual range}`` for each
+    (stream, pool) with expandable segments at the start (``initial``, streams as the
+    model numbers them; ``ranks`` maps the small stream ids of ``refs`` to those).
+
+    The lowest address is the lowest of the mapped ranges at the start and of the recorded
+    ``segment_map`` entries of that (stream, pool) made while its virtual range lives: a map
+    below every mapped page is made at the range's base (find_expandable_block takes the
+    lowest unmapped block of the pool, map_block maps from that block's start;
+    c10/cuda/CUDACachingAllocator.cpp), which is how the recording reveals unmapped space
+    below the ranges at the start. A range lives until its mapped bytes fall to 0: then
+    release_cached_blocks releases it (release_expandable_segment) and a later map of that
+    (stream, pool) is in a new range. A ``segment_map`` entry names its stream but not its
+    pool; the size tells: a small-pool map is one 2 MiB page (small requests are at most
+    1 MiB), a large-pool map whole 20 MiB pages; a map that is not whole pages away from the
+    range's pages is in another range. An unmap belongs to the range whose mapped pages it
+    lies in. O(entries × ranges)."""
+    ranks = ranks or {}
+    mapped: dict[tuple[int, bool], list[list[int]]] = {}
+    for seg in initial:
+        if seg.get("is_expandable"):
+            key = (int(seg.get("stream", 0)), segment_is_small(seg))
+            mapped.setdefault(key, []).append([int(seg["address"]), int(seg["total_size"]), 1])
+    lowest = {key: min(r[0] for r in ranges) for key, ranges in mapped.items()}
+    for ref in refs:
+        action = ref["action"]
+        if action not in ("segment_map", "segment_unmap") or not mapped:
+            continue
+        stream = int(ref.get("stream") or 0)
+        stream = ranks.get(stream, stream)
+        address, size = int(ref.get("addr") or 0), int(ref["size"])
+        if action == "segment_map":
+            key = (stream, size % K_LARGE_BUFFER != 0)
+            page = K_SMALL_BUFFER if key[1] else K_LARGE_BUFFER
+            if key in mapped and (lowest[key] - address) % page == 0:
+                lowest[key] = min(lowest[key], address)
+                _map_range(mapped[key], address, size)
+            continue
+        for key, ranges in mapped.items():
+            if any(r[0] <= address and address + size <= r[0] + r[1] for r in ranges):
+                _unmap_range(ranges, address, size)
+                if not ranges:
+                    del mapped[key]             # released: later maps are a new range
+                break
+    return lowest

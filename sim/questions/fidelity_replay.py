@@ -20,10 +20,16 @@ from __future__ import annotations
 from typing import Any
 
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator, round_size
+from allocsim.policies.pytorch_snapshot import segment_is_small
 from allocsim.sim.kernel.device import DeviceCall, DeviceProfile
 from allocsim.sim.questions.fidelity_device import RecordedAddressDevice, address_floor
 from allocsim.sim.questions.fidelity_match import Matcher
-from allocsim.sim.questions.fidelity_recording import GROW_ACTIONS, Episode, FidelityError
+from allocsim.sim.questions.fidelity_recording import (
+    GROW_ACTIONS,
+    Episode,
+    FidelityError,
+    expandable_range_bases,
+)
 from allocsim.sim.questions.fidelity_settings import SnapshotSettings
 from allocsim.traces.model import OP_ALLOC, Trace
 
@@ -86,27 +92,46 @@ class Replay:
 
     # -- the start state ------------------------------------------------------------
     def _seed(self, initial: list[dict[str, Any]], prologue: int) -> dict[int, int]:
-        """Seed the model with the recorded start segments; map prologue event index →
-        the model's address of its block."""
-        seedable = [s for s in initial if not s.get("is_expandable")]
+        """Seed the model with the recorded start segments of its kind; map prologue event
+        index → the model's address of its block.
+
+        Ordinary segments are handed to the device as ``segment_alloc`` hints, so each
+        takes its recorded address. Expandable segments (the mapped ranges at the start)
+        are grouped by (stream, pool) into one virtual range each, starting at the lowest
+        address known to lie in it (:func:`~allocsim.sim.questions.fidelity_recording.
+        expandable_range_bases`: the ranges at the start and the later maps of that range;
+        ``range_base`` on each segment); the device gets those bases as ``address_range``
+        hints in address order, the order seed() asks for the ranges in, so the ranges and
+        their blocks lie where the recording's lay. Segments of the other kind than the
+        model's (all segments are one kind in the model) are not seeded, said in a note."""
+        expandable = self.policy.expandable
+        seedable = [s for s in initial if bool(s.get("is_expandable")) == expandable]
         if len(seedable) < len(initial):
-            self.notes.append(f"{len(initial) - len(seedable)} expandable segments at the start "
-                              "are not seeded (not modelled): their live blocks are allocated "
-                              "afresh")
-        if self.policy.expandable and seedable:
-            self.notes.append("the model uses expandable segments but the recording started "
-                              "with ordinary segments: not seeded, their live blocks are "
-                              "allocated afresh")
-            seedable = []
-        self.device.hints = [("segment_alloc", int(s["address"]), int(s["total_size"]))
-                             for s in sorted(seedable, key=lambda s: int(s["address"]))]
+            other = len(initial) - len(seedable)
+            if expandable:
+                self.notes.append(f"the model uses expandable segments but the recording started "
+                                  f"with {other} ordinary segments: not seeded, their live "
+                                  "blocks are allocated afresh")
+            else:
+                self.notes.append(f"{other} expandable segments at the start are not seeded "
+                                  "(the model does not use expandable segments): their live "
+                                  "blocks are allocated afresh")
+        ordered = sorted(seedable, key=lambda s: int(s["address"]))
+        if expandable:
+            bases = expandable_range_bases(ordered, self.refs, self.ranks)
+            ordered = [dict(s, range_base=bases[(int(s.get("stream", 0)),
+                                                 segment_is_small(s))]) for s in ordered]
+            self.device.hints = [("address_range", base, 0) for base in sorted(bases.values())]
+        else:
+            self.device.hints = [("segment_alloc", int(s["address"]), int(s["total_size"]))
+                                 for s in ordered]
         try:
-            mapping = self.policy.seed(seedable) if seedable else {}
+            mapping = self.policy.seed(ordered) if ordered else {}
         except ValueError as err:
             raise FidelityError(f"cannot start from the recorded segments: {err}") from None
-        self.seeded_segments = len(seedable)
+        self.seeded_segments = len(ordered)
         self.seeded_blocks = len(mapping)
-        return self._prologue_addresses(seedable, mapping, prologue)
+        return self._prologue_addresses(ordered, mapping, prologue)
 
     def _prologue_addresses(self, seedable: list[dict[str, Any]], mapping: dict[int, int],
                             prologue: int) -> dict[int, int]:

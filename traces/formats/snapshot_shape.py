@@ -225,9 +225,23 @@ def insert_segment(segs: list[Segment], seg: Segment) -> int:
     return at
 
 
+# Expandable segments map pages of 2 MiB in the small pool and 20 MiB in the large one
+# (CUDACachingAllocator.cpp: kSmallBuffer, kLargeBuffer as the segment size of each pool).
+EXPANDABLE_LARGE_PAGE = 20 << 20
+
+
 def map_range(segs: list[Segment], addr: int, size: int, stream: int) -> None:
-    """Add a mapped range of an expandable segment, merging touching neighbours."""
-    at = insert_segment(segs, Segment(addr, size, stream, "large", True, None))
+    """Add a mapped range of an expandable segment, merging touching neighbours. Its pool is
+    a touching range's of the same stream (they are one virtual range), else what its size
+    allows: only the small pool maps a size that is not whole 20 MiB pages (a whole number of
+    20 MiB pages alone is taken as the large pool's: the entry does not say)."""
+    kind = "large" if size % EXPANDABLE_LARGE_PAGE == 0 else "small"
+    for other in segs:
+        if other.is_expandable and other.stream == stream and (
+                other.address + other.total_size == addr or addr + size == other.address):
+            kind = other.segment_type
+            break
+    at = insert_segment(segs, Segment(addr, size, stream, kind, True, None))
     if at + 1 < len(segs):
         nxt = segs[at + 1]
         if nxt.is_expandable and addr + size == nxt.address and nxt.stream == stream:

@@ -137,7 +137,11 @@ def _initial_segments(segs: list[Segment], blocks: dict[int, Block], streams: St
             if size is None:
                 inferred += 1
                 size = rounded_size(b.requested)
-                if seg.segment_type == "large" and 0 < room - size <= SMALL_SIZE:
+                # A large-pool block keeps a rest of at most 1 MiB unsplit (should_split:
+                # remaining > kSmallSize); in an expandable segment any rest of 512 B or more
+                # is split off, so the block is exactly its rounded size there.
+                if seg.segment_type == "large" and not seg.is_expandable \
+                        and 0 < room - size <= SMALL_SIZE:
                     size = room
             if size > room or b.addr < cursor:
                 problems["initial_blocks_overlapping"] += 1

@@ -38,7 +38,10 @@ Reading, in order
        the start of the trace is rebuilt by undoing the trace backwards from the final
        ``segments``; every block live then becomes an alloc at the very start of the Trace
        (the *prologue*, tag ``<allocated before recording>``), so every free matches an
-       alloc, and the segments at the start go to ``metadata["initial_segments"]``.
+       alloc, and the segments at the start go to ``metadata["initial_segments"]``; with
+       expandable segments, one per contiguous mapped range (``is_expandable``), as
+       memory_snapshot() reports them (the unmapped rest of a virtual range is not in the
+       file; ``PyTorchCachingAllocator.seed`` lays each (stream, pool)'s ranges out in one).
     5. *Reference events.* ``segment_*``, ``oom`` and ``snapshot`` entries are the real
        allocator's own decisions; they are kept, in file order, in
        ``metadata["reference_events"]`` for fidelity checks.
