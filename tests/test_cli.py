@@ -208,3 +208,16 @@ def test_gen_and_convert_create_a_missing_output_folder(capsys, tmp_path, small_
     converted = tmp_path / "other" / "t.csv"
     assert run(capsys, "convert", str(small_trace), str(converted))[0] == 0
     assert converted.exists()
+
+
+def test_share_says_when_the_processes_never_ran_at_the_same_time(tmp_path, capsys) -> None:
+    trace = tmp_path / "t.npz"
+    assert main(["gen", "random", "events=200", "-o", str(trace)]) == 0
+    capsys.readouterr()
+    assert main(["share", f"{trace}:on-demand", f"{trace}:on-demand@100s"]) == 0
+    out = capsys.readouterr().out
+    assert "no two of them ran at the same time" in out and "never shared" in out
+    assert main(["share", f"{trace}:on-demand", f"{trace}:on-demand", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ran_together"] is True
+    assert all(p["end_ns"] >= p["start_ns"] for p in data["processes"])

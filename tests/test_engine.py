@@ -188,3 +188,22 @@ def test_traces_with_synthesised_times_are_judged_on_memory_alone() -> None:
     result = compare(trace, ["bfc", "on-demand"], device())
     assert result.winner == "on-demand" and "no slowdown budget" in result.reason
     assert result.to_json_dict()["max_slowdown"] is None
+
+
+def test_shared_runs_know_whether_the_processes_ever_ran_together() -> None:
+    """Each process's span is its first event to its exit in simulated time; two processes
+    one after the other never shared the device, whatever "all complete" says."""
+    trace = staircase()
+    last = int(trace.time_ns[-1] - trace.time_ns[0])
+    apart = run_shared([SharedProcess(trace, "on-demand"),
+                        SharedProcess(trace, "on-demand", start_ns=last + 1)], device())
+    assert [r.completed for r in apart.results] == [True, True]
+    assert apart.spans_ns[0][0] == 0 and apart.spans_ns[0][1] >= last
+    assert apart.spans_ns[1][0] == last + 1
+    assert apart.ran_together() is (apart.spans_ns[1][0] < apart.spans_ns[0][1])
+    far = run_shared([SharedProcess(trace, "on-demand"),
+                      SharedProcess(trace, "on-demand", start_ns=10 * last + 10**9)], device())
+    assert not far.ran_together()
+    together = run_shared([SharedProcess(trace, "on-demand"),
+                           SharedProcess(trace, "on-demand", start_ns=1)], device())
+    assert together.ran_together()

@@ -531,6 +531,17 @@ def test_malloclab_errors():
     assert "not an integer" in one_line_error(read, "100\nx\n1\n1\na 0 8\n")
 
 
+def test_malloclab_requests_past_the_count_follow_each_driver():
+    """CS:APP's mdriver asserts the count; Autolab's stops reading after num_ops requests."""
+    read = lambda text: read_malloclab(text.encode(), "t.rep", "t")  # noqa: E731
+    assert "says 2 requests but the file has 3" in one_line_error(
+        read, "100\n2\n2\n1\na 0 8\nf 0\na 1 8\n")
+    trace = read("1\n2\n2\n0\na 0 8\nf 0\na 1 8\n")          # Autolab header
+    assert len(trace) == 2 and trace.metadata["malloclab"]["lines_after_requests"] == 1
+    assert "says 3 requests but the file has 2" in one_line_error(
+        read, "1\n2\n3\n0\na 0 8\nf 0\n")                     # fewer: an error in both
+
+
 HTA = Path(__file__).resolve().parents[2] / "shared" / "traces" / "torch-profiler-cuda-hta.json.gz"
 
 

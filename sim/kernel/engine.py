@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 import simpy
@@ -371,6 +372,15 @@ class SharedRun:
     device_time_ns: np.ndarray
     device_used: np.ndarray
     device_peak: int
+    # Each process's (first event, exit) in simulated ns, in the order given; a process with
+    # no events has (start, start).
+    spans_ns: list[tuple[int, int]] = field(default_factory=list)
+
+    def ran_together(self) -> bool:
+        """Whether any two processes were on the device at the same time (their spans
+        overlap); when not, nothing was shared and "all complete" says nothing about sharing."""
+        spans = sorted(self.spans_ns)
+        return any(later[0] < earlier[1] for earlier, later in pairwise(spans))
 
 
 def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
@@ -385,10 +395,12 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
     device_times: list[int] = [0]
     device_used: list[int] = [0]
     final_reserved: dict[int, int] = {}
+    spans: dict[int, tuple[int, int]] = {}
 
     def process_body(run: ProcessReplay) -> Generator[simpy.Event, None, None]:
         times = run.trace.time_ns
         if run.n == 0:
+            spans[run.process] = (run.start_ns, run.start_ns)
             return
         t0 = int(times[0])
         # Index where each distinct timestamp's batch of events ends.
@@ -414,6 +426,7 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
                     yield env.timeout(cost_ns)
         # The process exits (or dies of its OOM): the driver frees whatever it still held, so
         # a process that starts later can have it.
+        spans[run.process] = (run.start_ns, int(env.now))
         final_reserved[run.process] = run.view.reserved
         if run.view.exit():
             device_times.append(int(env.now))
@@ -434,6 +447,7 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
         device_time_ns=np.asarray(device_times, dtype=np.int64),
         device_used=np.asarray(device_used, dtype=np.int64),
         device_peak=shared.peak_used,
+        spans_ns=[spans[run.process] for run in runs],
     )
 
 

@@ -85,5 +85,11 @@ def share_text(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile
                                 "peak allocated", "outcome"], left=(0, 1, 2, 6))
     verdict = ("all processes complete" if all(r.completed for r in run.results)
                else "they cannot share this device as configured")
+    if len(run.results) > 1 and run.spans_ns and not run.ran_together():
+        spans = "; ".join(f"p{k} {start / 1e9:g}–{end / 1e9:g}s"
+                          for k, (start, end) in enumerate(run.spans_ns))
+        verdict += (f", but no two of them ran at the same time ({spans}): the device was "
+                    "never shared; start them closer together (TRACE:POLICY@START) to test "
+                    "sharing")
     return (f"device {device.name}: {format_size(device.capacity)}; peak of all processes "
             f"together {format_size(run.device_peak)}\n\n{table}\n\n{verdict}")

@@ -91,7 +91,8 @@ def share_json(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile
         "device": {"name": device.name, "capacity": device.capacity},
         "device_peak": run.device_peak,
         "all_completed": all(r.completed for r in run.results),
+        "ran_together": run.ran_together(),
         "processes": [{"spec": f"{s.trace}:{s.policy}@{s.start_ns}ns", "trace": s.trace,
-                       "start_ns": s.start_ns, **r.to_json_dict()}
-                      for s, r in zip(specs, run.results)],
+                       "start_ns": s.start_ns, "end_ns": end, **r.to_json_dict()}
+                      for s, r, (_, end) in zip(specs, run.results, run.spans_ns)],
     }
