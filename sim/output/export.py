@@ -32,6 +32,9 @@ def run_as_snapshot(trace: Trace, policy: str | PolicySpec, device: DeviceProfil
     spec = parse_policy(policy)
     view = SimulatedDevice(device).view(0)
     model = spec.build(view)
+    keep_memory_stats = getattr(model, "keep_memory_stats", None)
+    if keep_memory_stats is not None:
+        keep_memory_stats(False)     # the export reads blocks and segments, not memory_stats()
     view.log = []
     addresses: dict[int, int] = {}
     segment_events: list[dict] = []

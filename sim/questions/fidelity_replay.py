@@ -78,6 +78,7 @@ class Replay:
         if not isinstance(policy, PyTorchCachingAllocator):
             raise RuntimeError(f"fidelity models PyTorch's allocator; {settings.spec} built "
                                f"a {type(policy).__name__}")
+        policy.keep_memory_stats(False)     # fidelity compares device calls, not memory_stats()
         self.policy = policy
         self.notes: list[str] = []
         self.seeded_segments = 0
