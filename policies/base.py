@@ -72,6 +72,83 @@ def params_of(init: Callable[..., None], **declared: tuple[str, str]) -> dict[st
             for name, (kind, text) in declared.items()}
 
 
+# How a policy's decisions depend on the device's capacity: the kinds a policy declares in its
+# ``capacity_use`` (see :class:`CapacityUse`; min-capacity's shortcuts, issue 17).
+CAPACITY_UNKNOWN = "unknown"          # anything may depend on it (the safe default)
+CAPACITY_LIMIT = "limit"              # only the device's answers to its calls
+CAPACITY_LIMIT_FATAL = "limit-fatal"  # only those, and a refused call fails its request
+CAPACITY_BFC_REGIONS = "bfc-regions"  # BFC's rule: memory_limit sizes the regions
+CAPACITY_KINDS = (CAPACITY_UNKNOWN, CAPACITY_LIMIT, CAPACITY_LIMIT_FATAL, CAPACITY_BFC_REGIONS)
+
+
+@dataclass(frozen=True)
+class CapacityUse:
+    """How a policy's decisions depend on the device's capacity, declared from its own rules,
+    so that ``min-capacity`` can answer "does the trace complete at capacity c?" from replays
+    it already ran (allocsim.sim.questions.capacity_oracle holds each kind's argument).
+
+    A policy class declares it in its body as one line of text, ``capacity_use = "KIND"`` or
+    ``"KIND; unless P, Q"``: parameters that void the claim when a spec sets them (the policy
+    is then ``unknown``). The kinds:
+
+    - ``unknown`` (the default): no claim. min-capacity watches whether the policy reads
+      ``device.capacity`` at all and otherwise replays every capacity it asks about.
+    - ``limit``: the capacity reaches the policy's decisions only through the device's answers
+      to its calls (a call is refused when the memory in use plus the call's bytes exceed the
+      capacity). Reading ``capacity`` is allowed where no decision follows from it (a virtual
+      range as large as the device, a limit compared only when some option is set). Two
+      capacities at which the device answers every call of a run alike give the same run.
+    - ``limit-fatal``: ``limit``, and a refused call always fails the request it serves (no
+      release-and-retry, no smaller fallback).
+    - ``bfc-regions``: BFC's rules (policies/bfc.py): ``memory_limit`` (a share of the
+      capacity, or given) decides only Extend — a region of min(doubling size, limit − pool
+      rounded down to 256 B), a failure when the request exceeds that — besides the device's
+      answers; everything between two Extends is capacity-blind. Holds without garbage
+      collection and with the fixed 128 MiB split threshold.
+
+    A declaration is the class's own and is not inherited (:func:`capacity_use_of`): a subclass
+    that changes a rule must declare again. tests/test_capacity_claims.py holds every
+    declaration to real replays.
+    """
+
+    kind: str = CAPACITY_UNKNOWN
+    unless: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> CapacityUse:
+        """``"KIND"`` or ``"KIND; unless P, Q"`` as a CapacityUse; ValueError if malformed."""
+        kind, _, rest = (part.strip() for part in text.partition(";"))
+        if kind not in CAPACITY_KINDS:
+            raise ValueError(f"capacity use {kind!r} is none of {', '.join(CAPACITY_KINDS)}")
+        if not rest:
+            return cls(kind)
+        head, _, names = rest.partition(" ")
+        unless = tuple(name.strip() for name in names.split(",") if name.strip())
+        if head != "unless" or not unless:
+            raise ValueError(f"capacity use {text!r}: expected '; unless NAME, ...' after the "
+                             "kind")
+        return cls(kind, unless)
+
+    def resolve(self, params: Mapping[str, Any]) -> str:
+        """The kind for a policy built with ``params`` (the parameters a spec sets: those that
+        differ from the defaults)."""
+        return CAPACITY_UNKNOWN if any(name in params for name in self.unless) else self.kind
+
+
+def capacity_use_of(cls: type[Policy], params: Mapping[str, Any]) -> str:
+    """The capacity use ``cls`` declares in its own body, for a spec setting ``params``;
+    ``unknown`` for a class that declares none (a declaration is not inherited). ValueError
+    for a declaration that cannot be read or names a parameter the class does not have."""
+    text = cls.__dict__.get("capacity_use")
+    if not isinstance(text, str):
+        return CAPACITY_UNKNOWN
+    declared = CapacityUse.parse(text)
+    strangers = [name for name in declared.unless if name not in cls.PARAMS]
+    if strangers:
+        raise ValueError(f"{cls.__name__}.capacity_use names unknown parameters {strangers}")
+    return declared.resolve(params)
+
+
 @dataclass
 class PolicyStats:
     """The one stats shape every policy fills the same way (diagnostics, not headline figures).
@@ -98,7 +175,8 @@ class PolicyStats:
 
 
 class Policy:
-    """Base class of allocator models. Subclasses set ``name``, ``PARAMS``, ``description``.
+    """Base class of allocator models. Subclasses set ``name``, ``PARAMS``, ``description``
+    and, where they can say it from their rules, ``capacity_use`` (:class:`CapacityUse`).
 
     Constructor-only parameters (scikit-learn style): ``Policy(device, **params)``; the
     registry in :mod:`allocsim.policies.registry` turns a spec string into that call, and
@@ -109,6 +187,9 @@ class Policy:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     PARAMS: ClassVar[dict[str, Param]] = {}
+    # How decisions depend on the device's capacity: CapacityUse's one-line text, declared by
+    # each class in its own body (not inherited); "unknown" promises nothing.
+    capacity_use: ClassVar[str] = CAPACITY_UNKNOWN
 
     def __init__(self, device: DeviceMemory) -> None:
         self.device = device

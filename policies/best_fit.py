@@ -34,6 +34,7 @@ from allocsim.policies.units import round_up
 
 class BestFitAllocator(Policy):
     name = "best-fit"
+    capacity_use = "limit-fatal"   # the device-sized range decides nothing; refused map = OOM
     description = "address-ordered best fit + coalescing on a heap grown page by page (VMM)"
     def __init__(self, device: DeviceMemory, alignment: int = 256, page: int = 0,
                  trim: bool = False) -> None:

@@ -79,6 +79,7 @@ def backpedal_bytes(nbytes: int) -> int:
 
 class BFCAllocator(Policy):
     name = "bfc"
+    capacity_use = "bfc-regions; unless garbage_collection, fragmentation_fraction"
     description = "TensorFlow/XLA best-fit-with-coalescing allocator (growth by doubling regions)"
     def __init__(self, device: DeviceMemory, memory_limit: int = 0, fraction: float = 1.0,
                  allow_growth: bool = True, garbage_collection: bool = False,
@@ -240,6 +241,7 @@ class PreallocateAllocator(BFCAllocator):
     refuses the whole region, BFC's back-off takes a smaller one, as the real one would."""
 
     name = "preallocate"
+    capacity_use = "bfc-regions"   # BFC's Extend without growth: one region of the limit
     description = ("JAX default: one region of fraction × capacity at the first allocation "
                    "(BFC inside)")
 

@@ -56,6 +56,7 @@ def _is_power_of_two(value: int) -> bool:
 
 class BuddyAllocator(Policy):
     name = "buddy"
+    capacity_use = "limit"         # never reads it; on a refusal: free arenas, then halves
     description = "binary buddy system (Knuth): power-of-two blocks split by halves, buddies merge"
     def __init__(self, device: DeviceMemory, min_block: int = 512, arena: int = 64 << 20,
                  release: bool = False) -> None:

@@ -94,6 +94,7 @@ SYNC_MODES = ("free", "none")
 
 class CudaAsyncAllocator(Policy):
     name = "cuda-async"
+    capacity_use = "limit; unless fraction"   # threshold = fraction × capacity when set
     description = "CUDA stream-ordered pool (cudaMallocAsync): 2 MiB chunks, release threshold"
 
     def __init__(self, device: DeviceMemory, release_threshold: int = 0, fraction: float = 0.0,

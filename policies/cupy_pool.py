@@ -152,6 +152,7 @@ class _Arena:
 
 class CuPyPoolAllocator(Policy):
     name = "cupy"
+    capacity_use = "limit; unless fraction"   # set_limit(fraction=) caps at fraction × capacity
     description = "CuPy MemoryPool: 512 B rounding, per-stream best fit, always split"
     def __init__(self, device: DeviceMemory, limit: int = 0, fraction: float = 0.0) -> None:
         super().__init__(device)

@@ -24,6 +24,7 @@ from allocsim.policies.base import (
 
 class OnDemandAllocator(Policy):
     name = "on-demand"
+    capacity_use = "limit-fatal"   # capacity only refuses cudaMalloc; a refusal is the OOM
     description = "no cache: cudaMalloc/cudaFree for every buffer (JAX allocator=platform)"
 
     def __init__(self, device: DeviceMemory) -> None:

@@ -135,6 +135,7 @@ class PyTorchCachingAllocator(Snapshots):
     malloc/free at a few dict operations and one ``bisect`` each."""
 
     name = "pytorch"
+    capacity_use = "limit; unless per_process_memory_fraction, expandable_segments"
     description = ("PyTorch CUDA caching allocator: small/large pools per stream, best fit, "
                    "splits, 2/20 MiB segments, OOM retries; expandable segments optional")
 

@@ -1,49 +1,106 @@
-"""min-capacity's shortcuts (issue 17): same answers as a replay per capacity, fewer replays."""
+"""min-capacity's shortcuts (issue 17): the same answers as a replay per capacity, fewer replays.
+
+Every policy, in several settings, on a periodic training trace (where runs repeat themselves
+and skip to their end) and on random traces (where only the declared capacity use helps):
+``min_capacity`` must equal the search with every capacity replayed — answer, ``monotone`` and
+``exceptions``. tests/test_capacity_claims.py checks the claims behind the shortcuts directly.
+"""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
+from allocsim.policies import parse_policy
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.questions import capacity
+from allocsim.sim.questions.capacity_oracle import CompletionOracle
 from allocsim.traces.bundled import load_default_trace
+from allocsim.traces.model import Trace
+from allocsim.traces.synth import generate
 
 GiB = 1 << 30
+MiB = 1 << 20
+DEVICE = DeviceProfile("test", 80 * GiB)
+
+# Every policy; the settings that change how it depends on capacity (fractions, limits, GC,
+# growth, expandable segments, split limits, sync modes) and the JAX presets.
+SETTINGS = [
+    "on-demand",
+    "buddy", "buddy:release=true,arena=16MiB",
+    "best-fit", "best-fit:trim=true",
+    "bfc", "bfc:allow_growth=false", "bfc:fraction=0.6", "bfc:garbage_collection=true",
+    "bfc:fragmentation_fraction=0.05", "bfc:memory_limit=64GiB",
+    "preallocate", "preallocate:fraction=0.9", "preallocate:fraction=0.3",
+    "pytorch", "pytorch:per_process_memory_fraction=0.8",
+    "pytorch:per_process_memory_fraction=0.9,garbage_collection_threshold=0.5",
+    "pytorch:garbage_collection_threshold=0.5", "pytorch:max_split_size_mb=20",
+    "pytorch:expandable_segments=true", "pytorch:roundup_power2_divisions=4",
+    "cupy", "cupy:fraction=0.9", "cupy:limit=64GiB",
+    "cuda-async", "cuda-async:fraction=0.75,preallocate=true", "cuda-async:sync=none",
+    "cuda-async:release_threshold=1GiB",
+    "jax", "jax:preallocate=false", "jax:allocator=cuda_async",
+]
 
 
-def _plain(monkeypatch: pytest.MonkeyPatch, trace, policy: str, device: DeviceProfile):
-    """The answer with every capacity replayed (the shortcut disabled)."""
-    real = capacity._generous_probe
+@functools.cache
+def traces() -> dict[str, Trace]:
+    return {
+        "training": generate("training", events=5000),
+        "random": generate("random", events=2500, live=150, max_size=32 << 20, seed=3),
+        "random-2-streams": generate("random", events=2500, live=100, max_size=64 << 20,
+                                     streams=2, seed=4),
+    }
 
-    def no_shortcut(*args):
-        probe = real(*args)
-        return capacity._Probe(probe.completed, probe.peak_reserved, probe.peak_used, True)
 
-    with monkeypatch.context() as patch:
-        patch.setattr(capacity, "_generous_probe", no_shortcut)
-        return capacity.min_capacity(trace, policy, device, resolution=4 << 20)
+def _plain(trace: Trace, policy: str, device: DeviceProfile, resolution: int):
+    """The answer with every capacity replayed (no shortcut)."""
+    return capacity._min_capacity(trace, policy, device, resolution, shortcuts=False)
+
+
+@pytest.mark.parametrize("trace_name", ["training", "random", "random-2-streams"])
+@pytest.mark.parametrize("policy", SETTINGS)
+def test_shortcuts_give_the_same_answer(policy: str, trace_name: str) -> None:
+    trace = traces()[trace_name]
+    resolution = 4 * MiB if trace_name == "training" else MiB // 4
+    fast = capacity.min_capacity(trace, policy, DEVICE, resolution=resolution)
+    plain = _plain(trace, policy, DEVICE, resolution)
+    assert (fast.min_capacity, fast.monotone, fast.exceptions) == (
+        plain.min_capacity, plain.monotone, plain.exceptions)
+    assert fast.evaluations <= plain.evaluations
 
 
 @pytest.mark.parametrize("policy", ["on-demand", "buddy", "bfc", "pytorch", "preallocate"])
-def test_shortcut_gives_the_same_answer(monkeypatch: pytest.MonkeyPatch, policy: str) -> None:
+def test_shortcuts_give_the_same_answer_on_the_bundled_trace(policy: str) -> None:
     trace = load_default_trace()
-    device = DeviceProfile("test", 80 * GiB)
-    fast = capacity.min_capacity(trace, policy, device, resolution=4 << 20)
-    plain = _plain(monkeypatch, trace, policy, device)
+    fast = capacity.min_capacity(trace, policy, DEVICE, resolution=4 << 20)
+    plain = _plain(trace, policy, DEVICE, 4 << 20)
     assert (fast.min_capacity, fast.monotone, fast.exceptions) == (
         plain.min_capacity, plain.monotone, plain.exceptions)
     assert fast.evaluations <= plain.evaluations
 
 
 def test_capacity_blind_policy_needs_few_replays() -> None:
-    answer = capacity.min_capacity(load_default_trace(), "on-demand", DeviceProfile("t", 80 * GiB))
+    answer = capacity.min_capacity(load_default_trace(), "on-demand", DEVICE)
     assert answer.monotone and answer.evaluations <= 4
+
+
+@pytest.mark.parametrize("policy", ["on-demand", "best-fit"])
+def test_a_policy_a_refusal_fails_needs_only_the_generous_replay(policy: str) -> None:
+    answer = capacity.min_capacity(traces()["random"], policy, DEVICE, resolution=MiB // 4)
+    assert answer.evaluations == 1
+
+
+@pytest.mark.parametrize("policy", ["bfc", "preallocate", "cupy"])
+def test_runs_of_a_repeating_trace_stop_once_they_repeat(policy: str) -> None:
+    """On the training trace each replay (the generous one too) ends a few steps in."""
+    trace = traces()["training"]
+    oracle = CompletionOracle(trace, parse_policy(policy), DEVICE)
+    assert oracle.probe.completed and oracle.skipped > len(trace) // 2
 
 
 def test_probe_notices_capacity_reads() -> None:
     trace = load_default_trace()
-    device = DeviceProfile("test", 80 * GiB)
-    assert not capacity._generous_probe(trace, capacity.parse_policy("on-demand"),
-                                        device).capacity_read
-    assert capacity._generous_probe(trace, capacity.parse_policy("preallocate"),
-                                    device).capacity_read
+    assert not CompletionOracle(trace, parse_policy("on-demand"), DEVICE).probe.capacity_read
+    assert CompletionOracle(trace, parse_policy("preallocate"), DEVICE).probe.capacity_read
