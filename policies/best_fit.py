@@ -50,9 +50,8 @@ class BestFitAllocator(Policy):
         self.mapped = 0
         self.peak_mapped = 0
         self.chunks = ChunkMap()
-        # Bound once: the hot path.
-        self._pop_best_fit = self.chunks.free_index.pop_best_fit
-        self._hand_out = self.chunks.hand_out
+        # Bound once: the hot path (ChunkMap.allocate: best fit, always split).
+        self._allocate = self.chunks.allocate
         self._give_back = self.chunks.give_back
         self.requested: dict[int, int] = {}
         self.peak_bytes_in_use = 0
@@ -68,14 +67,14 @@ class BestFitAllocator(Policy):
         if size <= 0:
             return None
         rounded = -(-size // self.alignment) * self.alignment
-        found = self._pop_best_fit(rounded)
+        found = self._allocate(rounded, 0)
         if found is None and self._grow(rounded):
-            found = self._pop_best_fit(rounded)
+            found = self._allocate(rounded, 0)
         if found is None:
             self.num_ooms += 1
             return None
-        address, chunk_size = found
-        in_use = self.bytes_in_use + self._hand_out(address, chunk_size, rounded, True)
+        address, handed = found
+        in_use = self.bytes_in_use + handed
         self.bytes_in_use = in_use
         if in_use > self.peak_bytes_in_use:
             self.peak_bytes_in_use = in_use

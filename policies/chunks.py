@@ -30,7 +30,9 @@ NONE = -1
 
 # A free chunk's key: size << KEY_SHIFT | address, so that integer order is (size, address)
 # order and a key decodes without a lookup (size = key >> KEY_SHIFT, address = key &
-# ADDRESS_MASK). Device addresses stay below 2**52. Only FreeIndex packs and unpacks keys.
+# ADDRESS_MASK). Device addresses stay below 2**52. FreeIndex packs and unpacks keys, and so do
+# the hot paths that write its operations out (ChunkMap.allocate/give_back, cuda-async's
+# sync=free take and give-back), each held to FreeIndex's own methods by a test.
 KEY_SHIFT = 52
 ADDRESS_MASK = (1 << KEY_SHIFT) - 1
 NUM_BINS = 21           # BFC's bins: [256·2^b, 256·2^(b+1)), the last one open-ended
@@ -334,7 +336,121 @@ class ChunkMap:
         self._index_add(rest_size, rest)
         return rounded
 
+    # -- the hot path, written out ----------------------------------------------------
+    # :meth:`allocate` is FreeIndex.pop_best_fit then :meth:`hand_out`, and :meth:`give_back`
+    # is :meth:`give_back_general`, with the FreeIndex bin searches, insertions and deletions
+    # written inline (one Python call per malloc and per free instead of three to five; the
+    # bins, keys and bitmask exactly as FreeIndex keeps them). The same decisions and the same
+    # state: tests/test_chunk_fast_path.py holds each to its general composition on random
+    # workloads, after every step.
+    def allocate(self, rounded: int, max_slack: int) -> tuple[int, int] | None:
+        """Take the smallest free chunk ≥ ``rounded`` (lowest address on ties) out of the
+        index and hand it out, split when it is ≥ 2·``rounded`` or its slack is ≥
+        ``max_slack`` (BFC's ShouldSplitChunk; 0 splits always). Returns ``(address, size
+        handed out)`` or None when nothing fits. O(log k + k)."""
+        index = self.free_index
+        bins = index.bins
+        number = BIN[rounded.bit_length()]
+        keys = bins[number]
+        position = bisect_left(keys, rounded << KEY_SHIFT) if keys else 0
+        if position < len(keys):
+            key = keys.pop(position)
+        else:
+            above = index.nonempty >> (number + 1)
+            if not above:
+                return None
+            number += (above & -above).bit_length()
+            keys = bins[number]
+            key = keys.pop(0)
+        if not keys:
+            index.nonempty &= ~(1 << number)
+        address = key & ADDRESS_MASK
+        chunk_size = key >> KEY_SHIFT
+        self.in_use.add(address)
+        rest_size = chunk_size - rounded
+        if not rest_size or (chunk_size < 2 * rounded and rest_size < max_slack):
+            return address, chunk_size
+        # hand_out's split: the caller keeps the low end, the rest becomes a free chunk.
+        rest = address + rounded
+        size_of, next_of = self.size, self.next
+        after = next_of[address]
+        size_of[address] = rounded
+        size_of[rest] = rest_size
+        self.prev[rest] = address
+        next_of[rest] = after
+        next_of[address] = rest
+        if after != NONE:
+            self.prev[after] = rest
+        else:
+            self.tail[rest + rest_size] = rest
+        # FreeIndex.add(rest_size, rest)
+        number = BIN[rest_size.bit_length()]
+        keys = bins[number]
+        key = rest_size << KEY_SHIFT | rest
+        if not keys:
+            index.nonempty |= 1 << number
+            keys.append(key)
+        elif key > keys[-1]:
+            keys.append(key)
+        else:
+            insort(keys, key)
+        return address, rounded
+
     def give_back(self, address: int) -> int:
+        """:meth:`give_back_general` with the free-index updates written out."""
+        in_use = self.in_use
+        in_use.remove(address)
+        size_of, next_of, prev_of = self.size, self.next, self.prev
+        index = self.free_index
+        bins = index.bins
+        freed = size_of[address]
+        size = freed
+        after = next_of[address]
+        if after != NONE and after not in in_use:
+            merged_size = size_of.pop(after)
+            # FreeIndex.remove(merged_size, after): the key is there (a free chunk).
+            number = BIN[merged_size.bit_length()]
+            keys = bins[number]
+            del keys[bisect_left(keys, merged_size << KEY_SHIFT | after)]
+            if not keys:
+                index.nonempty &= ~(1 << number)
+            size += merged_size
+            del prev_of[after]
+            after = next_of.pop(after)
+            next_of[address] = after
+            if after != NONE:
+                prev_of[after] = address
+        before = prev_of[address]
+        if before != NONE and before not in in_use:
+            before_size = size_of[before]
+            number = BIN[before_size.bit_length()]
+            keys = bins[number]
+            del keys[bisect_left(keys, before_size << KEY_SHIFT | before)]
+            if not keys:
+                index.nonempty &= ~(1 << number)
+            del size_of[address], prev_of[address], next_of[address]
+            address = before
+            size += before_size
+            next_of[address] = after
+            if after != NONE:
+                prev_of[after] = address
+        size_of[address] = size
+        if after == NONE:
+            self.tail[address + size] = address
+        number = BIN[size.bit_length()]
+        keys = bins[number]
+        key = size << KEY_SHIFT | address
+        if not keys:
+            index.nonempty |= 1 << number
+            keys.append(key)
+        elif key > keys[-1]:
+            keys.append(key)
+        else:
+            insort(keys, key)
+        return freed
+
+    # -- the general path ------------------------------------------------------------
+    def give_back_general(self, address: int) -> int:
         """Free chunk ``address``: merge with the next chunk if free, then the previous one
         (BFC's order); returns the freed chunk's size before merging. O(1) link updates plus
         one FreeIndex remove per merged neighbour and one add, each O(log k + k)."""

@@ -71,6 +71,7 @@ above it. ``synchronize()`` is O(stream-owned free chunks); ``check()`` O(n log 
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -84,7 +85,7 @@ from allocsim.policies.base import (
     params_of,
     require,
 )
-from allocsim.policies.chunks import FreeIndex, check_tiling, walk_chunks
+from allocsim.policies.chunks import BIN, KEY_SHIFT, FreeIndex, check_tiling, walk_chunks
 from allocsim.policies.units import round_up
 
 NONE = -1
@@ -260,8 +261,16 @@ class CudaAsyncAllocator(Policy):
 
     def _take_shared(self, address: int, chunk_size: int, rounded: int) -> None:
         """:meth:`_take` from SHARED under ``sync=free`` (no owners to keep): the hot path of
-        the default mode."""
-        self.shared.remove(chunk_size, address)
+        the default mode, FreeIndex's remove and add written out (held to :meth:`_take` by
+        tests/test_fast_path_equivalence.py)."""
+        index = self.shared
+        bins = index.bins
+        # FreeIndex.remove(chunk_size, address), written out: the key is there (best_fit's).
+        number = BIN[chunk_size.bit_length()]
+        keys = bins[number]
+        del keys[bisect_left(keys, chunk_size << KEY_SHIFT | address)]
+        if not keys:
+            index.nonempty &= ~(1 << number)
         next_of = self.next_of
         after = next_of[address]
         prev_of = self.prev_of
@@ -270,15 +279,26 @@ class CudaAsyncAllocator(Policy):
         if chunk_size == rounded:
             return
         rest = address + rounded
+        rest_size = chunk_size - rounded
         size_of = self.size_of
         size_of[address] = rounded
-        size_of[rest] = chunk_size - rounded
+        size_of[rest] = rest_size
         prev_of[rest] = address
         next_of[rest] = after
         next_of[address] = rest
         if after != NONE:
             prev_of[after] = rest
-        self.shared.add(chunk_size - rounded, rest)
+        # FreeIndex.add(rest_size, rest), written out.
+        number = BIN[rest_size.bit_length()]
+        keys = bins[number]
+        key = rest_size << KEY_SHIFT | rest
+        if not keys:
+            index.nonempty |= 1 << number
+            keys.append(key)
+        elif key > keys[-1]:
+            keys.append(key)
+        else:
+            insort(keys, key)
 
     # -- free ------------------------------------------------------------------------
     def free(self, address: int) -> None:
@@ -302,11 +322,17 @@ class CudaAsyncAllocator(Policy):
         one — and the same free-region bookkeeping."""
         size_of, next_of, prev_of, in_use = self.size_of, self.next_of, self.prev_of, self.in_use
         index = self.shared
+        bins = index.bins
         after = next_of[address]
         if after != NONE and after not in in_use:
             merged = after
             merged_size = size_of.pop(merged)
-            index.remove(merged_size, merged)
+            # FreeIndex.remove(merged_size, merged), written out: a free chunk is indexed.
+            number = BIN[merged_size.bit_length()]
+            keys = bins[number]
+            del keys[bisect_left(keys, merged_size << KEY_SHIFT | merged)]
+            if not keys:
+                index.nonempty &= ~(1 << number)
             size += merged_size
             after = next_of.pop(merged)
             del prev_of[merged]
@@ -316,7 +342,11 @@ class CudaAsyncAllocator(Policy):
         before = prev_of[address]
         if before != NONE and before not in in_use:
             before_size = size_of[before]
-            index.remove(before_size, before)
+            number = BIN[before_size.bit_length()]          # FreeIndex.remove, written out
+            keys = bins[number]
+            del keys[bisect_left(keys, before_size << KEY_SHIFT | before)]
+            if not keys:
+                index.nonempty &= ~(1 << number)
             del size_of[address], prev_of[address], next_of[address]
             address = before
             size += before_size
@@ -324,10 +354,29 @@ class CudaAsyncAllocator(Policy):
             if after != NONE:
                 prev_of[after] = address
             before = prev_of[address]
-        size_of[address] = size
-        index.add(size, address)
         if after == NONE and before == NONE:
+            # A wholly free region. When it is the only one and the pool stays at or above the
+            # threshold without it, the synchronisation after this free (free's _trim) releases
+            # it at once: released here, never indexed — _trim's steps for it, in one.
+            mapped = self.mapped
+            if not self.free_regions and mapped - size >= self.threshold:
+                del self.regions[address], size_of[address], prev_of[address], next_of[address]
+                self.mapped = mapped - size
+                self.device.unmap(address, size)
+                return
             self.free_regions.add(address)
+        size_of[address] = size
+        # FreeIndex.add(size, address), written out.
+        number = BIN[size.bit_length()]
+        keys = bins[number]
+        key = size << KEY_SHIFT | address
+        if not keys:
+            index.nonempty |= 1 << number
+            keys.append(key)
+        elif key > keys[-1]:
+            keys.append(key)
+        else:
+            insort(keys, key)
 
     def _give_back(self, address: int, owner: int) -> None:
         """Return a chunk (in no index) as free memory of ``owner``, merging with the next free

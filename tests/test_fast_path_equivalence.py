@@ -1,8 +1,9 @@
 """Each specialised hot path gives, on random workloads, what its policy's general path gives.
 
-PyTorch's default settings (when memory_stats() is not to be read, as in the replay engine) and
-the stream-ordered pool's default ``sync=free`` take hot paths written out for those settings
-(issue 17); the general path stays, obviously correct, and is the referee here: the same
+PyTorch's default settings (when memory_stats() is not to be read, as in the replay engine),
+the stream-ordered pool's default ``sync=free`` (its merges and the release of a region that
+becomes wholly free) and BFC's malloc take hot paths written out for them (issue 17); the
+general path stays, obviously correct, and is the referee here: the same
 addresses, the same device calls, the same counters (PyTorch: every one both keep) and blocks,
 after every step (tests/test_fast_paths.py holds both to results recorded before the split as
 well).
@@ -15,6 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from policy_checks import small_device, workload_actions
 
+from allocsim.policies.bfc import BFCAllocator
 from allocsim.policies.cuda_async import SHARED, CudaAsyncAllocator
 from allocsim.policies.pytorch_blocks import MEMORY_STATS_ONLY
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
@@ -29,6 +31,21 @@ class GeneralCudaAsync(CudaAsyncAllocator):
 
     def _give_back_shared(self, address: int, size: int) -> None:
         self._give_back(address, SHARED)
+
+
+def fast_bfc(device: Any, **params: Any) -> BFCAllocator:
+    """BFC as built: the written-out malloc (ChunkMap.allocate) bound on the instance."""
+    policy = BFCAllocator(device, **params)
+    assert "malloc" in vars(policy)
+    return policy
+
+
+def general_bfc(device: Any, **params: Any) -> BFCAllocator:
+    """The class's general malloc: best-fit pop, the split rule, hand-out (what min-capacity's
+    region watch runs)."""
+    policy = BFCAllocator(device, **params)
+    del policy.malloc
+    return policy
 
 
 def fast_pytorch(device: Any) -> PyTorchCachingAllocator:
@@ -97,3 +114,23 @@ def test_the_pools_sync_on_free_hot_path_is_its_general_path(actions: Any) -> No
     fast_view, slow_view = views()
     replay_both(CudaAsyncAllocator(fast_view), GeneralCudaAsync(slow_view), fast_view,
                 slow_view, actions)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(actions=workload_actions())
+def test_bfcs_written_out_malloc_is_its_general_malloc(actions: Any) -> None:
+    for params in ({}, {"allow_growth": False}, {"garbage_collection": True,
+                                                 "memory_limit": 64 << 20},
+                   {"fragmentation_fraction": 0.01}):
+        fast_view, slow_view = views()
+        replay_both(fast_bfc(fast_view, **params), general_bfc(slow_view, **params), fast_view,
+                    slow_view, actions)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(actions=workload_actions())
+def test_the_pools_threshold_hot_path_is_its_general_path(actions: Any) -> None:
+    for params in ({"release_threshold": 8 << 20}, {"fraction": 0.25, "preallocate": True}):
+        fast_view, slow_view = views()
+        replay_both(CudaAsyncAllocator(fast_view, **params), GeneralCudaAsync(slow_view, **params),
+                    fast_view, slow_view, actions)

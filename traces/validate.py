@@ -107,7 +107,9 @@ def validate(trace: Trace, *, strict: bool = True,
     Cost: O(n log n) vectorised (one stable argsort of the ids) for a valid trace.
     """
     where = source or str(trace.metadata.get("source", "<trace>"))
-    op, ids, size = trace.op, trace.id, trace.size
+    # The columns as held (packed ones stay packed: a loaded trace is checked at ~18 bytes/
+    # event plus the sort); a repair below reads the columns themselves.
+    op, ids, size = trace.column("op"), trace.column("id"), trace.column("size")
 
     # Column problems (op, size, time), vectorised. Id matching only needs to look at the
     # events before the first of them: a later id problem can never be the first problem.
@@ -157,7 +159,7 @@ def validate(trace: Trace, *, strict: bool = True,
         raise TraceError(found.problem, source=where, event=found.event) from None
 
     report.events = len(result)
-    report.allocs = int(np.count_nonzero(result.op == OP_ALLOC))
+    report.allocs = result.n_allocs
     report.frees = report.events - report.allocs
     return result, report
 
@@ -213,7 +215,7 @@ def _importer_repairs(trace: Trace, strict: bool, where: str) -> dict[str, int]:
 def _first_column_problem(trace: Trace) -> tuple[int, _Problem | None]:
     """``(index, problem)`` of the first op/size/time problem, or ``(len, None)``."""
     n = len(trace)
-    op, size, time_ns = trace.op, trace.size, trace.time_ns
+    op, size, time_ns = trace.column("op"), trace.column("size"), trace.column("time_ns")
     bad_op = (op != OP_ALLOC) & (op != OP_FREE)
     # SIZE_UNKNOWN is legal on a free only; any other negative size is an error.
     bad_size = (size < 0) & ~((size == SIZE_UNKNOWN) & (op == OP_FREE))
@@ -227,7 +229,7 @@ def _first_column_problem(trace: Trace) -> tuple[int, _Problem | None]:
     if bad_op[i]:
         problem = f"unknown op {int(op[i])} (expected {OP_ALLOC}=alloc or {OP_FREE}=free)"
     elif bad_size[i] and size[i] == SIZE_UNKNOWN:
-        problem = f"alloc of id {int(trace.id[i])} with unknown size ({SIZE_UNKNOWN})"
+        problem = f"alloc of id {int(trace.column('id')[i])} with unknown size ({SIZE_UNKNOWN})"
     elif bad_size[i]:
         problem = f"negative size {int(size[i])}"
     else:

@@ -276,6 +276,15 @@ class ProcessDevice:
     that was mapped (what the policies do) and O(m) otherwise (a scan of every mapped piece);
     ``holdings`` is O((r + m) log(r + m)); ``exit`` O(r + m). With ``log`` set, every call
     also appends one :class:`DeviceCall`.
+
+    Two paths (issue 17: on-demand and cuda-async make a device call at nearly every event):
+    ``reserve``, ``release``, ``address_range``, ``map`` and ``unmap`` are each written out in
+    one body — the device's ``_take`` and ``_address_range``, ``_charge``, ``_grew`` and the
+    cost model's formula inline, the same arithmetic in the same order — when ``_fast`` holds
+    (plain device, view and cost model, no ``log``). Otherwise each runs its ``_*_general``
+    twin, which composes those pieces as written and is the referee:
+    tests/test_device_fast_path.py holds the two to the same addresses, counters, reserved
+    bytes and costs on random workloads of every policy.
     """
 
     def __init__(self, device: SimulatedDevice, process: int) -> None:
@@ -295,7 +304,31 @@ class ProcessDevice:
         self.pending_cost_s = 0.0   # cost not yet charged to simulated time by the engine
         self._ranges: dict[int, int] = {}   # reserve()d base -> bytes taken
         self._mapped: dict[int, int] = {}   # mapped address -> bytes (virtual-memory pages)
-        self.log: list[DeviceCall] | None = None  # set to a list to keep every call
+        # The written-out calls (see "Two paths" below) hold for the plain device, view and
+        # cost model only: a subclass that changes how memory is taken, addresses are handed
+        # out or calls are charged (min-capacity's recording device, fidelity's addressed
+        # device) or a calibrated cost model of another type takes the general path.
+        costs = self._costs
+        self._plain = (type(device)._take is SimulatedDevice._take
+                       and type(device)._address_range is SimulatedDevice._address_range
+                       and type(self)._charge is ProcessDevice._charge
+                       and type(self)._grew is ProcessDevice._grew
+                       and type(costs) is CostModel)
+        self._malloc_cost = (costs.malloc_base_s, costs.malloc_per_gib_s)
+        self._free_cost = (costs.free_base_s, costs.free_per_gib_s)
+        self._map_cost = (costs.map_base_s, costs.map_per_gib_s)
+        self._log: list[DeviceCall] | None = None
+        self._fast = self._plain
+        self.log = None             # set to a list to keep every call (the general path)
+
+    @property
+    def log(self) -> list[DeviceCall] | None:
+        return self._log
+
+    @log.setter
+    def log(self, value: list[DeviceCall] | None) -> None:
+        self._log = value
+        self._fast = self._plain and value is None
 
     # -- bookkeeping -----------------------------------------------------------------
     def _charge(self, kind: str, nbytes: int, ok: bool, cost: float,
@@ -303,8 +336,8 @@ class ProcessDevice:
         self.calls += 1
         self.cost_s += cost
         self.pending_cost_s += cost
-        if self.log is not None:
-            self.log.append(DeviceCall(self.process, kind, nbytes, ok, cost, address))
+        if self._log is not None:
+            self._log.append(DeviceCall(self.process, kind, nbytes, ok, cost, address))
 
     def _grew(self, nbytes: int) -> None:
         self.reserved += nbytes
@@ -313,6 +346,115 @@ class ProcessDevice:
 
     # -- cudaMalloc / cudaFree -------------------------------------------------------
     def reserve(self, nbytes: int) -> int | None:
+        """cudaMalloc: ``nbytes`` rounded up to the granularity, at a fresh range; None when
+        the device is full. O(1). The written-out twin of :meth:`_reserve_general`."""
+        if not self._fast:
+            return self._reserve_general(nbytes)
+        device = self.device
+        granularity = self._granularity
+        taken = -(-nbytes // granularity) * granularity
+        used = device.used + taken
+        if used > device.capacity:
+            cost = self._malloc_cost[0]                     # CostModel.refused_malloc
+            self.calls += 1
+            self.cost_s += cost
+            self.pending_cost_s += cost
+            self.failed_mallocs += 1
+            return None
+        device.used = used
+        if used > device.peak_used:
+            device.peak_used = used
+        self.mallocs += 1
+        base = device._next_address                         # SimulatedDevice._address_range
+        span = taken if taken > 0 else 1
+        device._next_address = base + -(-span // RANGE_ALIGN) * RANGE_ALIGN + RANGE_ALIGN
+        malloc_base, malloc_per_gib = self._malloc_cost     # CostModel.malloc
+        cost = malloc_base + malloc_per_gib * nbytes / GiB
+        self.calls += 1
+        self.cost_s += cost
+        self.pending_cost_s += cost
+        self._ranges[base] = taken
+        reserved = self.reserved + taken
+        self.reserved = reserved
+        if reserved > self.peak_reserved:
+            self.peak_reserved = reserved
+        return base
+
+    def release(self, base: int) -> None:
+        """cudaFree of a range :meth:`reserve` gave. O(1). The twin of
+        :meth:`_release_general`."""
+        if not self._fast:
+            return self._release_general(base)
+        taken = self._ranges.pop(base)
+        self.device.used -= taken
+        self.reserved -= taken
+        self.frees += 1
+        free_base, free_per_gib = self._free_cost           # CostModel.free
+        cost = free_base + free_per_gib * taken / GiB
+        self.calls += 1
+        self.cost_s += cost
+        self.pending_cost_s += cost
+        return None
+
+    # -- virtual memory (cuMemAddressReserve / cuMemMap / cuMemUnmap) ----------------
+    def address_range(self, nbytes: int) -> int:
+        """cuMemAddressReserve: a fresh virtual range (no memory, no call charged). O(1)."""
+        if not self._fast:
+            return self._address_range_general(nbytes)
+        device = self.device
+        base = device._next_address                         # SimulatedDevice._address_range
+        span = nbytes if nbytes > 0 else 1
+        device._next_address = base + -(-span // RANGE_ALIGN) * RANGE_ALIGN + RANGE_ALIGN
+        return base
+
+    def map(self, address: int, nbytes: int) -> bool:
+        """cuMemMap ``nbytes`` at ``address``; False when the device is full. O(1). The twin
+        of :meth:`_map_general`."""
+        if not self._fast or nbytes % self.map_granularity:
+            return self._map_general(address, nbytes)
+        device = self.device
+        used = device.used + nbytes
+        map_base, map_per_gib = self._map_cost
+        if used > device.capacity:
+            cost = map_base                                 # CostModel.refused_map
+            self.calls += 1
+            self.cost_s += cost
+            self.pending_cost_s += cost
+            self.failed_mallocs += 1
+            return False
+        device.used = used
+        if used > device.peak_used:
+            device.peak_used = used
+        cost = map_base + map_per_gib * nbytes / GiB        # CostModel.map
+        self.calls += 1
+        self.cost_s += cost
+        self.pending_cost_s += cost
+        self.mallocs += 1
+        self._mapped[address] = nbytes
+        reserved = self.reserved + nbytes
+        self.reserved = reserved
+        if reserved > self.peak_reserved:
+            self.peak_reserved = reserved
+        return True
+
+    def unmap(self, address: int, nbytes: int) -> None:
+        """cuMemUnmap ``[address, address + nbytes)``. The twin of :meth:`_unmap_general`,
+        written out for the common case, exactly one mapped piece (O(1))."""
+        mapped = self._mapped
+        if not self._fast or mapped.get(address) != nbytes:
+            return self._unmap_general(address, nbytes)
+        del mapped[address]
+        self.device.used -= nbytes
+        self.reserved -= nbytes
+        self.frees += 1
+        cost = self._costs.unmap_base_s                     # CostModel.unmap
+        self.calls += 1
+        self.cost_s += cost
+        self.pending_cost_s += cost
+        return None
+
+    # -- the general paths: the pieces composed as written ----------------------------
+    def _reserve_general(self, nbytes: int) -> int | None:
         taken = round_up(nbytes, self._granularity)
         if not self.device._take(taken):
             self._charge("malloc", nbytes, False, self._costs.refused_malloc(nbytes))
@@ -325,18 +467,17 @@ class ProcessDevice:
         self._grew(taken)
         return base
 
-    def release(self, base: int) -> None:
+    def _release_general(self, base: int) -> None:
         taken = self._ranges.pop(base)
         self.device.used -= taken
         self.reserved -= taken
         self.frees += 1
         self._charge("free", taken, True, self._costs.free(taken), base)
 
-    # -- virtual memory (cuMemAddressReserve / cuMemMap / cuMemUnmap) ----------------
-    def address_range(self, nbytes: int) -> int:
+    def _address_range_general(self, nbytes: int) -> int:
         return self.device._address_range(nbytes)
 
-    def map(self, address: int, nbytes: int) -> bool:
+    def _map_general(self, address: int, nbytes: int) -> bool:
         """cuMemMap ``nbytes`` at ``address``; False when the device is full. O(1)."""
         if nbytes % self.map_granularity:
             # A policy's mistake, not the user's: a policy must map whole granules.
@@ -353,7 +494,7 @@ class ProcessDevice:
         self._grew(nbytes)
         return True
 
-    def unmap(self, address: int, nbytes: int) -> None:
+    def _unmap_general(self, address: int, nbytes: int) -> None:
         """cuMemUnmap ``[address, address + nbytes)``. O(1) for exactly one mapped piece,
         else O(m) in this process's mapped pieces: every piece is scanned and the ones the
         range overlaps are cut."""

@@ -27,11 +27,12 @@ import simpy
 from allocsim.errors import UserInputError
 from allocsim.policies import PolicySpec, parse_policy
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
-from allocsim.sim.kernel.results import RunResult, Timeline
+from allocsim.sim.kernel.results import CallLog, RunResult, Timeline
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 
 CHUNK_EVENTS = 1 << 16      # events converted to Python lists at a time (bounds memory)
 TIMELINE_POINTS = 2048      # buckets of the downsampled timeline
+TIMELINE_BLOCK_EVENTS = 1 << 16     # events per block of the timeline's allocated bytes
 Progress = Callable[[int, int], None]
 
 
@@ -56,7 +57,13 @@ class ProcessReplay:
     O(1) dict and counter updates, a sample every ``n // TIMELINE_POINTS`` events — plus
     whatever the policy's ``malloc``/``free`` cost, and O(1) amortised per device call
     (typed-array appends); traces are converted to lists :data:`CHUNK_EVENTS` at a time.
-    :meth:`result` is O(events) numpy work (the timeline)."""
+    :meth:`result` is O(events) numpy work (the timeline).
+
+    Memory (issue 17.4): besides the trace's columns as held (packed, see
+    :mod:`allocsim.traces.model`), O(live buffers) for the live dict and the policy, one chunk
+    of Python lists, the device-call log packed between chunks (:class:`CallLog`: ~3 bytes a
+    call for a policy calling at every event), 8 bytes per skipped event, and the timeline's
+    temporaries of :data:`TIMELINE_BLOCK_EVENTS` events — no array per event of the trace."""
 
     def __init__(self, trace: Trace, policy: PolicySpec, device: SimulatedDevice, process: int = 0,
                  *, start_ns: int = 0, stop_on_oom: bool = False,
@@ -76,7 +83,9 @@ class ProcessReplay:
         self.start_ns = start_ns
         self.stop_on_oom = stop_on_oom
         self.n = len(trace)
-        self.sizes = trace.matched_sizes()
+        # In the dtype the size column is held in; the size column itself where every size
+        # is known (no copy).
+        self.sizes = trace.matched_sizes(packed=True)
         self.next_index = 0
         self.stopped = False
         # Running state of the hot loop.
@@ -88,15 +97,18 @@ class ProcessReplay:
         self.reserved_at_peak = 0
         self.peak_reserved_event = -1
         self.in_use_at_peak_reserved = 0
-        self.skipped_events: list[int] = []       # failed allocs and the frees that match them
+        # Failed allocs and the frees that match them, in event order (a typed array: 8
+        # bytes each however many OOMs).
+        self.skipped_events = array("q")
         self.ooms = 0
         self.first_oom: FirstOOM | None = None
         # Device calls as (event index, reserved after, cumulative cost): the reserved timeline.
-        # Typed arrays, not lists: on-demand makes a call per event, and 8 bytes a number
-        # instead of a Python object keeps memory per event small.
-        self.call_events = array("q")
-        self.call_reserved = array("q")
-        self.call_cost = array("d")
+        # Appended through typed arrays' own appends (on-demand makes a call per event) and
+        # packed between chunks; np.asarray(self.call_events) etc. give every entry.
+        self.call_log = CallLog()
+        self.call_events = self.call_log.events
+        self.call_reserved = self.call_log.reserved
+        self.call_cost = self.call_log.cost
         self.sample_every = max(1, self.n // TIMELINE_POINTS)
         self.next_sample = 0
         self.samples: list[tuple[int, int]] = []  # (event index, policy bytes in use)
@@ -122,8 +134,13 @@ class ProcessReplay:
         stop = min(self.n, start + CHUNK_EVENTS)
         trace = self.trace
         self._base = start
-        self._lists = (trace.op[start:stop].tolist(), trace.id[start:stop].tolist(),
-                       self.sizes[start:stop].tolist(), trace.stream[start:stop].tolist())
+        self._lists = ([], [], [], [])      # the previous chunk's lists go before the next's
+        self.call_log.pack()                # between events: every call so far is logged
+        # The columns as held (a packed column stays packed; tolist() gives the same ints).
+        self._lists = (trace.column("op")[start:stop].tolist(),
+                       trace.column("id")[start:stop].tolist(),
+                       self.sizes[start:stop].tolist(),
+                       trace.column("stream")[start:stop].tolist())
 
     def _run(self, i: int, stop: int, stop_on_call: bool) -> tuple[int, bool]:
         """The per-event loop over events [i, stop) of the loaded chunk: O(stop − i) plus the
@@ -272,49 +289,20 @@ class ProcessReplay:
     def _timeline(self) -> Timeline:
         """Allocated (exact, from the trace), reserved (exact, from the device-call log) and
         in-use (sampled), reduced to at most TIMELINE_POINTS buckets of equal event count; the
-        max per bucket keeps every peak visible. Built block by block so the temporaries stay
-        a few MB whatever the trace's length."""
+        max per bucket keeps every peak visible. Allocated is built block by block and
+        reserved and the clock from the call log a chunk at a time
+        (:meth:`CallLog.per_bucket`), so the temporaries stay a few MB whatever the trace's
+        length."""
         n = self.next_index
         bucket = max(1, -(-n // TIMELINE_POINTS))
         starts = np.arange(0, n, bucket, dtype=np.int64)
         last = np.minimum(starts + bucket, n) - 1
-        allocated = np.zeros(len(starts), dtype=np.int64)
-        reserved = np.zeros(len(starts), dtype=np.int64)
-        times = np.zeros(len(starts), dtype=np.int64)
-        skipped = np.asarray(self.skipped_events, dtype=np.int64)
-        # Views of the call log (no copies): index p − 1 is the last call at or before an event.
-        call_events = (np.frombuffer(self.call_events, dtype=np.int64) if self.call_events
-                       else np.zeros(0, np.int64))
-        call_reserved = (np.frombuffer(self.call_reserved, dtype=np.int64) if self.call_reserved
-                         else np.zeros(1, np.int64))
-        call_cost = (np.frombuffer(self.call_cost, dtype=np.float64) if self.call_cost
-                     else np.zeros(1))
-
-        def last_call(values: np.ndarray, events: np.ndarray) -> np.ndarray:
-            position = np.searchsorted(call_events, events, side="right") - 1
-            return np.where(position >= 0, values[np.maximum(position, 0)], 0)
-
-        t0 = int(self.trace.time_ns[0]) if n else 0
-        running = 0
-        per_block = max(1, (1 << 18) // bucket)          # buckets per block (~256k events)
-        for first in range(0, len(starts), per_block):
-            chosen = slice(first, first + per_block)
-            lo = int(starts[first])
-            hi = int(last[chosen][-1]) + 1
-            ops = self.trace.op[lo:hi]
-            sizes = self.sizes[lo:hi]
-            signed = np.where(ops == OP_ALLOC, sizes, -sizes)
-            dropped = skipped[(skipped >= lo) & (skipped < hi)] - lo
-            signed[dropped] = 0
-            live = np.cumsum(signed) + running
-            running = int(live[-1])
-            local_starts = starts[chosen] - lo
-            allocated[chosen] = np.maximum.reduceat(live, local_starts)
-            reserved[chosen] = np.maximum.reduceat(
-                last_call(call_reserved, np.arange(lo, hi)), local_starts)
-            ends = last[chosen]
-            delay_ns = np.rint(last_call(call_cost, ends) * 1e9).astype(np.int64)
-            times[chosen] = self.trace.time_ns[ends] - t0 + self.start_ns + delay_ns
+        allocated = self._allocated_per_bucket(starts, last, bucket)
+        reserved, cost = self.call_log.per_bucket(n, bucket)
+        time_ns = self.trace.column("time_ns")
+        t0 = int(time_ns[0]) if n else 0
+        delay_ns = np.rint(cost * 1e9).astype(np.int64)
+        times = time_ns[last].astype(np.int64) - t0 + self.start_ns + delay_ns
         sample_events = np.asarray([s[0] for s in self.samples], dtype=np.int64)
         sample_values = np.asarray([s[1] for s in self.samples], dtype=np.int64)
         if len(sample_values):
@@ -324,6 +312,29 @@ class ProcessReplay:
             in_use = np.zeros(len(last), dtype=np.int64)
         return Timeline(event=last, time_ns=times, allocated=allocated, reserved=reserved,
                         in_use=in_use)
+
+    def _allocated_per_bucket(self, starts: np.ndarray, last: np.ndarray,
+                              bucket: int) -> np.ndarray:
+        """The most live requested bytes after any event of each bucket (skipped events
+        count nothing), a block of :data:`TIMELINE_BLOCK_EVENTS` events at a time."""
+        allocated = np.zeros(len(starts), dtype=np.int64)
+        skipped = (np.frombuffer(self.skipped_events, dtype=np.int64) if self.skipped_events
+                   else np.zeros(0, np.int64))          # in event order
+        op = self.trace.column("op")
+        running = 0
+        per_block = max(1, TIMELINE_BLOCK_EVENTS // bucket)      # buckets per block
+        for first in range(0, len(starts), per_block):
+            chosen = slice(first, first + per_block)
+            lo = int(starts[first])
+            hi = int(last[chosen][-1]) + 1
+            sizes = self.sizes[lo:hi].astype(np.int64)
+            signed = np.where(op[lo:hi] == OP_ALLOC, sizes, -sizes)
+            below, above = np.searchsorted(skipped, (lo, hi))
+            signed[skipped[below:above] - lo] = 0
+            live = np.cumsum(signed) + running
+            running = int(live[-1])
+            allocated[chosen] = np.maximum.reduceat(live, starts[chosen] - lo)
+        return allocated
 
 
 def _as_spec(policy: str | PolicySpec) -> PolicySpec:

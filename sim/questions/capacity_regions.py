@@ -121,6 +121,8 @@ class RegionWatch:
 
         policy._pop_best_fit = pop                                  # type: ignore[attr-defined]
         policy._extend = extend                                     # type: ignore[attr-defined]
+        # BFC binds a written-out malloc that does not call the pop; the class's own does.
+        vars(policy).pop("malloc", None)
 
     def _after_window(self, window: _Window, d: int, limit: int) -> bool | None:
         """A run the same as this one through ``window`` but for the region ``d`` bytes

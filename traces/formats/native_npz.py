@@ -15,12 +15,11 @@ import numpy as np
 from allocsim.traces.formats.native_common import (
     REQUIRED_COLUMNS,
     ZIP_MAGIC,
-    build_trace,
     check_tag_column,
     file_metadata,
     metadata_json,
 )
-from allocsim.traces.model import COLUMN_DTYPES, Trace, TraceError
+from allocsim.traces.model import COLUMN_DTYPES, Held, Trace, TraceError, pack_column
 
 __all__ = ["NPZ_FORMAT", "detect_npz", "read_npz", "write_npz"]
 
@@ -35,7 +34,9 @@ def detect_npz(path: str, head: bytes) -> bool:
 def write_npz(trace: Trace, stream: BinaryIO) -> None:
     """Write ``trace`` as an uncompressed ``.npz``: one array per column, JSON for the rest."""
     check_tag_column(trace)
-    arrays: dict[str, np.ndarray] = {name: getattr(trace, name) for name in COLUMN_DTYPES}
+    # At the file's dtypes, without unpacking the trace's packed columns for good.
+    arrays: dict[str, np.ndarray] = {name: np.ascontiguousarray(trace.column(name), dtype=dtype)
+                                     for name, dtype in COLUMN_DTYPES.items()}
     arrays["tags"] = np.array(json.dumps(trace.tags, ensure_ascii=True))
     arrays["metadata"] = np.array(metadata_json(trace))
     arrays["format"] = np.array(NPZ_FORMAT)
@@ -43,7 +44,11 @@ def write_npz(trace: Trace, stream: BinaryIO) -> None:
 
 
 def read_npz(data: bytes, source: str, name: str) -> Trace:
-    """Read an ``.npz`` written by :func:`write_npz` (never unpickles anything)."""
+    """Read an ``.npz`` written by :func:`write_npz` (never unpickles anything).
+
+    Each column is held packed as soon as it is checked, and its array as read dropped
+    (:meth:`Trace.from_owned_columns`: the arrays are this reader's own), so the trace comes
+    back at ~18 bytes/event for a training trace rather than the file's 37."""
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in npz.files}
@@ -70,7 +75,7 @@ def read_npz(data: bytes, source: str, name: str) -> Trace:
     if fmt not in (None, NPZ_FORMAT):
         raise TraceError(f"unsupported .npz format {fmt!r} (this version reads {NPZ_FORMAT!r})",
                          source=source)
-    columns: dict[str, np.ndarray] = {}
+    columns: dict[str, Held] = {}
     if arrays["time_ns"].ndim != 1:
         raise TraceError(f"array 'time_ns' has shape {arrays['time_ns'].shape}, expected 1-D",
                          source=source)
@@ -91,11 +96,13 @@ def read_npz(data: bytes, source: str, name: str) -> Trace:
             if len(out):
                 raise TraceError(f"{column} {values[out[0]]} does not fit in {np.dtype(dtype)}",
                                  source=source, event=int(out[0]))
-        columns[column] = values.astype(dtype, copy=False)
+        columns[column] = pack_column(values, dtype)
+        del arrays[column], values
     tags = text("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise TraceError("array 'tags' should be a JSON list of strings", source=source)
     metadata = text("metadata", {})
     if not isinstance(metadata, dict):
         raise TraceError("array 'metadata' should be a JSON object", source=source)
-    return build_trace(columns, n, tags, file_metadata(metadata, source, name))
+    return Trace.from_owned_columns(columns, n, tags=tags,
+                                    metadata=file_metadata(metadata, source, name))

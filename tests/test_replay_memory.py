@@ -1,0 +1,293 @@
+"""The replay's memory per event (issue 17.4): packed trace columns, the packed device-call log
+and the block-wise timeline change no result.
+
+The references (tests/data/replay_memory.json, by tests/make_replay_memory_refs.py) were
+recorded from the engine before the change; here they are replayed with the engine's chunk,
+the log's pack threshold and the timeline's block made tiny, so every chunk, pack and block
+boundary is crossed many times. The compact structures are held to plain reference models.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from allocsim.policies import parse_policy
+from allocsim.sim.kernel import engine, results
+from allocsim.sim.kernel.device import SimulatedDevice, resolve_device
+from allocsim.sim.kernel.engine import ProcessReplay, replay
+from allocsim.sim.kernel.results import CallLog, LogColumn
+from allocsim.traces import formats, synth
+from allocsim.traces.formats.native_npz import read_npz, write_npz
+from allocsim.traces.model import COLUMN_DTYPES, NO_TAG, OP_ALLOC, Trace, pack_column
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import make_replay_memory_refs as refs
+
+REFERENCES: dict[str, object] = json.loads(refs.REFS.read_text())
+TRACES = dict(refs.traces())
+
+
+@pytest.fixture
+def tiny_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Engine chunks of 97 events, the call log packed at every chunk with 5+ entries, and
+    timeline blocks of one bucket: every boundary the memory work added, crossed often."""
+    monkeypatch.setattr(engine, "CHUNK_EVENTS", 97)
+    monkeypatch.setattr(results.CallLog, "PACK_AT", 5)
+    monkeypatch.setattr(engine, "TIMELINE_BLOCK_EVENTS", 1)
+
+
+def test_the_references_cover_every_case() -> None:
+    expected = {refs.key(label, policy, device, capacity)
+                for label in TRACES for policy in refs.POLICIES
+                for device, capacity in refs.DEVICES}
+    expected |= {"shared|" + refs.key(label, policy, device, capacity)
+                 for label in refs.SHARED_LABELS for policy in refs.SHARED_POLICIES
+                 for device, capacity in refs.DEVICES}
+    assert expected == set(REFERENCES)
+
+
+@pytest.mark.parametrize("label", sorted(TRACES))
+def test_results_are_those_recorded_before_the_memory_work(label: str, tiny_chunks: None) -> None:
+    trace = TRACES[label]
+    differ = []
+    for policy in refs.POLICIES:
+        for device, capacity in refs.DEVICES:
+            name = refs.key(label, policy, device, capacity)
+            if refs.case(trace, policy, device, capacity) != REFERENCES[name]:
+                differ.append(name)
+            if label in refs.SHARED_LABELS and policy in refs.SHARED_POLICIES:
+                if refs.shared_case(trace, policy, device, capacity) != REFERENCES["shared|"
+                                                                                   + name]:
+                    differ.append("shared|" + name)
+    assert not differ
+
+
+def test_results_do_not_depend_on_the_chunk_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = synth.generate("random", seed=5, events=5000, live=150)
+    profile = resolve_device("t4-16g", "128MiB")
+    expected = [replay(trace, p, profile).to_json_dict(timeline=True)
+                for p in ("on-demand", "cuda-async", "bfc")]
+    for chunk, pack_at, block in ((1, 1, 1), (1000, 1, 512), (4096, 3000, 7)):
+        monkeypatch.setattr(engine, "CHUNK_EVENTS", chunk)
+        monkeypatch.setattr(results.CallLog, "PACK_AT", pack_at)
+        monkeypatch.setattr(engine, "TIMELINE_BLOCK_EVENTS", block)
+        got = [replay(trace, p, profile).to_json_dict(timeline=True)
+               for p in ("on-demand", "cuda-async", "bfc")]
+        assert got == expected, (chunk, pack_at, block)
+
+
+# ---------------------------------------------------------------------- packed trace columns
+def test_pack_column_holds_a_column_in_the_least_memory() -> None:
+    assert pack_column(np.full(5, 7, np.int64), np.int64) == 7
+    assert pack_column(np.array([-1, 100], np.int64), np.int32).dtype == np.int8
+    assert pack_column(np.array([-1, 40_000], np.int64), np.int64).dtype == np.int32
+    assert pack_column(np.array([0, 300], np.int64), np.int32).dtype == np.int16
+    assert pack_column(np.array([0, 1 << 40], np.int64), np.int64).dtype == np.int64
+    assert pack_column(np.array([0, 1], np.int8), np.int8).dtype == np.int8     # op: as is
+    assert pack_column(np.zeros(0, np.int64), np.int64).dtype == np.int64       # empty
+    extreme = np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max])
+    assert np.array_equal(pack_column(extreme, np.int64), extreme)
+
+
+def _columns(n: int = 1000) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    ids = np.arange(n, dtype=np.int64) // 2
+    return {"time_ns": np.arange(n, dtype=np.int64) * 3_000_000_000,
+            "op": (np.arange(n) % 2).astype(np.int8), "id": ids,
+            "size": np.repeat(rng.integers(1, 1 << 20, n // 2), 2),
+            "stream": np.zeros(n, np.int32), "process": np.full(n, 3, np.int32),
+            "tag": (ids % 50).astype(np.int32)}
+
+
+def test_a_packed_trace_reads_as_the_plain_one_and_unpacks_only_when_read() -> None:
+    plain = Trace(**_columns(), tags=[f"t{i}" for i in range(50)])
+    packed = Trace.from_owned_columns(_columns(), 1000, tags=list(plain.tags))
+    assert packed.nbytes == 1000 * (8 + 1 + 2 + 4 + 1) < plain.nbytes == 1000 * 37
+    assert packed.equals(plain) and plain.equals(packed)
+    assert (packed.processes(), packed.streams(), packed.n_allocs, packed.duration_ns) == (
+        plain.processes(), plain.streams(), plain.n_allocs, plain.duration_ns)
+    assert packed.peak_live() == plain.peak_live()
+    assert np.array_equal(packed.live_bytes(), plain.live_bytes())
+    # column() reads without unpacking, read-only.
+    before = packed.nbytes
+    view = packed.column("tag")
+    with pytest.raises(ValueError):
+        view[0] = 1
+    assert packed.nbytes == before and packed.column("stream").strides == (0,)
+    # An attribute read unpacks that column for good: its dtype, writable, the same array.
+    for name, dtype in COLUMN_DTYPES.items():
+        column = getattr(packed, name)
+        assert column.dtype == dtype and column.flags.writeable
+        assert getattr(packed, name) is column
+        assert np.array_equal(column, getattr(plain, name))
+    assert packed.nbytes == plain.nbytes
+
+
+def test_writers_of_a_packed_column_keep_working(tmp_path: Path) -> None:
+    trace = synth.generate("training", seed=0, steps=2, layers=2)
+    assert isinstance(trace._held["stream"], int)       # the generator left it defaulted
+    trace.stream[3] = 2                                 # as importers and tests write them
+    trace.tag[:] = NO_TAG
+    assert trace.streams() == [0, 2] and int(trace.column("stream")[3]) == 2
+    assert set(trace.column("tag").tolist()) == {NO_TAG}
+    path = tmp_path / "t.npz"
+    formats.save(trace, path)
+    loaded = formats.load(path)
+    assert loaded.equals(trace, metadata=False)
+    loaded.time_ns = loaded.time_ns * 2                 # a whole column replaced
+    assert loaded.duration_ns == 2 * trace.duration_ns and len(loaded) == len(trace)
+
+
+def test_a_packed_trace_writes_the_same_file_bytes(tmp_path: Path) -> None:
+    plain = Trace(**_columns(), tags=[f"t{i}" for i in range(50)], metadata={"name": "x"})
+    packed = Trace.from_owned_columns(_columns(), 1000, tags=list(plain.tags),
+                                      metadata={"name": "x"})
+    files, arrays = [], []
+    for trace in (plain, packed):
+        stream = io.BytesIO()
+        write_npz(trace, stream)
+        files.append(stream.getvalue())
+        with np.load(io.BytesIO(files[-1])) as npz:
+            arrays.append({key: (npz[key].dtype, npz[key].tobytes()) for key in npz.files})
+    assert arrays[0] == arrays[1]       # the same arrays, at the file's dtypes
+    again = read_npz(files[1], "f.npz", "f")
+    assert again.equals(plain, metadata=False) and again.nbytes < plain.nbytes
+
+
+def test_packed_traces_select_copy_and_pickle() -> None:
+    packed = Trace.from_owned_columns(_columns(), 1000, tags=[f"t{i}" for i in range(50)])
+    plain = Trace(**_columns(), tags=list(packed.tags))
+    mask = plain.id % 3 == 0
+    assert packed.select(mask).equals(plain.select(mask))
+    assert packed.select(np.arange(10)).equals(plain.select(np.arange(10)))
+    assert packed.for_process(3).equals(plain.for_process(3), metadata=False)
+    again = pickle.loads(pickle.dumps(packed))
+    assert again.equals(plain) and again.nbytes == packed.nbytes
+    other = copy.copy(packed)
+    other.size[0] = 5                   # unpacks the copy's column only
+    assert int(packed.column("size")[0]) == int(plain.size[0]) != 5
+
+
+def test_matched_sizes_packed_are_the_int64_ones() -> None:
+    trace = TRACES["random-unknown-free-sizes"]
+    packed = Trace.from_owned_columns({name: trace.column(name).copy()
+                                       for name in COLUMN_DTYPES}, len(trace))
+    full = trace.matched_sizes()
+    assert full.dtype == np.int64
+    narrow = packed.matched_sizes(packed=True)
+    assert narrow.dtype != np.int64 and np.array_equal(narrow, full)
+    assert np.array_equal(packed.matched_sizes(), full)
+    sizes = np.where(trace.op == OP_ALLOC, full, -full)
+    assert packed.peak_live() == (int(np.cumsum(sizes).max()), int(np.argmax(np.cumsum(sizes))))
+
+
+@pytest.fixture(scope="module")
+def training() -> Trace:
+    return synth.generate("training", seed=0, events=200_000)
+
+
+def test_loading_and_replaying_leave_the_columns_packed(tmp_path: Path, training: Trace) -> None:
+    trace = training
+    path = tmp_path / "t.npz"
+    formats.save(trace, path)
+    loaded = formats.load(path)
+    held = loaded.nbytes / len(loaded)
+    assert held <= 18                   # time 8, op 1, id ≤ 4, size 4, tag 1; stream/process 0
+    for policy in ("on-demand", "bfc", "cuda-async"):
+        result = replay(loaded, policy, resolve_device("a100-80g"))
+        assert result.to_json_dict(timeline=True) == replay(
+            trace, policy, resolve_device("a100-80g")).to_json_dict(timeline=True)
+    assert loaded.nbytes / len(loaded) == held          # the replay unpacked nothing
+
+
+# ---------------------------------------------------------------------- the device-call log
+def _filled(values: list[float] | list[int], typecode: str, packs: list[int]) -> LogColumn:
+    column = LogColumn(typecode)
+    for index, value in enumerate(values):
+        if index in packs:
+            column.pack()
+        column.append(value)
+    return column
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_log_column_gives_back_every_value_exactly(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    big = np.iinfo(np.int64)
+    kinds = [rng.integers(0, 4, n),                                  # narrow steps
+             rng.choice([512, 1 << 20, -(1 << 20), 7 << 30], n),     # few distinct: a table
+             rng.integers(big.min, big.max, n, dtype=np.int64),       # wrapping steps
+             np.cumsum(rng.integers(0, 1 << 40, n))]                  # wide, all distinct
+    packs = sorted(set(rng.integers(0, n, 5).tolist()))
+    for values in kinds:
+        column = _filled(values.tolist(), "q", packs)
+        assert len(column) == n
+        assert np.array_equal(np.asarray(column), values)
+        assert np.asarray(column, dtype=np.float64).dtype == np.float64
+    costs = np.cumsum(rng.choice([14e-6, 50e-6 + 1e-7, 3e-3], n))
+    costs[::7] *= -1.5                                               # any float, bit for bit
+    column = _filled(costs.tolist(), "d", packs)
+    assert np.asarray(column).tobytes() == costs.tobytes()
+    special = [float("nan"), float("inf"), -0.0, 5e-324, 1.0]
+    assert np.asarray(_filled(special, "d", [2])).tobytes() == np.array(special).tobytes()
+
+
+def test_a_log_of_one_call_per_event_packs_to_a_few_bytes_a_call(training: Trace) -> None:
+    trace = training
+    run = ProcessReplay(trace, parse_policy("on-demand"), SimulatedDevice(
+        resolve_device("a100-80g")))
+    run.advance(run.n)
+    log = run.call_log
+    assert len(log) > 0.9 * len(trace)
+    assert log.nbytes / len(log) < 5            # 24 unpacked
+    assert np.asarray(run.call_events).dtype == np.int64
+
+
+def _per_bucket_reference(events: np.ndarray, reserved: np.ndarray, cost: np.ndarray, n: int,
+                          bucket: int) -> tuple[np.ndarray, np.ndarray]:
+    """The engine's timeline before the change: the last call at or before every event."""
+    starts = np.arange(0, n, bucket)
+    last = np.minimum(starts + bucket, n) - 1
+    position = np.searchsorted(events, np.arange(n), side="right") - 1
+    after = np.where(position >= 0, reserved[np.maximum(position, 0)] if len(reserved)
+                     else 0, 0)
+    at_end = np.searchsorted(events, last, side="right") - 1
+    costs = np.where(at_end >= 0, cost[np.maximum(at_end, 0)] if len(cost) else 0.0, 0.0)
+    most = (np.maximum.reduceat(after, starts) if n else np.zeros(0, np.int64))
+    return most, costs
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_per_bucket_is_the_per_event_reduction(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400))
+    calls = int(rng.integers(0, n + 1)) if n else 0
+    # In event order, sometimes two entries for one event, sometimes past n.
+    events = np.sort(rng.integers(0, n + 3, calls)) if calls else np.zeros(0, np.int64)
+    reserved = rng.integers(0, 1 << 34, calls)
+    cost = np.cumsum(rng.random(calls))
+    log = CallLog()
+    log.PACK_AT = 1
+    cut = set(rng.integers(0, max(1, calls), 4).tolist())
+    for index in range(calls):
+        if index in cut:
+            log.pack()                      # even between two entries of one event
+        log.events.append(int(events[index]))
+        log.reserved.append(int(reserved[index]))
+        log.cost.append(float(cost[index]))
+    for bucket in (1, 2, 7, max(1, n)):
+        keep = events < n
+        want = _per_bucket_reference(events[keep], reserved[keep], cost[keep], n, bucket)
+        got = log.per_bucket(n, bucket)
+        assert np.array_equal(got[0], want[0]) and got[0].dtype == np.int64
+        assert got[1].tobytes() == want[1].astype(np.float64).tobytes()
