@@ -207,3 +207,15 @@ def test_shared_runs_know_whether_the_processes_ever_ran_together() -> None:
     together = run_shared([SharedProcess(trace, "on-demand"),
                            SharedProcess(trace, "on-demand", start_ns=1)], device())
     assert together.ran_together()
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, 7, 1 << 16])
+def test_batch_ends_are_the_same_whatever_the_window(window: int) -> None:
+    """Where each timestamp's batch ends, worked out a window at a time (a shared run's
+    memory), is what one pass over the whole trace gives, batches across windows included."""
+    from allocsim.sim.kernel.engine import batch_ends
+    rng = np.random.default_rng(window)
+    for times in (np.array([5]), np.array([1, 1, 1]), np.array([0, 1, 2, 3]),
+                  np.cumsum(rng.integers(0, 2, 50))):
+        whole = np.append(np.flatnonzero(np.diff(times)) + 1, len(times)).tolist()
+        assert list(batch_ends(times, window)) == whole

@@ -17,7 +17,7 @@ it never trusts a policy's own counters for headline figures.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -394,6 +394,20 @@ class SharedRun:
         return any(later[0] < earlier[1] for earlier, later in pairwise(spans))
 
 
+def batch_ends(times: np.ndarray, window: int = CHUNK_EVENTS) -> Iterator[int]:
+    """The index where each distinct timestamp's batch of events ends (the next event with a
+    later time, or ``len(times)`` for the last), in order, worked out ``window`` events at a
+    time: a trace of 10M distinct times never becomes 10M Python ints at once."""
+    n = len(times)
+    for start in range(0, n, window):
+        # Event k in (start, start + window] ends a batch where its time differs from event
+        # k − 1's: the window reaches one event past its end to see whether the batch goes on.
+        reach = min(n, start + window + 1)
+        changes = np.flatnonzero(times[start + 1:reach] != times[start:reach - 1])
+        yield from (changes + start + 1).tolist()
+    yield n
+
+
 def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
                stop_on_oom: bool = False) -> SharedRun:
     """Run several processes concurrently against one device in simpy simulated time.
@@ -409,24 +423,23 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
     spans: dict[int, tuple[int, int]] = {}
 
     def process_body(run: ProcessReplay) -> Generator[simpy.Event, None, None]:
-        times = run.trace.time_ns
+        times = run.trace.column("time_ns")         # as held: no unpacked copy
         if run.n == 0:
             spans[run.process] = (run.start_ns, run.start_ns)
             return
         t0 = int(times[0])
-        # Index where each distinct timestamp's batch of events ends.
-        batch_ends = np.append(np.flatnonzero(np.diff(times)) + 1, run.n).tolist()
+        ends = batch_ends(times)
+        batch_end = next(ends)
         delay_ns = 0
-        batch = 0
         while run.next_index < run.n and not run.stopped:
             i = run.next_index
-            while batch_ends[batch] <= i:
-                batch += 1
+            while batch_end <= i:
+                batch_end = next(ends)
             due = run.start_ns + int(times[i]) - t0 + delay_ns
             if due > env.now:
                 yield env.timeout(due - env.now)
             calls = run.view.calls
-            run.advance(batch_ends[batch], stop_on_call=True)
+            run.advance(batch_end, stop_on_call=True)
             if run.view.calls != calls:
                 device_times.append(int(env.now))
                 device_used.append(shared.used)
