@@ -16,30 +16,30 @@ neighbour and one for the freed chunk; growth and trim add one device call each.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import ClassVar
 
 from allocsim.policies.base import (
     DeviceMemory,
     Param,
-    Policy,
     PolicyStats,
     fail,
     params_of,
     require,
 )
-from allocsim.policies.chunks import ChunkMap
+from allocsim.policies.chunks import ChunkPolicy
 from allocsim.policies.units import round_up
 
 
-class BestFitAllocator(Policy):
+class BestFitAllocator(ChunkPolicy):
+    """Best fit over a ChunkMap (policies/chunks.py): ChunkPolicy's malloc and free with
+    max_slack 0 (always split), and mapping pages at the top of the heap as the growth rule."""
+
     name = "best-fit"
     capacity_use = "limit-fatal"   # the device-sized range decides nothing; refused map = OOM
     description = "address-ordered best fit + coalescing on a heap grown page by page (VMM)"
     def __init__(self, device: DeviceMemory, alignment: int = 256, page: int = 0,
                  trim: bool = False) -> None:
-        super().__init__(device)
-        self.alignment = int(alignment)
+        super().__init__(device, int(alignment), 0)
         self.page = int(page) or device.map_granularity
         if self.page % device.map_granularity:
             raise ValueError(f"page must be a multiple of the device's mapping granularity "
@@ -49,12 +49,8 @@ class BestFitAllocator(Policy):
         self.heap_base = device.address_range(round_up(device.capacity, self.page))
         self.mapped = 0
         self.peak_mapped = 0
-        self.chunks = ChunkMap()
-        # Bound once: the hot path (ChunkMap.allocate: best fit, always split).
-        self._allocate = self.chunks.allocate
-        self._give_back = self.chunks.give_back
-        self.requested: dict[int, int] = {}
-        self.peak_bytes_in_use = 0
+        if trim:
+            self.free = self._free_and_trim             # type: ignore[method-assign]
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(
         __init__,
@@ -63,31 +59,18 @@ class BestFitAllocator(Policy):
         trim=("bool", "unmap wholly free pages at the top of the heap on free"),
     )
 
-    def malloc(self, size: int, stream: int = 0) -> int | None:
-        if size <= 0:
-            return None
-        rounded = -(-size // self.alignment) * self.alignment
-        found = self._allocate(rounded, 0)
-        if found is None and self._grow(rounded):
-            found = self._allocate(rounded, 0)
-        if found is None:
-            self.num_ooms += 1
-            return None
-        address, handed = found
-        in_use = self.bytes_in_use + handed
-        self.bytes_in_use = in_use
-        if in_use > self.peak_bytes_in_use:
-            self.peak_bytes_in_use = in_use
-        self.requested[address] = size
-        self.num_allocs += 1
-        return address
+    def _free_and_trim(self, address: int) -> None:
+        """free with ``trim``: then unmap the wholly free pages at the top."""
+        ChunkPolicy.free(self, address)
+        self._trim()
 
-    def free(self, address: int) -> None:
-        del self.requested[address]
-        self.bytes_in_use -= self._give_back(address)
-        self.num_frees += 1
+    def free_general(self, address: int) -> None:
+        super().free_general(address)
         if self.trim:
             self._trim()
+
+    def _make_room(self, rounded: int) -> bool:
+        return self._grow(rounded)
 
     def _tail_free_bytes(self) -> int:
         """Free bytes at the top of the heap (0 if the last chunk is in use)."""
@@ -142,7 +125,7 @@ class BestFitAllocator(Policy):
             for address, size in chunks.size.items():
                 if size % self.alignment:
                     fail(f"best-fit: chunk {address:#x} of {size} bytes breaks the alignment")
-        require(self.requested.keys() == chunks.in_use,
+        require(self.requested.keys() == set(chunks.in_use),
                 "best-fit: the requested table is not the in-use chunks")
         for address, size in self.requested.items():
             if not 0 < size <= chunks.size[address]:
@@ -154,9 +137,6 @@ class BestFitAllocator(Policy):
         require(self.peak_bytes_in_use >= self.bytes_in_use,
                 "best-fit: peak_bytes_in_use < current")
         require(self.peak_mapped >= self.mapped, "best-fit: peak_mapped < mapped")
-
-    def blocks(self) -> Iterator[tuple[int, int, bool]]:
-        return self.chunks.chunks()
 
     def stats(self) -> PolicyStats:
         return PolicyStats(

@@ -33,19 +33,17 @@ chunks (freed_by_count), spatial partitioning, and alignment above 256 bytes.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from typing import ClassVar
 
 from allocsim.policies.base import (
     DeviceMemory,
     Param,
-    Policy,
     PolicyStats,
     fail,
     params_of,
     require,
 )
-from allocsim.policies.chunks import ChunkMap, bin_for_size
+from allocsim.policies.chunks import ChunkPolicy, bin_for_size
 
 # bin_for_size is BFC's BinNumForSize, public here.
 __all__ = ["BFCAllocator", "PreallocateAllocator", "bin_for_size"]
@@ -77,41 +75,32 @@ def backpedal_bytes(nbytes: int) -> int:
     return round_bytes(int(_float32(_float32(float(nbytes)) * _BACKPEDAL_FACTOR_F32)))
 
 
-class BFCAllocator(Policy):
+class BFCAllocator(ChunkPolicy):
+    """BFC over a ChunkMap (policies/chunks.py): ChunkPolicy's malloc and free — best fit,
+    the split rule with max_internal_fragmentation as its slack, coalescing, and the hot path
+    written out — with Extend and DeallocateFreeRegions below as the growth rule."""
+
     name = "bfc"
     capacity_use = "bfc-regions; unless garbage_collection, fragmentation_fraction"
     description = "TensorFlow/XLA best-fit-with-coalescing allocator (growth by doubling regions)"
     def __init__(self, device: DeviceMemory, memory_limit: int = 0, fraction: float = 1.0,
                  allow_growth: bool = True, garbage_collection: bool = False,
                  fragmentation_fraction: float = 0.0) -> None:
-        super().__init__(device)
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-        self.memory_limit = int(memory_limit) if memory_limit else int(device.capacity * fraction)
+        limit = int(memory_limit) if memory_limit else int(device.capacity * fraction)
+        super().__init__(device, MIN_ALLOCATION,
+                         int(fragmentation_fraction * limit) if fragmentation_fraction > 0
+                         else DEFAULT_MAX_INTERNAL_FRAGMENTATION)
+        self.memory_limit = limit
         self.allow_growth = allow_growth
         self.garbage_collection = garbage_collection
-        self.max_internal_fragmentation = (
-            int(fragmentation_fraction * self.memory_limit) if fragmentation_fraction > 0
-            else DEFAULT_MAX_INTERNAL_FRAGMENTATION)
         if allow_growth:
             self.curr_region_allocation_bytes = round_bytes(min(self.memory_limit, 2 << 20))
         else:
             self.curr_region_allocation_bytes = round_bytes(self.memory_limit)
-        self.chunks = ChunkMap()
-        # Bound once: the hot path. The best-fit pop and Extend are the seams min-capacity's
-        # region watch wraps (sim/questions/capacity_regions.py); it then drops the instance's
-        # malloc, so the general one below runs and calls them. A subclass with a malloc of
-        # its own keeps it.
-        self._pop_best_fit = self.chunks.free_index.pop_best_fit
-        self._hand_out = self.chunks.hand_out
-        self._give_back = self.chunks.give_back
-        self._allocate = self.chunks.allocate
-        if type(self).malloc is BFCAllocator.malloc:
-            self.malloc = self._malloc_fast             # type: ignore[method-assign]
-        self.requested: dict[int, int] = {}   # address in use -> requested bytes
         self.pool_bytes = 0
         self.peak_pool_bytes = 0
-        self.peak_bytes_in_use = 0
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(
         __init__,
@@ -123,59 +112,17 @@ class BFCAllocator(Policy):
             "float", "split threshold = this × memory_limit when > 0 (else 128 MiB)"),
     )
 
-    # -- allocation ------------------------------------------------------------------
-    def malloc(self, size: int, stream: int = 0) -> int | None:
-        if size <= 0:
-            return None
-        rounded = (size + MIN_ALLOCATION - 1) & -MIN_ALLOCATION     # a power of two
-        found = self._pop_best_fit(rounded)
-        if found is None and self._extend(rounded):
-            found = self._pop_best_fit(rounded)
-        if found is None and self._deallocate_free_regions(rounded) and self._extend(rounded):
-            found = self._pop_best_fit(rounded)
-        if found is None:
-            self.num_ooms += 1
-            return None
-        address, chunk_size = found
-        split = (chunk_size >= 2 * rounded
-                 or chunk_size - rounded >= self.max_internal_fragmentation)
-        in_use = self.bytes_in_use + self._hand_out(address, chunk_size, rounded, split)
-        self.bytes_in_use = in_use
-        if in_use > self.peak_bytes_in_use:
-            self.peak_bytes_in_use = in_use
-        self.requested[address] = size
-        self.num_allocs += 1
-        return address
+    @property
+    def max_internal_fragmentation(self) -> int:
+        """ShouldSplitChunk's threshold: split when the slack is at least this (ChunkPolicy's
+        ``max_slack``)."""
+        return self.max_slack
 
-    def _malloc_fast(self, size: int, stream: int = 0) -> int | None:
-        """:meth:`malloc` with the pop, the split rule and the hand-out in one ChunkMap call
-        (ChunkMap.allocate, held to pop_best_fit + hand_out by tests/test_chunk_fast_path.py;
-        this method to :meth:`malloc` by tests/test_fast_path_equivalence.py)."""
-        if size <= 0:
-            return None
-        rounded = (size + MIN_ALLOCATION - 1) & -MIN_ALLOCATION
-        found = self._allocate(rounded, self.max_internal_fragmentation)
-        if found is None:
-            if self._extend(rounded):
-                found = self._allocate(rounded, self.max_internal_fragmentation)
-            if found is None and self._deallocate_free_regions(rounded) and self._extend(rounded):
-                found = self._allocate(rounded, self.max_internal_fragmentation)
-            if found is None:
-                self.num_ooms += 1
-                return None
-        address, handed = found
-        in_use = self.bytes_in_use + handed
-        self.bytes_in_use = in_use
-        if in_use > self.peak_bytes_in_use:
-            self.peak_bytes_in_use = in_use
-        self.requested[address] = size
-        self.num_allocs += 1
-        return address
-
-    def free(self, address: int) -> None:
-        del self.requested[address]
-        self.bytes_in_use -= self._give_back(address)
-        self.num_frees += 1
+    def _make_room(self, rounded: int) -> bool:
+        """AllocateRawInternal on a miss: Extend; if that fails, DeallocateFreeRegions (with
+        garbage_collection) and Extend again."""
+        return self._extend(rounded) or (self._deallocate_free_regions(rounded)
+                                         and self._extend(rounded))
 
     # -- growth ----------------------------------------------------------------------
     def _extend(self, rounded: int) -> bool:
@@ -223,9 +170,6 @@ class BFCAllocator(Policy):
             self.device.release(base)
 
     # -- views -----------------------------------------------------------------------
-    def blocks(self) -> Iterator[tuple[int, int, bool]]:
-        return self.chunks.chunks()
-
     def stats(self) -> PolicyStats:
         return PolicyStats(
             num_allocs=self.num_allocs, num_frees=self.num_frees, num_ooms=self.num_ooms,
@@ -244,7 +188,7 @@ class BFCAllocator(Policy):
         for address, size in chunks.size.items():
             if size % MIN_ALLOCATION:
                 fail(f"BFC: chunk {address:#x} of {size} bytes is not a multiple of 256")
-        require(self.requested.keys() == chunks.in_use,
+        require(self.requested.keys() == set(chunks.in_use),
                 "BFC: the requested table is not the in-use chunks")
         for address, size in self.requested.items():
             if not 0 < size <= chunks.size[address]:

@@ -2,13 +2,19 @@
 
 The shared machinery of the coalescing allocators (BFC, preallocate, best-fit), in the spirit of
 bfc_allocator.h's Chunk and Bin: memory arrives in regions; a region is cut into chunks that
-tile it exactly; a chunk is either in use (handed to a caller) or free.
+tile it exactly; a chunk is either in use (handed to a caller) or free. Each chunk is one
+record (a list: size, neighbours, free-index key, address, request — the slots of
+policies/chunk_records.py, with the dict views the checks and tests read), its
+neighbours linked as records in a circle through the region's sentinel, so that malloc and
+free read and write list slots and touch the address → record dict only to find a chunk, add
+a split's rest or drop a merged one (:class:`ChunkPolicy`, their hot path).
 
 Invariants, kept by every method here and asserted by :meth:`ChunkMap.check`:
 - the chunks of a region tile it: each chunk's ``next`` starts where it ends, the last one ends
   at the region's end; chunks never link across regions (GPU regions never merge);
 - no two neighbouring chunks are both free (freeing coalesces immediately);
-- a chunk is in :attr:`ChunkMap.free_index` exactly when it is free.
+- a chunk is in :attr:`ChunkMap.free_index` exactly when it is free, under the key its record
+  holds (0 in the record while it is in use).
 
 Best-fit index (:class:`FreeIndex`): BFC's own structure — 21 bins by size class, each a plain
 sorted list of (size, address) keys; search bin(rounded), then the first chunk of the next
@@ -21,20 +27,26 @@ traces' ever-changing remainder sizes defeat).
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping, MutableSet
 from itertools import pairwise
 
-from allocsim.policies.base import fail, require
+from allocsim.policies.base import DeviceMemory, Policy, fail, require
+from allocsim.policies.chunk_records import (
+    ADDRESS,
+    ADDRESS_MASK,
+    KEY,
+    KEY_SHIFT,
+    NEXT,
+    NONE,
+    PREV,
+    REQUESTED,
+    SIZE,
+    InUseView,
+    RequestedView,
+    SlotView,
+    TailView,
+)
 
-NONE = -1
-
-# A free chunk's key: size << KEY_SHIFT | address, so that integer order is (size, address)
-# order and a key decodes without a lookup (size = key >> KEY_SHIFT, address = key &
-# ADDRESS_MASK). Device addresses stay below 2**52. FreeIndex packs and unpacks keys, and so do
-# the hot paths that write its operations out (ChunkMap.allocate/give_back, cuda-async's
-# sync=free take and give-back), each held to FreeIndex's own methods by a test.
-KEY_SHIFT = 52
-ADDRESS_MASK = (1 << KEY_SHIFT) - 1
 NUM_BINS = 21           # BFC's bins: [256·2^b, 256·2^(b+1)), the last one open-ended
 
 
@@ -215,274 +227,161 @@ def check_tiling(regions: Mapping[int, int], size_of: Mapping[int, int],
 
 
 class ChunkMap:
-    """The chunks of all regions a policy holds. Every method states its cost: n = chunks,
-    k = free chunks in the FreeIndex bin touched (see :class:`FreeIndex`)."""
+    """The chunks of all regions a policy holds: one record per chunk (the slots above) in
+    :attr:`record`, keyed by address, linked in each region's ring. Every method states its
+    cost: n = chunks, k = free chunks in the FreeIndex bin touched (see :class:`FreeIndex`).
+
+    :attr:`size`, :attr:`prev`, :attr:`next` (address → size / neighbour's address, NONE at a
+    region's ends), :attr:`in_use` (addresses), :attr:`tail` (region end → last chunk) and
+    :attr:`requested` (in-use address → its request) are live views of the records, for
+    checks, reports and tests; writing through them changes the records (only a test
+    corrupting the map on purpose does)."""
 
     def __init__(self) -> None:
-        self.size: dict[int, int] = {}          # chunk address -> chunk size
-        self.prev: dict[int, int] = {}          # chunk address -> previous chunk in region, or NONE
-        self.next: dict[int, int] = {}          # chunk address -> next chunk in region, or NONE
-        self.in_use: set[int] = set()           # addresses of chunks handed out
-        self.free_index = FreeIndex()           # the free chunks (see module docstring)
+        self.record: dict[int, list] = {}       # chunk address -> its record
+        self.ring: dict[int, list] = {}         # region base -> the region's ring
         self.regions: dict[int, int] = {}       # region base -> region size
-        self.tail: dict[int, int] = {}          # region end -> last chunk of that region
-        # Bound once: the free-index calls of hand_out and give_back, the hot path.
-        self._index_add = self.free_index.add
-        self._index_remove = self.free_index.remove
+        self.free_index = FreeIndex()           # the free chunks (see module docstring)
+        self.strays: set[int] = set()           # marked in use through the view, no chunk
+        self.size: MutableMapping[int, int] = SlotView(self, SIZE)
+        self.prev: MutableMapping[int, int] = SlotView(self, PREV)
+        self.next: MutableMapping[int, int] = SlotView(self, NEXT)
+        self.in_use: MutableSet[int] = InUseView(self)
+        self.tail: MutableMapping[int, int] = TailView(self)
+        self.requested: MutableMapping[int, int] = RequestedView(self)
 
     # -- regions ---------------------------------------------------------------------
     def add_region(self, base: int, nbytes: int) -> None:
         """A new region becomes one free chunk. O(log k + k)."""
+        ring: list = [0, None, None, 0, NONE, 0]
+        chunk = [nbytes, ring, ring, nbytes << KEY_SHIFT | base, base, 0]
+        ring[PREV] = ring[NEXT] = chunk
         self.regions[base] = nbytes
-        self.size[base] = nbytes
-        self.prev[base] = NONE
-        self.next[base] = NONE
-        self.tail[base + nbytes] = base
+        self.ring[base] = ring
+        self.record[base] = chunk
         self.free_index.add(nbytes, base)
 
     def grow_region(self, base: int, extra: int) -> None:
         """Extend region ``base`` in place by ``extra`` bytes at its end (memory mapped behind
         it); the new space coalesces with a free last chunk. O(log k + k)."""
         end = base + self.regions[base]
-        last = self.tail.pop(end)
+        ring = self.ring[base]
+        last = ring[PREV]
         self.regions[base] += extra
-        if last not in self.in_use:
-            self.free_index.remove(self.size[last], last)
-            self.size[last] += extra
-            self.free_index.add(self.size[last], last)
-            self.tail[end + extra] = last
+        if last[KEY]:
+            self.free_index.remove(last[SIZE], last[ADDRESS])
+            last[SIZE] += extra
+            last[KEY] = last[SIZE] << KEY_SHIFT | last[ADDRESS]
+            self.free_index.add(last[SIZE], last[ADDRESS])
         else:
-            self.size[end] = extra
-            self.prev[end] = last
-            self.next[end] = NONE
-            self.next[last] = end
-            self.tail[end + extra] = end
+            chunk = [extra, last, ring, extra << KEY_SHIFT | end, end, 0]
+            last[NEXT] = ring[PREV] = self.record[end] = chunk
             self.free_index.add(extra, end)
 
     def shrink_region(self, base: int, nbytes: int) -> None:
         """Cut ``nbytes`` off the end of region ``base``, whose last chunk must be free and at
         least that large (memory about to be unmapped). O(log k + k)."""
-        end = base + self.regions[base]
-        last = self.tail[end]
-        size = self.size[last]
-        if last in self.in_use or size < nbytes or nbytes >= self.regions[base]:
+        ring = self.ring[base]
+        last = ring[PREV]
+        size, address = last[SIZE], last[ADDRESS]
+        if not last[KEY] or size < nbytes or nbytes >= self.regions[base]:
             raise ValueError("only free space at the end of a region, short of all of it, can go")
-        del self.tail[end]
         self.regions[base] -= nbytes
-        self.free_index.remove(size, last)
+        self.free_index.remove(size, address)
         if size == nbytes:
-            before = self.prev.pop(last)
-            del self.size[last], self.next[last]
-            self.next[before] = NONE
-            self.tail[end - nbytes] = before
+            before = last[PREV]
+            del self.record[address]
+            before[NEXT] = ring
+            ring[PREV] = before
         else:
-            self.size[last] = size - nbytes
-            self.free_index.add(size - nbytes, last)
-            self.tail[end - nbytes] = last
+            last[SIZE] = size - nbytes
+            last[KEY] = (size - nbytes) << KEY_SHIFT | address
+            self.free_index.add(size - nbytes, address)
 
     def last_chunk(self, base: int) -> tuple[int, int, bool]:
         """``(address, size, in_use)`` of the last chunk of region ``base``. O(1)."""
-        last = self.tail[base + self.regions[base]]
-        return last, self.size[last], last in self.in_use
+        last = self.ring[base][PREV]
+        return last[ADDRESS], last[SIZE], not last[KEY]
 
     def region_is_free(self, base: int) -> bool:
         """True when the region is one free chunk. O(1)."""
-        return base not in self.in_use and self.next[base] == NONE
+        chunk = self.record[base]
+        return bool(chunk[KEY]) and chunk[NEXT] is self.ring[base]
 
     def remove_region(self, base: int) -> int:
         """Forget a wholly free region; returns its size. O(log k + k)."""
         if not self.region_is_free(base):
             raise ValueError(f"region {base:#x} still has chunks in use")
         nbytes = self.regions.pop(base)
-        del self.tail[base + nbytes]
-        self.free_index.remove(self.size.pop(base), base)
-        del self.prev[base], self.next[base]
+        del self.ring[base]
+        self.free_index.remove(self.record.pop(base)[SIZE], base)
         return nbytes
 
-    # -- allocation ------------------------------------------------------------------
+    # -- the general path ------------------------------------------------------------
+    # One step at a time through FreeIndex's own methods: what ChunkPolicy's general malloc
+    # and free run (and min-capacity's region watch, through BFC's), and what
+    # tests/test_chunk_fast_path.py holds ChunkPolicy's hot path to.
     def best_fit(self, rounded: int) -> tuple[int, int] | None:
         """``(address, size)`` of the smallest free chunk ≥ ``rounded``, lowest address on
         ties; None when nothing fits. O(log k) bisection + an O(1) jump between bins."""
         return self.free_index.best_fit(rounded)
 
-    def take(self, address: int, chunk_size: int, rounded: int, split: bool) -> int:
+    def take(self, address: int, chunk_size: int, rounded: int, split: bool,
+             requested: int = 0) -> int:
         """Hand out free chunk ``address`` (still in the free index): :meth:`hand_out` after
         taking it out of the index. O(log k + k)."""
-        self._index_remove(chunk_size, address)
-        return self.hand_out(address, chunk_size, rounded, split)
+        self.free_index.remove(chunk_size, address)
+        return self.hand_out(address, chunk_size, rounded, split, requested)
 
-    def hand_out(self, address: int, chunk_size: int, rounded: int, split: bool) -> int:
+    def hand_out(self, address: int, chunk_size: int, rounded: int, split: bool,
+                 requested: int = 0) -> int:
         """Hand out free chunk ``address``, already out of the free index (as
-        :meth:`FreeIndex.pop_best_fit` leaves it); with ``split`` the caller keeps the low
-        ``rounded`` bytes and the rest becomes a free chunk. Returns the size handed out.
-        O(1), plus O(log k + k) to index the rest of a split."""
-        self.in_use.add(address)
+        :meth:`FreeIndex.pop_best_fit` leaves it), to a caller who asked for ``requested``
+        bytes; with ``split`` the caller keeps the low ``rounded`` bytes and the rest becomes
+        a free chunk. Returns the size handed out. O(1), plus O(log k + k) to index the rest
+        of a split."""
+        chunk = self.record[address]
+        chunk[KEY] = 0
+        chunk[REQUESTED] = requested
         if not split or chunk_size == rounded:
             return chunk_size
-        rest = address + rounded
-        rest_size = chunk_size - rounded
-        next_of = self.next
-        after = next_of[address]
-        self.size[address] = rounded
-        self.size[rest] = rest_size
-        self.prev[rest] = address
-        next_of[rest] = after
-        next_of[address] = rest
-        if after != NONE:
-            self.prev[after] = rest
-        else:
-            self.tail[rest + rest_size] = rest
+        rest, rest_size = address + rounded, chunk_size - rounded
+        after = chunk[NEXT]
+        chunk[SIZE] = rounded
         # The chunk after a free chunk is never free (invariant), so no merge is needed here.
-        self._index_add(rest_size, rest)
+        self.record[rest] = chunk[NEXT] = after[PREV] = [
+            rest_size, chunk, after, rest_size << KEY_SHIFT | rest, rest, 0]
+        self.free_index.add(rest_size, rest)
         return rounded
 
-    # -- the hot path, written out ----------------------------------------------------
-    # :meth:`allocate` is FreeIndex.pop_best_fit then :meth:`hand_out`, and :meth:`give_back`
-    # is :meth:`give_back_general`, with the FreeIndex bin searches, insertions and deletions
-    # written inline (one Python call per malloc and per free instead of three to five; the
-    # bins, keys and bitmask exactly as FreeIndex keeps them). The same decisions and the same
-    # state: tests/test_chunk_fast_path.py holds each to its general composition on random
-    # workloads, after every step.
-    def allocate(self, rounded: int, max_slack: int) -> tuple[int, int] | None:
-        """Take the smallest free chunk ≥ ``rounded`` (lowest address on ties) out of the
-        index and hand it out, split when it is ≥ 2·``rounded`` or its slack is ≥
-        ``max_slack`` (BFC's ShouldSplitChunk; 0 splits always). Returns ``(address, size
-        handed out)`` or None when nothing fits. O(log k + k)."""
-        index = self.free_index
-        bins = index.bins
-        number = BIN[rounded.bit_length()]
-        keys = bins[number]
-        position = bisect_left(keys, rounded << KEY_SHIFT) if keys else 0
-        if position < len(keys):
-            key = keys.pop(position)
-        else:
-            above = index.nonempty >> (number + 1)
-            if not above:
-                return None
-            number += (above & -above).bit_length()
-            keys = bins[number]
-            key = keys.pop(0)
-        if not keys:
-            index.nonempty &= ~(1 << number)
-        address = key & ADDRESS_MASK
-        chunk_size = key >> KEY_SHIFT
-        self.in_use.add(address)
-        rest_size = chunk_size - rounded
-        if not rest_size or (chunk_size < 2 * rounded and rest_size < max_slack):
-            return address, chunk_size
-        # hand_out's split: the caller keeps the low end, the rest becomes a free chunk.
-        rest = address + rounded
-        size_of, next_of = self.size, self.next
-        after = next_of[address]
-        size_of[address] = rounded
-        size_of[rest] = rest_size
-        self.prev[rest] = address
-        next_of[rest] = after
-        next_of[address] = rest
-        if after != NONE:
-            self.prev[after] = rest
-        else:
-            self.tail[rest + rest_size] = rest
-        # FreeIndex.add(rest_size, rest)
-        number = BIN[rest_size.bit_length()]
-        keys = bins[number]
-        key = rest_size << KEY_SHIFT | rest
-        if not keys:
-            index.nonempty |= 1 << number
-            keys.append(key)
-        elif key > keys[-1]:
-            keys.append(key)
-        else:
-            insort(keys, key)
-        return address, rounded
-
-    def give_back(self, address: int) -> int:
-        """:meth:`give_back_general` with the free-index updates written out."""
-        in_use = self.in_use
-        in_use.remove(address)
-        size_of, next_of, prev_of = self.size, self.next, self.prev
-        index = self.free_index
-        bins = index.bins
-        freed = size_of[address]
-        size = freed
-        after = next_of[address]
-        if after != NONE and after not in in_use:
-            merged_size = size_of.pop(after)
-            # FreeIndex.remove(merged_size, after): the key is there (a free chunk).
-            number = BIN[merged_size.bit_length()]
-            keys = bins[number]
-            del keys[bisect_left(keys, merged_size << KEY_SHIFT | after)]
-            if not keys:
-                index.nonempty &= ~(1 << number)
-            size += merged_size
-            del prev_of[after]
-            after = next_of.pop(after)
-            next_of[address] = after
-            if after != NONE:
-                prev_of[after] = address
-        before = prev_of[address]
-        if before != NONE and before not in in_use:
-            before_size = size_of[before]
-            number = BIN[before_size.bit_length()]
-            keys = bins[number]
-            del keys[bisect_left(keys, before_size << KEY_SHIFT | before)]
-            if not keys:
-                index.nonempty &= ~(1 << number)
-            del size_of[address], prev_of[address], next_of[address]
-            address = before
-            size += before_size
-            next_of[address] = after
-            if after != NONE:
-                prev_of[after] = address
-        size_of[address] = size
-        if after == NONE:
-            self.tail[address + size] = address
-        number = BIN[size.bit_length()]
-        keys = bins[number]
-        key = size << KEY_SHIFT | address
-        if not keys:
-            index.nonempty |= 1 << number
-            keys.append(key)
-        elif key > keys[-1]:
-            keys.append(key)
-        else:
-            insort(keys, key)
-        return freed
-
-    # -- the general path ------------------------------------------------------------
     def give_back_general(self, address: int) -> int:
         """Free chunk ``address``: merge with the next chunk if free, then the previous one
         (BFC's order); returns the freed chunk's size before merging. O(1) link updates plus
         one FreeIndex remove per merged neighbour and one add, each O(log k + k)."""
-        in_use = self.in_use
-        in_use.remove(address)
-        size_of, next_of, prev_of = self.size, self.next, self.prev
-        freed = size_of[address]
-        size = freed
-        after = next_of[address]
-        if after != NONE and after not in in_use:
-            merged_size = size_of.pop(after)
-            self._index_remove(merged_size, after)
-            size += merged_size
-            del prev_of[after]
-            after = next_of.pop(after)
-            next_of[address] = after
-            if after != NONE:
-                prev_of[after] = address
-        before = prev_of[address]
-        if before != NONE and before not in in_use:
-            before_size = size_of[before]
-            self._index_remove(before_size, before)
-            del size_of[address], prev_of[address], next_of[address]
-            address = before
-            size += before_size
-            next_of[address] = after
-            if after != NONE:
-                prev_of[after] = address
-        size_of[address] = size
-        if after == NONE:
-            self.tail[address + size] = address
-        self._index_add(size, address)
+        record = self.record
+        chunk = record[address]
+        if chunk[KEY]:
+            raise KeyError(f"chunk {address:#x} is not in use")
+        freed = size = chunk[SIZE]
+        after = chunk[NEXT]
+        if after[KEY]:                                  # merge the next chunk into this one
+            self.free_index.remove(after[SIZE], after[ADDRESS])
+            del record[after[ADDRESS]]
+            size += after[SIZE]
+            after = after[NEXT]
+            chunk[NEXT] = after
+            after[PREV] = chunk
+        before = chunk[PREV]
+        if before[KEY]:                                 # merge this one into the previous
+            self.free_index.remove(before[SIZE], before[ADDRESS])
+            del record[address]
+            size += before[SIZE]
+            chunk, address = before, before[ADDRESS]
+            chunk[NEXT] = after
+            after[PREV] = chunk
+        chunk[SIZE] = size
+        chunk[KEY] = size << KEY_SHIFT | address
+        self.free_index.add(size, address)
         return freed
 
     # -- views -----------------------------------------------------------------------
@@ -492,36 +391,259 @@ class ChunkMap:
 
     def chunks(self) -> Iterator[tuple[int, int, bool]]:
         """Every chunk as ``(address, size, in_use)``, region by region in address order. O(n)."""
-        return walk_chunks(self.regions, self.size, self.next, self.in_use)
+        for base in sorted(self.regions):
+            ring = self.ring[base]
+            chunk = ring[NEXT]
+            while chunk is not ring:
+                yield chunk[ADDRESS], chunk[SIZE], not chunk[KEY]
+                chunk = chunk[NEXT]
 
     def region_chunks(self, base: int) -> Iterator[int]:
         """The chunk addresses of region ``base`` in address order. O(chunks of the region)."""
-        address = base
-        while address != NONE:
-            yield address
-            address = self.next[address]
+        ring = self.ring[base]
+        chunk = ring[NEXT]
+        while chunk is not ring:
+            yield chunk[ADDRESS]
+            chunk = chunk[NEXT]
+
+    def region_of(self, address: int) -> int | None:
+        """Base of the region holding ``address``, or None. O(regions)."""
+        for base, nbytes in self.regions.items():
+            if base <= address < base + nbytes:
+                return base
+        return None
 
     def check(self) -> None:
         """Assert the module docstring's invariants: the chunks tile their regions (links,
-        contiguity, no strays); ``tail`` names each region's last chunk; in-use chunks exist;
+        contiguity, no strays); each region's ring closes its circle (its PREV, the tail, is
+        the region's last chunk); every record sits at its own address; in-use chunks exist;
         no two neighbouring chunks are both free; the free index holds exactly the free chunks,
-        at their sizes, and is itself well formed. O(n log n)."""
+        at their sizes, each record's KEY being its key there, and is itself well formed.
+        O(n log n)."""
         self.free_index.check()
-        check_tiling(self.regions, self.size, self.prev, self.next)
-        require(len(self.tail) == len(self.regions), "ChunkMap: tail has an entry per region")
+        record = self.record
+        check_tiling(self.regions, {a: c[SIZE] for a, c in record.items()},
+                     {a: c[PREV][ADDRESS] for a, c in record.items()},
+                     {a: c[NEXT][ADDRESS] for a, c in record.items()})
+        require(self.ring.keys() == self.regions.keys(), "ChunkMap: a ring per region")
         for base, nbytes in self.regions.items():
-            last = self.tail.get(base + nbytes)
-            if last is None or self.next.get(last) != NONE:
-                fail(f"ChunkMap: tail of region {base:#x} is not its last chunk")
-        strays = self.in_use - self.size.keys()
-        require(not strays, f"ChunkMap: {len(strays)} in-use chunks are in no region")
-        for address, after in self.next.items():
-            if after != NONE and address not in self.in_use and after not in self.in_use:
-                fail(f"ChunkMap: neighbouring free chunks {address:#x} and {after:#x} not merged")
-        free = sorted((self.size[a], a) for a in self.size if a not in self.in_use)
+            ring = self.ring[base]
+            last = ring[PREV]
+            if (last[NEXT] is not ring or last[ADDRESS] + last[SIZE] != base + nbytes
+                    or ring[NEXT] is not record[base]):
+                fail(f"ChunkMap: tail of region {base:#x} is not its last chunk (its ring is "
+                     "broken)")
+            require(ring[SIZE] == 0 and ring[KEY] == 0 and ring[ADDRESS] == NONE,
+                    f"ChunkMap: region {base:#x}'s ring is not a sentinel")
+        for address, chunk in record.items():
+            if chunk[ADDRESS] != address:
+                fail(f"ChunkMap: the record at {address:#x} says it is at {chunk[ADDRESS]:#x}")
+        require(not self.strays, f"ChunkMap: {len(self.strays)} in-use chunks are in no region")
+        for address, chunk in record.items():
+            after = chunk[NEXT]
+            if chunk[KEY] and after[KEY]:
+                fail(f"ChunkMap: neighbouring free chunks {address:#x} and {after[ADDRESS]:#x} "
+                     "not merged")
+        free = sorted((c[SIZE], a) for a, c in record.items() if c[KEY])
         indexed = sorted(self.free_index.keys())
         if free != indexed:
             missing = sorted(set(free) - set(indexed))[:3]
             extra = sorted(set(indexed) - set(free))[:3]
             fail(f"ChunkMap: the free index is not the free chunks (free but not indexed: "
                  f"{missing}; indexed but not free: {extra})")
+        for address, chunk in record.items():
+            if chunk[KEY] and chunk[KEY] != chunk[SIZE] << KEY_SHIFT | address:
+                fail(f"ChunkMap: free chunk {address:#x}'s KEY is not its free-index key")
+
+
+class ChunkPolicy(Policy):
+    """What BFC, preallocate and best-fit share: one :class:`ChunkMap`; malloc rounds the
+    request up to ``alignment``, takes the smallest free chunk that fits (lowest address on
+    ties) and splits it when it is ≥ 2·rounded or its slack ≥ ``max_slack`` (BFC's
+    ShouldSplitChunk; 0 splits always), else makes room (:meth:`_make_room`, the subclass's
+    growth rule) and searches again; free coalesces with free neighbours at once.
+
+    Two paths, the same decisions and the same state. The general one, :meth:`malloc` and
+    :meth:`free_general`, takes one step at a time through ChunkMap's and FreeIndex's own
+    methods (and through the seams min-capacity's region watch wraps: ``_pop_best_fit`` and the
+    subclass's growth). The hot one, :meth:`_malloc_fast` (bound in place of malloc on the
+    instance, where the alignment is a power of two and the subclass keeps the class's
+    malloc) and :meth:`free`, writes those steps out in one body each over the chunk records
+    (slots above) and FreeIndex's bins, keys and bitmask: one Python call per malloc and per
+    free, no dict entry written but the record of a split's rest. tests/test_chunk_fast_path.py
+    holds the two paths together after every step of random workloads, and
+    tests/test_fast_paths.py both to results recorded before they were split.
+
+    Costs (k = free chunks in the FreeIndex bin touched): malloc O(log k) bisection + an O(1)
+    jump between bins, + O(log k + k) to index a split's rest; free O(1) link updates plus one
+    O(log k + k) index update per merged neighbour and one for the freed chunk."""
+
+    def __init__(self, device: DeviceMemory, alignment: int, max_slack: int) -> None:
+        super().__init__(device)
+        self.alignment = alignment
+        self.max_slack = max_slack
+        self.chunks = ChunkMap()
+        self.peak_bytes_in_use = 0
+        # Bound once. The general path's seams (min-capacity's region watch replaces them on
+        # the instance and drops the instance's malloc, so that the general one runs):
+        self._pop_best_fit = self.chunks.free_index.pop_best_fit
+        self._hand_out = self.chunks.hand_out
+        # The hot path's structures, and its rounding (alignment a power of two).
+        self._record = self.chunks.record
+        self._index = self.chunks.free_index
+        self._bins = self._index.bins
+        self._round_add, self._round_mask = alignment - 1, -alignment
+        if type(self).malloc is ChunkPolicy.malloc and alignment > 0 == alignment & (alignment - 1):
+            self.malloc = self._malloc_fast             # type: ignore[method-assign]
+
+    def _make_room(self, rounded: int) -> bool:
+        """Grow so that a free chunk of ``rounded`` bytes exists; False when it cannot."""
+        raise NotImplementedError
+
+    @property
+    def requested(self) -> MutableMapping[int, int]:
+        """Address in use → the bytes its caller asked for (each chunk's record keeps it, as
+        BFC's Chunk keeps requested_size)."""
+        return self.chunks.requested
+
+    # -- the general path ------------------------------------------------------------
+    def malloc(self, size: int, stream: int = 0) -> int | None:
+        if size <= 0:
+            return None
+        rounded = -(-size // self.alignment) * self.alignment
+        found = self._pop_best_fit(rounded)
+        if found is None and self._make_room(rounded):
+            found = self._pop_best_fit(rounded)
+        if found is None:
+            self.num_ooms += 1
+            return None
+        address, chunk_size = found
+        split = chunk_size >= 2 * rounded or chunk_size - rounded >= self.max_slack
+        in_use = self.bytes_in_use + self._hand_out(address, chunk_size, rounded, split, size)
+        self.bytes_in_use = in_use
+        if in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = in_use
+        self.num_allocs += 1
+        return address
+
+    def free_general(self, address: int) -> None:
+        """:meth:`free` through ChunkMap.give_back_general."""
+        self.bytes_in_use -= self.chunks.give_back_general(address)
+        self.num_frees += 1
+
+    # -- the hot path, written out ----------------------------------------------------
+    def _malloc_fast(self, size: int, stream: int = 0) -> int | None:
+        """:meth:`malloc`: FreeIndex.pop_best_fit, the split rule and ChunkMap.hand_out
+        written out (invariants: the module docstring's, and the record slots')."""
+        if size <= 0:
+            return None
+        rounded = (size + self._round_add) & self._round_mask
+        index = self._index
+        bins = self._bins
+        # FreeIndex.pop_best_fit: in bin(rounded), the first key ≥ (rounded, 0); else the first
+        # key of the next non-empty bin above it (the bitmask's lowest set bit above).
+        number = BIN[rounded.bit_length()]
+        keys = bins[number]
+        position = bisect_left(keys, rounded << KEY_SHIFT) if keys else 0
+        if position < len(keys):
+            key = keys.pop(position)
+        else:
+            above = index.nonempty >> (number + 1)
+            if not above:
+                if self._make_room(rounded):
+                    return self._malloc_fast(size, stream)      # found at once now
+                self.num_ooms += 1
+                return None
+            number += (above & -above).bit_length()
+            keys = bins[number]
+            key = keys.pop(0)
+        if not keys:
+            index.nonempty &= ~(1 << number)
+        # ChunkMap.hand_out: in use (KEY 0), with its request; split off the rest if the rule
+        # says so — the caller keeps the low end, the rest becomes a free chunk (the chunk
+        # after a free one is never free: no merge).
+        address = key & ADDRESS_MASK
+        chunk = self._record[address]
+        chunk[KEY] = 0
+        chunk[REQUESTED] = size
+        handed = chunk[SIZE]
+        rest_size = handed - rounded
+        if rest_size and (handed >= 2 * rounded or rest_size >= self.max_slack):
+            rest = address + rounded
+            after = chunk[NEXT]
+            chunk[SIZE] = handed = rounded
+            key = rest_size << KEY_SHIFT | rest
+            self._record[rest] = chunk[NEXT] = after[PREV] = [
+                rest_size, chunk, after, key, rest, 0]
+            # FreeIndex.add(rest_size, rest)
+            number = BIN[rest_size.bit_length()]
+            keys = bins[number]
+            if not keys:
+                index.nonempty |= 1 << number
+                keys.append(key)
+            elif key > keys[-1]:
+                keys.append(key)
+            else:
+                insort(keys, key)
+        in_use = self.bytes_in_use + handed
+        self.bytes_in_use = in_use
+        if in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = in_use
+        self.num_allocs += 1
+        return address
+
+    def free(self, address: int) -> None:
+        """:meth:`free_general`: ChunkMap.give_back_general written out, each free
+        neighbour's key read from its record rather than rebuilt."""
+        record = self._record
+        chunk = record[address]
+        freed, before, after, key, _, _ = chunk
+        if key:
+            raise KeyError(f"chunk {address:#x} is not in use")
+        index = self._index
+        bins = self._bins
+        size = freed
+        key = after[KEY]
+        if key:                                         # merge the next chunk into this one
+            merged = after[SIZE]
+            # FreeIndex.remove(merged, after's address): its key is there (a free chunk).
+            number = BIN[merged.bit_length()]
+            keys = bins[number]
+            del keys[bisect_left(keys, key)]
+            if not keys:
+                index.nonempty &= ~(1 << number)
+            del record[after[ADDRESS]]
+            size += merged
+            after = chunk[NEXT] = after[NEXT]
+            after[PREV] = chunk
+        key = before[KEY]
+        if key:                                         # merge this one into the previous
+            merged = before[SIZE]
+            number = BIN[merged.bit_length()]
+            keys = bins[number]
+            del keys[bisect_left(keys, key)]
+            if not keys:
+                index.nonempty &= ~(1 << number)
+            del record[address]
+            size += merged
+            chunk, address = before, before[ADDRESS]
+            chunk[NEXT] = after
+            after[PREV] = chunk
+        chunk[SIZE] = size
+        # FreeIndex.add(size, address)
+        number = BIN[size.bit_length()]
+        keys = bins[number]
+        chunk[KEY] = key = size << KEY_SHIFT | address
+        if not keys:
+            index.nonempty |= 1 << number
+            keys.append(key)
+        elif key > keys[-1]:
+            keys.append(key)
+        else:
+            insort(keys, key)
+        self.bytes_in_use -= freed
+        self.num_frees += 1
+
+    # -- views -----------------------------------------------------------------------
+    def blocks(self) -> Iterator[tuple[int, int, bool]]:
+        return self.chunks.chunks()

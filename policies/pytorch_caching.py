@@ -87,8 +87,9 @@ pytorch_settings (configuration and size rules, functions) → pytorch_blocks (t
 free lists, check()) → pytorch_expandable (expandable segments) → pytorch_oom (the miss path
 and release steps) → pytorch_snapshot (seed, segments, memory_stats) → this module (the
 parameters, malloc and free — the hot path: the general malloc/free for every setting, and
-_malloc_default/_free_default for PyTorch's defaults without memory_stats()'s counters, held to
-the general pair on random workloads by tests/test_fast_path_equivalence.py). Costs: malloc
+_malloc_default/_free_default for PyTorch's defaults without memory_stats()'s counters, and
+_malloc_expandable/_free_expandable for the same with expandable segments, each pair held to the
+general pair on random workloads by tests/test_fast_path_equivalence.py). Costs: malloc
 is an O(log k) bisection in the (stream, pool) free list plus O(k) list deletion and, for a
 split, insertion (k = free blocks of that pool); free is O(1) link updates plus one
 O(log k + k) update per merged neighbour and one for the joined block; a miss adds the steps in
@@ -163,9 +164,10 @@ class PyTorchCachingAllocator(Snapshots):
             if K_SMALL_BUFFER % granularity or K_LARGE_BUFFER % granularity:
                 raise ValueError(f"expandable segments map 2 and 20 MiB pages; this device maps in "
                                  f"multiples of {granularity} bytes")
-        # PyTorch's defaults: the hot path specialised for them can run (keep_memory_stats).
-        self._default_settings = (not self.expandable and self._divisions is None
-                                  and not self._gc_on and self.max_split_size == NO_LIMIT)
+        # PyTorch's defaults, with or without expandable segments: the hot path specialised
+        # for them can run (keep_memory_stats).
+        self._default_settings = (self._divisions is None and not self._gc_on
+                                  and self.max_split_size == NO_LIMIT)
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(
         __init__,
@@ -192,10 +194,11 @@ class PyTorchCachingAllocator(Snapshots):
 
         With ``False`` the allocator may leave out the counters only that report reads
         (MEMORY_STATS_ONLY in pytorch_blocks.py: inactive splits, requested-bytes totals and
-        peak, allocated total, peak allocation count): with PyTorch's default settings it then
-        runs the specialised hot path, memory_stats() raises RuntimeError and a read of one of
-        those counters AttributeError — never a stale number. stats(), bytes_in_use,
-        segments(), blocks(), seed() and check() stay exact. With other settings the general
+        peak, allocated total, peak allocation count): with PyTorch's default settings
+        (expandable segments or not) it then runs the specialised hot path, memory_stats()
+        raises RuntimeError and a read of one of those counters AttributeError — never a
+        stale number. stats(), bytes_in_use, segments(), blocks(), seed() and check() stay
+        exact. With other settings the general
         path runs and keeps them anyway (``memory_stats_kept`` says which). The replay engine
         says ``False`` (sim/kernel/engine.py, ProcessReplay's ``memory_stats``). Only before
         the first malloc or seed(): a peak missed cannot be recounted later."""
@@ -208,6 +211,9 @@ class PyTorchCachingAllocator(Snapshots):
         self._keep_memory_stats_only(keep)
         if keep:
             del self.malloc, self.free              # the class's general path again
+        elif self.expandable:
+            self.malloc = self._malloc_expandable   # type: ignore[method-assign]
+            self.free = self._free_expandable       # type: ignore[method-assign]
         else:
             self.malloc = self._malloc_default      # type: ignore[method-assign]
             self.free = self._free_default          # type: ignore[method-assign]
@@ -479,6 +485,112 @@ class PyTorchCachingAllocator(Snapshots):
             total += before_size
         after = next_of[block]
         if after and after not in req:
+            after_size = size_of.pop(after)
+            del keys[bisect_left(keys, after_size << SHIFT | after)]
+            beyond = next_of.pop(after)
+            del prev_of[after], home[after]
+            next_of[block] = beyond
+            if beyond:
+                prev_of[beyond] = block
+            total += after_size
+        size_of[block] = total
+        insort(keys, total << SHIFT | block)
+
+    # -- the hot path, specialised for the defaults with expandable segments ---------------
+    # :meth:`_malloc_default` and :meth:`_free_default` with ``expandable_segments=true``:
+    # malloc's search goes on from the first fitting block to bigger ones while their size plus
+    # the unmapped space right behind them is smaller (get_free_block's expandable walk,
+    # ExpandableSegments._expandable_best_fit written out), a block splits when ≥ 512 bytes
+    # remain, whatever its pool (should_split), and free merges only with equally mapped
+    # neighbours (an unmapped block is in no free list and never joins a mapped one). No
+    # inactive-split counters (expandable segments keep none). Bound by keep_memory_stats(False)
+    # under those settings; held to malloc/free by tests/test_fast_path_equivalence.py.
+    def _malloc_expandable(self, size: int, stream: int = 0) -> int | None:
+        if size <= 0:
+            return None
+        rounded = 512 if size < 512 else (size + 511) & -512
+        small = rounded <= K_SMALL_SIZE
+        pool_key = stream << 1 | small
+        free_lists = self._free
+        keys = free_lists.get(pool_key)
+        if keys is None:
+            keys = free_lists[pool_key] = []
+        size_of, next_of = self._size, self._next
+        position = bisect_left(keys, rounded << SHIFT)
+        if position < len(keys):
+            # get_free_block's expandable walk: a block's expandable size is its own plus the
+            # unmapped block right behind it; move on while the next block's is smaller.
+            unmapped = self._unmapped
+            block = keys[position] & MASK
+            after = next_of[block]
+            current = size_of[block] + (size_of[after] if after in unmapped else 0)
+            last = len(keys) - 1
+            while position < last:
+                block = keys[position + 1] & MASK
+                after = next_of[block]
+                following = size_of[block] + (size_of[after] if after in unmapped else 0)
+                if following >= current:
+                    break
+                position += 1
+                current = following
+            key = keys.pop(position)
+            block = key & MASK
+            block_size = key >> SHIFT
+        else:
+            found = self._malloc_miss(rounded, small, stream, pool_key)
+            if found is None:
+                return None
+            block, block_size = found
+        # should_split (expandable: ≥ 512 bytes remain), then alloc_found_block.
+        remaining = block_size - rounded
+        if remaining >= K_MIN_BLOCK_SIZE:
+            prev_of = self._prev
+            rest = block + rounded
+            after = next_of[block]
+            size_of[block] = rounded
+            size_of[rest] = remaining
+            prev_of[rest] = block
+            next_of[rest] = after
+            next_of[block] = rest
+            if after:
+                prev_of[after] = rest
+            self._home[rest] = pool_key
+            insort(keys, remaining << SHIFT | rest)
+            block_size = rounded
+        self._req[block] = size
+        in_use = self.bytes_in_use + block_size
+        self.bytes_in_use = in_use
+        if in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = in_use
+        self.requested += size
+        self.num_allocs += 1
+        return block
+
+    def _free_expandable(self, address: int) -> None:
+        req, unmapped = self._req, self._unmapped
+        size_of, prev_of, next_of, home = self._size, self._prev, self._next, self._home
+        size = size_of[address]
+        self.bytes_in_use -= size
+        self.requested -= req.pop(address)
+        self.num_frees += 1
+        keys = self._free[home[address]]
+        # free_block: try_merge_blocks with the previous block, then with the next one, each
+        # only when free and mapped.
+        block = address
+        total = size
+        before = prev_of[address]
+        if before and before not in req and before not in unmapped:
+            before_size = size_of[before]
+            del keys[bisect_left(keys, before_size << SHIFT | before)]
+            after = next_of.pop(address)
+            del size_of[address], prev_of[address], home[address]
+            next_of[before] = after
+            if after:
+                prev_of[after] = before
+            block = before
+            total += before_size
+        after = next_of[block]
+        if after and after not in req and after not in unmapped:
             after_size = size_of.pop(after)
             del keys[bisect_left(keys, after_size << SHIFT | after)]
             beyond = next_of.pop(after)

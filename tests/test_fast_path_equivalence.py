@@ -42,24 +42,25 @@ def fast_bfc(device: Any, **params: Any) -> BFCAllocator:
 
 def general_bfc(device: Any, **params: Any) -> BFCAllocator:
     """The class's general malloc: best-fit pop, the split rule, hand-out (what min-capacity's
-    region watch runs)."""
+    region watch runs); and the general free (ChunkMap.give_back_general)."""
     policy = BFCAllocator(device, **params)
     del policy.malloc
+    policy.free = policy.free_general               # type: ignore[method-assign]
     return policy
 
 
-def fast_pytorch(device: Any) -> PyTorchCachingAllocator:
+def fast_pytorch(device: Any, **params: Any) -> PyTorchCachingAllocator:
     """PyTorch's defaults as the replay engine runs them: memory_stats() said not to be read,
     so the specialised methods are bound on the instance."""
-    policy = PyTorchCachingAllocator(device)
+    policy = PyTorchCachingAllocator(device, **params)
     policy.keep_memory_stats(False)
     assert "malloc" in vars(policy) and not policy.memory_stats_kept
     return policy
 
 
-def general_pytorch(device: Any) -> PyTorchCachingAllocator:
+def general_pytorch(device: Any, **params: Any) -> PyTorchCachingAllocator:
     """The same settings with every counter kept: the class's general malloc and free."""
-    policy = PyTorchCachingAllocator(device)
+    policy = PyTorchCachingAllocator(device, **params)
     assert "malloc" not in vars(policy) and policy.memory_stats_kept
     return policy
 
@@ -106,6 +107,36 @@ def test_pytorchs_default_hot_path_is_its_general_path(actions: Any) -> None:
     fast_view, slow_view = views()
     replay_both(fast_pytorch(fast_view), general_pytorch(slow_view), fast_view, slow_view,
                 actions, same_pytorch_state)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(actions=workload_actions())
+def test_pytorchs_expandable_segments_hot_path_is_its_general_path(actions: Any) -> None:
+    """Also across empty_cache() every 16 steps: its unmapped pages must not join mapped free
+    blocks on either path."""
+    fast_view, slow_view = views()
+    fast = fast_pytorch(fast_view, expandable_segments=True)
+    slow = general_pytorch(slow_view, expandable_segments=True)
+    assert vars(fast)["malloc"] == fast._malloc_expandable
+    live: list[tuple[int, int]] = []
+    for step, (is_alloc, size, pick) in enumerate(actions):
+        if is_alloc or not live:
+            a, b = fast.malloc(size, 0), slow.malloc(size, 0)
+            assert a == b
+            if a is not None:
+                live.append((a, b))
+        else:
+            a, b = live.pop(pick % len(live))
+            fast.free(a)
+            slow.free(b)
+        if step % 16 == 15:
+            fast.empty_cache()
+            slow.empty_cache()
+        assert fast.stats() == slow.stats()
+        assert (fast_view.reserved, fast_view.calls) == (slow_view.reserved, slow_view.calls)
+        same_pytorch_state(fast, slow)
+        fast.check()
+        slow.check()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -103,7 +103,7 @@ def test_asking_again_before_any_malloc_restores_the_general_path() -> None:
 
 
 @pytest.mark.parametrize("params", [
-    {"expandable_segments": True}, {"max_split_size_mb": 64}, {"roundup_power2_divisions": 4},
+    {"max_split_size_mb": 64}, {"roundup_power2_divisions": 4},
     {"garbage_collection_threshold": 0.6, "per_process_memory_fraction": 0.5}])
 def test_settings_off_the_default_hot_path_keep_everything_anyway(params) -> None:
     policy, _ = fresh(**params)
@@ -112,6 +112,19 @@ def test_settings_off_the_default_hot_path_keep_everything_anyway(params) -> Non
     workload(policy)
     policy.check()
     assert policy.memory_stats()["allocation.all.peak"] > 0
+
+
+def test_expandable_segments_have_a_hot_path_of_their_own() -> None:
+    """Expandable segments with the other settings at their defaults take their own fast pair
+    when memory_stats() will not be read (held to the general pair by
+    tests/test_fast_path_equivalence.py), and refuse memory_stats() then."""
+    policy, _ = fresh(expandable_segments=True)
+    policy.keep_memory_stats(False)
+    assert not policy.memory_stats_kept and "malloc" in vars(policy)
+    workload(policy)
+    policy.check()
+    with pytest.raises(RuntimeError, match="not kept"):
+        policy.memory_stats()
 
 
 def test_seed_works_with_the_counters_not_kept() -> None:
