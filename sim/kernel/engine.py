@@ -56,7 +56,8 @@ class ProcessReplay:
     Costs: :meth:`advance` is O(events) engine work — per event at most one policy call,
     O(1) dict and counter updates, a sample every ``n // TIMELINE_POINTS`` events — plus
     whatever the policy's ``malloc``/``free`` cost, and O(1) amortised per device call
-    (typed-array appends); traces are converted to lists :data:`CHUNK_EVENTS` at a time.
+    (list appends, packed between chunks); traces are converted to lists
+    :data:`CHUNK_EVENTS` at a time.
     :meth:`result` is O(events) numpy work (the timeline).
 
     Memory (issue 17.4): besides the trace's columns as held (packed, see
@@ -103,7 +104,7 @@ class ProcessReplay:
         self.ooms = 0
         self.first_oom: FirstOOM | None = None
         # Device calls as (event index, reserved after, cumulative cost): the reserved timeline.
-        # Appended through typed arrays' own appends (on-demand makes a call per event) and
+        # Appended through plain lists' appends (on-demand makes a call per event) and
         # packed between chunks; np.asarray(self.call_events) etc. give every entry.
         self.call_log = CallLog()
         self.call_events = self.call_log.events
