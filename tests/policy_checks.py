@@ -8,6 +8,7 @@ after every malloc and free it makes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -115,6 +116,25 @@ def workload_actions():
                       st.integers(1 << 20, 24 << 20))
     return st.lists(st.tuples(st.booleans(), sizes, st.integers(0, 10**6)),
                     min_size=1, max_size=120)
+
+
+def play_both(fast: Any, slow: Any, actions: Any) -> Iterator[int]:
+    """Play ``actions`` ((is_alloc, size, pick) triples, as :func:`workload_actions` draws
+    them) on two allocators that must decide alike — a fast path and its general path —
+    asserting after every malloc that they handed out the same address; yields each step's
+    index after it ran, for the caller's comparison of the two states."""
+    live: list[tuple[int, int]] = []
+    for step, (is_alloc, size, pick) in enumerate(actions):
+        if is_alloc or not live:
+            a, b = fast.malloc(size, 0), slow.malloc(size, 0)
+            assert a == b
+            if a is not None:
+                live.append((a, b))
+        else:
+            a, b = live.pop(pick % len(live))
+            fast.free(a)
+            slow.free(b)
+        yield step
 
 
 def play(referee: Referee, actions) -> None:

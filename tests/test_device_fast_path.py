@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from policy_checks import small_device, workload_actions
+from policy_checks import play_both, small_device, workload_actions
 
 from allocsim.policies import parse_policy
 from allocsim.sim.kernel.device import SimulatedDevice
@@ -41,17 +41,7 @@ def test_the_written_out_device_calls_are_the_general_ones(spec: str, actions: A
     assert fast_view._fast and not slow_view._fast
     policy = parse_policy(spec)
     fast, slow = policy.build(fast_view), policy.build(slow_view)
-    live: list[tuple[int, int]] = []
-    for is_alloc, size, pick in actions:
-        if is_alloc or not live:
-            a, b = fast.malloc(size, 0), slow.malloc(size, 0)
-            assert a == b
-            if a is not None:
-                live.append((a, b))
-        else:
-            a, b = live.pop(pick % len(live))
-            fast.free(a)
-            slow.free(b)
+    for _ in play_both(fast, slow, actions):
         assert device_state(fast_view) == device_state(slow_view)
     assert slow_view.calls == len(slow_view.log)
     fast.check()

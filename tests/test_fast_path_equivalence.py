@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
-from policy_checks import small_device, workload_actions
+from policy_checks import play_both, small_device, workload_actions
 
 from allocsim.policies.bfc import BFCAllocator
 from allocsim.policies.cuda_async import SHARED, CudaAsyncAllocator
@@ -67,17 +67,7 @@ def general_pytorch(device: Any, **params: Any) -> PyTorchCachingAllocator:
 
 def replay_both(fast: Any, slow: Any, fast_view: Any, slow_view: Any, actions: Any,
                 same_state: Any = None) -> None:
-    live: list[tuple[int, int]] = []
-    for is_alloc, size, pick in actions:
-        if is_alloc or not live:
-            a, b = fast.malloc(size, 0), slow.malloc(size, 0)
-            assert a == b
-            if a is not None:
-                live.append((a, b))
-        else:
-            a, b = live.pop(pick % len(live))
-            fast.free(a)
-            slow.free(b)
+    for _ in play_both(fast, slow, actions):
         assert fast.stats() == slow.stats()
         assert (fast_view.reserved, fast_view.calls) == (slow_view.reserved, slow_view.calls)
         if same_state is not None:
@@ -118,17 +108,7 @@ def test_pytorchs_expandable_segments_hot_path_is_its_general_path(actions: Any)
     fast = fast_pytorch(fast_view, expandable_segments=True)
     slow = general_pytorch(slow_view, expandable_segments=True)
     assert vars(fast)["malloc"] == fast._malloc_expandable
-    live: list[tuple[int, int]] = []
-    for step, (is_alloc, size, pick) in enumerate(actions):
-        if is_alloc or not live:
-            a, b = fast.malloc(size, 0), slow.malloc(size, 0)
-            assert a == b
-            if a is not None:
-                live.append((a, b))
-        else:
-            a, b = live.pop(pick % len(live))
-            fast.free(a)
-            slow.free(b)
+    for step in play_both(fast, slow, actions):
         if step % 16 == 15:
             fast.empty_cache()
             slow.empty_cache()
