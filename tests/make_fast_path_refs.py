@@ -19,6 +19,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from reference_files import write_or_check
+
 from allocsim.sim.kernel.device import resolve_device
 from allocsim.sim.kernel.engine import replay
 from allocsim.traces import synth
@@ -83,16 +85,7 @@ def record() -> dict[str, dict[str, str]]:
 
 
 def main(argv: list[str]) -> int:
-    refs = record()
-    if "--check" in argv:
-        old = json.loads(REFS.read_text())
-        bad = [key for key in old if old[key] != refs.get(key)]
-        for key in bad:
-            print("differs:", key)
-        return 1 if bad else 0
-    REFS.write_text(json.dumps(refs, indent=0, sort_keys=True) + "\n")
-    print(f"{len(refs)} cases → {REFS}")
-    return 0
+    return write_or_check(record(), REFS, argv)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from reference_files import write_or_check
 
 from allocsim.policies import parse_policy
 from allocsim.sim.kernel.device import SimulatedDevice, resolve_device
@@ -128,16 +129,7 @@ def record() -> dict[str, object]:
 
 
 def main(argv: list[str]) -> int:
-    refs = record()
-    if "--check" in argv:
-        old = json.loads(REFS.read_text())
-        bad = [name for name in old if old[name] != refs.get(name)]
-        for name in bad:
-            print("differs:", name)
-        return 1 if bad else 0
-    REFS.write_text(json.dumps(refs, indent=0, sort_keys=True) + "\n")
-    print(f"{len(refs)} cases → {REFS}")
-    return 0
+    return write_or_check(record(), REFS, argv)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,13 @@ import random
 from pathlib import Path
 
 import pytest
+from reference_best_fit import ReferenceBestFit
 
 from allocsim.policies.best_fit import BestFitAllocator
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 from allocsim.traces import formats
 from allocsim.traces.formats.malloclab import read_malloclab
 from allocsim.traces.model import OP_ALLOC, Trace
-from tests.reference_best_fit import ReferenceBestFit
 
 GRAIN = 16
 
