@@ -15,17 +15,27 @@ Executors and how traces travel
   cells are retried one at a time, and a cell that kills its worker while running alone
   records the error.
 - **dask://HOST:PORT** (``tcp://`` works too, or pass a ``distributed.Client``): an existing
-  Dask cluster through its concurrent.futures executor. Workers need allocsim installed but
-  not the trace files: the coordinator reads each file's bytes once and ``scatter``\\s them, one
-  task per trace decodes them (or runs the generator, for ``synth:``) on a worker, and every
-  cell of that trace takes that task's future as its argument — Dask ships the decoded trace
-  to each worker that needs it once and keeps it there while cells use it; the coordinator
-  drops its futures when the trace's last cell is done, so cluster memory holds only the
-  traces in flight. Each trace is thus decoded once per sweep (counted per worker process by
-  :func:`~allocsim.sim.sweeps.cell.loads_in_this_process`; the tests check the sum). The
-  simulator is pure Python and holds the GIL, so start workers with one thread each
-  (``dask worker ADDRESS --nworkers N --nthreads 1``): the threads of one worker process take
-  turns, they do not add speed.
+  Dask cluster. Workers need allocsim installed but not the trace files: the coordinator
+  reads each file's bytes once and ``scatter``\\s them. The cells of a trace run as one *batch*,
+  a single task (:func:`~allocsim.sim.sweeps.cell.run_cells`) that decodes the bytes (or runs
+  the generator, for ``synth:``) on the worker holding them and replays every cell there: one
+  task per trace instead of one per cell plus one per trace, and no decoded trace moved
+  between workers (scheduler, client and worker event loops cost CPU per task). Batches are
+  capped so a sweep makes at least :data:`BATCHES_PER_THREAD` per worker thread; a trace
+  with more cells than a batch holds is split: one task decodes it and its batches take its
+  future (Dask ships the decoded trace to each worker that needs it once). Each trace is thus
+  decoded once per sweep (counted per worker process by
+  :func:`~allocsim.sim.sweeps.cell.loads_in_this_process`; the tests check the sum). Each cell
+  still gets its own :class:`~concurrent.futures.Future`, resolved from its batch's records,
+  so the sweep loop sees cells as before: a cell's error is its own record; a batch whose task
+  fails (a worker died) is retried one cell per task, so only the culprit records the error;
+  cancelling every cell handed out of a batch cancels its task. The coordinator drops a
+  trace's futures when its last cell is done, so cluster memory holds only the traces in
+  flight. The simulator is pure Python and holds the GIL, so start workers with one thread
+  each (``dask worker ADDRESS --nworkers N --nthreads 1``): the threads of one worker process
+  take turns, they do not add speed. (Dask's nanny starts workers with
+  ``MALLOC_TRIM_THRESHOLD_=65536``, which costs replays ~5% CPU; a batch relaxes glibc's
+  thresholds while it runs: :func:`~allocsim.sim.sweeps.cell.roomy_malloc`.)
 - any other :class:`concurrent.futures.Executor` object: like local (per-process cache).
 
 Local workers end with their parent
@@ -47,6 +57,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import os
 import signal
 import sys
@@ -59,7 +70,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-from allocsim.sim.sweeps.cell import Failed, describe_error, materialise, ping, run_cell
+from allocsim.sim.sweeps.cell import Failed, describe_error, materialise, ping, run_cell, run_cells
 from allocsim.sim.sweeps.grid import Cell, SweepError, TraceSource
 
 __all__ = ["FileIdentity", "Runner", "make_runner", "usable_cores"]
@@ -67,6 +78,7 @@ __all__ = ["FileIdentity", "Runner", "make_runner", "usable_cores"]
 FileIdentity = tuple[int, int, int]   # (fd, st_dev, st_ino) of a descriptor workers must close
 PR_SET_PDEATHSIG = 1                  # <linux/prctl.h>
 PARENT_POLL_S = 0.5                   # the watchdog's period where prctl is not available
+BATCHES_PER_THREAD = 4                # Dask: cells are batched, at least this many per thread
 
 
 def usable_cores() -> int:
@@ -246,22 +258,57 @@ class PoolRunner(Runner):
             self.executor.shutdown(wait=True)
 
 
+class _Batch:
+    """Cells of one trace run as one Dask task; each cell has its own concurrent Future."""
+
+    def __init__(self, cells: Sequence[Cell]) -> None:
+        self.cells = list(cells)
+        self.futures: list[Future[dict[str, Any]]] = [Future() for _ in self.cells]
+        self.handed: set[int] = set()     # indexes of the futures given to the sweep loop
+        self.task: Any = None             # the Dask future, while it runs
+
+
+def _resolve(future: Future[dict[str, Any]], record: dict[str, Any] | None = None,
+             error: BaseException | None = None) -> None:
+    """Give a cell's future its record (or error), unless the sweep loop cancelled it."""
+    try:
+        if not future.set_running_or_notify_cancel():
+            return
+    except RuntimeError:      # already resolved: nothing to do
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(record)  # type: ignore[arg-type]
+
+
 class DaskRunner(Runner):
-    """A Dask cluster: traces scattered (files) or generated (synth) once, cells take futures."""
+    """A Dask cluster: the cells of a trace run together, in one task per batch."""
 
     def __init__(self, client: Any, owned: bool, cells: Sequence[Cell]) -> None:
         self.client = client
         self.owned = owned
-        self.executor = client.get_executor(pure=False)
         info = client.scheduler_info()
         workers = info.get("workers", {})
         threads = sum(w.get("nthreads", 1) for w in workers.values()) or 1
-        per_trace = collections.Counter(cell.trace.key for cell in cells)
-        # Enough cells in flight to keep every thread busy even though Dask runs a trace's
-        # cells near the worker holding it; plus one trace's worth so the next one is loading.
-        self.slots = 2 * threads + max(per_trace.values(), default=1)
-        self.remaining = per_trace
-        self.traces: dict[str, Any] = {}
+        per_trace: dict[str, list[Cell]] = {}
+        for cell in cells:
+            per_trace.setdefault(cell.trace.key, []).append(cell)
+        # Batches small enough that every thread gets several (the last ones balance the
+        # load), and never larger than a trace's cells: most traces are one batch, one task
+        # that decodes the trace where it runs.
+        size = max(1, -(-len(cells) // (BATCHES_PER_THREAD * threads)))
+        self.batches: dict[str, list[_Batch]] = {
+            key: [_Batch(group[i:i + size]) for i in range(0, len(group), size)]
+            for key, group in per_trace.items()}
+        self.waiting: dict[str, tuple[_Batch, int]] = {}   # cell key -> its submitted batch
+        # Enough cells in flight for a batch per thread and one more queued behind them.
+        largest = max((len(b.cells) for bs in self.batches.values() for b in bs), default=1)
+        self.slots = (threads + 1) * largest
+        self.remaining = collections.Counter({k: len(v) for k, v in per_trace.items()})
+        self.payloads: dict[str, Any] = {}   # trace key -> what its batches take as the trace
+        self.lock = threading.Lock()
+        self.closing = False
         self.description = (f"dask {info.get('address', '')}, {len(workers)} workers, "
                             f"{threads} threads")
         self.many_threads = any(w.get("nthreads", 1) > 1 for w in workers.values())
@@ -277,47 +324,125 @@ class DaskRunner(Runner):
                              f"({describe_error(err)}); install allocsim on every worker"
                              ) from None
 
-    def _trace_future(self, source: TraceSource) -> Any:
-        future = self.traces.get(source.key)
-        if future is not None:
-            return future
-        if source.path is None:
-            # A generator spec is a few bytes: generate on a worker, not in the coordinator.
-            future = self.client.submit(materialise, source, pure=False)
-        else:
+    def _payload(self, source: TraceSource, split: bool) -> Any:
+        """What a batch of ``source``'s cells takes as its trace: None (a generator spec: the
+        task generates it), the file's scattered bytes (the task decodes them), a
+        :class:`Failed`, or — for a trace split over several batches — the future of one task
+        that decodes it, so it is decoded once and moved to each worker that needs it once."""
+        payload = self.payloads.get(source.key)
+        if payload is not None or source.key in self.payloads:
+            return payload
+        if source.path is not None:
             try:
                 data = Path(source.path).read_bytes()
             except OSError as err:
-                future = Failed(f"TraceError: {source.path}: cannot read: {err.strerror or err}")
+                payload = Failed(f"TraceError: {source.path}: cannot read: "
+                                 f"{err.strerror or err}")
             else:
-                # Scatter the raw bytes once (no hashing of megabytes); decoding happens in a
-                # task on the worker that received them, and Dask moves the decoded trace to
-                # other workers at most once each.
-                shipped = self.client.scatter(data, hash=False)
-                future = self.client.submit(materialise, source, shipped, pure=False)
-        self.traces[source.key] = future
-        return future
+                # Scatter the raw bytes once (no hashing of megabytes).
+                payload = self.client.scatter(data, hash=False)
+        if split and not isinstance(payload, Failed):
+            args = (source,) if payload is None else (source, payload)
+            payload = self.client.submit(materialise, *args, pure=False)
+        self.payloads[source.key] = payload
+        return payload
 
     def submit(self, cell: Cell) -> Future[dict[str, Any]]:
-        future: Future[dict[str, Any]] = self.executor.submit(
-            run_cell, cell, self._trace_future(cell.trace))
+        with self.lock:
+            waiting = self.waiting.pop(cell.key, None)
+        if waiting is None:
+            batches = self.batches.get(cell.trace.key, [])
+            batch = next((b for b in batches if b.task is None and
+                          any(c.key == cell.key for c in b.cells)), None)
+            if batch is None:
+                # Not one of the cells this runner was made for (or already handed out):
+                # a batch of its own.
+                batch = _Batch([cell])
+                batches.append(batch)
+            self._start(batch, len(batches) > 1)
+            index = next(i for i, c in enumerate(batch.cells) if c.key == cell.key)
+            with self.lock:
+                for i, other in enumerate(batch.cells):
+                    if i != index:
+                        self.waiting[other.key] = (batch, i)
+            waiting = (batch, index)
+        batch, index = waiting
+        batch.handed.add(index)
+        future = batch.futures[index]
+        future.add_done_callback(functools.partial(self._cell_done, batch))
         return future
+
+    def _start(self, batch: _Batch, split: bool) -> None:
+        payload = self._payload(batch.cells[0].trace, split)
+        task = self.client.submit(run_cells, batch.cells, payload, pure=False)
+        batch.task = task
+        task.add_done_callback(lambda t, b=batch: self._deliver(b, t))
+
+    def _deliver(self, batch: _Batch, task: Any) -> None:
+        """A batch's task ended (Dask's callback thread): resolve its cells' futures."""
+        status = task.status
+        records: list[dict[str, Any]] | None = None
+        error: Exception = SweepError(f"Dask dropped the task ({status})")
+        try:
+            records = task.result()
+        except Exception as err:   # the task failed (a worker died?), or its result is lost
+            error = err
+        except BaseException:      # cancelled (Dask's CancelledError may be a BaseException)
+            pass
+        batch.task = None     # drop our reference: Dask forgets the result
+        if records is not None:
+            for future, record in zip(batch.futures, records):
+                _resolve(future, record)
+            return
+        if len(batch.cells) > 1 and status == "error" and not self.closing:
+            # A worker died (or the task failed outside the cells): retry each cell alone,
+            # so a cell that kills its worker fails only itself.
+            for cell, future in zip(batch.cells, batch.futures):
+                if future.done():
+                    continue
+                single = _Batch([cell])
+                single.futures = [future]
+                try:
+                    self._start(single, True)
+                except Exception as err:
+                    _resolve(future, error=err)
+            return
+        for future in batch.futures:
+            _resolve(future, error=error)
+
+    def _cell_done(self, batch: _Batch, future: Future[dict[str, Any]]) -> None:
+        """A cell's future is done; when it was cancelled (the sweep is stopping) and so is
+        every other cell handed out of its batch, the batch's task is cancelled too."""
+        if not future.cancelled():
+            return
+        task = batch.task
+        if task is not None and all(batch.futures[i].cancelled() for i in batch.handed):
+            batch.task = None
+            task.cancel()
 
     def finished(self, cell: Cell) -> None:
         key = cell.trace.key
         self.remaining[key] -= 1
         if self.remaining[key] <= 0:
             # Dropping our reference lets Dask forget the trace once its last cell is done.
-            self.traces.pop(key, None)
+            self.payloads.pop(key, None)
+
+    def _forget(self) -> None:
+        self.closing = True
+        tasks = [b.task for bs in self.batches.values() for b in bs if b.task is not None]
+        if tasks:
+            self.client.cancel(tasks)
+        self.batches.clear()
+        self.payloads.clear()
+        self.waiting.clear()
 
     def abort(self) -> None:
-        self.executor.shutdown(wait=False)
-        self.traces.clear()
+        self._forget()
         if self.owned:
             self.client.close()
 
     def close(self) -> None:
-        self.traces.clear()
+        self._forget()
         if self.owned:
             self.client.close()
 
