@@ -398,14 +398,6 @@ class ChunkMap:
                 yield chunk[ADDRESS], chunk[SIZE], not chunk[KEY]
                 chunk = chunk[NEXT]
 
-    def region_chunks(self, base: int) -> Iterator[int]:
-        """The chunk addresses of region ``base`` in address order. O(chunks of the region)."""
-        ring = self.ring[base]
-        chunk = ring[NEXT]
-        while chunk is not ring:
-            yield chunk[ADDRESS]
-            chunk = chunk[NEXT]
-
     def region_of(self, address: int) -> int | None:
         """Base of the region holding ``address``, or None. O(regions)."""
         for base, nbytes in self.regions.items():
