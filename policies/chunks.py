@@ -413,6 +413,29 @@ class ChunkMap:
         at their sizes, each record's KEY being its key there, and is itself well formed.
         O(n log n)."""
         self.free_index.check()
+        self.check_layout()
+        record = self.record
+        for address, chunk in record.items():
+            after = chunk[NEXT]
+            if chunk[KEY] and after[KEY]:
+                fail(f"ChunkMap: neighbouring free chunks {address:#x} and {after[ADDRESS]:#x} "
+                     "not merged")
+        free = sorted((c[SIZE], a) for a, c in record.items() if c[KEY])
+        indexed = sorted(self.free_index.keys())
+        if free != indexed:
+            missing = sorted(set(free) - set(indexed))[:3]
+            extra = sorted(set(indexed) - set(free))[:3]
+            fail(f"ChunkMap: the free index is not the free chunks (free but not indexed: "
+                 f"{missing}; indexed but not free: {extra})")
+        for address, chunk in record.items():
+            if chunk[KEY] and chunk[KEY] != chunk[SIZE] << KEY_SHIFT | address:
+                fail(f"ChunkMap: free chunk {address:#x}'s KEY is not its free-index key")
+
+    def check_layout(self) -> None:
+        """The layout part of :meth:`check`, for a policy that keeps its own free indexes over
+        these records (the stream-ordered pool): the chunks tile their regions, each region's
+        ring closes its circle and is a sentinel, every record sits at its own address, no
+        in-use chunk is a stray. O(n log n)."""
         record = self.record
         check_tiling(self.regions, {a: c[SIZE] for a, c in record.items()},
                      {a: c[PREV][ADDRESS] for a, c in record.items()},
@@ -431,21 +454,6 @@ class ChunkMap:
             if chunk[ADDRESS] != address:
                 fail(f"ChunkMap: the record at {address:#x} says it is at {chunk[ADDRESS]:#x}")
         require(not self.strays, f"ChunkMap: {len(self.strays)} in-use chunks are in no region")
-        for address, chunk in record.items():
-            after = chunk[NEXT]
-            if chunk[KEY] and after[KEY]:
-                fail(f"ChunkMap: neighbouring free chunks {address:#x} and {after[ADDRESS]:#x} "
-                     "not merged")
-        free = sorted((c[SIZE], a) for a, c in record.items() if c[KEY])
-        indexed = sorted(self.free_index.keys())
-        if free != indexed:
-            missing = sorted(set(free) - set(indexed))[:3]
-            extra = sorted(set(indexed) - set(free))[:3]
-            fail(f"ChunkMap: the free index is not the free chunks (free but not indexed: "
-                 f"{missing}; indexed but not free: {extra})")
-        for address, chunk in record.items():
-            if chunk[KEY] and chunk[KEY] != chunk[SIZE] << KEY_SHIFT | address:
-                fail(f"ChunkMap: free chunk {address:#x}'s KEY is not its free-index key")
 
 
 class ChunkPolicy(Policy):

@@ -61,7 +61,20 @@ Assumed (undocumented; each a parameter where it matters):
 - Preallocation happens at the first allocation (as this project's ``preallocate`` policy),
   so the device call shows in the timeline; the pool's stats ignore it (XLA's ClearStats).
 
-Costs (policies/chunks.py's FreeIndex per owner, k = free chunks in the bin touched): malloc is
+Layout: the chunks are policies/chunks.py's records (:class:`~allocsim.policies.chunks.ChunkMap`:
+one list per chunk, linked in a ring through its region's sentinel; KEY 0 while in use), each
+mapped physical chunk one region. Free memory any stream may take is ChunkMap's own free index
+(``shared``); with ``sync=none`` a stream's own free chunks sit in that stream's FreeIndex, their
+owner in ``owner_of`` and each live chunk's stream in ``stream_of``. Two paths, the same
+decisions and state: the general one (the class's :meth:`CudaAsyncAllocator.malloc` and
+:meth:`~CudaAsyncAllocator.free`, one step at a time through FreeIndex's own methods and the
+owner rules) and, under ``sync=free``, the hot pair bound on the instance in their place
+(:meth:`~CudaAsyncAllocator._malloc_shared` / :meth:`~CudaAsyncAllocator._free_shared`: the same
+steps written out in one body each), held to the general path after every step of random
+workloads by tests/test_fast_path_equivalence.py and to results recorded before by
+tests/test_fast_paths.py.
+
+Costs (FreeIndex per owner, k = free chunks in the bin touched): malloc is
 one O(log k) search of the shared index (and of the stream's own with ``sync=none``) plus an
 O(log k + k) removal and, for a split, an insertion; free is O(1) link updates plus one
 O(log k + k) index update per merged neighbour and one for the freed chunk; with ``sync=free``
@@ -72,7 +85,7 @@ above it. ``synchronize()`` is O(stream-owned free chunks); ``check()`` O(n log 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping, MutableSet
 from typing import ClassVar
 
 from allocsim.policies.base import (
@@ -85,10 +98,18 @@ from allocsim.policies.base import (
     params_of,
     require,
 )
-from allocsim.policies.chunks import BIN, KEY_SHIFT, FreeIndex, check_tiling, walk_chunks
-from allocsim.policies.units import round_up
+from allocsim.policies.chunk_records import (
+    ADDRESS,
+    ADDRESS_MASK,
+    KEY,
+    NEXT,
+    NONE,
+    PREV,
+    REQUESTED,
+    SIZE,
+)
+from allocsim.policies.chunks import BIN, KEY_SHIFT, ChunkMap, FreeIndex
 
-NONE = -1
 SHARED = -(1 << 62)        # owner of free memory any stream may reuse (after a sync)
 SYNC_MODES = ("free", "none")
 
@@ -118,20 +139,30 @@ class CudaAsyncAllocator(Policy):
         self.alignment = int(alignment)
         self.sync_on_free = sync == "free"
         self._preallocate_pending = preallocate and self.threshold > 0
-        self.size_of: dict[int, int] = {}        # chunk address -> size
-        self.prev_of: dict[int, int] = {}        # chunk address -> previous in region / NONE
-        self.next_of: dict[int, int] = {}        # chunk address -> next in region / NONE
-        self.in_use: dict[int, int] = {}         # chunk address in use -> its stream
-        self.owner_of: dict[int, int] = {}      # free chunk -> owner (SHARED or a stream)
-        self.requested: dict[int, int] = {}
-        self.shared = FreeIndex()                # free memory every stream may take
-        self._shared_best_fit = self.shared.best_fit   # bound once: the hot path
+        self.chunks = ChunkMap()                 # the chunks; each mapped physical chunk a region
+        self.regions: dict[int, int] = self.chunks.regions   # region base -> bytes
+        self.shared: FreeIndex = self.chunks.free_index      # free memory every stream may take
         self.indexes: dict[int, FreeIndex] = {SHARED: self.shared}
-        self.regions: dict[int, int] = {}        # mapped physical chunk base -> bytes
+        self.owner_of: dict[int, int] = {}       # sync=none: free chunk -> owner (SHARED/stream)
+        self.stream_of: dict[int, int] = {}      # sync=none: chunk in use -> its stream
         self.free_regions: set[int] = set()      # regions that are one shared free chunk
         self.mapped = 0
         self.peak_mapped = 0
         self.peak_bytes_in_use = 0
+        # Address-keyed views of the records (checks, reports, tests): chunk -> size,
+        # -> neighbour's address (NONE at a region's ends), the chunks in use, their requests.
+        self.size_of: MutableMapping[int, int] = self.chunks.size
+        self.prev_of: MutableMapping[int, int] = self.chunks.prev
+        self.next_of: MutableMapping[int, int] = self.chunks.next
+        self.in_use: MutableSet[int] = self.chunks.in_use
+        self.requested: MutableMapping[int, int] = self.chunks.requested
+        # The hot pair's structures, bound once.
+        self._record = self.chunks.record
+        self._ring = self.chunks.ring
+        self._bins = self.shared.bins
+        if self.sync_on_free:
+            self.malloc = self._malloc_shared       # type: ignore[method-assign]
+            self.free = self._free_shared           # type: ignore[method-assign]
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(
         __init__,
@@ -144,41 +175,42 @@ class CudaAsyncAllocator(Policy):
         sync=("str", "when the pool synchronises: free (after each) or none"),
     )
 
-    # -- allocation ------------------------------------------------------------------
+    # -- allocation: the general path --------------------------------------------------
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
         if self._preallocate_pending:
             self._preallocate()
         rounded = -(-size // self.alignment) * self.alignment
-        if self.sync_on_free:
-            found = self._shared_best_fit(rounded)
-            if found is not None:
-                address = found[0]
-                self._take_shared(address, found[1], rounded)
+        found, owner = self._find(rounded, stream)
+        if found is not None:
+            address = found[0]
+            self._take(address, found[1], owner, rounded)
         else:
-            found, owner = self._find(rounded, stream)
-            if found is not None:
-                address = found[0]
-                self._take(address, found[1], owner, rounded)
-        if found is None:
             grown = self._grow(rounded, stream)
             if grown is None:
                 self.num_ooms += 1
                 return None
             address = grown
-        self.in_use[address] = stream
-        self.requested[address] = size
+        self._hand_to(address, size, stream)
         self.bytes_in_use += rounded
         if self.bytes_in_use > self.peak_bytes_in_use:
             self.peak_bytes_in_use = self.bytes_in_use
         self.num_allocs += 1
         return address
 
+    def _hand_to(self, address: int, size: int, stream: int) -> None:
+        """Chunk ``address`` is in use by ``stream`` (its record's KEY 0) for ``size`` bytes."""
+        chunk = self._record[address]
+        chunk[KEY] = 0
+        chunk[REQUESTED] = size
+        if not self.sync_on_free:
+            self.stream_of[address] = stream
+
     def _find(self, rounded: int, stream: int) -> tuple[tuple[int, int] | None, int]:
         """Best fit by (size, address) among shared free memory and the stream's own:
         ``((address, size), owner)`` or ``(None, SHARED)``."""
-        found = self._shared_best_fit(rounded)
+        found = self.shared.best_fit(rounded)
         owner = SHARED
         if not self.sync_on_free:
             own = self.indexes.get(stream)
@@ -191,248 +223,318 @@ class CudaAsyncAllocator(Policy):
 
     def _grow(self, rounded: int, stream: int) -> int | None:
         """A miss: map a new chunk and carve the allocation from its low end. If the device
-        refuses: synchronise and retry (XLA's AllocateRaw) — the pool first, then (assumed) the
-        wholly free chunks are remapped for it. Returns the allocation's address or None."""
+        refuses: :meth:`_after_refusal`. Returns the allocation's address or None."""
         base = self._map_chunk(rounded)
         if base is None:
-            self.synchronize()
-            found, owner = self._find(rounded, stream)
-            if found is not None:
-                self._take(found[0], found[1], owner, rounded)
-                return found[0]
-            self._trim(0)
-            base = self._map_chunk(rounded)
-            if base is None:
-                return None
-        nbytes = self.regions[base]
-        if nbytes > rounded:
-            rest = base + rounded
-            self.size_of[base] = rounded
-            self.size_of[rest] = nbytes - rounded
-            self.prev_of[rest] = base
-            self.next_of[rest] = NONE
-            self.next_of[base] = rest
-            self.shared.add(nbytes - rounded, rest)
-            if not self.sync_on_free:
-                self.owner_of[rest] = SHARED
+            return self._after_refusal(rounded, stream)
+        self._carve(base, rounded)
+        return base
+
+    def _after_refusal(self, rounded: int, stream: int) -> int | None:
+        """The device refused a new chunk: synchronise and retry (XLA's AllocateRaw) — the pool
+        first, then (assumed) the wholly free chunks are remapped for it."""
+        self.synchronize()
+        found, owner = self._find(rounded, stream)
+        if found is not None:
+            self._take(found[0], found[1], owner, rounded)
+            return found[0]
+        self._trim(0)
+        base = self._map_chunk(rounded)
+        if base is None:
+            return None
+        self._carve(base, rounded)
         return base
 
     def _map_chunk(self, rounded: int) -> int | None:
         """Map a new physical chunk of round_up(rounded, chunk) bytes in a virtual range of its
-        own; it is one chunk, in no index yet. Returns its base or None if refused."""
-        nbytes = round_up(rounded, self.chunk)
+        own: a region of one chunk, in use (KEY 0) and in no index yet. Returns its base or
+        None if refused."""
+        nbytes = -(-rounded // self.chunk) * self.chunk
         base = self.device.address_range(nbytes)
         if not self.device.map(base, nbytes):
             return None
+        ring: list = [0, None, None, 0, NONE, 0]
+        ring[PREV] = ring[NEXT] = self._record[base] = [nbytes, ring, ring, 0, base, 0]
         self.regions[base] = nbytes
-        self.size_of[base] = nbytes
-        self.prev_of[base] = NONE
-        self.next_of[base] = NONE
+        self._ring[base] = ring
         self.mapped += nbytes
         if self.mapped > self.peak_mapped:
             self.peak_mapped = self.mapped
         return base
 
+    def _carve(self, base: int, rounded: int) -> None:
+        """A new region's chunk keeps its low ``rounded`` bytes; the rest becomes shared free
+        memory."""
+        chunk = self._record[base]
+        nbytes = chunk[SIZE]
+        if nbytes > rounded:
+            rest, rest_size = base + rounded, nbytes - rounded
+            chunk[SIZE] = rounded
+            ring = chunk[NEXT]
+            self._record[rest] = chunk[NEXT] = ring[PREV] = [
+                rest_size, chunk, ring, rest_size << KEY_SHIFT | rest, rest, 0]
+            self.shared.add(rest_size, rest)
+            if not self.sync_on_free:
+                self.owner_of[rest] = SHARED
+
     def _take(self, address: int, chunk_size: int, owner: int, rounded: int) -> None:
         """Hand out free chunk ``address``; the rest (if any) stays free with the same owner."""
         index = self.indexes[owner]
         index.remove(chunk_size, address)
-        next_of = self.next_of
-        after = next_of[address]
-        if after == NONE and self.prev_of[address] == NONE:
+        chunk = self._record[address]
+        after = chunk[NEXT]
+        if after is chunk[PREV]:                   # both its ring: the region was wholly free
             self.free_regions.discard(address)
         if not self.sync_on_free:
             del self.owner_of[address]
+        chunk[KEY] = 0
         if chunk_size == rounded:
             return
-        rest = address + rounded
-        rest_size = chunk_size - rounded
-        size_of = self.size_of
-        size_of[address] = rounded
-        size_of[rest] = rest_size
-        self.prev_of[rest] = address
-        next_of[rest] = after
-        next_of[address] = rest
-        if after != NONE:
-            self.prev_of[after] = rest
+        rest, rest_size = address + rounded, chunk_size - rounded
+        chunk[SIZE] = rounded
+        self._record[rest] = chunk[NEXT] = after[PREV] = [
+            rest_size, chunk, after, rest_size << KEY_SHIFT | rest, rest, 0]
         index.add(rest_size, rest)
         if not self.sync_on_free:
             self.owner_of[rest] = owner
 
-    def _take_shared(self, address: int, chunk_size: int, rounded: int) -> None:
-        """:meth:`_take` from SHARED under ``sync=free`` (no owners to keep): the hot path of
-        the default mode, FreeIndex's remove and add written out (held to :meth:`_take` by
-        tests/test_fast_path_equivalence.py)."""
-        index = self.shared
-        bins = index.bins
-        # FreeIndex.remove(chunk_size, address), written out: the key is there (best_fit's).
-        number = BIN[chunk_size.bit_length()]
-        keys = bins[number]
-        del keys[bisect_left(keys, chunk_size << KEY_SHIFT | address)]
-        if not keys:
-            index.nonempty &= ~(1 << number)
-        next_of = self.next_of
-        after = next_of[address]
-        prev_of = self.prev_of
-        if after == NONE and prev_of[address] == NONE:
-            self.free_regions.discard(address)
-        if chunk_size == rounded:
-            return
-        rest = address + rounded
-        rest_size = chunk_size - rounded
-        size_of = self.size_of
-        size_of[address] = rounded
-        size_of[rest] = rest_size
-        prev_of[rest] = address
-        next_of[rest] = after
-        next_of[address] = rest
-        if after != NONE:
-            prev_of[after] = rest
-        # FreeIndex.add(rest_size, rest), written out.
-        number = BIN[rest_size.bit_length()]
-        keys = bins[number]
-        key = rest_size << KEY_SHIFT | rest
-        if not keys:
-            index.nonempty |= 1 << number
-            keys.append(key)
-        elif key > keys[-1]:
-            keys.append(key)
-        else:
-            insort(keys, key)
-
-    # -- free ------------------------------------------------------------------------
+    # -- free: the general path --------------------------------------------------------
     def free(self, address: int) -> None:
-        stream = self.in_use.pop(address)
-        del self.requested[address]
-        size = self.size_of[address]
-        self.bytes_in_use -= size
+        chunk = self._record[address]
+        if chunk[KEY]:
+            raise KeyError(f"chunk {address:#x} is not in use")
+        chunk[REQUESTED] = 0
+        self.bytes_in_use -= chunk[SIZE]
         self.num_frees += 1
         if self.sync_on_free:
-            self._give_back_shared(address, size)
+            self._give_back(address, SHARED)
             # The synchronisation after the free applies the release threshold.
             if self.free_regions and self.mapped > self.threshold:
                 self._trim(self.threshold)
         else:
-            self._give_back(address, stream)
-
-    def _give_back_shared(self, address: int, size: int) -> None:
-        """:meth:`_give_back` of ``address`` (``size`` bytes) to SHARED under ``sync=free``,
-        where every free chunk is shared (no owners to compare): the hot path of the default
-        mode, the same merges in the same order — the next free neighbour, then the previous
-        one — and the same free-region bookkeeping."""
-        size_of, next_of, prev_of, in_use = self.size_of, self.next_of, self.prev_of, self.in_use
-        index = self.shared
-        bins = index.bins
-        after = next_of[address]
-        if after != NONE and after not in in_use:
-            merged = after
-            merged_size = size_of.pop(merged)
-            # FreeIndex.remove(merged_size, merged), written out: a free chunk is indexed.
-            number = BIN[merged_size.bit_length()]
-            keys = bins[number]
-            del keys[bisect_left(keys, merged_size << KEY_SHIFT | merged)]
-            if not keys:
-                index.nonempty &= ~(1 << number)
-            size += merged_size
-            after = next_of.pop(merged)
-            del prev_of[merged]
-            next_of[address] = after
-            if after != NONE:
-                prev_of[after] = address
-        before = prev_of[address]
-        if before != NONE and before not in in_use:
-            before_size = size_of[before]
-            number = BIN[before_size.bit_length()]          # FreeIndex.remove, written out
-            keys = bins[number]
-            del keys[bisect_left(keys, before_size << KEY_SHIFT | before)]
-            if not keys:
-                index.nonempty &= ~(1 << number)
-            del size_of[address], prev_of[address], next_of[address]
-            address = before
-            size += before_size
-            next_of[address] = after
-            if after != NONE:
-                prev_of[after] = address
-            before = prev_of[address]
-        if after == NONE and before == NONE:
-            # A wholly free region. When it is the only one and the pool stays at or above the
-            # threshold without it, the synchronisation after this free (free's _trim) releases
-            # it at once: released here, never indexed — _trim's steps for it, in one.
-            mapped = self.mapped
-            if not self.free_regions and mapped - size >= self.threshold:
-                del self.regions[address], size_of[address], prev_of[address], next_of[address]
-                self.mapped = mapped - size
-                self.device.unmap(address, size)
-                return
-            self.free_regions.add(address)
-        size_of[address] = size
-        # FreeIndex.add(size, address), written out.
-        number = BIN[size.bit_length()]
-        keys = bins[number]
-        key = size << KEY_SHIFT | address
-        if not keys:
-            index.nonempty |= 1 << number
-            keys.append(key)
-        elif key > keys[-1]:
-            keys.append(key)
-        else:
-            insort(keys, key)
+            self._give_back(address, self.stream_of.pop(address))
 
     def _give_back(self, address: int, owner: int) -> None:
         """Return a chunk (in no index) as free memory of ``owner``, merging with the next free
         neighbour, then the previous one (as BFC and CuPy). With per-stream ownership a
         neighbour merges if it is shared or ``owner``'s: both parts are usable by ``owner``, and
         the merged chunk is ``owner``'s until the next synchronisation."""
-        size_of, next_of, prev_of, in_use = self.size_of, self.next_of, self.prev_of, self.in_use
+        record = self._record
         owner_of = None if self.sync_on_free else self.owner_of
         indexes = self.indexes
         index = indexes.get(owner)
         if index is None:
             index = indexes[owner] = FreeIndex()
-        size = size_of[address]
-        after = next_of[address]
-        if after != NONE and after not in in_use:
+        chunk = record[address]
+        size = chunk[SIZE]
+        after = chunk[NEXT]
+        if after[KEY]:                                   # free (a ring never is)
             neighbour_index: FreeIndex | None = index
             if owner_of is not None:
-                neighbour_owner = owner_of[after]
+                neighbour_owner = owner_of[after[ADDRESS]]
                 neighbour_index = indexes[neighbour_owner]
                 if neighbour_owner != owner and neighbour_owner != SHARED:
                     neighbour_index = None
             if neighbour_index is not None:
-                merged_size = size_of.pop(after)
-                neighbour_index.remove(merged_size, after)
-                size += merged_size
-                following = next_of.pop(after)
-                del prev_of[after]
+                neighbour_index.remove(after[SIZE], after[ADDRESS])
+                del record[after[ADDRESS]]
                 if owner_of is not None:
-                    del owner_of[after]
-                next_of[address] = following
-                if following != NONE:
-                    prev_of[following] = address
-                after = following
-        before = prev_of[address]
-        if before != NONE and before not in in_use:
+                    del owner_of[after[ADDRESS]]
+                size += after[SIZE]
+                after = chunk[NEXT] = after[NEXT]
+                after[PREV] = chunk
+        before = chunk[PREV]
+        if before[KEY]:
             neighbour_index = index
             if owner_of is not None:
-                neighbour_owner = owner_of[before]
+                neighbour_owner = owner_of[before[ADDRESS]]
                 neighbour_index = indexes[neighbour_owner]
                 if neighbour_owner != owner and neighbour_owner != SHARED:
                     neighbour_index = None
             if neighbour_index is not None:
-                before_size = size_of[before]
-                neighbour_index.remove(before_size, before)
-                del size_of[address], prev_of[address], next_of[address]
-                address = before
-                size += before_size
-                next_of[address] = after
-                if after != NONE:
-                    prev_of[after] = address
-        size_of[address] = size
+                neighbour_index.remove(before[SIZE], before[ADDRESS])
+                del record[address]
+                size += before[SIZE]
+                chunk, address = before, before[ADDRESS]
+                chunk[NEXT] = after
+                after[PREV] = chunk
+        chunk[SIZE] = size
+        chunk[KEY] = size << KEY_SHIFT | address
         index.add(size, address)
         if owner_of is not None:
             owner_of[address] = owner
-        if owner == SHARED and after == NONE and prev_of[address] == NONE:
+        if owner == SHARED and after is chunk[PREV]:     # both its ring: wholly free
             self.free_regions.add(address)
+
+    # -- the hot pair under sync=free, written out -------------------------------------
+    # :meth:`malloc` and :meth:`free` with every free chunk shared (no owners): FreeIndex's
+    # best fit, remove and add, :meth:`_take`, :meth:`_map_chunk` and :meth:`_carve`, and
+    # :meth:`_give_back` written out over the records; bound on the instance in their place
+    # under sync=free. The same decisions and the same state: tests/test_fast_path_equivalence
+    # holds them to the general pair after every step of random workloads.
+    def _malloc_shared(self, size: int, stream: int = 0) -> int | None:
+        if size <= 0:
+            return None
+        if self._preallocate_pending:
+            self._preallocate()
+        rounded = -(-size // self.alignment) * self.alignment
+        index = self.shared
+        bins = self._bins
+        # FreeIndex.best_fit + remove: in bin(rounded), the first key ≥ (rounded, 0); else the
+        # first key of the next non-empty bin above it.
+        number = BIN[rounded.bit_length()]
+        keys = bins[number]
+        position = bisect_left(keys, rounded << KEY_SHIFT) if keys else 0
+        key = 0
+        if position < len(keys):
+            key = keys.pop(position)
+        else:
+            above = index.nonempty >> (number + 1)
+            if above:
+                number += (above & -above).bit_length()
+                keys = bins[number]
+                key = keys.pop(0)
+        if key:
+            if not keys:
+                index.nonempty &= ~(1 << number)
+            # _take: in use; a region that was one free chunk no longer is; split off the rest.
+            address = key & ADDRESS_MASK
+            chunk = self._record[address]
+            chunk[KEY] = 0
+            chunk[REQUESTED] = size
+            handed = chunk[SIZE]
+            after = chunk[NEXT]
+            if after is chunk[PREV]:
+                self.free_regions.discard(address)
+            if handed != rounded:
+                rest, rest_size = address + rounded, handed - rounded
+                chunk[SIZE] = rounded
+                key = rest_size << KEY_SHIFT | rest
+                self._record[rest] = chunk[NEXT] = after[PREV] = [
+                    rest_size, chunk, after, key, rest, 0]
+                number = BIN[rest_size.bit_length()]        # FreeIndex.add, written out
+                keys = bins[number]
+                if not keys:
+                    index.nonempty |= 1 << number
+                    keys.append(key)
+                elif key > keys[-1]:
+                    keys.append(key)
+                else:
+                    insort(keys, key)
+        else:
+            # A miss: _map_chunk and _carve written out; a refusal goes the general way.
+            granule = self.chunk
+            nbytes = -(-rounded // granule) * granule
+            device = self.device
+            address = device.address_range(nbytes)
+            if not device.map(address, nbytes):
+                grown = self._after_refusal(rounded, stream)
+                if grown is None:
+                    self.num_ooms += 1
+                    return None
+                address = grown
+                chunk = self._record[address]
+                chunk[KEY] = 0
+                chunk[REQUESTED] = size
+            else:
+                mapped = self.mapped + nbytes
+                self.mapped = mapped
+                if mapped > self.peak_mapped:
+                    self.peak_mapped = mapped
+                self.regions[address] = nbytes
+                ring: list = [0, None, None, 0, NONE, 0]
+                self._ring[address] = ring
+                if nbytes > rounded:
+                    rest, rest_size = address + rounded, nbytes - rounded
+                    key = rest_size << KEY_SHIFT | rest
+                    chunk = [rounded, ring, None, 0, address, size]
+                    self._record[address] = ring[NEXT] = chunk
+                    self._record[rest] = chunk[NEXT] = ring[PREV] = [
+                        rest_size, chunk, ring, key, rest, 0]
+                    number = BIN[rest_size.bit_length()]    # FreeIndex.add, written out
+                    keys = bins[number]
+                    if not keys:
+                        index.nonempty |= 1 << number
+                        keys.append(key)
+                    elif key > keys[-1]:
+                        keys.append(key)
+                    else:
+                        insort(keys, key)
+                else:
+                    self._record[address] = ring[PREV] = ring[NEXT] = [
+                        rounded, ring, ring, 0, address, size]
+        in_use = self.bytes_in_use + rounded
+        self.bytes_in_use = in_use
+        if in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = in_use
+        self.num_allocs += 1
+        return address
+
+    def _free_shared(self, address: int) -> None:
+        """:meth:`free` and :meth:`_give_back` to SHARED: the same merges in the same order —
+        the next free neighbour, then the previous one — and the same free-region bookkeeping;
+        a region that becomes wholly free while it is the only one and the pool stays at or
+        above the threshold without it is released at once (what free's _trim would do), never
+        indexed."""
+        record = self._record
+        chunk = record[address]
+        size, before, after, key, _, _ = chunk
+        if key:
+            raise KeyError(f"chunk {address:#x} is not in use")
+        chunk[REQUESTED] = 0
+        self.bytes_in_use -= size
+        self.num_frees += 1
+        index = self.shared
+        bins = self._bins
+        key = after[KEY]
+        if key:                                         # merge the next chunk into this one
+            merged = after[SIZE]
+            number = BIN[merged.bit_length()]           # FreeIndex.remove, written out
+            keys = bins[number]
+            del keys[bisect_left(keys, key)]
+            if not keys:
+                index.nonempty &= ~(1 << number)
+            del record[after[ADDRESS]]
+            size += merged
+            after = chunk[NEXT] = after[NEXT]
+            after[PREV] = chunk
+        key = before[KEY]
+        if key:                                         # merge this one into the previous
+            merged = before[SIZE]
+            number = BIN[merged.bit_length()]
+            keys = bins[number]
+            del keys[bisect_left(keys, key)]
+            if not keys:
+                index.nonempty &= ~(1 << number)
+            del record[address]
+            size += merged
+            chunk, address = before, before[ADDRESS]
+            chunk[NEXT] = after
+            after[PREV] = chunk
+            before = chunk[PREV]
+        free_regions = self.free_regions
+        if after is before:                             # both its ring: a wholly free region
+            mapped = self.mapped
+            if not free_regions and mapped - size >= self.threshold:
+                del self.regions[address], self._ring[address], record[address]
+                self.mapped = mapped - size
+                self.device.unmap(address, size)
+                return
+            free_regions.add(address)
+        chunk[SIZE] = size
+        key = chunk[KEY] = size << KEY_SHIFT | address
+        number = BIN[size.bit_length()]                 # FreeIndex.add, written out
+        keys = bins[number]
+        if not keys:
+            index.nonempty |= 1 << number
+            keys.append(key)
+        elif key > keys[-1]:
+            keys.append(key)
+        else:
+            insort(keys, key)
+        # The synchronisation after the free applies the release threshold.
+        if free_regions and self.mapped > self.threshold:
+            self._trim(self.threshold)
 
     # -- synchronisation and release ---------------------------------------------------
     def synchronize(self) -> None:
@@ -459,8 +561,7 @@ class CudaAsyncAllocator(Policy):
             if self.mapped - nbytes < keep:
                 continue
             self.free_regions.discard(base)
-            self.shared.remove(nbytes, base)
-            del self.regions[base], self.size_of[base], self.prev_of[base], self.next_of[base]
+            self.chunks.remove_region(base)         # and out of the shared index
             if not self.sync_on_free:
                 del self.owner_of[base]
             self.mapped -= nbytes
@@ -485,7 +586,9 @@ class CudaAsyncAllocator(Policy):
         self._preallocate_pending = False
         base = self._map_chunk(self.threshold)
         if base is not None:
-            self.shared.add(self.regions[base], base)
+            nbytes = self.regions[base]
+            self._record[base][KEY] = nbytes << KEY_SHIFT | base
+            self.shared.add(nbytes, base)
             self.free_regions.add(base)
             if not self.sync_on_free:
                 self.owner_of[base] = SHARED
@@ -504,56 +607,62 @@ class CudaAsyncAllocator(Policy):
 
     # -- views -----------------------------------------------------------------------
     def blocks(self) -> Iterator[tuple[int, int, bool]]:
-        return walk_chunks(self.regions, self.size_of, self.next_of, self.in_use)
+        return self.chunks.chunks()
 
     def check(self) -> None:
-        """Assert: the chunks tile their mapped regions (links, contiguity, no strays), each
-        region a whole number of growth chunks; every index is well formed and the indexes
-        together hold exactly the free chunks, each once, at its size and in its owner's index
-        (with ``sync=free`` all in the shared one and no owner table); no two neighbouring free
-        chunks that free_block would have merged (with ``sync=none``: neighbouring free chunks
-        have two different stream owners); ``free_regions`` is exactly the regions that are one
-        shared free chunk; mapped, bytes_in_use, requests and allocs − frees agree with a
-        recount; peaks ≥ current values."""
-        size_of = self.size_of
-        check_tiling(self.regions, size_of, self.prev_of, self.next_of)
+        """Assert: the chunks tile their mapped regions (links, contiguity, rings, no strays),
+        each region a whole number of growth chunks; every index is well formed and the indexes
+        together hold exactly the free chunks, each once, at its size and record key, and in
+        its owner's index (with ``sync=free`` all in the shared one and no owner or stream
+        table); no two neighbouring free chunks that free_block would have merged (with
+        ``sync=none``: neighbouring free chunks have two different stream owners);
+        ``free_regions`` is exactly the regions that are one shared free chunk; mapped,
+        bytes_in_use, requests and allocs − frees agree with a recount (with ``sync=none`` a
+        stream for each chunk in use); peaks ≥ current values."""
+        self.chunks.check_layout()
+        record = self._record
         for base, nbytes in self.regions.items():
             if nbytes % self.chunk:
                 fail(f"cuda-async: region {base:#x} is not a whole number of chunks")
-        strays = self.in_use.keys() - size_of.keys()
-        require(not strays, f"cuda-async: {len(strays)} chunks in use are in no region")
         owner_of: dict[int, int] = {}
         for owner, index in self.indexes.items():
             index.check()
             for size, address in index.keys():
-                if address in owner_of or address in self.in_use:
+                chunk = record.get(address)
+                if address in owner_of or chunk is None or not chunk[KEY]:
                     fail(f"cuda-async: chunk {address:#x} is indexed twice or in use")
-                if size_of.get(address) != size:
+                if chunk[SIZE] != size or chunk[KEY] != size << KEY_SHIFT | address:
                     fail(f"cuda-async: chunk {address:#x} is indexed at the wrong size")
                 owner_of[address] = owner
-        require(len(owner_of) + len(self.in_use) == len(size_of),
+        in_use = {address for address, chunk in record.items() if not chunk[KEY]}
+        require(len(owner_of) + len(in_use) == len(record),
                 "cuda-async: a free chunk is in no index")
         require(self.indexes[SHARED] is self.shared, "cuda-async: the shared index moved")
         if self.sync_on_free:
             require(not self.owner_of, "cuda-async: sync=free keeps an owner table")
+            require(not self.stream_of, "cuda-async: sync=free keeps a stream table")
             require(len(self.indexes) == 1, "cuda-async: sync=free has stream-owned free chunks")
         else:
             require(self.owner_of == owner_of,
                     "cuda-async: the owner table disagrees with the indexes")
-        for address, after in self.next_of.items():
-            if after == NONE or address not in owner_of or after not in owner_of:
+            require(self.stream_of.keys() == in_use,
+                    "cuda-async: the stream table is not the chunks in use")
+        for address, chunk in record.items():
+            after = chunk[NEXT][ADDRESS]
+            if address not in owner_of or after not in owner_of:
                 continue
             first, second = owner_of[address], owner_of[after]
             if first == second or SHARED in (first, second):
                 fail(f"cuda-async: neighbouring free chunks {address:#x} and {after:#x} not "
                      "merged")
-        wholly_free = {base for base in self.regions
-                       if self.next_of[base] == NONE and owner_of.get(base) == SHARED}
+        wholly_free = {base for base, ring in self._ring.items()
+                       if ring[NEXT] is ring[PREV] and owner_of.get(base) == SHARED}
         require(self.free_regions == wholly_free,
                 "cuda-async: free_regions is not the regions that are one shared free chunk")
         require(self.mapped == sum(self.regions.values()),
                 "cuda-async: mapped is not the regions' sum")
-        check_live_chunks("cuda-async", self, self.requested, self.in_use, size_of)
+        check_live_chunks("cuda-async", self, dict(self.requested), dict.fromkeys(self.in_use),
+                          self.size_of)
         require(self.peak_bytes_in_use >= self.bytes_in_use,
                 "cuda-async: peak_bytes_in_use < current")
         require(self.peak_mapped >= self.mapped, "cuda-async: peak_mapped < mapped")

@@ -17,20 +17,19 @@ from hypothesis import HealthCheck, given, settings
 from policy_checks import play_both, small_device, workload_actions
 
 from allocsim.policies.bfc import BFCAllocator
-from allocsim.policies.cuda_async import SHARED, CudaAsyncAllocator
+from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.policies.pytorch_blocks import MEMORY_STATS_ONLY
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
 from allocsim.sim.kernel.device import SimulatedDevice
 
 
-class GeneralCudaAsync(CudaAsyncAllocator):
-    """``sync=free`` through the general owner-aware take and give-back."""
-
-    def _take_shared(self, address: int, chunk_size: int, rounded: int) -> None:
-        self._take(address, chunk_size, SHARED, rounded)
-
-    def _give_back_shared(self, address: int, size: int) -> None:
-        self._give_back(address, SHARED)
+def general_cuda_async(device: Any, **params: Any) -> CudaAsyncAllocator:
+    """``sync=free`` through the class's general malloc and free (the owner-aware take and
+    give-back, FreeIndex's own methods), not the written-out pair bound on the instance."""
+    policy = CudaAsyncAllocator(device, **params)
+    assert vars(policy)["malloc"] == policy._malloc_shared
+    del policy.malloc, policy.free
+    return policy
 
 
 def fast_bfc(device: Any, **params: Any) -> BFCAllocator:
@@ -86,6 +85,14 @@ def same_pytorch_state(fast: PyTorchCachingAllocator, slow: PyTorchCachingAlloca
         name: getattr(slow, name) for name in kept}
 
 
+def same_cuda_async_state(fast: CudaAsyncAllocator, slow: CudaAsyncAllocator) -> None:
+    """Every chunk with its state, the free regions, the shared index's keys."""
+    assert list(fast.blocks()) == list(slow.blocks())
+    assert fast.free_regions == slow.free_regions
+    assert list(fast.shared.keys()) == list(slow.shared.keys())
+    assert dict(fast.requested) == dict(slow.requested)
+
+
 def views() -> tuple[Any, Any]:
     profile = small_device(capacity=256 << 20)
     return SimulatedDevice(profile).view(0), SimulatedDevice(profile).view(0)
@@ -123,8 +130,8 @@ def test_pytorchs_expandable_segments_hot_path_is_its_general_path(actions: Any)
 @given(actions=workload_actions())
 def test_the_pools_sync_on_free_hot_path_is_its_general_path(actions: Any) -> None:
     fast_view, slow_view = views()
-    replay_both(CudaAsyncAllocator(fast_view), GeneralCudaAsync(slow_view), fast_view,
-                slow_view, actions)
+    replay_both(CudaAsyncAllocator(fast_view), general_cuda_async(slow_view), fast_view,
+                slow_view, actions, same_cuda_async_state)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -143,5 +150,6 @@ def test_bfcs_written_out_malloc_is_its_general_malloc(actions: Any) -> None:
 def test_the_pools_threshold_hot_path_is_its_general_path(actions: Any) -> None:
     for params in ({"release_threshold": 8 << 20}, {"fraction": 0.25, "preallocate": True}):
         fast_view, slow_view = views()
-        replay_both(CudaAsyncAllocator(fast_view, **params), GeneralCudaAsync(slow_view, **params),
-                    fast_view, slow_view, actions)
+        replay_both(CudaAsyncAllocator(fast_view, **params),
+                    general_cuda_async(slow_view, **params), fast_view, slow_view, actions,
+                    same_cuda_async_state)
