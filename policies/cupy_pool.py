@@ -51,6 +51,15 @@ the non-pooled allocators. reference/allocators.md §4 says a limit hit triggers
 free_all_blocks retry without noting that a request larger than the limit fails at once, and
 describes v14.1+ ties only as "Python object address".
 
+Layout: each chunk is one record (a list: size, neighbours, arena key while free, address,
+request, arena, creation id above the address — the slots of policies/cupy_records.py, with
+the dict views the checks and tests read), its neighbours linked as records, a block's ends
+linked to the pool's end record where CuPy has None; one dict maps an address to its record.
+Free chunks live in one :class:`_Arena` per stream: sorted key lists binned by size bit length,
+with a bitmask of the non-empty bins. malloc and free read and write record slots and the
+arena's lists directly (``_Arena.add``/``remove`` written out), and touch the address → record
+dict only to find a chunk, add a split's rest or a new block, or drop a merged chunk.
+
 Costs (k = free chunks in the arena bin touched, bins by size bit length): malloc is an
 O(log k) bisection in bin(rounded), else an O(1) bitmask jump to the next non-empty bin, plus an
 O(k) list deletion and, for a split, an O(log k + k) insertion; free is O(1) link updates plus
@@ -75,16 +84,29 @@ from allocsim.policies.base import (
     params_of,
     require,
 )
-from allocsim.policies.chunks import check_tiling, walk_chunks
+from allocsim.policies.chunks import check_tiling
+from allocsim.policies.cupy_records import (
+    ADDRESS,
+    ADDRESS_MASK,
+    ARENA,
+    CID_SHIFT,
+    KEY,
+    NEXT,
+    NONE,
+    PREV,
+    REQUESTED,
+    SIZE,
+    SIZE_SHIFT,
+    TIE,
+    InUseView,
+    RequestedView,
+    SlotView,
+    end_record,
+    tie,
+)
 
 ALLOCATION_UNIT_SIZE = 512
-NONE = -1
-
-# A free chunk's key orders by (size, creation id), the model of CuPy's (size, id(chunk)); the
-# device address rides in the low bits so a key decodes without a lookup.
-SIZE_SHIFT = 104
-CID_SHIFT = 52
-ADDRESS_MASK = (1 << CID_SHIFT) - 1
+ROUND_UP, ROUND_MASK = ALLOCATION_UNIT_SIZE - 1, -ALLOCATION_UNIT_SIZE    # malloc's _round_size
 NUM_BINS = 65           # bin b holds sizes with bit length b: [2^(b-1), 2^b); sizes are
                         # int64 requests rounded up to 512, so at most 2^63 (bit length 64)
 
@@ -97,7 +119,14 @@ def round_size(nbytes: int) -> int:
 class _Arena:
     """The free chunks of one stream: sorted key lists binned by size bit length, plus a
     bitmask of non-empty bins. The smallest key ≥ (size, 0) is CuPy's ``lower_bound``.
-    add/remove: O(log k) bisection + O(k) list insertion/deletion; largest: O(1)."""
+    add/remove: O(log k) bisection + O(k) list insertion/deletion; largest: O(1).
+
+    CuPyPoolAllocator's malloc and free write add and remove out over ``bins`` and
+    ``nonempty`` (one Python call per event); the copies are held to these methods by the
+    tests: ``check()`` after every event of random workloads (tests/policy_checks.py's
+    referee, tests/test_policy_checks.py, tests/test_cupy_pool.py, which also calls these), and
+    results recorded before they were written out (tests/test_fast_paths.py,
+    tests/test_replay_memory.py). A change here must be made there too."""
 
     __slots__ = ("bins", "nonempty")
 
@@ -156,14 +185,19 @@ class CuPyPoolAllocator(Policy):
     description = "CuPy MemoryPool: 512 B rounding, per-stream best fit, always split"
     def __init__(self, device: DeviceMemory, limit: int = 0, fraction: float = 0.0) -> None:
         super().__init__(device)
-        self.size_of: dict[int, int] = {}       # chunk address -> size
-        self.prev_of: dict[int, int] = {}       # chunk address -> previous chunk in block / NONE
-        self.next_of: dict[int, int] = {}       # chunk address -> next chunk in block / NONE
-        self.cid_of: dict[int, int] = {}        # chunk address -> creation id (object identity)
-        self.in_use: dict[int, _Arena] = {}     # chunk address in use -> its arena
-        self.requested: dict[int, int] = {}     # chunk address in use -> requested bytes
+        self.record: dict[int, list] = {}       # chunk address -> its record (cupy_records)
+        self.end: list = end_record()           # every block's ends link here (CuPy: None)
         self.held: dict[int, int] = {}          # cudaMalloc'd block base -> bytes
         self.arenas: dict[int, _Arena] = {}     # stream -> arena
+        # The chunks as the dicts they once were (views: writes change the records), for
+        # check(), min-capacity's repeat check and the tests; malloc and free read the records.
+        self.size_of = SlotView(self, SIZE)     # chunk address -> size
+        self.prev_of = SlotView(self, PREV)     # chunk address -> previous chunk in block / NONE
+        self.next_of = SlotView(self, NEXT)     # chunk address -> next chunk in block / NONE
+        self.cid_of = SlotView(self, TIE)       # chunk address -> creation id (object identity)
+        self.in_use = InUseView(self)           # chunk address in use -> its arena
+        self.requested = RequestedView(self)    # chunk address in use -> requested bytes
+        self.strays: dict[int, object] = {}     # in_use entries written for no chunk (check())
         self._next_cid = 0
         self._total_bytes = 0
         self._limit = 0
@@ -212,7 +246,7 @@ class CuPyPoolAllocator(Policy):
     def free_all_blocks(self, stream: int | None = None) -> None:
         """cudaFree every free chunk that is a whole block, in all arenas or one stream's."""
         arenas = self.arenas.values() if stream is None else [self.arenas.get(stream)]
-        prev_of, next_of = self.prev_of, self.next_of
+        record, end = self.record, self.end
         for arena in arenas:
             if arena is None or not arena.nonempty:
                 continue
@@ -222,13 +256,12 @@ class CuPyPoolAllocator(Policy):
                 kept = []
                 for key in keys:
                     address = key & ADDRESS_MASK
-                    if prev_of[address] != NONE or next_of[address] != NONE:
+                    chunk = record[address]
+                    if chunk[PREV] is not end or chunk[NEXT] is not end:
                         kept.append(key)
                         continue
-                    nbytes = self.size_of.pop(address)
-                    del prev_of[address], next_of[address], self.cid_of[address]
-                    del self.held[address]
-                    self._total_bytes -= nbytes
+                    del record[address], self.held[address]
+                    self._total_bytes -= chunk[SIZE]
                     self.device.release(address)
                 if len(kept) != len(keys):
                     arena.bins[number] = kept
@@ -236,70 +269,90 @@ class CuPyPoolAllocator(Policy):
                         arena.nonempty &= ~(1 << number)
 
     # -- allocation ------------------------------------------------------------------
+    # The hot path: malloc and free in one body each over the records (cupy_records' slots)
+    # and the arena's bins and bitmask, _Arena.add/remove written out (one Python call per
+    # event). Invariants they keep (check() asserts them): a chunk is in its ARENA's bin of
+    # its size's bit length exactly while free, under the key its KEY slot holds (SIZE <<
+    # SIZE_SHIFT | TIE; 0 while in use); the chunk after or before a free chunk is never free
+    # (free merges at once); a block's chunks all share one ARENA, so a free neighbour is in
+    # the freed chunk's arena; a block's ends link to the end record, in use for ever.
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
-        rounded = -(-size // ALLOCATION_UNIT_SIZE) * ALLOCATION_UNIT_SIZE
+        rounded = (size + ROUND_UP) & ROUND_MASK             # _round_size (size > 0)
         arena = self.arenas.get(stream)
         if arena is None:
             arena = self.arenas[stream] = _Arena()
-        # _Arena.get_chunk: the smallest key ≥ (rounded, 0).
+        # _Arena.get_chunk: the smallest key ≥ (rounded, 0): in bin(rounded) by bisection, else
+        # the first key of the next non-empty bin above it (the bitmask's lowest set bit above).
+        bins = arena.bins
         number = rounded.bit_length()
-        keys = arena.bins[number]
-        key = 0
-        if keys:
-            position = bisect_left(keys, rounded << SIZE_SHIFT)
-            if position < len(keys):
-                key = keys[position]
-                del keys[position]
-                if not keys:
-                    arena.nonempty &= ~(1 << number)
-        if not key:
-            above = arena.nonempty >> (number + 1)
-            if above:
-                number += (above & -above).bit_length()
-                keys = arena.bins[number]
-                key = keys[0]
-                del keys[0]
-                if not keys:
-                    arena.nonempty &= ~(1 << number)
-        size_of = self.size_of
-        if key:
-            address = key & ADDRESS_MASK
-            chunk_size = key >> SIZE_SHIFT
-            if chunk_size != rounded:
-                # _Chunk.split: the caller keeps the low end; the rest is a new chunk object.
-                rest = address + rounded
-                rest_size = chunk_size - rounded
-                next_of = self.next_of
-                after = next_of[address]
-                size_of[address] = rounded
-                size_of[rest] = rest_size
-                self.prev_of[rest] = address
-                next_of[rest] = after
-                next_of[address] = rest
-                if after != NONE:
-                    self.prev_of[after] = rest
-                cid = self._next_cid
-                self._next_cid = cid + 1
-                self.cid_of[rest] = cid
-                arena.add((rest_size << SIZE_SHIFT) | (cid << CID_SHIFT) | rest, rest_size)
+        keys = bins[number]
+        position = bisect_left(keys, rounded << SIZE_SHIFT) if keys else 0
+        if position < len(keys):
+            key = keys[position]
+            del keys[position]
         else:
-            grown = self._try_malloc(rounded)
-            if grown is None:
-                self.num_ooms += 1
-                return None
-            address = grown
-            size_of[address] = rounded
-            self.prev_of[address] = NONE
-            self.next_of[address] = NONE
-            self.cid_of[address] = self._next_cid
-            self._next_cid += 1
-        self.in_use[address] = arena
-        self.requested[address] = size
-        self.bytes_in_use += rounded
-        if self.bytes_in_use > self.peak_bytes_in_use:
-            self.peak_bytes_in_use = self.bytes_in_use
+            above = arena.nonempty >> (number + 1)
+            if not above:
+                return self._malloc_block(size, rounded, arena)
+            number += (above & -above).bit_length()
+            keys = bins[number]
+            key = keys[0]
+            del keys[0]
+        if not keys:
+            arena.nonempty &= ~(1 << number)
+        address = key & ADDRESS_MASK
+        record = self.record
+        chunk = record[address]
+        chunk[KEY] = 0
+        chunk[REQUESTED] = size
+        rest_size = chunk[SIZE] - rounded
+        if rest_size:
+            # _Chunk.split: the caller keeps the low end; the rest is a new (younger) chunk
+            # object of the same arena, free at once without merging (the chunk after a free
+            # chunk is never free).
+            rest = address + rounded
+            after = chunk[NEXT]
+            chunk[SIZE] = rounded
+            cid = self._next_cid
+            self._next_cid = cid + 1
+            low = cid << CID_SHIFT | rest                   # its TIE
+            key = rest_size << SIZE_SHIFT | low
+            record[rest] = chunk[NEXT] = after[PREV] = [
+                rest_size, chunk, after, key, rest, 0, arena, low]
+            # _Arena.add(key, rest_size)
+            number = rest_size.bit_length()
+            keys = bins[number]
+            if not keys:
+                arena.nonempty |= 1 << number
+                keys.append(key)
+            elif key > keys[-1]:
+                keys.append(key)
+            else:
+                insort(keys, key)
+        in_use = self.bytes_in_use + rounded
+        self.bytes_in_use = in_use
+        if in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = in_use
+        self.num_allocs += 1
+        return address
+
+    def _malloc_block(self, size: int, rounded: int, arena: _Arena) -> int | None:
+        """malloc's miss (no free chunk fits in ``arena``): a new block of exactly ``rounded``
+        bytes through :meth:`_try_malloc`, one chunk in use, of ``arena``, or None (an OOM)."""
+        address = self._try_malloc(rounded)
+        if address is None:
+            self.num_ooms += 1
+            return None
+        cid = self._next_cid
+        self._next_cid = cid + 1
+        end = self.end
+        self.record[address] = [rounded, end, end, 0, address, size, arena, tie(cid, address)]
+        in_use = self.bytes_in_use + rounded
+        self.bytes_in_use = in_use
+        if in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = in_use
         self.num_allocs += 1
         return address
 
@@ -336,100 +389,145 @@ class CuPyPoolAllocator(Policy):
         return base
 
     def free(self, address: int) -> None:
-        arena = self.in_use.pop(address)
-        del self.requested[address]
-        in_use = self.in_use
-        size_of, next_of, prev_of, cid_of = self.size_of, self.next_of, self.prev_of, self.cid_of
-        size = size_of[address]
+        """Return chunk ``address`` to its arena (KeyError unless it is in use), merged with
+        its free neighbours: _Arena.try_merge_chunk then insert_chunk, each free neighbour's
+        key read from its record."""
+        record = self.record
+        chunk = record[address]
+        size, before, after, key, _, _, arena, low = chunk
+        if key:
+            raise KeyError(f"chunk {address:#x} is not in use")
         self.bytes_in_use -= size
         self.num_frees += 1
+        bins = arena.bins
         # _Arena.try_merge_chunk: the next chunk if free (this chunk object survives) ...
-        after = next_of[address]
-        if after != NONE and after not in in_use:
-            merged = after
-            merged_size = size_of.pop(merged)
-            arena.remove((merged_size << SIZE_SHIFT) | (cid_of.pop(merged) << CID_SHIFT) | merged,
-                         merged_size)
-            size += merged_size
-            after = next_of.pop(merged)
-            del prev_of[merged]
-            next_of[address] = after
-            if after != NONE:
-                prev_of[after] = address
+        key = after[KEY]
+        if key:
+            merged = after[SIZE]
+            # _Arena.remove(key, merged)
+            number = merged.bit_length()
+            keys = bins[number]
+            del keys[bisect_left(keys, key)]
+            if not keys:
+                arena.nonempty &= ~(1 << number)
+            del record[after[ADDRESS]]
+            size += merged
+            after = chunk[NEXT] = after[NEXT]
+            after[PREV] = chunk
         # ... then the previous chunk if free (the previous chunk's object survives).
-        before = prev_of[address]
-        if before != NONE and before not in in_use:
-            before_size = size_of[before]
-            arena.remove((before_size << SIZE_SHIFT) | (cid_of[before] << CID_SHIFT) | before,
-                         before_size)
-            del size_of[address], prev_of[address], next_of[address], cid_of[address]
-            address = before
-            size += before_size
-            next_of[address] = after
-            if after != NONE:
-                prev_of[after] = address
-        size_of[address] = size
-        arena.add((size << SIZE_SHIFT) | (cid_of[address] << CID_SHIFT) | address, size)
+        key = before[KEY]
+        if key:
+            merged = before[SIZE]
+            number = merged.bit_length()
+            keys = bins[number]
+            del keys[bisect_left(keys, key)]
+            if not keys:
+                arena.nonempty &= ~(1 << number)
+            del record[address]
+            size += merged
+            chunk, low = before, before[TIE]
+            chunk[NEXT] = after
+            after[PREV] = chunk
+        chunk[SIZE] = size
+        # _Arena.add(key, size)
+        chunk[KEY] = key = size << SIZE_SHIFT | low
+        number = size.bit_length()
+        keys = bins[number]
+        if not keys:
+            arena.nonempty |= 1 << number
+            keys.append(key)
+        elif key > keys[-1]:
+            keys.append(key)
+        else:
+            insort(keys, key)
 
     def empty_cache(self) -> None:
         self.free_all_blocks()
 
     # -- views -----------------------------------------------------------------------
     def blocks(self) -> Iterator[tuple[int, int, bool]]:
-        return walk_chunks(self.held, self.size_of, self.next_of, self.in_use)
+        end = self.end
+        for base in sorted(self.held):
+            chunk = self.record[base]
+            while chunk is not end:
+                yield chunk[ADDRESS], chunk[SIZE], not chunk[KEY]
+                chunk = chunk[NEXT]
 
     def check(self) -> None:
         """Assert: the chunks tile their cudaMalloc'd blocks (links, contiguity, no strays);
-        every chunk has a creation id, all distinct and already issued, and a size that is a
-        multiple of 512; each arena is well formed and holds exactly the free chunks, each once,
-        under its (size, creation id, address) key; all chunks of one block belong to one arena
-        (the arena of a free chunk, ``in_use``'s arena of a chunk in use); no two neighbouring
-        chunks are both free; total_bytes = the blocks' sum, within the limit; used bytes,
-        requests and allocs − frees agree with a recount; peaks ≥ current values."""
-        size_of = self.size_of
-        block_of = check_tiling(self.held, size_of, self.prev_of, self.next_of)
-        require(self.cid_of.keys() == size_of.keys(), "CuPy: creation ids are not the chunks'")
-        cids = list(self.cid_of.values())
+        every record sits at its own address and the end record is a sentinel; every chunk has
+        a creation id, all distinct and already issued, its TIE being that id above its
+        address, and a size that is a multiple of 512;
+        each arena is well formed and holds exactly the free chunks, each once, in its own
+        ARENA, under its (size, creation id, address) key, the key its KEY slot holds; all
+        chunks of one block belong to one arena; no two neighbouring chunks are both free;
+        total_bytes = the blocks' sum, within the limit; used bytes, requests and allocs − frees
+        agree with a recount; peaks ≥ current values."""
+        record = self.record
+        size_of = {a: c[SIZE] for a, c in record.items()}
+        block_of = check_tiling(self.held, size_of,
+                                {a: c[PREV][ADDRESS] for a, c in record.items()},
+                                {a: c[NEXT][ADDRESS] for a, c in record.items()})
+        for address, chunk in record.items():
+            if chunk[ADDRESS] != address:
+                fail(f"CuPy: the record at {address:#x} says it is at {chunk[ADDRESS]:#x}")
+        end = self.end
+        require(end[SIZE] == 0 and end[KEY] == 0 and end[ADDRESS] == NONE,
+                "CuPy: the end record is not a sentinel")
+        cid_of = {a: c[TIE] >> CID_SHIFT for a, c in record.items() if c[TIE] is not None}
+        require(cid_of.keys() == size_of.keys(), "CuPy: creation ids are not the chunks'")
+        for address in cid_of:
+            if record[address][TIE] & ADDRESS_MASK != address:
+                fail(f"CuPy: chunk {address:#x}'s TIE does not end in its address")
+        cids = list(cid_of.values())
         require(len(set(cids)) == len(cids), "CuPy: two chunks share a creation id")
         require(max(cids, default=-1) < self._next_cid, "CuPy: a creation id not yet issued")
         for address, size in size_of.items():
             if size % ALLOCATION_UNIT_SIZE:
                 fail(f"CuPy: chunk {address:#x} of {size} bytes is not a multiple of 512")
-        strays = self.in_use.keys() - size_of.keys()
-        require(not strays, f"CuPy: {len(strays)} chunks in use are in no block")
-        arena_of: dict[int, _Arena] = dict(self.in_use)
+        require(not self.strays, f"CuPy: {len(self.strays)} chunks in use are in no block")
+        in_use = {a: c[ARENA] for a, c in record.items() if not c[KEY]}
+        seen = set(in_use)
         for arena in self.arenas.values():
             arena.check()
             for key in arena.keys():
                 address = key & ADDRESS_MASK
-                if address in arena_of:
+                if address in seen:
                     fail(f"CuPy: chunk {address:#x} is free in an arena and in use, or free twice")
-                size = key >> SIZE_SHIFT
-                if (size_of.get(address) != size
-                        or (key >> CID_SHIFT) & ADDRESS_MASK != self.cid_of[address]):
+                free = record.get(address)
+                if (free is None or free[SIZE] != key >> SIZE_SHIFT
+                        or cid_of.get(address) != (key >> CID_SHIFT) & ADDRESS_MASK):
                     fail(f"CuPy: arena key of chunk {address:#x} disagrees with its size or id")
-                arena_of[address] = arena
-        require(len(arena_of) == len(size_of), "CuPy: a free chunk is in no arena")
-        owner: dict[int, _Arena] = {}
+                if free[KEY] != key:
+                    fail(f"CuPy: free chunk {address:#x}'s KEY is not its arena key")
+                if free[ARENA] is not arena:
+                    fail(f"CuPy: free chunk {address:#x} sits in an arena not its own")
+                seen.add(address)
+        require(len(seen) == len(record), "CuPy: a free chunk is in no arena")
+        owner: dict[int, object] = {}
         for address, base in block_of.items():
-            if owner.setdefault(base, arena_of[address]) is not arena_of[address]:
+            arena = record[address][ARENA]
+            if owner.setdefault(base, arena) is not arena:
                 fail(f"CuPy: the chunks of block {base:#x} belong to two arenas")
-        for address, after in self.next_of.items():
-            if after != NONE and address not in self.in_use and after not in self.in_use:
-                fail(f"CuPy: neighbouring free chunks {address:#x} and {after:#x} not merged")
+        for address, chunk in record.items():
+            after = chunk[NEXT]
+            if chunk[KEY] and after[KEY]:
+                fail(f"CuPy: neighbouring free chunks {address:#x} and {after[ADDRESS]:#x} "
+                     "not merged")
         require(self._total_bytes == sum(self.held.values()),
                 "CuPy: total_bytes is not the blocks' sum")
         require(not self._limit or self._total_bytes <= self._limit,
                 "CuPy: total_bytes over the limit")
-        check_live_chunks("CuPy", self, self.requested, self.in_use, size_of)
+        check_live_chunks("CuPy", self, dict(self.requested), in_use, size_of)
         require(self.peak_bytes_in_use >= self.bytes_in_use, "CuPy: peak_bytes_in_use < current")
         require(self.peak_total_bytes >= self._total_bytes, "CuPy: peak_total_bytes < current")
 
     def stats(self) -> PolicyStats:
+        requested = sum(c[REQUESTED] for c in self.record.values() if not c[KEY])
         return PolicyStats(
             num_allocs=self.num_allocs, num_frees=self.num_frees, num_ooms=self.num_ooms,
             bytes_in_use=self.bytes_in_use, peak_bytes_in_use=self.peak_bytes_in_use,
-            bytes_requested=sum(self.requested.values()), pool_bytes=self._total_bytes,
+            bytes_requested=requested, pool_bytes=self._total_bytes,
             peak_pool_bytes=self.peak_total_bytes,
             largest_free_block=max((a.largest() for a in self.arenas.values()), default=0),
             free_blocks=self.n_free_blocks())
