@@ -1,13 +1,18 @@
 """PyTorch caching allocator: blocks, segments and the free lists per pool.
 
-A block is an address; its fields live in dicts keyed by address (size, prev, next, pool key,
-requested bytes while allocated). Blocks tile their segment through prev/next links (0 = none).
-Each (stream, pool) key — ``stream << 1 | small`` — has one free list: a plain sorted list of
-``size << 52 | address`` keys, PyTorch's BlockPool ordered by (stream, size, address).
-:class:`BlockPools` holds that state and every counter of memory_stats(), keeps the free lists
-(insert and remove: O(log k) bisection + O(k) list insertion/deletion, k = free blocks of the
-pool; the hot path in pytorch_caching.py does the same inline) and asserts their invariants in
-:meth:`BlockPools.check`.
+A block is one record (a list, CUDACachingAllocator.cpp's Block: size, the records of its
+neighbours, pool key, requested bytes, address — the slots of policies/pytorch_records.py),
+kept in :attr:`BlockPools.block_map` by address. Blocks tile their segment through their
+prev/next links (None at the segment's ends). Requested bytes say the block's state: the
+caller's request while allocated (> 0), 0 while free and mapped, UNMAPPED for unmapped space
+of an expandable segment. Each (stream, pool) key — ``stream << 1 | small`` — has one free
+list: a plain sorted list of ``size << 52 | address`` keys, PyTorch's BlockPool ordered by
+(stream, size, address). :class:`BlockPools` holds that state and every counter of
+memory_stats(), keeps the free lists (insert and remove: O(log k) bisection + O(k) list
+insertion/deletion, k = free blocks of the pool; the hot path in pytorch_caching.py does the
+same inline) and asserts their invariants in :meth:`BlockPools.check`. The address-keyed
+tables the blocks were before the records (``_size``, ``_prev``, ``_next``, ``_home``,
+``_req``, ``_unmapped``) remain as views of the records, for check()'s readers and the tests.
 
 The counters that only memory_stats() reads (:data:`MEMORY_STATS_ONLY`) can be left out when
 nobody will read that report (``memory_stats_kept`` False, set through
@@ -20,11 +25,24 @@ the choice is made before the run and not when the report is asked for.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterator
+from collections.abc import MutableMapping, MutableSet
 from itertools import pairwise
 
 from allocsim.policies.base import DeviceMemory, Policy, fail, require
 from allocsim.policies.chunks import check_tiling
+from allocsim.policies.pytorch_records import (
+    ADDRESS,
+    HOME,
+    NEXT,
+    PREV,
+    REQ,
+    SIZE,
+    UNMAPPED,
+    BlockMap,
+    RequestedView,
+    SlotView,
+    UnmappedView,
+)
 from allocsim.policies.pytorch_settings import K_MIN_BLOCK_SIZE
 
 SHIFT = 52                           # free-list key = size << 52 | address (addresses < 2**52)
@@ -72,13 +90,18 @@ class BlockPools(Policy):
 
     def __init__(self, device: DeviceMemory) -> None:
         super().__init__(device)
-        # Blocks, keyed by address: every block (allocated, free, unmapped) has size/prev/next/home.
-        self._size: dict[int, int] = {}
-        self._prev: dict[int, int] = {}          # 0 = none (first block of its segment)
-        self._next: dict[int, int] = {}          # 0 = none (last block of its segment)
-        self._home: dict[int, int] = {}          # pool key = stream << 1 | small
-        self._req: dict[int, int] = {}           # allocated blocks -> requested bytes
-        self._unmapped: set[int] = set()         # unmapped blocks (expandable segments only)
+        # Blocks: one record each (allocated, free, unmapped), keyed by address — the slots
+        # of pytorch_records.py, neighbours linked as records (None at a segment's ends).
+        self.block_map = BlockMap()
+        # The same blocks as address-keyed tables (views of the records: check()'s readers
+        # and the tests read them; a write through one changes the records).
+        blocks = self.block_map
+        self._size: MutableMapping[int, int] = SlotView(blocks, SIZE)
+        self._prev: MutableMapping[int, int] = SlotView(blocks, PREV)    # 0 = none (first)
+        self._next: MutableMapping[int, int] = SlotView(blocks, NEXT)    # 0 = none (last)
+        self._home: MutableMapping[int, int] = SlotView(blocks, HOME)    # stream << 1 | small
+        self._req: MutableMapping[int, int] = RequestedView(blocks)      # allocated -> request
+        self._unmapped: MutableSet[int] = UnmappedView(blocks)           # expandable only
         self._gc_base: dict[int, int] = {}       # free block -> pool's search count at insertion
         # Free mapped blocks per pool key, as sorted keys size << 52 | address.
         self._free: dict[int, list[int]] = {}
@@ -132,28 +155,29 @@ class BlockPools(Policy):
         self.memory_stats_kept = keep
 
     # -- block bookkeeping (off the hot path) ------------------------------------------
-    def _remove_free(self, address: int) -> None:
-        keys = self._free[self._home[address]]
-        del keys[bisect_left(keys, self._size[address] << SHIFT | address)]
+    def _remove_free(self, block: list) -> None:
+        keys = self._free[block[HOME]]
+        del keys[bisect_left(keys, block[SIZE] << SHIFT | block[ADDRESS])]
 
-    def _insert_free(self, address: int) -> None:
+    def _insert_free(self, block: list) -> None:
         """BlockPool::insert_into_blocks: into the free list, stamped with the search count."""
-        pool_key = self._home[address]
-        insort(self._free.setdefault(pool_key, []), self._size[address] << SHIFT | address)
+        pool_key = block[HOME]
+        insort(self._free.setdefault(pool_key, []), block[SIZE] << SHIFT | block[ADDRESS])
         if self._gc_on:
-            self._gc_base[address] = self._gc_calls[pool_key & 1]
+            self._gc_base[block[ADDRESS]] = self._gc_calls[pool_key & 1]
 
-    def _forget(self, address: int) -> None:
-        del self._size[address], self._prev[address], self._next[address], self._home[address]
+    def _forget(self, block: list) -> None:
+        address = block[ADDRESS]
+        del self.block_map.record[address]
         self._gc_base.pop(address, None)
 
-    def _new_segment(self, segment: Segment) -> None:
+    def _new_segment(self, segment: Segment) -> list:
+        """The segment's one block, free and mapped (the caller unmaps it or hands it out)."""
         base = segment.base
         self.segment_map[base] = segment
-        self._size[base] = segment.size
-        self._prev[base] = 0
-        self._next[base] = 0
-        self._home[base] = segment.pool_key
+        block = self.block_map.record[base] = [segment.size, None, None, segment.pool_key, 0,
+                                               base]
+        return block
 
     def _reserved_change(self, nbytes: int) -> None:
         self.pool_bytes += nbytes
@@ -168,15 +192,14 @@ class BlockPools(Policy):
         if self.oversize_allocations > self.peak_oversize_allocations:
             self.peak_oversize_allocations = self.oversize_allocations
 
-    def _chain(self, base: int) -> Iterator[int]:
-        """The blocks of the segment at ``base`` in address order, unmapped ones included."""
-        address = base
-        while address:
-            yield address
-            address = self._next[address]
+    def _links(self, slot: int) -> dict[int, int]:
+        """Block address → its PREV or NEXT neighbour's address (0 = none), as a plain dict."""
+        return {address: 0 if block[slot] is None else block[slot][ADDRESS]
+                for address, block in self.block_map.record.items()}
 
     def check(self) -> None:
-        """Assert the block invariants: blocks tile their segments (links, contiguity, no
+        """Assert the block invariants: every record sits at its own address and links only
+        to the records of the table; blocks tile their segments (links, contiguity, no
         strays) and carry their segment's pool key; allocated blocks are mapped and hold their
         request; each free list is strictly ascending and holds exactly the free mapped blocks
         of its pool, at their sizes; no two neighbouring blocks are both free and mapped
@@ -185,22 +208,31 @@ class BlockPools(Policy):
         memory_stats() agrees with a recount (allocated, requested, reserved, segments,
         inactive splits, oversize blocks and segments), peaks ≥ current values — those of
         MEMORY_STATS_ONLY when kept, and none of them held (stale) when not. O(n log n)."""
-        size_of, next_of, home, req = self._size, self._next, self._home, self._req
-        unmapped = self._unmapped
-        segment_of = check_tiling({b: s.size for b, s in self.segment_map.items()}, size_of,
-                                  self._prev, next_of, none=0)
-        require(home.keys() == size_of.keys(), "pytorch: a block lacks its pool key")
+        record = self.block_map.record
+        for address, block in record.items():
+            if block[ADDRESS] != address:
+                fail(f"pytorch: the record at {address:#x} says it is at {block[ADDRESS]:#x}")
+            for link in block[PREV], block[NEXT]:
+                if link is not None and record.get(link[ADDRESS]) is not link:
+                    fail(f"pytorch: block {address:#x} links to a record not in the table")
+        segment_of = check_tiling({b: s.size for b, s in self.segment_map.items()},
+                                  {a: block[SIZE] for a, block in record.items()},
+                                  self._links(PREV), self._links(NEXT), none=0)
+        require(all(block[HOME] is not None for block in record.values()),
+                "pytorch: a block lacks its pool key")
         for address, base in segment_of.items():
-            if home[address] != self.segment_map[base].pool_key:
+            block = record[address]
+            if block[HOME] != self.segment_map[base].pool_key:
                 fail(f"pytorch: block {address:#x} is in a pool not its segment's")
-            if size_of[address] % K_MIN_BLOCK_SIZE:
+            if block[SIZE] % K_MIN_BLOCK_SIZE:
                 fail(f"pytorch: block {address:#x} is not a multiple of 512 bytes")
-        for address, requested in req.items():
-            if address not in size_of or address in unmapped:
-                fail(f"pytorch: allocated block {address:#x} is unknown or unmapped")
-            if not 0 < requested <= size_of[address]:
+        for address in self.block_map.strays:
+            fail(f"pytorch: allocated block {address:#x} is unknown or unmapped")
+        for address, block in record.items():
+            requested = block[REQ]
+            if requested and requested != UNMAPPED and not 0 < requested <= block[SIZE]:
                 fail(f"pytorch: block {address:#x} holds less than its request of {requested}")
-        free = {a for a in size_of if a not in req and a not in unmapped}
+        free = {a for a, block in record.items() if not block[REQ]}
         listed: set[int] = set()
         for pool_key, keys in self._free.items():
             for before, key in pairwise(keys):
@@ -211,41 +243,45 @@ class BlockPools(Policy):
                 if address not in free or address in listed:
                     fail(f"pytorch: free list of pool {pool_key} holds {address:#x}, not a "
                          "free mapped block or listed twice")
-                if size_of[address] != key >> SHIFT or home[address] != pool_key:
+                block = record[address]
+                if block[SIZE] != key >> SHIFT or block[HOME] != pool_key:
                     fail(f"pytorch: free-list key of {address:#x} disagrees with its size "
                          "or pool")
                 listed.add(address)
         if listed != free:
             fail(f"pytorch: {len(free - listed)} free blocks are in no free list")
         for address in free:
-            after = next_of[address]
-            if after in free:
-                fail(f"pytorch: neighbouring free blocks {address:#x} and {after:#x} not merged")
+            after = record[address][NEXT]
+            if after is not None and not after[REQ]:
+                fail(f"pytorch: neighbouring free blocks {address:#x} and {after[ADDRESS]:#x} "
+                     "not merged")
         if self._gc_on:
             for address in free:
                 stamp = self._gc_base.get(address)
-                if stamp is None or stamp > self._gc_calls[home[address] & 1]:
+                if stamp is None or stamp > self._gc_calls[record[address][HOME] & 1]:
                     fail(f"pytorch: free block {address:#x} lacks a valid GC stamp")
         else:
             require(not self._gc_base, "pytorch: GC stamps kept with garbage collection off")
         self._check_counters(free)
 
     def _check_counters(self, free: set[int]) -> None:
-        size_of, req = self._size, self._req
-        require(self.bytes_in_use == sum(size_of[a] for a in req),
+        blocks = self.block_map.record.values()
+        allocated = [block for block in blocks if block[REQ] > 0]
+        require(self.bytes_in_use == sum(block[SIZE] for block in allocated),
                 f"pytorch: bytes_in_use {self.bytes_in_use} is not the allocated blocks' sum")
-        require(self.requested == sum(req.values()),
+        require(self.requested == sum(block[REQ] for block in allocated),
                 "pytorch: requested bytes are not the allocated blocks' requests")
-        require(self.num_allocs - self.num_frees == len(req),
+        require(self.num_allocs - self.num_frees == len(allocated),
                 "pytorch: allocs − frees is not the number of allocated blocks")
-        mapped = sum(size_of[a] for a in size_of if a not in self._unmapped)
+        mapped = sum(block[SIZE] for block in blocks if block[REQ] != UNMAPPED)
         require(self.pool_bytes == mapped, f"pytorch: reserved {self.pool_bytes} is not the "
                 f"mapped blocks' sum {mapped}")
         plain = [s for s in self.segment_map.values() if not s.expandable]
         require(self.num_segments == len(plain), "pytorch: segment count disagrees")
         require(self.oversize_segments == sum(s.size >= self.max_split_size for s in plain),
                 "pytorch: oversize segment count disagrees")
-        require(self.oversize_allocations == sum(size_of[a] >= self.max_split_size for a in req),
+        require(self.oversize_allocations == sum(block[SIZE] >= self.max_split_size
+                                                 for block in allocated),
                 "pytorch: oversize allocation count disagrees")
         peaks = [(self.bytes_in_use, self.peak_bytes_in_use),
                  (self.pool_bytes, self.peak_pool_bytes), (self.num_segments, self.peak_segments),
@@ -257,15 +293,17 @@ class BlockPools(Policy):
         else:
             require(len(held) == len(MEMORY_STATS_ONLY),
                     "pytorch: a counter of memory_stats() is missing while it is kept")
-            split_free = [a for s in plain if self._next[s.base] for a in self._chain(s.base)
-                          if a in free]
+            chain = self.block_map.chain
+            split_free = [block for s in plain if self.block_map.record[s.base][NEXT]
+                          for block in chain(s.base) if block[ADDRESS] in free]
             require(self.inactive_split == len(split_free),
                     f"pytorch: inactive_split {self.inactive_split} is not the "
                     f"{len(split_free)} free blocks of split segments")
-            require(self.inactive_split_bytes == sum(size_of[a] for a in split_free),
+            require(self.inactive_split_bytes == sum(block[SIZE] for block in split_free),
                     "pytorch: inactive_split_bytes disagrees with the free blocks of split "
                     "segments")
-            peaks += [(self.requested, self.peak_requested), (len(req), self.peak_allocations),
+            peaks += [(self.requested, self.peak_requested), (len(allocated),
+                                                              self.peak_allocations),
                       (self.inactive_split, self.peak_inactive_split),
                       (self.inactive_split_bytes, self.peak_inactive_split_bytes)]
         for current, peak in peaks:

@@ -89,11 +89,14 @@ and release steps) → pytorch_snapshot (seed, segments, memory_stats) → this 
 parameters, malloc and free — the hot path: the general malloc/free for every setting, and
 _malloc_default/_free_default for PyTorch's defaults without memory_stats()'s counters, and
 _malloc_expandable/_free_expandable for the same with expandable segments, each pair held to the
-general pair on random workloads by tests/test_fast_path_equivalence.py). Costs: malloc
-is an O(log k) bisection in the (stream, pool) free list plus O(k) list deletion and, for a
-split, insertion (k = free blocks of that pool); free is O(1) link updates plus one
-O(log k + k) update per merged neighbour and one for the joined block; a miss adds the steps in
-pytorch_oom.
+general pair on random workloads by tests/test_fast_path_equivalence.py). Each block is one
+record (a list: size, the records before and after it, pool key, requested bytes, address;
+policies/pytorch_records.py), found by address in ``block_map.record``; the address-keyed
+tables ``_size``, ``_prev``, ``_next``, ``_home``, ``_req`` and ``_unmapped`` are views of the
+records. Costs: malloc is an O(log k) bisection in the (stream, pool) free list plus O(k) list
+deletion and, for a split, insertion (k = free blocks of that pool); free is O(1) link updates
+plus one O(log k + k) update per merged neighbour and one for the joined block; a miss adds
+the steps in pytorch_oom.
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ from typing import Any, ClassVar
 
 from allocsim.policies.base import DeviceMemory, Param, params_of
 from allocsim.policies.pytorch_blocks import MASK, SHIFT
+from allocsim.policies.pytorch_records import ADDRESS, NEXT, PREV, REQ, SIZE, UNMAPPED
 from allocsim.policies.pytorch_settings import (
     K_LARGE_BUFFER,
     K_MIN_BLOCK_SIZE,
@@ -131,9 +135,10 @@ __all__ = [
 
 
 class PyTorchCachingAllocator(Snapshots):
-    """See the module docstring. Blocks are addresses; their fields live in dicts keyed by
-    address (size, prev, next, pool key, requested bytes if allocated), which is what keeps
-    malloc/free at a few dict operations and one ``bisect`` each."""
+    """See the module docstring. Each block is one record (a list, pytorch_records.py's
+    slots), its neighbours linked as records; malloc and free find it with one dict lookup
+    by address and then read and write list slots — a split adds one dict entry (the rest's
+    record), a merge drops one — plus one ``bisect`` and one ``insort`` in the free list."""
 
     name = "pytorch"
     capacity_use = "limit; unless per_process_memory_fraction, expandable_segments"
@@ -238,6 +243,11 @@ class PyTorchCachingAllocator(Snapshots):
             self._keep_memory_stats_only(False)
 
     # -- the hot path ------------------------------------------------------------------
+    # Over the block records (pytorch_records.py's slots; invariants: pytorch_blocks.py's
+    # docstring and BlockPools.check): a free list holds exactly the free mapped blocks of its
+    # pool, keyed size << 52 | address; a block is free and mapped exactly when its REQ slot is
+    # 0 (allocated: its request, > 0; unmapped: UNMAPPED), so the merge test is one slot read;
+    # links are records or None at a segment's ends; no two neighbours are both free and mapped.
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
@@ -254,8 +264,9 @@ class PyTorchCachingAllocator(Snapshots):
             keys = self._free[pool_key] = []
         if self._gc_on:
             self._gc_calls[small] += 1
+        record = self.block_map.record
         # get_free_block: the smallest block of this stream and pool that fits, or none.
-        block = 0
+        block = None
         position = bisect_left(keys, rounded << SHIFT)
         if position < len(keys):
             if self.expandable:
@@ -265,36 +276,31 @@ class PyTorchCachingAllocator(Snapshots):
             max_split = self.max_split_size
             if rounded < max_split:
                 if block_size < max_split:
-                    block = key & MASK
+                    block = record[key & MASK]
             elif block_size < rounded + self.max_non_split_rounding:
-                block = key & MASK
-            if block:
+                block = record[key & MASK]
+            if block is not None:
                 del keys[position]
-        if not block:
-            found = self._malloc_miss(rounded, small, stream, pool_key)
-            if found is None:
+        if block is None:
+            block = self._malloc_miss(rounded, small, stream, pool_key)
+            if block is None:
                 return None
-            block, block_size = found
+            block_size = block[SIZE]
+        address = block[ADDRESS]
         # should_split, then alloc_found_block.
         remaining = block_size - rounded
         if small or self.expandable:
             split = remaining >= K_MIN_BLOCK_SIZE
         else:
             split = rounded < self.max_split_size and remaining > K_SMALL_SIZE
-        next_of = self._next
-        already_split = self._prev[block] or next_of[block]
+        already_split = block[PREV] is not None or block[NEXT] is not None
         if split:
-            size_of = self._size
-            rest = block + rounded
-            after = next_of[block]
-            size_of[block] = rounded
-            size_of[rest] = remaining
-            self._prev[rest] = block
-            next_of[rest] = after
-            next_of[block] = rest
-            if after:
-                self._prev[after] = rest
-            self._home[rest] = pool_key
+            rest = address + rounded
+            after = block[NEXT]
+            block[SIZE] = rounded
+            record[rest] = block[NEXT] = piece = [remaining, block, after, pool_key, 0, rest]
+            if after is not None:
+                after[PREV] = piece
             insort(keys, remaining << SHIFT | rest)
             if self._gc_on:
                 self._gc_base[rest] = self._gc_calls[small]
@@ -316,7 +322,7 @@ class PyTorchCachingAllocator(Snapshots):
         elif already_split and not self.expandable:
             self.inactive_split -= 1
             self.inactive_split_bytes -= block_size
-        self._req[block] = size
+        block[REQ] = size
         in_use = self.bytes_in_use + block_size
         self.bytes_in_use = in_use
         if in_use > self.peak_bytes_in_use:
@@ -333,62 +339,60 @@ class PyTorchCachingAllocator(Snapshots):
             self.peak_allocations = live
         if block_size >= self.max_split_size:
             self._oversize_allocation()
-        return block
+        return address
 
     def free(self, address: int) -> None:
-        req = self._req
-        requested = req.pop(address)
-        size_of, prev_of, next_of, home = self._size, self._prev, self._next, self._home
-        size = size_of[address]
+        record = self.block_map.record
+        block = record[address]
+        size, before, after, pool_key, requested, _ = block
+        if requested <= 0:
+            raise KeyError(f"pytorch: block {address:#x} is not allocated")
+        block[REQ] = 0
         self.bytes_in_use -= size
         self.requested -= requested
         self.num_frees += 1
         if size >= self.max_split_size:
             self.oversize_allocations -= 1
-        pool_key = home[address]
         keys = self._free[pool_key]
-        unmapped = self._unmapped
-        # free_block: try_merge_blocks with the previous block, then with the next one.
-        block = address
+        # free_block: try_merge_blocks with the previous block, then with the next one, each
+        # when free and mapped (REQ 0).
         total = size
         subsumed_count = 0
         subsumed_bytes = 0
-        before = prev_of[address]
-        if before and before not in req and before not in unmapped:
-            before_size = size_of[before]
-            del keys[bisect_left(keys, before_size << SHIFT | before)]
-            after = next_of.pop(address)
-            del size_of[address], prev_of[address], home[address]
-            next_of[before] = after
-            if after:
-                prev_of[after] = before
+        if before is not None and not before[REQ]:
+            before_size = before[SIZE]
+            del keys[bisect_left(keys, before_size << SHIFT | before[ADDRESS])]
+            del record[address]
+            before[NEXT] = after
+            if after is not None:
+                after[PREV] = before
             block = before
             total += before_size
             subsumed_count = 1
             subsumed_bytes = before_size
-        after = next_of[block]
-        if after and after not in req and after not in unmapped:
-            after_size = size_of.pop(after)
-            del keys[bisect_left(keys, after_size << SHIFT | after)]
-            beyond = next_of.pop(after)
-            del prev_of[after], home[after]
-            next_of[block] = beyond
-            if beyond:
-                prev_of[beyond] = block
+        if after is not None and not after[REQ]:
+            after_size = after[SIZE]
+            del keys[bisect_left(keys, after_size << SHIFT | after[ADDRESS])]
+            del record[after[ADDRESS]]
+            beyond = block[NEXT] = after[NEXT]
+            if beyond is not None:
+                beyond[PREV] = block
             total += after_size
             subsumed_count += 1
             subsumed_bytes += after_size
-        size_of[block] = total
-        insort(keys, total << SHIFT | block)
+        block[SIZE] = total
+        insort(keys, total << SHIFT | block[ADDRESS])
         if self._gc_on:
+            # The freed block's stamp and the next block's (merged or not) go; the joined
+            # block is stamped anew.
             gc_base = self._gc_base
             gc_base.pop(address, None)
-            gc_base.pop(after, None)
-            gc_base[block] = self._gc_calls[pool_key & 1]
+            gc_base.pop(0 if after is None else after[ADDRESS], None)
+            gc_base[block[ADDRESS]] = self._gc_calls[pool_key & 1]
         if not self.expandable:
             # free_block's net change of inactive_split(_bytes): the neighbours it swallowed
             # stop counting; the joined block counts while its segment is still split.
-            if prev_of[block] or next_of[block]:
+            if block[PREV] is not None or block[NEXT] is not None:
                 nbytes = self.inactive_split_bytes + size
                 self.inactive_split_bytes = nbytes
                 self.inactive_split_bytes_total += size
@@ -412,9 +416,12 @@ class PyTorchCachingAllocator(Snapshots):
     # max_split_size unlimited (so every block may be split and none is oversize) — and with
     # only the counters that stats() and the engine read: bytes_in_use and its peak,
     # requested, num_allocs, num_frees (MEMORY_STATS_ONLY are not kept). Bound in place of them
-    # by :meth:`keep_memory_stats` (False) when those settings hold. The same decisions and
-    # the same state: tests/test_fast_path_equivalence.py holds them to malloc/free after
-    # every step of random workloads, tests/test_fast_paths.py to the results recorded before.
+    # by :meth:`keep_memory_stats` (False) when those settings hold. Over the same records and
+    # free lists (the invariants above the general path), the same decisions and the same
+    # state: one dict lookup to find the block, one new dict entry per split (the rest's
+    # record), one deleted per merged neighbour; the rest is list slots.
+    # tests/test_fast_path_equivalence.py holds them to malloc/free after every step of random
+    # workloads, tests/test_fast_paths.py to the results recorded before.
     def _malloc_default(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
@@ -425,76 +432,78 @@ class PyTorchCachingAllocator(Snapshots):
         keys = free_lists.get(pool_key)
         if keys is None:
             keys = free_lists[pool_key] = []
+        record = self.block_map.record
         # get_free_block: the smallest block of this stream and pool that fits, or none.
         position = bisect_left(keys, rounded << SHIFT)
         if position < len(keys):
             key = keys.pop(position)
-            block = key & MASK
+            address = key & MASK
             block_size = key >> SHIFT
+            block = record[address]
         else:
             found = self._malloc_miss(rounded, small, stream, pool_key)
             if found is None:
                 return None
-            block, block_size = found
-        # should_split, then alloc_found_block (the caller keeps the low end).
+            block = found
+            address = block[ADDRESS]
+            block_size = block[SIZE]
+        # should_split, then alloc_found_block (the caller keeps the low end; the block after
+        # a free block is never free, so the rest needs no merge).
         remaining = block_size - rounded
         if remaining >= K_MIN_BLOCK_SIZE if small else remaining > K_SMALL_SIZE:
-            size_of, prev_of, next_of = self._size, self._prev, self._next
-            rest = block + rounded
-            after = next_of[block]
-            size_of[block] = rounded
-            size_of[rest] = remaining
-            prev_of[rest] = block
-            next_of[rest] = after
-            next_of[block] = rest
-            if after:
-                prev_of[after] = rest
-            self._home[rest] = pool_key
+            rest = address + rounded
+            after = block[NEXT]
+            block[SIZE] = rounded
+            record[rest] = block[NEXT] = piece = [remaining, block, after, pool_key, 0, rest]
+            if after is not None:
+                after[PREV] = piece
             insort(keys, remaining << SHIFT | rest)
             block_size = rounded
-        self._req[block] = size
+        block[REQ] = size
         in_use = self.bytes_in_use + block_size
         self.bytes_in_use = in_use
         if in_use > self.peak_bytes_in_use:
             self.peak_bytes_in_use = in_use
         self.requested += size
         self.num_allocs += 1
-        return block
+        return address
 
     def _free_default(self, address: int) -> None:
-        req = self._req
-        size_of, prev_of, next_of, home = self._size, self._prev, self._next, self._home
-        size = size_of[address]
+        record = self.block_map.record
+        block = record[address]
+        size, before, after, pool_key, requested, _ = block
+        if requested <= 0:
+            raise KeyError(f"pytorch: block {address:#x} is not allocated")
         self.bytes_in_use -= size
-        self.requested -= req.pop(address)
+        self.requested -= requested
         self.num_frees += 1
-        keys = self._free[home[address]]
-        # free_block: try_merge_blocks with the previous block, then with the next one.
-        block = address
-        total = size
-        before = prev_of[address]
-        if before and before not in req:
-            before_size = size_of[before]
-            del keys[bisect_left(keys, before_size << SHIFT | before)]
-            after = next_of.pop(address)
-            del size_of[address], prev_of[address], home[address]
-            next_of[before] = after
-            if after:
-                prev_of[after] = before
+        keys = self._free[pool_key]
+        # free_block: try_merge_blocks with the previous block, then with the next one, each
+        # when free and mapped (REQ 0: an allocated neighbour's is its request, an unmapped
+        # one's UNMAPPED — which is why the same body serves expandable segments).
+        if before is not None and not before[REQ]:
+            merged = before[SIZE]
+            address = before[ADDRESS]
+            del keys[bisect_left(keys, merged << SHIFT | address)]
+            del record[block[ADDRESS]]
+            before[NEXT] = after
+            if after is not None:
+                after[PREV] = before
             block = before
-            total += before_size
-        after = next_of[block]
-        if after and after not in req:
-            after_size = size_of.pop(after)
-            del keys[bisect_left(keys, after_size << SHIFT | after)]
-            beyond = next_of.pop(after)
-            del prev_of[after], home[after]
-            next_of[block] = beyond
-            if beyond:
-                prev_of[beyond] = block
-            total += after_size
-        size_of[block] = total
-        insort(keys, total << SHIFT | block)
+            size += merged
+        else:
+            block[REQ] = 0
+        if after is not None and not after[REQ]:
+            merged = after[SIZE]
+            after_address = after[ADDRESS]
+            del keys[bisect_left(keys, merged << SHIFT | after_address)]
+            del record[after_address]
+            beyond = block[NEXT] = after[NEXT]
+            if beyond is not None:
+                beyond[PREV] = block
+            size += merged
+        block[SIZE] = size
+        insort(keys, size << SHIFT | address)
 
     # -- the hot path, specialised for the defaults with expandable segments ---------------
     # :meth:`_malloc_default` and :meth:`_free_default` with ``expandable_segments=true``:
@@ -502,9 +511,10 @@ class PyTorchCachingAllocator(Snapshots):
     # the unmapped space right behind them is smaller (get_free_block's expandable walk,
     # ExpandableSegments._expandable_best_fit written out), a block splits when ≥ 512 bytes
     # remain, whatever its pool (should_split), and free merges only with equally mapped
-    # neighbours (an unmapped block is in no free list and never joins a mapped one). No
-    # inactive-split counters (expandable segments keep none). Bound by keep_memory_stats(False)
-    # under those settings; held to malloc/free by tests/test_fast_path_equivalence.py.
+    # neighbours — which _free_default already does: an unmapped block's REQ is UNMAPPED, not
+    # 0, so it is never taken for a free one (and it is in no free list). No inactive-split
+    # counters (expandable segments keep none). Bound by keep_memory_stats(False) under those
+    # settings; held to malloc/free by tests/test_fast_path_equivalence.py.
     def _malloc_expandable(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
@@ -515,89 +525,58 @@ class PyTorchCachingAllocator(Snapshots):
         keys = free_lists.get(pool_key)
         if keys is None:
             keys = free_lists[pool_key] = []
-        size_of, next_of = self._size, self._next
+        record = self.block_map.record
         position = bisect_left(keys, rounded << SHIFT)
         if position < len(keys):
             # get_free_block's expandable walk: a block's expandable size is its own plus the
-            # unmapped block right behind it; move on while the next block's is smaller.
-            unmapped = self._unmapped
-            block = keys[position] & MASK
-            after = next_of[block]
-            current = size_of[block] + (size_of[after] if after in unmapped else 0)
-            last = len(keys) - 1
-            while position < last:
-                block = keys[position + 1] & MASK
-                after = next_of[block]
-                following = size_of[block] + (size_of[after] if after in unmapped else 0)
-                if following >= current:
-                    break
-                position += 1
-                current = following
-            key = keys.pop(position)
-            block = key & MASK
-            block_size = key >> SHIFT
+            # unmapped block right behind it; move on while the next block's is smaller. The
+            # keys ascend by size, so the next block's expandable size is at least this one's
+            # own size: with no unmapped block behind this one the walk would stop at once, and
+            # it is not taken (the same choice, without reading the next block).
+            block = record[keys[position] & MASK]
+            after = block[NEXT]
+            if after is not None and after[REQ] == UNMAPPED:
+                current = block[SIZE] + after[SIZE]
+                last = len(keys) - 1
+                while position < last:
+                    candidate = record[keys[position + 1] & MASK]
+                    after = candidate[NEXT]
+                    following = candidate[SIZE] + (
+                        after[SIZE] if after is not None and after[REQ] == UNMAPPED else 0)
+                    if following >= current:
+                        break
+                    position += 1
+                    current = following
+                    block = candidate
+            del keys[position]
+            address = block[ADDRESS]
+            block_size = block[SIZE]
         else:
             found = self._malloc_miss(rounded, small, stream, pool_key)
             if found is None:
                 return None
-            block, block_size = found
+            block = found
+            address = block[ADDRESS]
+            block_size = block[SIZE]
         # should_split (expandable: ≥ 512 bytes remain), then alloc_found_block.
         remaining = block_size - rounded
         if remaining >= K_MIN_BLOCK_SIZE:
-            prev_of = self._prev
-            rest = block + rounded
-            after = next_of[block]
-            size_of[block] = rounded
-            size_of[rest] = remaining
-            prev_of[rest] = block
-            next_of[rest] = after
-            next_of[block] = rest
-            if after:
-                prev_of[after] = rest
-            self._home[rest] = pool_key
+            rest = address + rounded
+            after = block[NEXT]
+            block[SIZE] = rounded
+            record[rest] = block[NEXT] = piece = [remaining, block, after, pool_key, 0, rest]
+            if after is not None:
+                after[PREV] = piece
             insort(keys, remaining << SHIFT | rest)
             block_size = rounded
-        self._req[block] = size
+        block[REQ] = size
         in_use = self.bytes_in_use + block_size
         self.bytes_in_use = in_use
         if in_use > self.peak_bytes_in_use:
             self.peak_bytes_in_use = in_use
         self.requested += size
         self.num_allocs += 1
-        return block
+        return address
 
-    def _free_expandable(self, address: int) -> None:
-        req, unmapped = self._req, self._unmapped
-        size_of, prev_of, next_of, home = self._size, self._prev, self._next, self._home
-        size = size_of[address]
-        self.bytes_in_use -= size
-        self.requested -= req.pop(address)
-        self.num_frees += 1
-        keys = self._free[home[address]]
-        # free_block: try_merge_blocks with the previous block, then with the next one, each
-        # only when free and mapped.
-        block = address
-        total = size
-        before = prev_of[address]
-        if before and before not in req and before not in unmapped:
-            before_size = size_of[before]
-            del keys[bisect_left(keys, before_size << SHIFT | before)]
-            after = next_of.pop(address)
-            del size_of[address], prev_of[address], home[address]
-            next_of[before] = after
-            if after:
-                prev_of[after] = before
-            block = before
-            total += before_size
-        after = next_of[block]
-        if after and after not in req and after not in unmapped:
-            after_size = size_of.pop(after)
-            del keys[bisect_left(keys, after_size << SHIFT | after)]
-            beyond = next_of.pop(after)
-            del prev_of[after], home[after]
-            next_of[block] = beyond
-            if beyond:
-                prev_of[beyond] = block
-            total += after_size
-        size_of[block] = total
-        insort(keys, total << SHIFT | block)
+    # free with expandable segments: _free_default's body as it is (the comment above).
+    _free_expandable = _free_default

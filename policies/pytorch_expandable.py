@@ -2,14 +2,15 @@
 
 With ``expandable_segments`` each (stream, pool) grows one virtual range instead of taking
 new segments: pages (2 MiB small pool, 20 MiB large pool) are mapped behind free space on a
-miss and unmapped by release_cached_blocks. Unmapped space is held as blocks too (in
-``_unmapped``, and per pool in an address-sorted list). A recorded start state is laid out in
-the same terms by ``Snapshots.seed`` (pytorch_snapshot.py): mapped ranges and the unmapped
-space around them in one virtual range of :meth:`ExpandableSegments._range_size` bytes.
-Costs: find_expandable_block walks this pool's unmapped blocks in address order, O(u · blocks
-walked); map_block and unmap_block are O(1) link updates plus O(log k + k) free-list and
-unmapped-list updates and one device call; the get_free_block walk over growable blocks is
-O(blocks passed).
+miss and unmapped by release_cached_blocks. Unmapped space is held as blocks too (their
+records' requested bytes are UNMAPPED, and per pool an address-sorted list holds them). A
+recorded start state is laid out in the same terms by ``Snapshots.seed``
+(pytorch_snapshot.py): mapped ranges and the unmapped space around them in one virtual range
+of :meth:`ExpandableSegments._range_size` bytes. The steps here take and return block records
+(pytorch_records.py). Costs: find_expandable_block walks this pool's unmapped blocks in
+address order, O(u · blocks walked); map_block and unmap_block are O(1) link updates plus
+O(log k + k) free-list and unmapped-list updates and one device call; the get_free_block walk
+over growable blocks is O(blocks passed).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from bisect import bisect_left, insort
 
 from allocsim.policies.base import fail, require
 from allocsim.policies.pytorch_blocks import MASK, BlockPools, Segment
+from allocsim.policies.pytorch_records import ADDRESS, HOME, NEXT, PREV, REQ, SIZE, UNMAPPED
 from allocsim.policies.pytorch_settings import K_LARGE_BUFFER, K_SMALL_BUFFER
 
 
@@ -33,47 +35,50 @@ class ExpandableSegments(BlockPools):
     def _expandable_best_fit(self, keys: list[int], position: int) -> int:
         """get_free_block's walk: from the first fitting block, move on to bigger blocks while
         their size plus the unmapped space right behind them is smaller."""
-        size_of, next_of, unmapped = self._size, self._next, self._unmapped
+        record = self.block_map.record
         # A block's expandable size: its own plus the unmapped block right behind it (written
         # out twice rather than as a helper: this runs on every expandable malloc).
-        address = keys[position] & MASK
-        after = next_of[address]
-        current = size_of[address] + (size_of[after] if after in unmapped else 0)
+        block = record[keys[position] & MASK]
+        after = block[NEXT]
+        current = block[SIZE] + (after[SIZE] if after is not None and after[REQ] == UNMAPPED
+                                 else 0)
         last = len(keys) - 1
         while position < last:
-            address = keys[position + 1] & MASK
-            after = next_of[address]
-            following = size_of[address] + (size_of[after] if after in unmapped else 0)
+            block = record[keys[position + 1] & MASK]
+            after = block[NEXT]
+            following = block[SIZE] + (after[SIZE] if after is not None and after[REQ] == UNMAPPED
+                                       else 0)
             if following >= current:
                 break
             position += 1
             current = following
         return position
 
-    def _find_expandable_block(self, stream: int, small: bool, size: int) -> int:
+    def _find_expandable_block(self, stream: int, small: bool, size: int) -> list:
         """find_expandable_block: over this stream's unmapped blocks of this pool in address
         order, the first where a free block just before it plus the free and unmapped space
         from there holds ``size``; else a new virtual range of ceil(1.125 × capacity) pages."""
         pool_key = stream << 1 | small
-        req, size_of, next_of = self._req, self._size, self._next
-        for candidate in self._unmapped_lists.get(pool_key, ()):
-            before = self._prev[candidate]
-            if before and before not in req:
+        record = self.block_map.record
+        for address in self._unmapped_lists.get(pool_key, ()):
+            candidate = record[address]
+            before = candidate[PREV]
+            if before is not None and before[REQ] <= 0:
                 candidate = before
             nbytes = 0
-            address = candidate
-            while nbytes < size and address and address not in req:
-                nbytes += size_of[address]
-                address = next_of[address]
+            block = candidate
+            while nbytes < size and block is not None and block[REQ] <= 0:
+                nbytes += block[SIZE]
+                block = block[NEXT]
             if nbytes >= size:
                 return candidate
         page = K_SMALL_BUFFER if small else K_LARGE_BUFFER
         nbytes = self._range_size(page)
         base = self.device.address_range(nbytes)
-        self._new_segment(Segment(base, nbytes, stream, small, True, page))
+        block = self._new_segment(Segment(base, nbytes, stream, small, True, page))
         insort(self._es_bases, base)
-        self._add_unmapped(base)
-        return base
+        self._add_unmapped(block)
+        return block
 
     def _range_size(self, page: int) -> int:
         """The bytes of a new virtual range with pages of ``page`` bytes: ceil(1.125 ×
@@ -83,167 +88,175 @@ class ExpandableSegments(BlockPools):
         capacity = self.device.capacity
         return -(-(capacity + capacity // 8) // page) * page
 
-    def _add_unmapped(self, address: int) -> None:
-        self._unmapped.add(address)
-        insort(self._unmapped_lists.setdefault(self._home[address], []), address)
+    def _add_unmapped(self, block: list) -> None:
+        block[REQ] = UNMAPPED
+        insort(self._unmapped_lists.setdefault(block[HOME], []), block[ADDRESS])
 
-    def _drop_unmapped(self, address: int) -> None:
-        self._unmapped.remove(address)
-        addresses = self._unmapped_lists[self._home[address]]
-        del addresses[bisect_left(addresses, address)]
+    def _drop_unmapped(self, block: list) -> None:
+        if block[REQ] != UNMAPPED:
+            raise KeyError(f"block {block[ADDRESS]:#x} is not unmapped")
+        block[REQ] = 0
+        addresses = self._unmapped_lists[block[HOME]]
+        del addresses[bisect_left(addresses, block[ADDRESS])]
 
-    def _try_merge(self, dst: int, src: int, dst_mapped: bool) -> int:
+    def _try_merge(self, dst: list, src: list | None, dst_mapped: bool) -> list:
         """try_merge_blocks: join ``dst`` (in no index) with its neighbour ``src`` if that is
-        not allocated and equally mapped; ``src`` leaves its index. Returns the joined block's
-        address (the lower of the two), or ``dst`` when they do not join."""
-        if not src or src in self._req or (src not in self._unmapped) != dst_mapped:
+        not allocated and equally mapped; ``src`` leaves its index. Returns the joined block
+        (the lower of the two), or ``dst`` when they do not join."""
+        if src is None or src[REQ] > 0 or (src[REQ] != UNMAPPED) != dst_mapped:
             return dst
         if dst_mapped:
             self._remove_free(src)
         else:
             self._drop_unmapped(src)
-        low, high = (src, dst) if src < dst else (dst, src)
-        size_of, prev_of, next_of = self._size, self._prev, self._next
-        beyond = next_of[high]
-        size_of[low] += size_of[high]
-        next_of[low] = beyond
-        if beyond:
-            prev_of[beyond] = low
+        low, high = (src, dst) if src[ADDRESS] < dst[ADDRESS] else (dst, src)
+        beyond = high[NEXT]
+        low[SIZE] += high[SIZE]
+        low[NEXT] = beyond
+        if beyond is not None:
+            beyond[PREV] = low
         self._forget(high)
         return low
 
-    def _map_block(self, address: int, size: int) -> int | None:
-        """map_block: map the whole pages covering [address, address + size) of unmapped block
-        ``address`` (one device call); what is left stays unmapped; the mapped block joins its
-        free neighbours and the free list. Returns its address, or None if the device refused."""
+    def _map_block(self, block: list, size: int) -> list | None:
+        """map_block: map the whole pages covering [address, address + size) of unmapped
+        ``block`` (one device call); what is left stays unmapped; the mapped block joins its
+        free neighbours and the free list. Returns it, or None if the device refused."""
+        address = block[ADDRESS]
         page = self._segment_of(address).page
         nbytes = -(-size // page) * page
         if not self.device.map(address, nbytes):
             return None
-        self._drop_unmapped(address)
-        size_of, next_of = self._size, self._next
-        if nbytes < size_of[address]:
+        self._drop_unmapped(block)
+        if nbytes < block[SIZE]:
             rest = address + nbytes
-            after = next_of[address]
-            size_of[rest] = size_of[address] - nbytes
-            self._prev[rest] = address
-            next_of[rest] = after
-            if after:
-                self._prev[after] = rest
-            next_of[address] = rest
-            self._home[rest] = self._home[address]
-            self._add_unmapped(rest)
-            size_of[address] = nbytes
-        address = self._try_merge(address, self._prev[address], True)
-        address = self._try_merge(address, next_of[address], True)
-        self._insert_free(address)
+            after = block[NEXT]
+            piece = [block[SIZE] - nbytes, block, after, block[HOME], 0, rest]
+            self.block_map.record[rest] = block[NEXT] = piece
+            if after is not None:
+                after[PREV] = piece
+            self._add_unmapped(piece)
+            block[SIZE] = nbytes
+        block = self._try_merge(block, block[PREV], True)
+        block = self._try_merge(block, block[NEXT], True)
+        self._insert_free(block)
         self._reserved_change(nbytes)
         self.num_device_alloc += 1
-        return address
+        return block
 
     def _try_allocate_expandable_block(self, stream: int, small: bool,
-                                       size: int) -> tuple[int, int] | None:
+                                       size: int) -> list | None:
         """try_allocate_expandable_block: map pages from the block find_expandable_block chose
-        until it holds ``size``. Pages mapped before a refusal stay mapped, as free blocks."""
-        candidate = self._find_expandable_block(stream, small, size)
-        if candidate in self._unmapped:
-            mapped = self._map_block(candidate, min(self._size[candidate], size))
+        until it holds ``size``. Pages mapped before a refusal stay mapped, as free blocks.
+        Returns the block, in no free list."""
+        block = self._find_expandable_block(stream, small, size)
+        if block[REQ] == UNMAPPED:
+            mapped = self._map_block(block, min(block[SIZE], size))
             if mapped is None:
                 return None
-            candidate = mapped
-        while self._size[candidate] < size:
-            following = self._next[candidate]
-            mapped = self._map_block(following,
-                                     min(size - self._size[candidate], self._size[following]))
+            block = mapped
+        while block[SIZE] < size:
+            following = block[NEXT]
+            mapped = self._map_block(following, min(size - block[SIZE], following[SIZE]))
             if mapped is None:
                 return None
-            candidate = mapped
-        self._remove_free(candidate)
-        return candidate, self._size[candidate]
+            block = mapped
+        self._remove_free(block)
+        return block
 
-    def _unmap_block(self, address: int) -> int | None:
-        """unmap_block: unmap the whole pages inside free block ``address`` (one device call);
-        the parts before and after them stay free; the unmapped range joins unmapped
-        neighbours. Returns the unmapped block, or None when no whole page lies inside."""
+    def _unmap_block(self, block: list) -> list | None:
+        """unmap_block: unmap the whole pages inside free ``block`` (one device call); the
+        parts before and after them stay free; the unmapped range joins unmapped neighbours.
+        Returns the unmapped block, or None when no whole page lies inside."""
+        address = block[ADDRESS]
         segment = self._segment_of(address)
         page, base = segment.page, segment.base
-        size_of, prev_of, next_of, home = self._size, self._prev, self._next, self._home
-        size = size_of[address]
+        size = block[SIZE]
         begin = -(-(address - base) // page)
         end = (address + size - base) // page
         if begin >= end:
             return None
-        self._remove_free(address)
+        self._remove_free(block)
         self._gc_base.pop(address, None)
         start = base + begin * page
         length = (end - begin) * page
         before_size = start - address
         after_size = size - before_size - length
-        pool_key = home[address]
+        pool_key = block[HOME]
         pieces = [(start, length)]
         if before_size:
             pieces.insert(0, (address, before_size))
         if after_size:
             pieces.append((start + length, after_size))
-        previous, following = prev_of[address], next_of[address]
+        # The first piece starts at ``address``: it keeps the block's record.
+        record = self.block_map.record
+        following = block[NEXT]
+        previous = block[PREV]
         for piece, piece_size in pieces:
-            size_of[piece] = piece_size
-            prev_of[piece] = previous
-            home[piece] = pool_key
-            if previous:
-                next_of[previous] = piece
-            previous = piece
-        next_of[previous] = following
-        if following:
-            prev_of[following] = previous
+            if piece == address:
+                current = block
+                current[SIZE] = piece_size
+            else:
+                current = record[piece] = [piece_size, previous, None, pool_key, 0, piece]
+            if previous is not None:
+                previous[NEXT] = current
+            previous = current
+        current[NEXT] = following
+        if following is not None:
+            following[PREV] = current
         if before_size:
-            self._insert_free(address)
+            self._insert_free(block)
         if after_size:
-            self._insert_free(start + length)
-        unmapped = self._try_merge(start, prev_of[start], False)
-        unmapped = self._try_merge(unmapped, next_of[unmapped], False)
+            self._insert_free(current)
+        unmapped = record[start]
+        unmapped = self._try_merge(unmapped, unmapped[PREV], False)
+        unmapped = self._try_merge(unmapped, unmapped[NEXT], False)
         self._add_unmapped(unmapped)
         self.device.unmap(start, length)
         self._reserved_change(-length)
         self.num_device_free += 1
         return unmapped
 
-    def _release_expandable_segment(self, address: int) -> None:
+    def _release_expandable_segment(self, block: list) -> None:
         """release_expandable_segment: forget a virtual range that is one unmapped block."""
+        address = block[ADDRESS]
         segment = self.segment_map.pop(address)
-        if self._size[address] != segment.size or address not in self._unmapped:
+        if block[SIZE] != segment.size or block[REQ] != UNMAPPED:
             raise AssertionError(f"expandable segment {address:#x} is not wholly unmapped")
-        self._drop_unmapped(address)
-        self._forget(address)
+        self._drop_unmapped(block)
+        self._forget(block)
         del self._es_bases[bisect_left(self._es_bases, address)]
 
     def check(self) -> None:
         """BlockPools' invariants, and those of unmapped space: ``_es_bases`` lists exactly the
         expandable segments, and all segments are of the configured kind; only expandable
-        segments hold unmapped blocks, never allocated, each starting and ending on a page
-        boundary of its segment; no two neighbouring blocks are both unmapped; each pool's
-        unmapped list is the address-sorted unmapped blocks of that pool."""
+        segments hold unmapped blocks (never allocated ones: a record is one or the other,
+        and BlockPools.check names a request written for unmapped space), each starting and
+        ending on a page boundary of its segment; no two neighbouring blocks are both
+        unmapped; each pool's unmapped list is the address-sorted unmapped blocks of that
+        pool."""
         super().check()
         expected = sorted(b for b, s in self.segment_map.items() if s.expandable)
         require(self._es_bases == expected, "pytorch: _es_bases is not the expandable segments")
-        unmapped, size_of, next_of = self._unmapped, self._size, self._next
         by_pool: dict[int, list[int]] = {}
         for segment in self.segment_map.values():
             if segment.expandable != self.expandable:
                 fail(f"pytorch: segment {segment.base:#x} of the other kind")
-            for address in self._chain(segment.base):
-                if address not in unmapped:
+            for block in self.block_map.chain(segment.base):
+                if block[REQ] != UNMAPPED:
                     continue
-                if not segment.expandable or address in self._req:
-                    fail(f"pytorch: unmapped block {address:#x} is allocated or in a segment "
-                         "that is not expandable")
+                address = block[ADDRESS]
+                if not segment.expandable:
+                    fail(f"pytorch: unmapped block {address:#x} is in a segment that is not "
+                         "expandable")
                 offset = address - segment.base
-                if offset % segment.page or size_of[address] % segment.page:
+                if offset % segment.page or block[SIZE] % segment.page:
                     fail(f"pytorch: unmapped block {address:#x} is not whole pages")
-                if next_of[address] in unmapped:
+                after = block[NEXT]
+                if after is not None and after[REQ] == UNMAPPED:
                     fail(f"pytorch: neighbouring unmapped blocks at {address:#x} not merged")
                 by_pool.setdefault(segment.pool_key, []).append(address)
-        require(sum(map(len, by_pool.values())) == len(unmapped),
+        require(sum(map(len, by_pool.values())) == len(self._unmapped),
                 "pytorch: unmapped blocks that are in no segment")
         for pool_key, addresses in self._unmapped_lists.items():
             if addresses != sorted(by_pool.pop(pool_key, [])):

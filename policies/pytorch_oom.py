@@ -14,6 +14,7 @@ from bisect import bisect_left
 
 from allocsim.policies.pytorch_blocks import MASK, SHIFT, Segment
 from allocsim.policies.pytorch_expandable import ExpandableSegments
+from allocsim.policies.pytorch_records import ADDRESS, NEXT, PREV, SIZE
 from allocsim.policies.pytorch_settings import NO_LIMIT, get_allocation_size
 
 
@@ -21,9 +22,10 @@ class ReleasePath(ExpandableSegments):
     """malloc's miss path and the release steps it shares with empty_cache()."""
 
     def _malloc_miss(self, rounded: int, small: bool, stream: int,
-                     pool_key: int) -> tuple[int, int] | None:
+                     pool_key: int) -> list | None:
         """Everything after a failed search: GC, alloc_block, then the two release-and-retry
-        steps; an OOM when all fail. Returns a block in no free list, as get_free_block would."""
+        steps; an OOM when all fail. Returns a block's record, in no free list, as
+        get_free_block would."""
         alloc_size = get_allocation_size(rounded)
         if self._gc_on:
             self._garbage_collect_cached_blocks()
@@ -38,8 +40,9 @@ class ReleasePath(ExpandableSegments):
         return found
 
     def _alloc_block(self, rounded: int, small: bool, stream: int, alloc_size: int,
-                     is_retry: bool) -> tuple[int, int] | None:
-        """alloc_block: a new segment of ``alloc_size`` (cudaMalloc), or mapped pages."""
+                     is_retry: bool) -> list | None:
+        """alloc_block: a new segment of ``alloc_size`` (cudaMalloc), or mapped pages; the
+        block found, in no free list."""
         if is_retry:
             self.num_alloc_retries += 1
         if self.set_fraction and self.pool_bytes + alloc_size > self.allowed_memory_maximum:
@@ -49,7 +52,7 @@ class ReleasePath(ExpandableSegments):
         base = self.device.reserve(alloc_size)
         if base is None:
             return None
-        self._new_segment(Segment(base, alloc_size, stream, small, False))
+        block = self._new_segment(Segment(base, alloc_size, stream, small, False))
         self._reserved_change(alloc_size)
         self.num_segments += 1
         self.segments_total += 1
@@ -61,16 +64,17 @@ class ReleasePath(ExpandableSegments):
             if self.oversize_segments > self.peak_oversize_segments:
                 self.peak_oversize_segments = self.oversize_segments
         self.num_device_alloc += 1
-        return base, alloc_size
+        return block
 
-    def _release_block(self, address: int) -> None:
+    def _release_block(self, block: list) -> None:
         """release_block: cudaFree a free whole-segment block (it is in its free list)."""
+        address = block[ADDRESS]
         segment = self.segment_map.pop(address)
-        size = self._size[address]
-        if segment.size != size or self._prev[address] or self._next[address]:
+        size = block[SIZE]
+        if segment.size != size or block[PREV] is not None or block[NEXT] is not None:
             raise AssertionError(f"release_block of {address:#x}, which is not a whole segment")
-        self._remove_free(address)
-        self._forget(address)
+        self._remove_free(block)
+        self._forget(block)
         self.device.release(address)
         self._reserved_change(-size)
         self.num_segments -= 1
@@ -86,16 +90,17 @@ class ReleasePath(ExpandableSegments):
         if max_split == NO_LIMIT or self.expandable:
             return False
         keys = self._free[pool_key]
+        record = self.block_map.record
         target = max(rounded, max_split)
         position = bisect_left(keys, target << SHIFT)
         if position < len(keys):
-            self._release_block(keys[position] & MASK)
+            self._release_block(record[keys[position] & MASK])
             return True
         released = 0
         index = position - 1
         while released < target and index >= 0 and keys[index] >> SHIFT >= max_split:
             key = keys[index]
-            self._release_block(key & MASK)
+            self._release_block(record[key & MASK])
             released += key >> SHIFT
             index -= 1
         return released >= target
@@ -106,17 +111,18 @@ class ReleasePath(ExpandableSegments):
         every free block instead, and forget a virtual range left wholly unmapped."""
         self.num_sync_all_streams += 1
         pool_keys = sorted(self._free, key=lambda k: (k & 1, k))    # large pools first
+        record = self.block_map.record
         if not self.expandable:
             for pool_key in pool_keys:
                 for key in list(self._free[pool_key]):
-                    address = key & MASK
-                    if not self._prev[address] and not self._next[address]:
-                        self._release_block(address)
+                    block = record[key & MASK]
+                    if block[PREV] is None and block[NEXT] is None:
+                        self._release_block(block)
             return
         to_unmap = [key & MASK for pool_key in pool_keys for key in self._free[pool_key]]
         for address in to_unmap:
-            unmapped = self._unmap_block(address)
-            if unmapped is not None and not self._prev[unmapped] and not self._next[unmapped]:
+            unmapped = self._unmap_block(record[address])
+            if unmapped is not None and unmapped[PREV] is None and unmapped[NEXT] is None:
                 self._release_expandable_segment(unmapped)
 
     def _garbage_collect_cached_blocks(self) -> None:
@@ -128,9 +134,10 @@ class ReleasePath(ExpandableSegments):
             return
         target = self.pool_bytes - threshold
         now = self._gc_calls[0]
+        record = self.block_map.record
         candidates = [key & MASK for pool_key, keys in self._free.items() if not pool_key & 1
                       for key in keys
-                      if not self._prev[key & MASK] and not self._next[key & MASK]]
+                      if record[key & MASK][PREV] is None and record[key & MASK][NEXT] is None]
         age = {address: now - self._gc_base[address] for address in candidates}
         total_age = sum(age.values())
         count = len(candidates)
@@ -143,10 +150,11 @@ class ReleasePath(ExpandableSegments):
             for address in candidates:
                 if age[address] >= age_threshold:
                     freed = True
-                    reclaimed += self._size[address]
+                    block = record[address]
+                    reclaimed += block[SIZE]
                     total_age -= age[address]
                     count -= 1
-                    self._release_block(address)
+                    self._release_block(block)
                 else:
                     kept.append(address)
             candidates = kept

@@ -17,6 +17,7 @@ from typing import Any
 from allocsim.policies.base import PolicyStats
 from allocsim.policies.pytorch_blocks import SHIFT, Segment
 from allocsim.policies.pytorch_oom import ReleasePath
+from allocsim.policies.pytorch_records import ADDRESS, NEXT, REQ, SIZE, UNMAPPED
 from allocsim.policies.pytorch_settings import (
     K_LARGE_BUFFER,
     K_SMALL_BUFFER,
@@ -25,7 +26,7 @@ from allocsim.policies.pytorch_settings import (
 )
 
 FREE = -1                  # a seeded piece that is a cached free block
-UNMAPPED = -2              # a seeded piece that is unmapped space of an expandable segment
+UNMAPPED_PIECE = -2        # a seeded piece that is unmapped space of an expandable segment
 
 
 def segment_is_small(seg: dict[str, Any]) -> bool:
@@ -145,20 +146,18 @@ class Snapshots(ReleasePath):
                       mapping: dict[int, int]) -> None:
         """Lay out one seeded segment's blocks and count them as malloc/free would have."""
         self._new_segment(segment)
-        base = segment.base
-        self._link(base, segment.pool_key, pieces)
+        blocks = self._link(segment.base, segment.pool_key, pieces)
         split = len(pieces) > 1
-        for offset, size, requested in pieces:
-            address = base + offset
+        for (offset, size, requested), block in zip(pieces, blocks, strict=True):
             if requested < 0:
-                self._insert_free(address)
+                self._insert_free(block)
                 if split:
                     self.inactive_split += 1
                     self.inactive_split_total += 1
                     self.inactive_split_bytes += size
                     self.inactive_split_bytes_total += size
                 continue
-            self._seed_allocated(address, size, requested, recorded + offset, mapping)
+            self._seed_allocated(block, requested, recorded + offset, mapping)
         self._seed_peaks()
         self._reserved_change(segment.size)
         self.num_segments += 1
@@ -218,7 +217,7 @@ class Snapshots(ReleasePath):
             page = K_SMALL_BUFFER if small else K_LARGE_BUFFER
             base = min([int(group[0]["address"])] + [int(s["range_base"]) for s in group
                                                     if s.get("range_base") is not None])
-            runs: list[list[int]] = []      # [offset, size, requested | FREE | UNMAPPED]
+            runs: list[list[int]] = []      # [offset, size, requested | FREE | UNMAPPED_PIECE]
             ranges: list[tuple[int, int]] = []          # mapped: (offset, size)
             cursor = base
             for seg in group:
@@ -231,7 +230,7 @@ class Snapshots(ReleasePath):
                     raise ValueError(f"expandable segment {recorded:#x} overlaps the one "
                                      "before it")
                 if recorded > cursor:
-                    runs.append([cursor - base, recorded - cursor, UNMAPPED])
+                    runs.append([cursor - base, recorded - cursor, UNMAPPED_PIECE])
                 for offset, size, requested in pieces:
                     if requested == FREE and runs and runs[-1][2] == FREE:
                         runs[-1][1] += size             # touching ranges: free_block joins
@@ -241,7 +240,7 @@ class Snapshots(ReleasePath):
                 cursor = recorded + total
             nbytes = max(self._range_size(page), -(-(cursor - base) // page) * page)
             if cursor < base + nbytes:
-                runs.append([cursor - base, base + nbytes - cursor, UNMAPPED])
+                runs.append([cursor - base, base + nbytes - cursor, UNMAPPED_PIECE])
             layouts.append((base, Segment(0, nbytes, stream, small, True, page), runs, ranges))
         layouts.sort(key=lambda layout: layout[0])
         for recorded_base, segment, runs, ranges in layouts:
@@ -259,39 +258,40 @@ class Snapshots(ReleasePath):
         as the map_block calls and mallocs would have."""
         self._new_segment(segment)
         insort(self._es_bases, segment.base)
-        base = segment.base
-        self._link(base, segment.pool_key, runs)
-        for offset, size, requested in runs:
-            address = base + offset
-            if requested == UNMAPPED:
-                self._add_unmapped(address)
+        blocks = self._link(segment.base, segment.pool_key, runs)
+        for (offset, _, requested), block in zip(runs, blocks, strict=True):
+            if requested == UNMAPPED_PIECE:
+                self._add_unmapped(block)
             elif requested == FREE:
-                self._insert_free(address)
+                self._insert_free(block)
             else:
-                self._seed_allocated(address, size, requested, recorded + offset, mapping)
+                self._seed_allocated(block, requested, recorded + offset, mapping)
         self._seed_peaks()
         for _, total in ranges:
             self._reserved_change(total)
             self.num_device_alloc += 1
 
-    def _link(self, base: int, pool_key: int, pieces: list[list[int]]) -> None:
-        """Blocks at ``base`` + each piece's offset, linked in order, in pool ``pool_key``."""
-        previous = 0
+    def _link(self, base: int, pool_key: int, pieces: list[list[int]]) -> list[list]:
+        """Blocks at ``base`` + each piece's offset, linked in order, in pool ``pool_key``, free
+        and mapped (the first replaces the segment's whole block); their records in order."""
+        record = self.block_map.record
+        blocks: list[list] = []
+        previous: list | None = None
         for offset, size, _ in pieces:
             address = base + offset
-            self._size[address] = size
-            self._prev[address] = previous
-            self._next[address] = 0
-            self._home[address] = pool_key
-            if previous:
-                self._next[previous] = address
-            previous = address
+            block = record[address] = [size, previous, None, pool_key, 0, address]
+            if previous is not None:
+                previous[NEXT] = block
+            blocks.append(block)
+            previous = block
+        return blocks
 
-    def _seed_allocated(self, address: int, size: int, requested: int, recorded: int,
+    def _seed_allocated(self, block: list, requested: int, recorded: int,
                         mapping: dict[int, int]) -> None:
         """Count a seeded allocated block as malloc would have."""
-        mapping[recorded] = address
-        self._req[address] = requested
+        size = block[SIZE]
+        mapping[recorded] = block[ADDRESS]
+        block[REQ] = requested
         self.bytes_in_use += size
         self.allocated_total += size
         self.requested += requested
@@ -311,11 +311,10 @@ class Snapshots(ReleasePath):
     def blocks(self) -> Iterator[tuple[int, int, bool]]:
         """Every block of memory held from the device, in address order. Unmapped address
         space of expandable segments is not memory held, so it is left out."""
-        unmapped = self._unmapped
         for base in sorted(self.segment_map):
-            for address in self._chain(base):
-                if address not in unmapped:
-                    yield address, self._size[address], address in self._req
+            for block in self.block_map.chain(base):
+                if block[REQ] != UNMAPPED:
+                    yield block[ADDRESS], block[SIZE], block[REQ] > 0
 
     def stats(self) -> PolicyStats:
         largest = 0
@@ -338,27 +337,27 @@ class Snapshots(ReleasePath):
         for base in sorted(self.segment_map):
             segment = self.segment_map[base]
             current: dict[str, Any] | None = None
-            for address in self._chain(base):
-                if address in self._unmapped:
+            for block in self.block_map.chain(base):
+                requested = block[REQ]
+                if requested == UNMAPPED:
                     current = None
                     continue
+                address = block[ADDRESS]
                 if current is None:
                     current = {"address": address, "total_size": 0, "allocated_size": 0,
                                "active_size": 0, "requested_size": 0, "stream": segment.stream,
                                "segment_type": "small" if segment.small else "large",
                                "is_expandable": segment.expandable, "blocks": []}
                     result.append(current)
-                size = self._size[address]
-                requested = self._req.get(address)
+                size = block[SIZE]
                 current["total_size"] += size
-                if requested is not None:
+                if requested:
                     current["allocated_size"] += size
                     current["active_size"] += size
                     current["requested_size"] += requested
                 current["blocks"].append({
-                    "address": address, "size": size,
-                    "requested_size": requested if requested is not None else 0,
-                    "state": "active_allocated" if requested is not None else "inactive"})
+                    "address": address, "size": size, "requested_size": requested,
+                    "state": "active_allocated" if requested else "inactive"})
         result.sort(key=lambda s: s["address"])
         return result
 
@@ -392,16 +391,18 @@ class Snapshots(ReleasePath):
             counts = per_pool["small_pool" if segment.small else "large_pool"]
             if not segment.expandable:
                 counts["segment"] += 1
-            split = not segment.expandable and self._next[segment.base] != 0
-            for address in self._chain(segment.base):
-                if address in self._unmapped:
+            chain = self.block_map.chain(segment.base)
+            split = not segment.expandable and self.block_map.record[segment.base][NEXT] is not None
+            for block in chain:
+                requested = block[REQ]
+                if requested == UNMAPPED:
                     continue
-                size = self._size[address]
+                size = block[SIZE]
                 counts["reserved_bytes"] += size
-                if address in self._req:
+                if requested:
                     counts["allocation"] += 1
                     counts["allocated_bytes"] += size
-                    counts["requested_bytes"] += self._req[address]
+                    counts["requested_bytes"] += requested
                 elif split:
                     counts["inactive_split"] += 1
                     counts["inactive_split_bytes"] += size

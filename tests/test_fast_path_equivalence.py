@@ -76,8 +76,12 @@ def replay_both(fast: Any, slow: Any, fast_view: Any, slow_view: Any, actions: A
 
 
 def same_pytorch_state(fast: PyTorchCachingAllocator, slow: PyTorchCachingAllocator) -> None:
-    """Every block with its state and request, every counter both keep and the block tables."""
+    """Every block with its state and request, every counter both keep and the block tables
+    (the address-keyed views of the block records)."""
     assert fast.segments() == slow.segments()
+    for table in ("_size", "_prev", "_next", "_home", "_req"):
+        assert dict(getattr(fast, table)) == dict(getattr(slow, table)), table
+    assert set(fast._unmapped) == set(slow._unmapped)
     kept = {name for name, value in vars(slow).items()
             if isinstance(value, (int, dict, list, set)) and not isinstance(value, bool)
             and name not in MEMORY_STATS_ONLY and name != "segment_map"}
