@@ -92,7 +92,9 @@ def test_a_policy_a_refusal_fails_needs_only_the_generous_replay(policy: str) ->
     assert answer.evaluations == 1
 
 
-@pytest.mark.parametrize("policy", ["bfc", "preallocate", "cupy"])
+@pytest.mark.parametrize("policy", ["bfc", "preallocate", "cupy", "pytorch",
+                                    "pytorch:expandable_segments=true", "cuda-async:sync=none",
+                                    "cuda-async:fraction=0.75,preallocate=true"])
 def test_runs_of_a_repeating_trace_stop_once_they_repeat(policy: str) -> None:
     """On the training trace each replay (the generous one too) ends a few steps in."""
     trace = traces()["training"]

@@ -34,7 +34,12 @@ it); the device refuses a call exactly when ``used + bytes > C``.
 
 Whatever the kind, a replay of a repeating trace stops as soon as it repeats itself
 (sim/questions/capacity_period.py), for the policies whose decision state is known here
-(:data:`_DECISION_STATE`); it completes, as the whole replay would.
+(:data:`_DECISION_STATE`: BFC, preallocate, CuPy, PyTorch, compared as they are, with no
+device call within the period; :data:`_ORDER_ONLY_STATE`: the stream-ordered pool, whose
+decisions read addresses only through their order, compared by place, so a period may map
+and unmap memory at fresh addresses as long as the device has handed out the same memory at
+both ends); it completes, as the whole replay would. tests/test_capacity_repeats.py holds each
+state to a trace whose events repeat while its runs do not.
 """
 
 from __future__ import annotations
@@ -51,8 +56,18 @@ from allocsim.policies.base import (
     capacity_use_of,
 )
 from allocsim.policies.bfc import BFCAllocator, PreallocateAllocator
+from allocsim.policies.chunk_records import ADDRESS as CHUNK_ADDRESS
+from allocsim.policies.chunk_records import KEY as CHUNK_KEY
+from allocsim.policies.chunk_records import NEXT as CHUNK_NEXT
+from allocsim.policies.chunk_records import PREV as CHUNK_PREV
+from allocsim.policies.chunk_records import SIZE as CHUNK_SIZE
+from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.policies.cupy_pool import ADDRESS_MASK as CUPY_ADDRESS_MASK
 from allocsim.policies.cupy_pool import CuPyPoolAllocator
+from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
+from allocsim.policies.pytorch_records import HOME as BLOCK_HOME
+from allocsim.policies.pytorch_records import REQ as BLOCK_REQ
+from allocsim.policies.pytorch_records import SIZE as BLOCK_SIZE
 from allocsim.sim.kernel.device import DeviceProfile, ProcessDevice, SimulatedDevice
 from allocsim.sim.kernel.engine import ProcessReplay, replay
 from allocsim.sim.questions.capacity_period import Period, find_period
@@ -232,23 +247,44 @@ class CompletionOracle:
         completed. Where the trace repeats and the policy's decision state is known
         (:data:`_DECISION_STATE`), stop as soon as the run repeats itself
         (sim/questions/capacity_period.py): it completes, as a run to the end would."""
-        state_of = _DECISION_STATE.get(type(run.policy)) if self.shortcuts else None
-        period = self._period() if state_of is not None else None
+        kind = type(run.policy)
+        state_of = _DECISION_STATE.get(kind) if self.shortcuts else None
+        places_of = _ORDER_ONLY_STATE.get(kind) if self.shortcuts else None
+        known = state_of is not None or places_of is not None
+        period = self._period() if known else None
         for boundary in period.boundaries() if period is not None else ():
-            assert state_of is not None and period is not None
+            assert period is not None
             run.advance(boundary)
             if run.ooms:
                 break
-            state, calls, live = state_of(run.policy), run.view.calls, dict(run.live)
+            then = self._moment(run, state_of, places_of)
             run.advance(boundary + period.length)
             if run.ooms:
                 break
-            if (run.view.calls == calls and state_of(run.policy) == state
-                    and period.repeats(boundary, live, run.live)):
+            now = self._moment(run, state_of, places_of)
+            if then[:2] == now[:2] and period.repeats(boundary, then[2], now[2]):
                 self.skipped += run.n - run.next_index
                 return True
         run.advance(run.n)
         return run.ooms == 0 and not run.stopped
+
+    @staticmethod
+    def _moment(run: ProcessReplay, state_of: Callable[[Policy], object] | None,
+                places_of: Callable[[Policy], tuple[object, dict[int, object]]] | None,
+                ) -> tuple[object, object, dict[int, object]]:
+        """What must be equal at two boundaries for the run to repeat: the policy's decision
+        state, the device's side of it, and the live buffers' places. With an absolute state
+        (:data:`_DECISION_STATE`) the device's side is its call count (no call in between:
+        its memory and the next fresh address stay as they were) and a buffer's place its
+        address; with an order-only state (:data:`_ORDER_ONLY_STATE`) the device's side is
+        the memory it has handed out and a buffer's place the policy's order-only name for
+        its address, so a period that maps and unmaps memory at fresh addresses can repeat."""
+        if state_of is not None:
+            return state_of(run.policy), run.view.calls, dict(run.live)
+        assert places_of is not None
+        state, places = places_of(run.policy)
+        device = (run.view.device.used, run.view.reserved)
+        return state, device, {buffer: places[address] for buffer, address in run.live.items()}
 
     def _period(self) -> Period | None:
         if self._found_period is None:
@@ -272,12 +308,75 @@ def _cupy_state(policy: Policy) -> object:
             dict(pool.held), pool.total_bytes(), pool.get_limit(), sorted(pool.arenas))
 
 
+def _pytorch_state(policy: Policy) -> object:
+    """Everything PyTorch's caching allocator decides from (policies/pytorch_*.py): each
+    block's size, pool key and state (allocated, free and mapped, unmapped; the links follow
+    from the addresses and sizes within the segments, the free and unmapped lists from the
+    states), the segments, the reserved bytes, the order of the free lists' pools (the release
+    and garbage-collection passes walk them in it) and, with garbage collection on, the age of
+    each free block (its pool's searches since it entered; an allocated block's old stamp is
+    never read). Not: the statistics, the requested sizes. The settings are the run's own."""
+    pool: PyTorchCachingAllocator = policy                          # type: ignore[assignment]
+    blocks = {address: (block[BLOCK_SIZE], block[BLOCK_HOME], min(block[BLOCK_REQ], 1))
+              for address, block in pool.block_map.record.items()}
+    segments = [(s.base, s.size, s.stream, s.small, s.expandable, s.page)
+                for s in pool.segment_map.values()]
+    ages: dict[int, int] = {}
+    if pool._gc_on:
+        calls = pool._gc_calls
+        ages = {address: calls[state[1] & 1] - pool._gc_base[address]
+                for address, state in blocks.items() if state[2] == 0}
+    return blocks, segments, pool.pool_bytes, tuple(pool._free), ages
+
+
+def _cuda_async_places(policy: Policy) -> tuple[object, dict[int, object]]:
+    """Everything the stream-ordered pool decides from (policies/cuda_async.py), with every
+    address named by its place — (the rank of its region among the regions by address, its
+    offset there) — and that naming (chunk address → place). Its decisions read addresses only
+    through their order: best fit breaks ties by the lower address, a trim releases the highest
+    regions first, and a fresh mapping (the device's next virtual range) lies above every
+    region held; regions never overlap. So two states equal by place make the same decisions,
+    wherever the regions lie. The state: each chunk's size and whether it is in use (links and
+    the shared index follow within the regions), the regions' sizes in address order, the free
+    regions, with ``sync=none`` each free chunk's owner, each live chunk's stream and the order
+    of the owners' indexes (a synchronisation walks them in it), and whether preallocation is
+    still to come. The threshold is the run's own. Not: the statistics, the requested sizes."""
+    pool: CudaAsyncAllocator = policy                               # type: ignore[assignment]
+    regions = pool.regions
+    rank = {base: number for number, base in enumerate(sorted(regions))}
+    places: dict[int, object] = {}
+    chunks: dict[object, tuple[int, bool]] = {}
+    for base in rank:
+        place = rank[base]
+        chunk = pool.chunks.record[base]
+        ring = chunk[CHUNK_PREV]
+        while chunk is not ring:
+            address = chunk[CHUNK_ADDRESS]
+            places[address] = name = (place, address - base)
+            chunks[name] = (chunk[CHUNK_SIZE], not chunk[CHUNK_KEY])
+            chunk = chunk[CHUNK_NEXT]
+    state = (chunks, [regions[base] for base in rank],
+             frozenset(rank[base] for base in pool.free_regions),
+             {places[address]: owner for address, owner in pool.owner_of.items()},
+             {places[address]: stream for address, stream in pool.stream_of.items()},
+             tuple(pool.indexes), pool._preallocate_pending)
+    return state, places
+
+
 # A policy's decision state, per class, for the periodic skip: two states equal here make the
 # same decisions on the same events. Classes absent here always run to the end.
 _DECISION_STATE: dict[type[Policy], Callable[[Policy], object]] = {
     BFCAllocator: bfc_state,
     PreallocateAllocator: bfc_state,
     CuPyPoolAllocator: _cupy_state,
+    PyTorchCachingAllocator: _pytorch_state,
+}
+
+# The same, for a policy whose decisions read its addresses only through their order: its
+# state and a naming of its addresses by place (see _cuda_async_places), so that a run that
+# maps and unmaps memory at fresh addresses every period can still be seen to repeat.
+_ORDER_ONLY_STATE: dict[type[Policy], Callable[[Policy], tuple[object, dict[int, object]]]] = {
+    CudaAsyncAllocator: _cuda_async_places,
 }
 
 

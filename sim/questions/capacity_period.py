@@ -5,8 +5,10 @@ stream) equals the one ``length`` events later, and each event refers to the buf
 mirror (the allocation it frees is the mirror's allocation, ``length`` events earlier, or a
 buffer the run held at the start). A replay is a deterministic function of its state and the
 events it is fed. So if a run holds, before event ``b`` and before ``b + length``, the same
-decision state (the policy's structures, without its statistics; no device call between) and
-the buffers the future events refer to sit at the same addresses, the run from ``b + length``
+decision state (the policy's structures, without its statistics; no device call between — or,
+for a policy whose decisions read addresses only through their order, the state named by
+place and the same memory handed out by the device) and the buffers the future events refer
+to sit at the same addresses (places), the run from ``b + length``
 repeats the run from ``b`` event for event, OOMs included: a run with no OOM up to
 ``b + length`` completes, and what it showed about other capacities it has shown already.
 
@@ -17,6 +19,7 @@ being the caller's (sim/questions/capacity_oracle.py, per policy).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,8 +52,8 @@ class Period:
             periods *= 2
         return found
 
-    def repeats(self, boundary: int, live_then: dict[int, int],
-                live_now: dict[int, int]) -> bool:
+    def repeats(self, boundary: int, live_then: Mapping[int, object],
+                live_now: Mapping[int, object]) -> bool:
         """Whether every event from ``boundary`` on refers to its mirror's buffer: events that
         name a buffer touched since ``boundary`` name the mirror of that touch; the others name
         a buffer at the same address before ``boundary`` (``live_then``) and one period later
