@@ -394,49 +394,27 @@ class CudaAsyncAllocator(Policy):
                 number += (above & -above).bit_length()
                 keys = bins[number]
                 key = keys.pop(0)
+        record = self._record
         if key:
             if not keys:
                 index.nonempty &= ~(1 << number)
-            # _take: in use; a region that was one free chunk no longer is; split off the rest.
+            # _take: in use; a region that was one free chunk no longer is.
             address = key & ADDRESS_MASK
-            chunk = self._record[address]
+            chunk = record[address]
             chunk[KEY] = 0
             chunk[REQUESTED] = size
             handed = chunk[SIZE]
             after = chunk[NEXT]
-            if after is chunk[PREV]:
+            if after is chunk[PREV]:                        # both its ring: wholly free
                 self.free_regions.discard(address)
-            if handed != rounded:
-                rest, rest_size = address + rounded, handed - rounded
-                chunk[SIZE] = rounded
-                key = rest_size << KEY_SHIFT | rest
-                self._record[rest] = chunk[NEXT] = after[PREV] = [
-                    rest_size, chunk, after, key, rest, 0]
-                number = BIN[rest_size.bit_length()]        # FreeIndex.add, written out
-                keys = bins[number]
-                if not keys:
-                    index.nonempty |= 1 << number
-                    keys.append(key)
-                elif key > keys[-1]:
-                    keys.append(key)
-                else:
-                    insort(keys, key)
         else:
-            # A miss: _map_chunk and _carve written out; a refusal goes the general way.
+            # A miss: _map_chunk written out, its one chunk in use; a refusal goes the general
+            # way (_after_refusal hands out the chunk it finds or maps, split already).
             granule = self.chunk
             nbytes = -(-rounded // granule) * granule
             device = self.device
             address = device.address_range(nbytes)
-            if not device.map(address, nbytes):
-                grown = self._after_refusal(rounded, stream)
-                if grown is None:
-                    self.num_ooms += 1
-                    return None
-                address = grown
-                chunk = self._record[address]
-                chunk[KEY] = 0
-                chunk[REQUESTED] = size
-            else:
+            if device.map(address, nbytes):
                 mapped = self.mapped + nbytes
                 self.mapped = mapped
                 if mapped > self.peak_mapped:
@@ -444,25 +422,35 @@ class CudaAsyncAllocator(Policy):
                 self.regions[address] = nbytes
                 ring: list = [0, None, None, 0, NONE, 0]
                 self._ring[address] = ring
-                if nbytes > rounded:
-                    rest, rest_size = address + rounded, nbytes - rounded
-                    key = rest_size << KEY_SHIFT | rest
-                    chunk = [rounded, ring, None, 0, address, size]
-                    self._record[address] = ring[NEXT] = chunk
-                    self._record[rest] = chunk[NEXT] = ring[PREV] = [
-                        rest_size, chunk, ring, key, rest, 0]
-                    number = BIN[rest_size.bit_length()]    # FreeIndex.add, written out
-                    keys = bins[number]
-                    if not keys:
-                        index.nonempty |= 1 << number
-                        keys.append(key)
-                    elif key > keys[-1]:
-                        keys.append(key)
-                    else:
-                        insort(keys, key)
-                else:
-                    self._record[address] = ring[PREV] = ring[NEXT] = [
-                        rounded, ring, ring, 0, address, size]
+                ring[PREV] = ring[NEXT] = record[address] = chunk = [
+                    nbytes, ring, ring, 0, address, size]
+                handed, after = nbytes, ring
+            else:
+                grown = self._after_refusal(rounded, stream)
+                if grown is None:
+                    self.num_ooms += 1
+                    return None
+                address = grown
+                chunk = record[address]
+                chunk[KEY] = 0
+                chunk[REQUESTED] = size
+                handed = rounded
+        if handed != rounded:
+            # _take's and _carve's split: the caller keeps the low end, the rest is shared free
+            # memory (the chunk after a free chunk is never free: no merge).
+            rest, rest_size = address + rounded, handed - rounded
+            chunk[SIZE] = rounded
+            key = rest_size << KEY_SHIFT | rest
+            record[rest] = chunk[NEXT] = after[PREV] = [rest_size, chunk, after, key, rest, 0]
+            number = BIN[rest_size.bit_length()]            # FreeIndex.add, written out
+            keys = bins[number]
+            if not keys:
+                index.nonempty |= 1 << number
+                keys.append(key)
+            elif key > keys[-1]:
+                keys.append(key)
+            else:
+                insort(keys, key)
         in_use = self.bytes_in_use + rounded
         self.bytes_in_use = in_use
         if in_use > self.peak_bytes_in_use:
