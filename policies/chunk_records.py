@@ -30,11 +30,19 @@ PREV = 1        # the record of the chunk before it in its region, or the region
 NEXT = 2        # the record of the chunk after it, or the region's ring
 KEY = 3         # while free: its FreeIndex key (size << KEY_SHIFT | address); 0 while in use
 ADDRESS = 4     # its address (the ring's: NONE)
-REQUESTED = 5   # while in use: the bytes its caller asked for (BFC's requested_size), or 0
+REQUESTED = 5   # while in use: the bytes its caller asked for (BFC's requested_size), or 0;
+                # read only while in use (stale once free)
 # Each region's chunks and one sentinel record, its ring ([0, last, first, 0, NONE, 0]), form a
 # circle: the first chunk's PREV and the last one's NEXT are the ring, so a neighbour is always
 # a record, the ring's PREV is always the region's last chunk, and, "in use" (KEY 0) for ever,
 # the ring is never merged with.
+
+
+class HasRecords(Protocol):
+    """Records keyed by address whose KEY and REQUESTED slots are the ones above (ChunkMap's;
+    CuPy's pool lays its records out with the same two): what :class:`RequestedView` reads."""
+
+    record: dict[int, list]
 
 
 class Chunks(Protocol):
@@ -154,7 +162,7 @@ class RequestedView(MutableMapping[int, int]):
     """In-use chunk address → the bytes its caller asked for (REQUESTED; a chunk handed out
     without a request, or whose request was deleted here, is absent)."""
 
-    def __init__(self, chunks: Chunks) -> None:
+    def __init__(self, chunks: HasRecords) -> None:
         self.chunks = chunks
 
     def __getitem__(self, address: int) -> int:

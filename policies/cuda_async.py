@@ -265,36 +265,31 @@ class CudaAsyncAllocator(Policy):
     def _carve(self, base: int, rounded: int) -> None:
         """A new region's chunk keeps its low ``rounded`` bytes; the rest becomes shared free
         memory."""
-        chunk = self._record[base]
-        nbytes = chunk[SIZE]
-        if nbytes > rounded:
-            rest, rest_size = base + rounded, nbytes - rounded
-            chunk[SIZE] = rounded
-            ring = chunk[NEXT]
-            self._record[rest] = chunk[NEXT] = ring[PREV] = [
-                rest_size, chunk, ring, rest_size << KEY_SHIFT | rest, rest, 0]
-            self.shared.add(rest_size, rest)
-            if not self.sync_on_free:
-                self.owner_of[rest] = SHARED
+        self._split_off(self._record[base], rounded, SHARED)
 
     def _take(self, address: int, chunk_size: int, owner: int, rounded: int) -> None:
         """Hand out free chunk ``address``; the rest (if any) stays free with the same owner."""
-        index = self.indexes[owner]
-        index.remove(chunk_size, address)
+        self.indexes[owner].remove(chunk_size, address)
         chunk = self._record[address]
-        after = chunk[NEXT]
-        if after is chunk[PREV]:                   # both its ring: the region was wholly free
+        if chunk[NEXT] is chunk[PREV]:             # both its ring: the region was wholly free
             self.free_regions.discard(address)
         if not self.sync_on_free:
             del self.owner_of[address]
         chunk[KEY] = 0
-        if chunk_size == rounded:
+        self._split_off(chunk, rounded, owner)
+
+    def _split_off(self, chunk: list, rounded: int, owner: int) -> None:
+        """``chunk`` (in use) keeps its low ``rounded`` bytes; the rest, if any, becomes a free
+        chunk of ``owner`` (the chunk after it is never free: no merge)."""
+        rest_size = chunk[SIZE] - rounded
+        if not rest_size:
             return
-        rest, rest_size = address + rounded, chunk_size - rounded
+        rest = chunk[ADDRESS] + rounded
+        after = chunk[NEXT]
         chunk[SIZE] = rounded
         self._record[rest] = chunk[NEXT] = after[PREV] = [
             rest_size, chunk, after, rest_size << KEY_SHIFT | rest, rest, 0]
-        index.add(rest_size, rest)
+        self.indexes[owner].add(rest_size, rest)
         if not self.sync_on_free:
             self.owner_of[rest] = owner
 
@@ -303,7 +298,6 @@ class CudaAsyncAllocator(Policy):
         chunk = self._record[address]
         if chunk[KEY]:
             raise KeyError(f"chunk {address:#x} is not in use")
-        chunk[REQUESTED] = 0
         self.bytes_in_use -= chunk[SIZE]
         self.num_frees += 1
         if self.sync_on_free:
@@ -469,7 +463,6 @@ class CudaAsyncAllocator(Policy):
         size, before, after, key, _, _ = chunk
         if key:
             raise KeyError(f"chunk {address:#x} is not in use")
-        chunk[REQUESTED] = 0
         self.bytes_in_use -= size
         self.num_frees += 1
         index = self.shared

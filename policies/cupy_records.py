@@ -5,7 +5,8 @@ below), one dict address → record, and its malloc and free read and write thos
 views here let everything else — its ``check()``, the tests that corrupt a state on purpose and
 expect check() to name it, min-capacity's repeat check — see the chunks as the plain dicts they
 were before the records: address → size, → the neighbour's address (NONE at a block's ends),
-→ creation id, the chunks in use → their arena, address in use → requested bytes. Writes
+→ creation id, the chunks in use → their arena, address in use → requested bytes (that
+last view is chunk_records.RequestedView: the slots it reads sit where ChunkMap's do). Writes
 through a view change the records, and keep a free chunk's KEY its arena key.
 """
 
@@ -13,6 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping
 from typing import Protocol
+
+from allocsim.policies import chunk_records
+from allocsim.policies.chunk_records import RequestedView
+
+__all__ = ["RequestedView"]         # the in-use → request view, shared with ChunkMap's records
 
 NONE = -1
 
@@ -25,13 +31,15 @@ CID_SHIFT = 52
 ADDRESS_MASK = (1 << CID_SHIFT) - 1
 
 # A chunk's record, CuPy's _Chunk as one list (its slots are read and written on the hot path
-# as list items, several times cheaper than the dict entries they replace):
+# as list items, several times cheaper than the dict entries they replace). KEY and REQUESTED
+# sit where ChunkMap's records have them, so chunk_records.RequestedView serves both:
 SIZE = 0        # bytes (a multiple of 512)
 PREV = 1        # the record of the chunk before it in its block, or the pool's end record
 NEXT = 2        # the record of the chunk after it in its block, or the pool's end record
-KEY = 3         # while free: its arena key, SIZE << SIZE_SHIFT | TIE; 0 while in use
+KEY = chunk_records.KEY     # 3: while free, its arena key SIZE << SIZE_SHIFT | TIE; 0 in use
 ADDRESS = 4     # its device address (the end record's: NONE)
-REQUESTED = 5   # while in use: the bytes its caller asked for (stale once free)
+REQUESTED = chunk_records.REQUESTED     # 5: while in use, the bytes its caller asked for
+                                        # (stale once free)
 ARENA = 6       # the _Arena of the stream whose allocation made its block, for life
 TIE = 7         # creation id << CID_SHIFT | ADDRESS: the low bits of its key, fixed for life
                 # (kept whole so that a key is one shift and one or); None: no creation id
@@ -167,34 +175,6 @@ class InUseView(MutableMapping[int, object]):
     def __iter__(self) -> Iterator[int]:
         yield from (a for a, chunk in self.pool.record.items() if not chunk[KEY])
         yield from self.pool.strays
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-class RequestedView(MutableMapping[int, int]):
-    """Chunk address in use → the bytes its caller asked for (REQUESTED; a chunk whose request
-    was deleted here is absent)."""
-
-    def __init__(self, pool: Records) -> None:
-        self.pool = pool
-
-    def __getitem__(self, address: int) -> int:
-        chunk = self.pool.record[address]
-        if chunk[KEY] or not chunk[REQUESTED]:
-            raise KeyError(address)
-        return int(chunk[REQUESTED])
-
-    def __setitem__(self, address: int, nbytes: int) -> None:
-        self.pool.record[address][REQUESTED] = nbytes
-
-    def __delitem__(self, address: int) -> None:
-        self[address]                                   # KeyError unless it is there
-        self.pool.record[address][REQUESTED] = 0
-
-    def __iter__(self) -> Iterator[int]:
-        return (a for a, chunk in self.pool.record.items()
-                if not chunk[KEY] and chunk[REQUESTED])
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
