@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from sweep_interrupts import ctrl_c_after_first_record
 
 from allocsim.sim.cli.sweep import add_sweep_arguments, cmd_sweep
 from allocsim.sim.kernel.device import resolve_device
@@ -300,14 +301,7 @@ def test_ctrl_c_stops_cleanly_and_the_rerun_resumes(tmp_path, trace_dir, monkeyp
                                  f'policies = {json.dumps(POLICIES)}')
     output = tmp_path / "out" / "results.jsonl"
     append = store_module.ResultsFile.append
-
-    def append_then_ctrl_c(self, record):
-        append(self, record)
-        if output.read_bytes().count(b"\n") == 1:
-            # A real SIGINT, sent while run_sweep is surely running (its handler installed).
-            os.kill(os.getpid(), signal.SIGINT)
-
-    monkeypatch.setattr(store_module.ResultsFile, "append", append_then_ctrl_c)
+    monkeypatch.setattr(store_module.ResultsFile, "append", ctrl_c_after_first_record(output))
     handler = signal.getsignal(signal.SIGINT)
     summary = run_sweep(path, workers=1, progress=False)
     assert signal.getsignal(signal.SIGINT) is handler       # put back as it was

@@ -4,12 +4,11 @@ the sweep loop's exactly-once, per-cell errors and Ctrl-C behave as with one tas
 from __future__ import annotations
 
 import json
-import os
-import signal
 from concurrent.futures import CancelledError
 from pathlib import Path
 
 import pytest
+from sweep_interrupts import ctrl_c_after_first_record
 
 from allocsim.sim.sweeps import store as store_module
 from allocsim.sim.sweeps.cell import roomy_malloc, run_cells
@@ -160,12 +159,7 @@ def test_ctrl_c_on_dask_and_the_rerun_resumes(tmp_path):
                     f'policies = {json.dumps(["on-demand", "best-fit", "bfc"])}\n')
     output = tmp_path / "out" / "results.jsonl"
     append = store_module.ResultsFile.append
-
-    def append_then_ctrl_c(self, record):
-        append(self, record)
-        if output.read_bytes().count(b"\n") == 1:
-            os.kill(os.getpid(), signal.SIGINT)
-
+    append_then_ctrl_c = ctrl_c_after_first_record(output)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
         store_module.ResultsFile.append = append_then_ctrl_c
