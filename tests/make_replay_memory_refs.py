@@ -86,7 +86,7 @@ def case(trace: Trace, policy: str, device: str, capacity: str | None) -> dict[s
     out = {"replay": _digest(_json(replay(trace, policy, profile).to_json_dict(timeline=True))),
            "stopped": _digest(_json(replay(trace, policy, profile, stop_on_oom=True)
                                     .to_json_dict(timeline=True)))}
-    run = ProcessReplay(trace, parse_policy(policy), SimulatedDevice(profile))
+    run = ProcessReplay(trace, parse_policy(policy), SimulatedDevice(profile), call_log=True)
     run.sample_every = 1
     run.advance(run.n)
     result = run.result(profile.name)

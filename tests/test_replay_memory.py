@@ -245,7 +245,7 @@ def test_a_log_column_gives_back_every_value_exactly(seed: int) -> None:
 def test_a_log_of_one_call_per_event_packs_to_a_few_bytes_a_call(training: Trace) -> None:
     trace = training
     run = ProcessReplay(trace, parse_policy("on-demand"), SimulatedDevice(
-        resolve_device("a100-80g")))
+        resolve_device("a100-80g")), call_log=True)
     run.advance(run.n)
     log = run.call_log
     assert len(log) > 0.9 * len(trace)
@@ -291,3 +291,67 @@ def test_per_bucket_is_the_per_event_reduction(seed: int) -> None:
         got = log.per_bucket(n, bucket)
         assert np.array_equal(got[0], want[0]) and got[0].dtype == np.int64
         assert got[1].tobytes() == want[1].astype(np.float64).tobytes()
+
+
+# ------------------------------------------------- the timeline's buckets, kept as the run goes
+def _both_ways(trace: Trace, policy: str, capacity: str, *, stop_on_call: bool = False,
+               points: int | None = None) -> ProcessReplay:
+    """A replay to the end that keeps the full log too; with ``stop_on_call`` advanced as the
+    shared engine does (stopping after every event that made a device call)."""
+    run = ProcessReplay(trace, parse_policy(policy), SimulatedDevice(
+        resolve_device("t4-16g", capacity)), call_log=True)
+    while run.next_index < run.n:
+        run.advance(run.n, stop_on_call=stop_on_call)
+    return run
+
+
+@pytest.mark.parametrize("policy", (*refs.POLICIES, "pytorch:expandable_segments=true"))
+@pytest.mark.parametrize("events", [1, 2, 2047, 2048, 2049, 6001])
+def test_the_buckets_kept_as_the_run_goes_are_the_full_logs_reduction(
+        policy: str, events: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Few timeline points, so buckets hold several events and their first event's call matters.
+    monkeypatch.setattr(engine, "TIMELINE_POINTS", 64)
+    trace = synth.generate("random", seed=events, events=events, live=40).select(
+        np.arange(events))
+    for capacity, stop_on_call in (("256MiB", False), ("48MiB", True)):    # OOMs at 48 MiB
+        run = _both_ways(trace, policy, capacity, stop_on_call=stop_on_call)
+        kept = run.buckets.arrays()
+        want = run.call_log.per_bucket(run.n, run.bucket)
+        assert len(kept[0]) == -(-run.n // run.bucket)
+        assert np.array_equal(kept[0], want[0]) and kept[0].dtype == np.int64
+        assert kept[1].tobytes() == want[1].tobytes()
+
+
+def test_a_bucket_counts_the_bytes_before_it_unless_its_first_event_replaced_them() -> None:
+    buckets = engine.BucketSummary(n=9, bucket=3)
+    buckets.close(-1, 0, 0.0)               # events 0-2: no call, nothing reserved
+    buckets.first_call = 3
+    buckets.close(100, 100, 1.0)            # 3-5: a call at 3 reserved 100
+    buckets.first_call = 7
+    buckets.close(40, 40, 2.0)              # 6-8: a call at 7 fell to 40; 100 held after 6
+    assert buckets.arrays()[0].tolist() == [0, 100, 100]
+    buckets = engine.BucketSummary(n=6, bucket=3)
+    buckets.first_call = 0
+    buckets.close(100, 100, 1.0)
+    buckets.first_call = 3
+    buckets.close(40, 40, 2.0)              # the call at 3, its first event, fell to 40
+    assert buckets.arrays()[0].tolist() == [100, 40]
+    assert buckets.arrays()[1].tolist() == [1.0, 2.0]
+
+
+def test_a_run_stopped_early_needs_the_call_log_for_its_timeline() -> None:
+    trace = synth.generate("random", seed=1, events=3000, live=40)
+    profile = resolve_device("a100-80g")
+    run = ProcessReplay(trace, parse_policy("on-demand"), SimulatedDevice(profile))
+    run.advance(1000)
+    with pytest.raises(RuntimeError, match="call_log=True"):
+        run.result(profile.name)
+    logged = ProcessReplay(trace, parse_policy("on-demand"), SimulatedDevice(profile),
+                           call_log=True)
+    logged.advance(1000)
+    want = logged.call_log.per_bucket(1000, 1)
+    timeline = logged.result(profile.name).timeline
+    assert np.array_equal(timeline.reserved, want[0])
+    assert not run.keeps_call_log and ProcessReplay(
+        trace, parse_policy("on-demand"), SimulatedDevice(profile), stop_on_oom=True
+    ).keeps_call_log

@@ -50,25 +50,70 @@ class FirstOOM:
     others: dict[int, int]      # other processes on the device → bytes they held (shared runs)
 
 
+class BucketSummary:
+    """The reserved timeline and the clock of a replay, a bucket of events at a time, kept as
+    the replay goes: per bucket of ``bucket`` consecutive events (the last may be short), the
+    most bytes reserved after any of its events and the cumulative modelled cost after its last
+    (what :meth:`CallLog.per_bucket` gives from the full log, without the log).
+
+    The engine raises :attr:`top` at each event that made device calls (``first_call`` notes
+    where the bucket's first came) and calls :meth:`close` after the bucket's last event. The
+    bytes reserved before the bucket count unless a call at its first event replaced them."""
+
+    def __init__(self, n: int, bucket: int) -> None:
+        self.n = n
+        self.bucket = bucket
+        self.first_event = 0
+        self.last_event = min(n, bucket) - 1    # -1 for an empty trace: never reached
+        self.top = -1                   # most reserved after a call in this bucket; -1: none
+        self.first_call = -1            # the event of the bucket's first call
+        self.carried = 0                # reserved after the last call before this bucket
+        self.reserved: list[int] = []
+        self.cost: list[float] = []
+
+    def close(self, top: int, reserved: int, cost_s: float) -> None:
+        """The bucket ends with its last event: ``top`` the most reserved after its calls (-1
+        if none), ``reserved`` and ``cost_s`` the device's now."""
+        if top < 0:
+            most = self.carried
+        elif self.first_call == self.first_event:
+            most = top
+        else:
+            most = max(top, self.carried)
+        self.reserved.append(most)
+        self.cost.append(cost_s)
+        self.carried = reserved
+        self.top = -1
+        self.first_event += self.bucket
+        self.last_event = min(self.n, self.first_event + self.bucket) - 1
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(most reserved, cost at end) per closed bucket."""
+        return (np.asarray(self.reserved, dtype=np.int64),
+                np.asarray(self.cost, dtype=np.float64))
+
+
 class ProcessReplay:
     """One process's events through one policy; its state survives between batches.
 
     Costs: :meth:`advance` is O(events) engine work — per event at most one policy call,
     O(1) dict and counter updates, a sample every ``n // TIMELINE_POINTS`` events — plus
-    whatever the policy's ``malloc``/``free`` cost, and O(1) amortised per device call
-    (list appends, packed between chunks); traces are converted to lists
+    whatever the policy's ``malloc``/``free`` cost, and O(1) per device call (a comparison;
+    with the call log, list appends packed between chunks); traces are converted to lists
     :data:`CHUNK_EVENTS` at a time.
     :meth:`result` is O(events) numpy work (the timeline).
 
     Memory (issue 17.4): besides the trace's columns as held (packed, see
     :mod:`allocsim.traces.model`), O(live buffers) for the live dict and the policy, one chunk
-    of Python lists, the device-call log packed between chunks (:class:`CallLog`: ~3 bytes a
-    call for a policy calling at every event), 8 bytes per skipped event, and the timeline's
-    temporaries of :data:`TIMELINE_BLOCK_EVENTS` events — no array per event of the trace."""
+    of Python lists, the timeline's buckets as they close (:class:`BucketSummary`), 8 bytes
+    per skipped event, and the timeline's temporaries of :data:`TIMELINE_BLOCK_EVENTS` events —
+    no array per event of the trace. A run that keeps the device-call log (``stop_on_oom``, or
+    ``call_log=True``) adds it, packed between chunks (:class:`CallLog`: ~3 bytes a call for a
+    policy calling at every event)."""
 
     def __init__(self, trace: Trace, policy: PolicySpec, device: SimulatedDevice, process: int = 0,
                  *, start_ns: int = 0, stop_on_oom: bool = False,
-                 memory_stats: bool = False) -> None:
+                 memory_stats: bool = False, call_log: bool | None = None) -> None:
         self.trace = trace
         self.spec = policy
         self.view = device.view(process)
@@ -103,9 +148,19 @@ class ProcessReplay:
         self.skipped_events = array("q")
         self.ooms = 0
         self.first_oom: FirstOOM | None = None
-        # Device calls as (event index, reserved after, cumulative cost): the reserved timeline.
-        # Appended through plain lists' appends (on-demand makes a call per event) and
-        # packed between chunks; np.asarray(self.call_events) etc. give every entry.
+        # The reserved timeline and the clock, a bucket of events at a time as the replay goes
+        # (:class:`BucketSummary`): the most bytes reserved after any event of the bucket and
+        # the cumulative cost after its last. Per call that is one comparison; a run to the end
+        # of its trace needs nothing more.
+        self.bucket = max(1, -(-self.n // TIMELINE_POINTS))
+        self.buckets = BucketSummary(self.n, self.bucket)
+        # The full device-call log, (event index, reserved after, cumulative cost) per event
+        # that made calls: kept for a run that may stop early (``stop_on_oom``: its timeline's
+        # buckets follow where it stopped) or when asked (``call_log``: the validator reads the
+        # reserved bytes after every event). Appended through plain lists' appends (on-demand
+        # makes a call per event), packed between chunks; np.asarray(self.call_events) etc.
+        # give every entry.
+        self.keeps_call_log = stop_on_oom if call_log is None else call_log
         self.call_log = CallLog()
         self.call_events = self.call_log.events
         self.call_reserved = self.call_log.reserved
@@ -136,7 +191,8 @@ class ProcessReplay:
         trace = self.trace
         self._base = start
         self._lists = ([], [], [], [])      # the previous chunk's lists go before the next's
-        self.call_log.pack()                # between events: every call so far is logged
+        if self.keeps_call_log:
+            self.call_log.pack()            # between events: every call so far is logged
         # The columns as held (a packed column stays packed; tolist() gives the same ints).
         self._lists = (trace.column("op")[start:stop].tolist(),
                        trace.column("id")[start:stop].tolist(),
@@ -148,14 +204,16 @@ class ProcessReplay:
         policy's calls. Returns the next index and whether it stopped right after a device
         call (``stop_on_call``).
 
-        The events run in segments that end at the next sampled event, so the loop itself
-        checks neither the sample point nor the end: per event it is one policy call, the
-        live-dict update, the running sum and one comparison of the device's call counter.
-        It allocates nothing beyond the live dict's entry for a new buffer; an event that
-        made device calls appends to the call log inline (what :meth:`_device_called` does),
-        OOMs leave the loop through :meth:`_out_of_memory`. A stopping OOM (``stop_on_oom``)
-        or, with ``stop_on_call``, a device call ends the segment early; the event's own
-        device calls and sample are still recorded, as for every other event."""
+        The events run in segments that end at the next sampled event or the end of the
+        timeline's bucket, so the loop itself checks neither the sample point, the bucket nor
+        the end: per event it is one policy call, the live-dict update, the running sum and
+        one comparison of the device's call counter. It allocates nothing beyond the live
+        dict's entry for a new buffer; an event that made device calls raises the bucket's
+        most reserved bytes and appends to the call log if one is kept, inline (what
+        :meth:`_device_called` does); OOMs leave the loop through :meth:`_out_of_memory`.
+        A stopping OOM (``stop_on_oom``) or, with ``stop_on_call``, a device call ends the
+        segment early; the event's own device calls, sample and bucket are still recorded,
+        as for every other event."""
         ops, ids, sizes, streams = self._lists
         base = self._base
         live = self.live
@@ -166,14 +224,19 @@ class ProcessReplay:
         allocated = self.allocated
         peak = self.peak_allocated
         next_sample = self.next_sample
-        # The device-call log (what :meth:`_device_called` does, written out in the loop: a
-        # policy like on-demand makes a call at every event).
+        # The device calls' bookkeeping (what :meth:`_device_called` does, written out in the
+        # loop: a policy like on-demand makes a call at every event).
+        keeps_log = self.keeps_call_log
         log_event, log_reserved = self.call_events.append, self.call_reserved.append
         log_cost = self.call_cost.append
         reserved_at_peak = self.reserved_at_peak
+        buckets = self.buckets
+        top = buckets.top
+        bucket_last = buckets.last_event
         called = False
         while i < stop:
-            end = min(stop, next_sample + 1)        # through the next sampled event
+            # Through the next sampled event or the bucket's last, whichever comes first.
+            end = min(stop, next_sample + 1, bucket_last + 1)
             lo, hi = i - base, end - base
             broke = True
             events = range(i, end)
@@ -204,13 +267,18 @@ class ProcessReplay:
                 if view.calls != calls:
                     calls = view.calls
                     reserved = view.reserved
-                    log_event(i)
-                    log_reserved(reserved)
-                    log_cost(view.cost_s)
-                    if reserved > reserved_at_peak:
-                        reserved_at_peak = self.reserved_at_peak = reserved
-                        self.peak_reserved_event = i
-                        self.in_use_at_peak_reserved = policy.bytes_in_use
+                    if keeps_log:
+                        log_event(i)
+                        log_reserved(reserved)
+                        log_cost(view.cost_s)
+                    if reserved > top:                  # the bucket's most (-1: none yet)
+                        if top < 0:
+                            buckets.first_call = i
+                        top = reserved
+                        if reserved > reserved_at_peak:     # never above the run's peak else
+                            reserved_at_peak = self.reserved_at_peak = reserved
+                            self.peak_reserved_event = i
+                            self.in_use_at_peak_reserved = policy.bytes_in_use
                     if stop_on_call:
                         called = True
                         break
@@ -218,26 +286,39 @@ class ProcessReplay:
                 broke = False
             if view.calls != calls:                 # a stopping OOM's own device calls
                 calls = view.calls
+                buckets.top = top
                 self._device_called(i)
+                top = buckets.top
                 reserved_at_peak = self.reserved_at_peak
                 called = True
             if i == next_sample:
                 self.samples.append((i, policy.bytes_in_use))
                 next_sample += self.sample_every
+            if i == bucket_last:
+                buckets.close(top, view.reserved, view.cost_s)
+                top = -1
+                bucket_last = buckets.last_event
             i += 1
             if broke:
                 break
+        buckets.top = top
         self.allocated = allocated
         self.peak_allocated = peak
         self.next_sample = next_sample
         return i, called
 
     def _device_called(self, i: int) -> None:
-        """Log the device calls of event ``i`` (the loop in :meth:`_run` does the same inline)."""
+        """Note the device calls of event ``i`` (the loop in :meth:`_run` does the same inline)."""
         view = self.view
-        self.call_events.append(i)
-        self.call_reserved.append(view.reserved)
-        self.call_cost.append(view.cost_s)
+        if self.keeps_call_log:
+            self.call_events.append(i)
+            self.call_reserved.append(view.reserved)
+            self.call_cost.append(view.cost_s)
+        buckets = self.buckets
+        if view.reserved > buckets.top:
+            if buckets.top < 0:
+                buckets.first_call = i
+            buckets.top = view.reserved
         if view.reserved > self.reserved_at_peak:
             self.reserved_at_peak = view.reserved
             self.peak_reserved_event = i
@@ -299,7 +380,14 @@ class ProcessReplay:
         starts = np.arange(0, n, bucket, dtype=np.int64)
         last = np.minimum(starts + bucket, n) - 1
         allocated = self._allocated_per_bucket(starts, last, bucket)
-        reserved, cost = self.call_log.per_bucket(n, bucket)
+        if n == self.n:                         # ran to the end: the buckets as they closed
+            reserved, cost = self.buckets.arrays()
+        elif self.keeps_call_log:               # stopped early: buckets of the events run
+            reserved, cost = self.call_log.per_bucket(n, bucket)
+        else:
+            raise RuntimeError(f"the replay stopped at event {n} of {self.n} without a call "
+                               "log: a run that may stop early needs ProcessReplay(..., "
+                               "call_log=True) for its timeline")
         time_ns = self.trace.column("time_ns")
         t0 = int(time_ns[0]) if n else 0
         delay_ns = np.rint(cost * 1e9).astype(np.int64)

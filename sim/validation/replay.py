@@ -50,7 +50,7 @@ def after_each_event(events: np.ndarray, values: np.ndarray, n: int) -> np.ndarr
 def simulate(trace: Trace, spec: PolicySpec, profile: DeviceProfile) -> Simulated:
     """Replay ``trace`` through ``spec`` exactly as ``allocsim compare`` does, keeping the
     reserved bytes (from the device-call log) and bytes in use after every event."""
-    run = ProcessReplay(trace, spec, SimulatedDevice(profile))
+    run = ProcessReplay(trace, spec, SimulatedDevice(profile), call_log=True)
     # The engine samples bytes in use sparsely for its timeline; every event is wanted here.
     run.sample_every = 1
     run.advance(run.n)
