@@ -235,7 +235,8 @@ class CompletionOracle:
     def _replay(self, capacity: int) -> bool:
         """The replay at ``capacity``, to its first OOM."""
         simulated = _RecordingDevice(self.device.with_capacity(capacity))
-        run = ProcessReplay(self.trace, self.spec, simulated, stop_on_oom=True)
+        run = ProcessReplay(self.trace, self.spec, simulated, stop_on_oom=True,
+                            call_log=False)         # no timeline is read of a probe
         watch = self._watch(run, simulated)
         completed = self._run(run)
         self.replays += 1

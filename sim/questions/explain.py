@@ -294,7 +294,8 @@ def _explain_replayed(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
     if len(trace.processes()) > 1:
         raise UserInputError(f"{trace.name}: explain-oom takes one process; this trace has "
                          f"{len(trace.processes())} (select one first)")
-    run = ProcessReplay(trace, spec, SimulatedDevice(profile), stop_on_oom=True)
+    run = ProcessReplay(trace, spec, SimulatedDevice(profile), stop_on_oom=True,
+                        call_log=False)             # the OOM's state is read, no timeline
     run.advance(len(trace))
     if run.first_oom is None:
         raise NoOOMError(f"{trace.name} does not run out of memory under {spec} on "
