@@ -18,9 +18,10 @@ this floor was 13.5M, ≈ floor/42 (issue 17's target 2: ≥ 2.5× that, i.e. wi
 Memory (``--memory``): replays the saved trace through each policy in a fresh subprocess
 (one core; a clean heap so peak RSS belongs to that replay alone). Memory per event is
 (peak RSS while replaying − RSS after imports) / events: the trace's columns plus everything
-the replay holds at its worst (the engine's per-chunk lists, the policy's state, the device-call
-log, the timeline's temporaries). The peak is reset after loading (Linux clear_refs) so the
-loader's own transient memory is reported apart, as ``load bytes/event``. Targets (issue 2):
+the replay holds at its worst (the engine's per-chunk lists, the policy's state, the timeline's
+buckets and temporaries; a replay to the end keeps no device-call log). The peak is reset
+after loading (Linux clear_refs) so the loader's own transient memory is reported apart, as
+``load bytes/event``. Targets (issue 2):
 ≥ 500,000 events/s and < 100 bytes/event for every policy on one core of the CI machine;
 issue 17.4: ≤ 40 bytes/event at 10,000,000 events (``trace bytes/event`` is what the loaded
 trace's columns hold: packed, ~18 for a training trace, see allocsim.traces.model). With
