@@ -316,8 +316,8 @@ def test_the_buckets_kept_as_the_run_goes_are_the_full_logs_reduction(
     for capacity, stop_on_call in (("256MiB", False), ("48MiB", True)):    # OOMs at 48 MiB
         run = _both_ways(trace, policy, capacity, stop_on_call=stop_on_call)
         kept = run.buckets.arrays()
-        want = run.call_log.per_bucket(run.n, run.bucket)
-        assert len(kept[0]) == -(-run.n // run.bucket)
+        want = run.call_log.per_bucket(run.n, run.buckets.bucket)
+        assert len(kept[0]) == -(-run.n // run.buckets.bucket)
         assert np.array_equal(kept[0], want[0]) and kept[0].dtype == np.int64
         assert kept[1].tobytes() == want[1].tobytes()
 

@@ -152,8 +152,7 @@ class ProcessReplay:
         # (:class:`BucketSummary`): the most bytes reserved after any event of the bucket and
         # the cumulative cost after its last. Per call that is one comparison; a run to the end
         # of its trace needs nothing more.
-        self.bucket = max(1, -(-self.n // TIMELINE_POINTS))
-        self.buckets = BucketSummary(self.n, self.bucket)
+        self.buckets = BucketSummary(self.n, max(1, -(-self.n // TIMELINE_POINTS)))
         # The full device-call log, (event index, reserved after, cumulative cost) per event
         # that made calls: kept for a run that may stop early (``stop_on_oom``: its timeline's
         # buckets follow where it stopped) or when asked (``call_log``: the validator reads the
