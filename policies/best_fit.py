@@ -26,7 +26,7 @@ from allocsim.policies.base import (
     params_of,
     require,
 )
-from allocsim.policies.chunks import ChunkPolicy
+from allocsim.policies.chunk_policy import ChunkPolicy
 from allocsim.policies.units import round_up
 
 

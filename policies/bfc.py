@@ -43,7 +43,8 @@ from allocsim.policies.base import (
     params_of,
     require,
 )
-from allocsim.policies.chunks import ChunkPolicy, bin_for_size
+from allocsim.policies.chunk_policy import ChunkPolicy
+from allocsim.policies.chunks import bin_for_size
 
 # bin_for_size is BFC's BinNumForSize, public here.
 __all__ = ["BFCAllocator", "PreallocateAllocator", "bin_for_size"]

@@ -86,6 +86,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterator, MutableMapping, MutableSet
+from functools import partial
 from typing import ClassVar
 
 from allocsim.policies.base import (
@@ -93,6 +94,7 @@ from allocsim.policies.base import (
     Param,
     Policy,
     PolicyStats,
+    SegmentLoop,
     check_live_chunks,
     fail,
     params_of,
@@ -109,6 +111,7 @@ from allocsim.policies.chunk_records import (
     SIZE,
 )
 from allocsim.policies.chunks import BIN, KEY_SHIFT, ChunkMap, FreeIndex
+from allocsim.policies.cuda_async_loop import replay_segment
 
 SHARED = -(1 << 62)        # owner of free memory any stream may reuse (after a sync)
 SYNC_MODES = ("free", "none")
@@ -516,6 +519,16 @@ class CudaAsyncAllocator(Policy):
         # The synchronisation after the free applies the release threshold.
         if free_regions and self.mapped > self.threshold:
             self._trim(self.threshold)
+
+    def segment_loop(self) -> SegmentLoop | None:
+        """Under ``sync=free``, the engine's loop with the hot pair written in
+        (:func:`~allocsim.policies.cuda_async_loop.replay_segment`), while the hot pair is what
+        is bound on the instance; else None."""
+        bound = vars(self)
+        if (not self.sync_on_free or bound.get("malloc") != self._malloc_shared
+                or bound.get("free") != self._free_shared):
+            return None
+        return partial(replay_segment, self)
 
     # -- synchronisation and release ---------------------------------------------------
     def synchronize(self) -> None:

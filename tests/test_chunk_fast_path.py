@@ -20,6 +20,7 @@ from policy_checks import small_device, workload_actions
 
 from allocsim.policies.best_fit import BestFitAllocator
 from allocsim.policies.bfc import BFCAllocator
+from allocsim.policies.chunk_policy import ChunkPolicy
 from allocsim.policies.chunks import (
     ADDRESS,
     KEY,
@@ -30,7 +31,6 @@ from allocsim.policies.chunks import (
     REQUESTED,
     SIZE,
     ChunkMap,
-    ChunkPolicy,
 )
 from allocsim.sim.kernel.device import SimulatedDevice
 

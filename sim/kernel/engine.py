@@ -209,10 +209,14 @@ class ProcessReplay:
         one comparison of the device's call counter. It allocates nothing beyond the live
         dict's entry for a new buffer; an event that made device calls raises the bucket's
         most reserved bytes and appends to the call log if one is kept, inline (what
-        :meth:`_device_called` does); OOMs leave the loop through :meth:`_out_of_memory`.
+        :meth:`_device_called` does); OOMs leave the loop through :meth:`note_out_of_memory`.
         A stopping OOM (``stop_on_oom``) or, with ``stop_on_call``, a device call ends the
         segment early; the event's own device calls, sample and bucket are still recorded,
-        as for every other event."""
+        as for every other event.
+
+        A policy with a segment loop of its own (:meth:`Policy.segment_loop`) replays each
+        segment itself, unless a device-call log is kept or the run stops at each call (those
+        take the loop here); it may decline a segment, which the loop here then runs."""
         ops, ids, sizes, streams = self._lists
         base = self._base
         live = self.live
@@ -233,56 +237,69 @@ class ProcessReplay:
         top = buckets.top
         bucket_last = buckets.last_event
         called = False
+        segment_loop = None if keeps_log or stop_on_call else policy.segment_loop()
         while i < stop:
             # Through the next sampled event or the bucket's last, whichever comes first.
             end = min(stop, next_sample + 1, bucket_last + 1)
             lo, hi = i - base, end - base
-            broke = True
-            events = range(i, end)
-            for i, op, buffer, size, stream in zip(events, ops[lo:hi], ids[lo:hi],
-                                                   sizes[lo:hi], streams[lo:hi]):
-                if op == OP_ALLOC:
-                    if size > 0:
-                        address = malloc(size, stream)
-                        if address is None:
-                            self._out_of_memory(i, size, allocated)
-                            if self.stopped:
-                                break               # its device calls are logged below
-                        else:
-                            live[buffer] = address
-                            allocated += size
-                            if allocated > peak:
-                                peak = allocated
-                                self.peak_allocated_event = i
-                                self.in_use_at_peak_allocated = policy.bytes_in_use
-                else:
-                    address = live.pop(buffer, None)
-                    if address is None:
-                        if size:
-                            self.skipped_events.append(i)
-                    else:
-                        free(address)
-                        allocated -= size
-                if view.calls != calls:
-                    calls = view.calls
-                    reserved = view.reserved
-                    if keeps_log:
-                        log_event(i)
-                        log_reserved(reserved)
-                        log_cost(view.cost_s)
-                    if reserved > top:                  # the bucket's most (-1: none yet)
-                        if top < 0:
-                            buckets.first_call = i
-                        top = reserved
-                        if reserved > reserved_at_peak:     # never above the run's peak else
-                            reserved_at_peak = self.reserved_at_peak = reserved
-                            self.peak_reserved_event = i
-                            self.in_use_at_peak_reserved = policy.bytes_in_use
-                    if stop_on_call:
-                        called = True
-                        break
+            replayed = None
+            if segment_loop is not None:
+                replayed = segment_loop(self, ops, ids, sizes, streams, lo, hi, i, allocated,
+                                        peak, top)
+            if replayed is not None:
+                # The policy's loop kept every per-event figure as the loop below does; it
+                # returns the last event it replayed (a stopping OOM's, if one stopped it).
+                i, allocated, peak, top = replayed
+                calls = view.calls
+                reserved_at_peak = self.reserved_at_peak
+                broke = self.stopped
             else:
-                broke = False
+                broke = True
+                events = range(i, end)
+                for i, op, buffer, size, stream in zip(events, ops[lo:hi], ids[lo:hi],
+                                                       sizes[lo:hi], streams[lo:hi]):
+                    if op == OP_ALLOC:
+                        if size > 0:
+                            address = malloc(size, stream)
+                            if address is None:
+                                self.note_out_of_memory(i, size, allocated)
+                                if self.stopped:
+                                    break               # its device calls are logged below
+                            else:
+                                live[buffer] = address
+                                allocated += size
+                                if allocated > peak:
+                                    peak = allocated
+                                    self.peak_allocated_event = i
+                                    self.in_use_at_peak_allocated = policy.bytes_in_use
+                    else:
+                        address = live.pop(buffer, None)
+                        if address is None:
+                            if size:
+                                self.skipped_events.append(i)
+                        else:
+                            free(address)
+                            allocated -= size
+                    if view.calls != calls:
+                        calls = view.calls
+                        reserved = view.reserved
+                        if keeps_log:
+                            log_event(i)
+                            log_reserved(reserved)
+                            log_cost(view.cost_s)
+                        if reserved > top:                  # the bucket's most (-1: none yet)
+                            if top < 0:
+                                buckets.first_call = i
+                            top = reserved
+                            if reserved > reserved_at_peak:     # never above the run's peak else
+                                reserved_at_peak = self.reserved_at_peak = reserved
+                                self.peak_reserved_event = i
+                                self.in_use_at_peak_reserved = policy.bytes_in_use
+                        if stop_on_call:
+                            called = True
+                            break
+                else:
+                    broke = False
             if view.calls != calls:                 # a stopping OOM's own device calls
                 calls = view.calls
                 buckets.top = top
@@ -323,7 +340,9 @@ class ProcessReplay:
             self.peak_reserved_event = i
             self.in_use_at_peak_reserved = self.policy.bytes_in_use
 
-    def _out_of_memory(self, i: int, size: int, allocated: int) -> None:
+    def note_out_of_memory(self, i: int, size: int, allocated: int) -> None:
+        """Event ``i``, an alloc of ``size`` bytes, failed with ``allocated`` live bytes (the
+        engine's loop and a policy's segment loop call this)."""
         self.ooms += 1
         self.skipped_events.append(i)
         if self.first_oom is None:
