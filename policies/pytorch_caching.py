@@ -103,9 +103,11 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterable
+from functools import partial
 from typing import Any, ClassVar
 
-from allocsim.policies.base import DeviceMemory, Param, params_of
+from allocsim.policies import pytorch_loop
+from allocsim.policies.base import DeviceMemory, Param, SegmentLoop, params_of
 from allocsim.policies.pytorch_blocks import MASK, SHIFT
 from allocsim.policies.pytorch_records import ADDRESS, NEXT, PREV, REQ, SIZE, UNMAPPED
 from allocsim.policies.pytorch_settings import (
@@ -222,6 +224,19 @@ class PyTorchCachingAllocator(Snapshots):
         else:
             self.malloc = self._malloc_default      # type: ignore[method-assign]
             self.free = self._free_default          # type: ignore[method-assign]
+
+    def segment_loop(self) -> SegmentLoop | None:
+        """With the defaults' hot pair bound (memory_stats() not to be read), the engine's loop
+        with that pair written in (:func:`~allocsim.policies.pytorch_loop.replay_segment`);
+        else None (other settings, or a general path or wrapper put on the instance)."""
+        if self.memory_stats_kept:
+            return None
+        bound = vars(self)
+        malloc, free = ((self._malloc_expandable, self._free_expandable) if self.expandable
+                        else (self._malloc_default, self._free_default))
+        if bound.get("malloc") != malloc or bound.get("free") != free:
+            return None
+        return partial(pytorch_loop.replay_segment, self, self.block_map.record)
 
     def memory_stats(self) -> dict[str, int]:
         """Snapshots.memory_stats, refused (RuntimeError) when it was said not to be read."""

@@ -15,12 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from allocsim.policies import chunk_loop, cuda_async_loop, parse_policy
+from allocsim.policies import chunk_loop, cuda_async_loop, parse_policy, pytorch_loop
 from allocsim.policies.base import Policy
 from allocsim.policies.best_fit import BestFitAllocator
 from allocsim.policies.bfc import BFCAllocator
 from allocsim.policies.chunk_policy import ChunkPolicy
 from allocsim.policies.cuda_async import CudaAsyncAllocator
+from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
 from allocsim.sim.kernel import engine
 from allocsim.sim.kernel.device import SimulatedDevice, resolve_device
 from allocsim.sim.kernel.engine import ProcessReplay
@@ -30,7 +31,8 @@ MiB = 1 << 20
 SETTINGS = ("cuda-async", "cuda-async:fraction=0.75", "cuda-async:release_threshold=24MiB",
             "cuda-async:fraction=0.5,preallocate=true", "cuda-async:chunk=4MiB,alignment=4096",
             "bfc", "bfc:allow_growth=false", "bfc:garbage_collection=true", "preallocate",
-            "best-fit", "best-fit:page=4MiB,alignment=512")
+            "best-fit", "best-fit:page=4MiB,alignment=512", "pytorch",
+            "pytorch:expandable_segments=true")
 
 
 def random_events(seed: int, n: int = 3000) -> Trace:
@@ -108,9 +110,15 @@ def replay_state(trace: Trace, spec: str, capacity: str, *, own_loop: bool,
 
 def policy_state(policy: Policy) -> tuple:
     """Its stats and blocks, every plain number it keeps, its free index's keys, its regions
-    and requests (and the pool's free regions)."""
+    and requests (and the pool's free regions); PyTorch's segments, free lists and block
+    tables."""
     numbers = {name: value for name, value in vars(policy).items()
                if isinstance(value, int) and not isinstance(value, bool)}
+    if isinstance(policy, PyTorchCachingAllocator):
+        return (policy.stats(), policy.segments(), list(policy.blocks()), numbers,
+                {pool: list(keys) for pool, keys in policy._free.items()},
+                *(dict(getattr(policy, table)) for table in ("_size", "_prev", "_next", "_home",
+                                                             "_req")))
     assert isinstance(policy, (ChunkPolicy, CudaAsyncAllocator))
     chunks = policy.chunks
     extra = (sorted(policy.free_regions),) if isinstance(policy, CudaAsyncAllocator) else ()
@@ -241,3 +249,71 @@ def test_the_chunk_loop_splits_when_the_slack_reaches_the_threshold_exactly() ->
     engines = replay_state(trace, spec, "1GiB", own_loop=False, stop_on_oom=False)
     engines.pop("segments")
     assert own == engines
+
+
+def test_pytorch_offers_its_loop_only_for_its_defaults_hot_pair() -> None:
+    """Only with memory_stats() not to be read (the engine's case) and PyTorch's defaults, with
+    or without expandable segments; not for other settings (the general path runs), nor when
+    a general path is put back on the instance."""
+    view = SimulatedDevice(resolve_device("t4-16g")).view(0)
+
+    def built(**params: Any) -> PyTorchCachingAllocator:
+        allocator = PyTorchCachingAllocator(view, **params)
+        allocator.keep_memory_stats(False)
+        return allocator
+
+    assert built().segment_loop() is not None
+    assert built(expandable_segments=True).segment_loop() is not None
+    assert PyTorchCachingAllocator(view).segment_loop() is None       # memory_stats() kept
+    assert built(max_split_size_mb=40).segment_loop() is None
+    assert built(roundup_power2_divisions="4").segment_loop() is None
+    general = built()
+    del general.malloc, general.free
+    assert general.segment_loop() is None
+
+
+def test_pytorchs_workloads_reach_new_segments_and_the_release_path() -> None:
+    trace = random_events(0)
+    tight = replay_state(trace, "pytorch", "48MiB", own_loop=True, stop_on_oom=False)
+    assert tight["replay"]["ooms"] > 0 and tight["skipped"]
+    assert tight["device"][5] > 0                    # release_cached_blocks freed segments
+    pages = replay_state(trace, "pytorch:expandable_segments=true", "48MiB", own_loop=True,
+                         stop_on_oom=False)
+    assert pages["replay"]["ooms"] > 0 and pages["device"][5] > 0   # pages unmapped
+
+
+def test_the_pytorch_loop_reads_the_traces_op_codes() -> None:
+    assert pytorch_loop.OP_ALLOC == OP_ALLOC
+
+
+def both_loops(events: list[tuple], spec: str, capacity: str = "1GiB") -> dict[str, Any]:
+    """The replay by the policy's loop, checked equal to the engine's; the loop's."""
+    trace = Trace.from_events(events)
+    own = replay_state(trace, spec, capacity, own_loop=True, stop_on_oom=False)
+    engines = replay_state(trace, spec, capacity, own_loop=False, stop_on_oom=False)
+    assert own.pop("segments") > 0
+    engines.pop("segments")
+    assert own == engines
+    return own
+
+
+def test_pytorchs_loop_keeps_a_large_block_whole_when_exactly_1_mib_would_remain() -> None:
+    """should_split, large pool: remaining > 1 MiB. A 20 MiB segment (made by a first 2 MiB
+    request and free) serves 19 MiB whole; its 1 MiB slack stays inside the block."""
+    own = both_loops([(0, "alloc", 1, 2 * MiB), (1, "free", 1, 2 * MiB),
+                      (2, "alloc", 2, 19 * MiB)], "pytorch")
+    assert [(size, in_use) for _, size, in_use in own["policy"][2]] == [(20 * MiB, True)]
+
+
+def test_pytorchs_expandable_walk_stays_on_a_tie() -> None:
+    """get_free_block's expandable walk moves to the next bigger block only while its
+    expandable size is smaller. On a 64 MiB device a large pool's range is 4 pages of 20 MiB.
+    24 MiB freed at the bottom (a block in use behind it) ties with the 4 MiB free at the top
+    of the mapped pages plus the 20 MiB unmapped behind them: the walk stays on the 4 MiB one."""
+    own = both_loops([(0, "alloc", 1, 24 * MiB), (1, "alloc", 2, 16 * MiB),
+                      (2, "alloc", 3, 16 * MiB), (3, "free", 1, 24 * MiB),
+                      (4, "alloc", 4, 3 * MiB)], "pytorch:expandable_segments=true", "64MiB")
+    blocks = own["policy"][2]
+    base = blocks[0][0]
+    assert [((address - base) // MiB, size // MiB, in_use) for address, size, in_use in blocks
+            ] == [(0, 24, False), (24, 16, True), (40, 16, True), (56, 3, True), (59, 1, False)]
