@@ -2,8 +2,8 @@
 the hot pair written into it (issue 17; :meth:`~allocsim.policies.base.Policy.segment_loop`).
 
 Why: a malloc or free of these policies is a bisection and a few list slots, and the engine's
-call into :meth:`~allocsim.policies.chunks.ChunkPolicy._malloc_fast` or
-:meth:`~allocsim.policies.chunks.ChunkPolicy.free` with the attribute loads around it is a
+call into :meth:`~allocsim.policies.chunk_policy.ChunkPolicy._malloc_fast` or
+:meth:`~allocsim.policies.chunk_policy.ChunkPolicy.free` with the attribute loads around it is a
 large share of each event.
 
 What: :func:`replay_segment` is ``ProcessReplay._run``'s inner loop (sim/kernel/engine.py)

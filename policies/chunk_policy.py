@@ -43,7 +43,10 @@ class ChunkPolicy(Policy):
     (slots above) and FreeIndex's bins, keys and bitmask: one Python call per malloc and per
     free, no dict entry written but the record of a split's rest. tests/test_chunk_fast_path.py
     holds the two paths together after every step of random workloads, and
-    tests/test_fast_paths.py both to results recorded before they were split.
+    tests/test_fast_paths.py both to results recorded before they were split. The engine
+    replays with a third copy where it may: :meth:`segment_loop` (policies/chunk_loop.py), the
+    hot pair written into the engine's per-event loop, held to the engine's loop over the pair
+    by tests/test_segment_loop.py.
 
     Costs (k = free chunks in the FreeIndex bin touched): malloc O(log k) bisection + an O(1)
     jump between bins, + O(log k + k) to index a split's rest; free O(1) link updates plus one

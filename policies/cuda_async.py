@@ -72,7 +72,10 @@ owner rules) and, under ``sync=free``, the hot pair bound on the instance in the
 (:meth:`~CudaAsyncAllocator._malloc_shared` / :meth:`~CudaAsyncAllocator._free_shared`: the same
 steps written out in one body each), held to the general path after every step of random
 workloads by tests/test_fast_path_equivalence.py and to results recorded before by
-tests/test_fast_paths.py.
+tests/test_fast_paths.py. The engine replays with a third copy of that pair where it may: the
+pool's segment loop (:meth:`CudaAsyncAllocator.segment_loop`, policies/cuda_async_loop.py),
+the pair written into the engine's per-event loop and held to the engine's loop over the pair
+by tests/test_segment_loop.py.
 
 Costs (FreeIndex per owner, k = free chunks in the bin touched): malloc is
 one O(log k) search of the shared index (and of the stream's own with ``sync=none``) plus an

@@ -89,7 +89,10 @@ and release steps) → pytorch_snapshot (seed, segments, memory_stats) → this 
 parameters, malloc and free — the hot path: the general malloc/free for every setting, and
 _malloc_default/_free_default for PyTorch's defaults without memory_stats()'s counters, and
 _malloc_expandable/_free_expandable for the same with expandable segments, each pair held to the
-general pair on random workloads by tests/test_fast_path_equivalence.py). Each block is one
+general pair on random workloads by tests/test_fast_path_equivalence.py; and, for the engine,
+:meth:`PyTorchCachingAllocator.segment_loop`, either pair written into the engine's per-event
+loop in policies/pytorch_loop.py, held to the engine's loop over the pair by
+tests/test_segment_loop.py). Each block is one
 record (a list: size, the records before and after it, pool key, requested bytes, address;
 policies/pytorch_records.py), found by address in ``block_map.record``; the address-keyed
 tables ``_size``, ``_prev``, ``_next``, ``_home``, ``_req`` and ``_unmapped`` are views of the

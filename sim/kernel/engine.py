@@ -96,7 +96,8 @@ class BucketSummary:
 class ProcessReplay:
     """One process's events through one policy; its state survives between batches.
 
-    Costs: :meth:`advance` is O(events) engine work — per event at most one policy call,
+    Costs: :meth:`advance` is O(events) engine work — per event at most one policy call (none
+    where the policy replays the segment in a loop of its own, :meth:`Policy.segment_loop`),
     O(1) dict and counter updates, a sample every ``n // TIMELINE_POINTS`` events — plus
     whatever the policy's ``malloc``/``free`` cost, and O(1) per device call (a comparison;
     with the call log, list appends packed between chunks); traces are converted to lists
