@@ -14,7 +14,8 @@ peak (with the event and the policy's bytes in use there), skipped frees, OOMs (
 replay's ``note_out_of_memory``), and the timeline's figures at an event that made device
 calls. Only a malloc that finds no free chunk can call the device (the subclass's growth rule,
 ``_make_room``): that one runs :meth:`_malloc_fast` itself, with the locals written back
-around it — search, growth, search again, or an OOM — and only there is the device's call
+around it — search, growth, search again, or an OOM — noted as the engine would by
+policies/segment_events.py, and only there is the device's call
 counter read. A free never calls the device (best-fit's ``trim`` binds a free of its own, and
 the loop is then not offered).
 
@@ -32,6 +33,7 @@ from typing import Protocol
 from allocsim.policies.base import SegmentReplay
 from allocsim.policies.chunk_records import ADDRESS, ADDRESS_MASK, KEY, NEXT, PREV, REQUESTED, SIZE
 from allocsim.policies.chunks import BIN, KEY_SHIFT, FreeIndex
+from allocsim.policies.segment_events import note_general_alloc
 
 OP_ALLOC = 0        # the trace's op code of an alloc (allocsim.traces.model.OP_ALLOC)
 
@@ -143,26 +145,8 @@ def replay_segment(heap: ChunkHeap, replay: SegmentReplay, ops: list[int], ids: 
             nonempty = index.nonempty
             in_use, peak_in_use = heap.bytes_in_use, heap.peak_bytes_in_use
             allocs = heap.num_allocs
-            if grown is None:
-                replay.note_out_of_memory(i, size, allocated)
-            else:
-                live[buffer] = grown
-                allocated += size
-                if allocated > peak:
-                    peak = allocated
-                    replay.peak_allocated_event = i
-                    replay.in_use_at_peak_allocated = in_use
-            if view.calls != calls:
-                calls = view.calls
-                reserved = view.reserved
-                if reserved > top:                          # the bucket's most (-1: none yet)
-                    if top < 0:
-                        replay.buckets.first_call = i
-                    top = reserved
-                    if reserved > replay.reserved_at_peak:  # never above the run's peak else
-                        replay.reserved_at_peak = reserved
-                        replay.peak_reserved_event = i
-                        replay.in_use_at_peak_reserved = in_use
+            allocated, peak, top, calls = note_general_alloc(
+                replay, i, buffer, size, grown, in_use, allocated, peak, top, calls)
             if grown is None and replay.stopped:            # a stopping OOM
                 break
         else:

@@ -13,7 +13,8 @@ the same steps in the same order), the allocator's counters in locals. Per event
 the engine's loop keeps (:class:`~allocsim.policies.base.SegmentReplay`). Only a malloc that
 the free lists cannot serve can call the device (pytorch_oom's miss path: alloc_block, the
 release steps, an OOM): that one runs the bound hot malloc itself, with the locals written back
-around it, and only there is the device's call counter read. A free never calls the device
+around it, noted as the engine would by policies/segment_events.py, and only there is the
+device's call counter read. A free never calls the device
 under these settings (segments go back only through the miss path, GC — off by default — or
 empty_cache).
 
@@ -32,6 +33,7 @@ from allocsim.policies.base import SegmentReplay
 from allocsim.policies.pytorch_blocks import MASK, SHIFT
 from allocsim.policies.pytorch_records import ADDRESS, NEXT, PREV, REQ, SIZE, UNMAPPED
 from allocsim.policies.pytorch_settings import K_MIN_BLOCK_SIZE, K_SMALL_SIZE
+from allocsim.policies.segment_events import note_general_alloc
 
 OP_ALLOC = 0        # the trace's op code of an alloc (allocsim.traces.model.OP_ALLOC)
 
@@ -151,26 +153,8 @@ def replay_segment(pools: CachingPools, record: dict[int, list], replay: Segment
             grown = malloc(size, stream)
             in_use, peak_in_use = pools.bytes_in_use, pools.peak_bytes_in_use
             requested, allocs = pools.requested, pools.num_allocs
-            if grown is None:
-                replay.note_out_of_memory(i, size, allocated)
-            else:
-                live[buffer] = grown
-                allocated += size
-                if allocated > peak:
-                    peak = allocated
-                    replay.peak_allocated_event = i
-                    replay.in_use_at_peak_allocated = in_use
-            if view.calls != calls:
-                calls = view.calls
-                reserved = view.reserved
-                if reserved > top:                          # the bucket's most (-1: none yet)
-                    if top < 0:
-                        replay.buckets.first_call = i
-                    top = reserved
-                    if reserved > replay.reserved_at_peak:  # never above the run's peak else
-                        replay.reserved_at_peak = reserved
-                        replay.peak_reserved_event = i
-                        replay.in_use_at_peak_reserved = in_use
+            allocated, peak, top, calls = note_general_alloc(
+                replay, i, buffer, size, grown, in_use, allocated, peak, top, calls)
             if grown is None and replay.stopped:            # a stopping OOM
                 break
         else:
