@@ -274,11 +274,12 @@ class Policy:
         then write its hot pair into a copy of the engine's per-event loop (the live table,
         allocated bytes and their peak, skipped frees, OOMs, the timeline's bucket and the peak
         of reserved bytes at each event that made device calls — :class:`SegmentReplay`), held
-        to the engine's loop over its malloc and free by a test. The engine asks before each
-        stretch of events; a policy returns None whenever its own methods have been replaced
-        on the instance (a test's general path, a profiler's wrapper), so that they are the
-        ones that run. The engine never offers a segment that needs the device-call log or
-        stops at each call."""
+        to the engine's loop over its malloc and free by a test. The engine asks again each
+        time it runs a batch of events (and the loop may still decline a segment by returning
+        None); a policy returns None here whenever its own methods have been replaced on the
+        instance (a test's general path, a profiler's wrapper), so that they are the ones that
+        run. The engine never offers a segment that needs the device-call log or stops at each
+        call."""
         return None
 
     def empty_cache(self) -> None:
