@@ -33,9 +33,7 @@ from typing import Protocol
 from allocsim.policies.base import SegmentReplay
 from allocsim.policies.chunk_records import ADDRESS, ADDRESS_MASK, KEY, NEXT, PREV, REQUESTED, SIZE
 from allocsim.policies.chunks import BIN, KEY_SHIFT, FreeIndex
-from allocsim.policies.segment_events import note_general_alloc
-
-OP_ALLOC = 0        # the trace's op code of an alloc (allocsim.traces.model.OP_ALLOC)
+from allocsim.policies.segment_events import OP_ALLOC, note_general_alloc
 
 
 class ChunkHeap(Protocol):

@@ -43,8 +43,7 @@ from allocsim.policies.chunk_records import (
     SIZE,
 )
 from allocsim.policies.chunks import BIN, KEY_SHIFT, FreeIndex
-
-OP_ALLOC = 0        # the trace's op code of an alloc (allocsim.traces.model.OP_ALLOC)
+from allocsim.policies.segment_events import OP_ALLOC
 
 
 class SharedPool(Protocol):

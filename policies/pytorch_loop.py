@@ -33,9 +33,7 @@ from allocsim.policies.base import SegmentReplay
 from allocsim.policies.pytorch_blocks import MASK, SHIFT
 from allocsim.policies.pytorch_records import ADDRESS, NEXT, PREV, REQ, SIZE, UNMAPPED
 from allocsim.policies.pytorch_settings import K_MIN_BLOCK_SIZE, K_SMALL_SIZE
-from allocsim.policies.segment_events import note_general_alloc
-
-OP_ALLOC = 0        # the trace's op code of an alloc (allocsim.traces.model.OP_ALLOC)
+from allocsim.policies.segment_events import OP_ALLOC, note_general_alloc
 
 
 class CachingPools(Protocol):
@@ -111,7 +109,8 @@ def replay_segment(pools: CachingPools, record: dict[int, list], replay: Segment
                     del keys[position]
                     address = block[ADDRESS]
                     block_size = block[SIZE]
-                    split = block_size - rounded >= K_MIN_BLOCK_SIZE
+                    remaining = block_size - rounded
+                    split = remaining >= K_MIN_BLOCK_SIZE
                 else:
                     key = keys.pop(position)
                     address = key & MASK
@@ -122,7 +121,6 @@ def replay_segment(pools: CachingPools, record: dict[int, list], replay: Segment
                              else remaining > K_SMALL_SIZE)
                 # should_split, then alloc_found_block (the caller keeps the low end).
                 if split:
-                    remaining = block_size - rounded
                     rest = address + rounded
                     after = block[NEXT]
                     block[SIZE] = rounded

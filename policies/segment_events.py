@@ -1,4 +1,5 @@
-"""The engine's bookkeeping of an alloc that a policy's segment loop sent the general way.
+"""What every segment loop shares: the trace's alloc op code, and the engine's bookkeeping of an
+alloc that a loop sent the general way.
 
 A segment loop (:meth:`~allocsim.policies.base.Policy.segment_loop`) writes its policy's hot
 malloc and free into a copy of the engine's per-event loop. Where a malloc finds nothing free
@@ -12,6 +13,10 @@ of its events are such mallocs.
 from __future__ import annotations
 
 from allocsim.policies.base import SegmentReplay
+
+# The trace's op code of an alloc (allocsim.traces.model.OP_ALLOC, which policies/ may not
+# import), read by every segment loop; tests/test_segment_loop.py holds it to the trace's.
+OP_ALLOC = 0
 
 
 def note_general_alloc(replay: SegmentReplay, event: int, buffer: int, size: int,
