@@ -314,7 +314,10 @@ class ChunkMap:
         if not self.region_is_free(base):
             raise ValueError(f"region {base:#x} still has chunks in use")
         nbytes = self.regions.pop(base)
-        del self.ring[base]
+        # The ring and the region's one chunk point at each other: cut the loop so that both
+        # go with their last reference rather than at the next cyclic garbage collection.
+        ring = self.ring.pop(base)
+        ring[PREV] = ring[NEXT] = None
         self.free_index.remove(self.record.pop(base)[SIZE], base)
         return nbytes
 

@@ -504,6 +504,7 @@ class CudaAsyncAllocator(Policy):
             mapped = self.mapped
             if not free_regions and mapped - size >= self.threshold:
                 del self.regions[address], self._ring[address], record[address]
+                after[PREV] = after[NEXT] = None        # cut the ring's loop (remove_region)
                 self.mapped = mapped - size
                 self.device.unmap(address, size)
                 return
