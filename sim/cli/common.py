@@ -21,7 +21,7 @@ from allocsim.errors import UserInputError
 from allocsim.policies import parse_size
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, DeviceProfile, resolve_device
 from allocsim.traces import Trace, formats
-from allocsim.traces.bundled import load_default_trace
+from allocsim.traces.bundled import resolve_trace_name
 
 
 class UserError(UserInputError):
@@ -48,7 +48,9 @@ def add_reading_options(parser: argparse.ArgumentParser) -> None:
 
 
 def load_trace(path: str, args: argparse.Namespace | None = None) -> Trace:
-    """Load ``path`` with the reading options given on the command line."""
+    """Load ``path`` (``default``: the bundled trace) with the reading options given on the
+    command line."""
+    path = resolve_trace_name(path)
     strict = getattr(args, "strict", None) or None
     device_index = getattr(args, "device_index", None)
     if isinstance(device_index, str) and device_index.isdigit():
@@ -57,11 +59,6 @@ def load_trace(path: str, args: argparse.Namespace | None = None) -> Trace:
                         module=getattr(args, "module", None),
                         allocator=getattr(args, "allocator", None),
                         start_state=getattr(args, "start_state", None))
-
-
-def trace_or_default(path: str, args: argparse.Namespace) -> Trace:
-    """``default`` names the bundled training trace; anything else is a file."""
-    return load_default_trace() if path == "default" else load_trace(path, args)
 
 
 # argparse takes an argument that starts with "-" for an option unless it is a plain number
