@@ -239,3 +239,15 @@ def test_every_command_that_takes_a_trace_takes_default(capsys, tmp_path, argv) 
     assert code in (0, 1), err                     # 1: share/explain report a failure
     assert "no such file" not in err
     assert "default-training" in out + err or "wrote" in out or "p0    default" in out
+
+
+def test_a_capacity_as_allocsim_prints_it_is_rounded_down_to_bytes_and_said(capsys) -> None:
+    """allocsim prints sizes such as 2.64GiB; typed back, that is 2,834,678,415.36 bytes."""
+    code, _out, err = run(capsys, "compare", "default", "--policies", "bfc",
+                         "--capacity", "2.64GiB")
+    assert code == 0
+    assert "using 2,834,678,415 bytes (rounded down)" in err
+    from allocsim.policies.units import parse_size_floor
+    assert parse_size_floor("2.64GiB") == (2_834_678_415, False)
+    assert parse_size_floor("1.5KiB") == (1536, True)
+    assert parse_size_floor("7.999999999999999999EiB")[0] == 8 * 2**60 - 2   # exact: no float

@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from allocsim.errors import UserInputError
-from allocsim.policies import parse_size
+from allocsim.policies.units import parse_size_floor
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, DeviceProfile, resolve_device
 from allocsim.traces import Trace, formats
 from allocsim.traces.bundled import resolve_trace_name
@@ -92,12 +92,16 @@ def add_device_options(parser: argparse.ArgumentParser, *, capacity: bool = True
 
 
 def capacity_option(text: str, option: str = "--capacity") -> int:
-    """Bytes in a ``--capacity`` value; a malformed, zero or negative size is refused in one
-    line that names the option."""
+    """Bytes in a ``--capacity`` value, rounded down to a whole byte (with a note on stderr); a
+    malformed, zero or negative size is refused in one line that names the option."""
     try:
-        nbytes = parse_size(text)
+        nbytes, exact = parse_size_floor(text)
     except UserInputError as err:
         raise UserError(f"{option}: {err}") from None
+    if not exact:
+        # allocsim prints sizes such as 2.64GiB; typed back they are a fraction of a byte off.
+        print(f"allocsim: note: {option} {text} is not a whole number of bytes; using "
+              f"{nbytes:,} bytes (rounded down)", file=sys.stderr)
     if nbytes <= 0:
         raise UserError(f"{option}: capacity must be positive, e.g. 24GiB; got {text!r}")
     return nbytes

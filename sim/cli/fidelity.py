@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from allocsim.policies import parse_size
-from allocsim.sim.cli.common import add_reading_options, load_trace, print_json
+from allocsim.sim.cli.common import (
+    add_reading_options,
+    capacity_option,
+    load_trace,
+    print_json,
+)
 from allocsim.sim.questions.fidelity import fidelity
 
 __all__ = ["register", "run"]
@@ -39,10 +43,11 @@ def run(args: argparse.Namespace) -> int:
     from allocsim.sim.kernel.device import resolve_device
     from allocsim.sim.questions.xla_fidelity import is_xla_dump_trace, xla_fidelity
     if is_xla_dump_trace(trace):  # an XLA dump: XLA's assignment against plan and policies
-        xla = xla_fidelity(trace, device=resolve_device(None, args.capacity))
+        capacity_bytes = capacity_option(args.capacity) if args.capacity else None
+        xla = xla_fidelity(trace, device=resolve_device(None, capacity_bytes))
         print_json(xla.to_json_dict()) if args.json else print(xla.text())
         return xla.exit_status
-    capacity = parse_size(args.capacity) if args.capacity else None
+    capacity = capacity_option(args.capacity) if args.capacity else None
     report = fidelity(trace, capacity=capacity)
     if args.json:
         print_json(report.to_json_dict())
