@@ -1,5 +1,5 @@
 """PyTorch's CUDA caching allocator, rule by rule, with hand-worked cases
-(c10/cuda/CUDACachingAllocator.cpp, c10/core/AllocatorConfig.cpp; reference/allocators.md §3)."""
+(c10/cuda/CUDACachingAllocator.cpp, c10/core/AllocatorConfig.cpp)."""
 
 from __future__ import annotations
 
