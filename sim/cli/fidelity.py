@@ -1,5 +1,7 @@
-"""``allocsim fidelity SNAPSHOT``: its parser beside its handler, over
-:func:`allocsim.sim.questions.fidelity.fidelity`."""
+"""``allocsim fidelity RECORDING``: its parser beside its handler, over
+:func:`allocsim.sim.questions.fidelity.fidelity` (PyTorch snapshots),
+:func:`allocsim.sim.questions.bfc_fidelity.bfc_fidelity` (TensorFlow/JAX profiles) and
+:func:`allocsim.sim.questions.xla_fidelity.xla_fidelity` (XLA dumps)."""
 
 from __future__ import annotations
 
@@ -19,12 +21,19 @@ __all__ = ["register", "run"]
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``fidelity`` to ``allocsim``'s subcommands (sets ``func``)."""
     p = subparsers.add_parser(
-        "fidelity", help="replay a PyTorch snapshot through the pytorch model and compare "
-                         "its device calls with the recorded ones",
-        description="Replays a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) "
-                    "through the pytorch model configured as recorded and compares the "
-                    "device calls: exit 0 when all match, 1 on divergence.")
-    p.add_argument("snapshot", help="snapshot pickle")
+        "fidelity", help="replay a recording through the model of the allocator that made it "
+                         "and compare decisions: PyTorch snapshots (pytorch), TensorFlow/JAX "
+                         "profiles (bfc), XLA dumps (buffer assignment)",
+        description="Replays a recording through the model of the allocator that made it and "
+                    "compares what the model does with what was recorded: a PyTorch memory "
+                    "snapshot (torch.cuda.memory._dump_snapshot) through the pytorch model "
+                    "configured as recorded (device calls); a TensorFlow or JAX profile "
+                    "(.xplane.pb, or a TensorBoard/Keras log folder) through the bfc model "
+                    "(each chunk handed out, its address, the bytes in use); an XLA "
+                    "buffer-assignment dump against the offline plan and the policies. Exit 0 "
+                    "when all match, 1 on divergence.")
+    p.add_argument("snapshot", metavar="RECORDING",
+                   help="snapshot pickle, .xplane.pb profile or log folder, or XLA dump")
     p.add_argument("--capacity", help="device capacity (default: from the recorded oom's "
                                       "device_free, else a large device)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
