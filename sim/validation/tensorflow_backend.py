@@ -409,8 +409,9 @@ def tensorflow_checks(run: TensorFlowRun) -> tuple[list[Check], list[str]]:
                             f"{what} as TensorFlow's after {got:,}/{total:,} allocator calls"))
     notes = [f"call by call (bfc_fidelity, bfc:memory_limit={run.limit},allow_growth=true,"
              f"garbage_collection=false, regions at the recorded addresses): matched "
-             f"{fid.matched:,}/{total:,}, without a break up to recorded event "
-             f"{fid.matched_until:,}"]
+             f"{fid.matched:,}/{total:,}, "
+             + (f"without a break up to recorded event {fid.matched_until:,}"
+                if fid.matched_until >= 0 else "none before the first divergence")]
     div = fid.first_divergence
     if div is not None:
         rec, mod = div["recorded"], div["model"]
