@@ -43,6 +43,19 @@ logdir, kind = sys.argv[1], sys.argv[2]
 midrun = kind.endswith("-midrun")     # the profiler starts once the program is under way
 kind = kind.removesuffix("-midrun")
 tf.random.set_seed(0)
+
+
+def small_cnn():
+    x = np.random.default_rng(0).normal(size=(512, 16, 16, 1)).astype("float32")
+    y = np.random.default_rng(1).integers(0, 10, size=512)
+    model = tf.keras.Sequential([
+        tf.keras.Input((16, 16, 1)), tf.keras.layers.Conv2D(8, 3, activation="relu"),
+        tf.keras.layers.MaxPooling2D(), tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(10)])
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return x, y, model
+
+
 profiling = not midrun and kind != "keras-batches"
 if profiling:
     tf.profiler.experimental.start(logdir)
@@ -63,25 +76,13 @@ try:
                 var.assign_sub(0.01 * grad)
     elif kind == "keras":
         # a small Keras CNN trained for 2 epochs with fit(): the issue's Keras case
-        x = np.random.default_rng(0).normal(size=(512, 16, 16, 1)).astype("float32")
-        y = np.random.default_rng(1).integers(0, 10, size=512)
-        model = tf.keras.Sequential([
-            tf.keras.Input((16, 16, 1)), tf.keras.layers.Conv2D(8, 3, activation="relu"),
-            tf.keras.layers.MaxPooling2D(), tf.keras.layers.Flatten(),
-            tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(10)])
-        model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        x, y, model = small_cnn()
         model.fit(x, y, epochs=2, batch_size=64, verbose=0)
     elif kind == "keras-batches":
         # profiled as Keras' TensorBoard(profile_batch=(3, 5)) does it — the profiler started
         # at training batch 3 and stopped after batch 5, mid-run — with a callback of the same
         # two calls (the TensorBoard callback itself needs the tensorboard package)
-        x = np.random.default_rng(0).normal(size=(512, 16, 16, 1)).astype("float32")
-        y = np.random.default_rng(1).integers(0, 10, size=512)
-        model = tf.keras.Sequential([
-            tf.keras.Input((16, 16, 1)), tf.keras.layers.Conv2D(8, 3, activation="relu"),
-            tf.keras.layers.MaxPooling2D(), tf.keras.layers.Flatten(),
-            tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(10)])
-        model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        x, y, model = small_cnn()
 
         def begin(batch, logs=None):
             if batch == 3:
