@@ -1,8 +1,7 @@
 """TensorFlow/XLA's BFC ("best-fit with coalescing") allocator, rule for rule.
 
 Followed: openxla/xla xla/tsl/framework/bfc_allocator.cc (AllocateRawInternal, FindChunkPtr,
-ShouldSplitChunk, Extend, DeallocateFreeRegions, TryToCoalesce), as summarised in
-reference/allocators.md §1:
+ShouldSplitChunk, Extend, DeallocateFreeRegions, TryToCoalesce) and bfc_allocator.h:
 
 - every request rounds up to a multiple of 256 bytes (kMinAllocationSize); 0 bytes → null;
 - free chunks sit in 21 bins, bin b holding sizes [256·2^b, 256·2^(b+1)), bin 20 everything of

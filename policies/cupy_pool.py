@@ -47,9 +47,9 @@ are that file's.
 
 Not modelled: memory hooks, the pending-free list used when another thread holds the arena lock
 (single-threaded replay always takes the lock), CUPY_GPU_MEMORY_LIMIT (use the parameters), and
-the non-pooled allocators. reference/allocators.md §4 says a limit hit triggers the
-free_all_blocks retry without noting that a request larger than the limit fails at once, and
-describes v14.1+ ties only as "Python object address".
+the non-pooled allocators. In cupy/cuda/memory.pyx a limit hit triggers the free_all_blocks
+retry, except that a request larger than the limit fails at once; v14.1+ breaks ties between
+equal free chunks by the chunk object's address.
 
 Layout: each chunk is one record (a list: size, neighbours, arena key while free, address,
 request, arena, creation id above the address — the slots of policies/cupy_records.py, with

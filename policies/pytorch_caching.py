@@ -10,7 +10,7 @@ setMemoryFraction); the newer generic copy of the same code in c10/core/CachingD
 and the configuration in c10/core/AllocatorConfig.{h,cpp} (ConfigTokenizer,
 AcceleratorAllocatorConfig::parseArgs, parseMaxSplitSize, parseMaxNonSplitRoundingSize,
 parseGarbageCollectionThreshold, parseRoundUpPower2Divisions, roundup_power2_divisions) and
-c10/cuda/CUDAAllocatorConfig.cpp (the CUDA-only keys). reference/allocators.md §3 summarises it.
+c10/cuda/CUDAAllocatorConfig.cpp (the CUDA-only keys).
 
 Versions: the rules are the same in the CUDACachingAllocator.cpp read (commit 001074d2) and the
 newer generic header, except where the newer code is followed here: the non-split rounding limit

@@ -20,15 +20,29 @@ ROUNDUP_INTERVALS = 16               # roundup_power2_divisions: 1 MiB .. 64 GiB
 NO_LIMIT = 1 << 62                   # SIZE_MAX: max_split_size when unset
 
 # Keys of PYTORCH_CUDA_ALLOC_CONF that do not change device-memory placement (host/pinned
-# allocator, locking): accepted and dropped by parse_alloc_conf.
-_IGNORED_KEYS = {
-    "release_lock_on_cudamalloc", "release_lock_on_hipmalloc", "pinned_use_cuda_host_register",
-    "pinned_use_hip_host_register", "pinned_num_register_threads",
-    "pinned_use_background_threads", "pinned_reserve_segment_size_mb",
-    "graph_capture_record_stream_reuse",
+# allocator, locking, graph capture): validated as PyTorch validates them, then dropped by
+# parse_alloc_conf. Each maps to the check PyTorch applies to its value
+# (c10/cuda/CUDAAllocatorConfig.cpp parseArgs and c10/core/AllocatorConfig.cpp): "bool" is
+# ConfigTokenizer::toBool (exactly True or False), "threads" parsePinnedNumRegisterThreads (a
+# power of two no larger than pinned_max_register_threads(), 128), "positive"
+# parsePinnedReserveSegmentSize (a whole number > 0).
+_IGNORED_KEYS: dict[str, str] = {
+    "release_lock_on_cudamalloc": "bool", "release_lock_on_hipmalloc": "bool",
+    "pinned_use_cuda_host_register": "bool", "pinned_use_hip_host_register": "bool",
+    "pinned_use_background_threads": "bool", "pinned_free_catch_all": "bool",
+    "graph_capture_record_stream_reuse": "bool",
+    "pinned_num_register_threads": "threads", "pinned_reserve_segment_size_mb": "positive",
 }
+PINNED_MAX_REGISTER_THREADS = 128    # CUDAAllocatorConfig::pinned_max_register_threads()
+# Keys current PyTorch knows that can change where or whether device memory is handed out, and
+# that this model does not follow: refused by name rather than dropped, so a run never reports
+# numbers for a setting it ignored. throw_on_cudamalloc_oom rejects requests before cudaMalloc
+# under a fraction (no cache flush and retry); the expandable-segment reserves bound how far a
+# segment's virtual range can grow.
+_UNMODELLED_KEYS = ("throw_on_cudamalloc_oom", "expandable_segments_reserve",
+                    "expandable_segments_reserve_by_class")
 _MODELLED_KEYS = ("max_split_size_mb", "max_non_split_rounding_mb", "garbage_collection_threshold",
-                  "roundup_power2_divisions", "expandable_segments")
+                  "roundup_power2_divisions", "expandable_segments", "per_process_memory_fraction")
 
 
 # -- configuration -------------------------------------------------------------------------
@@ -158,7 +172,9 @@ def parse_alloc_conf(text: str) -> dict[str, str]:
             end = value_start
         value = "".join(tokens[value_start:end + 1])
         if key in _MODELLED_KEYS:
-            result[key] = _check_conf_value(key, value)
+            registry_value = _check_conf_value(key, value)
+            if registry_value is not None:
+                result[key] = registry_value
         elif key == "backend":
             if value == "cudaMallocAsync":
                 raise ValueError("PYTORCH_CUDA_ALLOC_CONF: backend:cudaMallocAsync is a different "
@@ -166,8 +182,14 @@ def parse_alloc_conf(text: str) -> dict[str, str]:
             if value != "native":
                 raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF: unknown allocator backend {value!r}; "
                                  "options are native and cudaMallocAsync")
-        elif key not in _IGNORED_KEYS:
-            known = ", ".join((*_MODELLED_KEYS, "backend", *sorted(_IGNORED_KEYS)))
+        elif key in _IGNORED_KEYS:
+            _check_ignored_value(key, value, _IGNORED_KEYS[key])
+        elif key in _UNMODELLED_KEYS:
+            raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF: {key} is a PyTorch setting that the "
+                             "'pytorch' model does not follow; remove it to simulate the rest")
+        else:
+            known = ", ".join((*_MODELLED_KEYS, "backend", *sorted(_IGNORED_KEYS),
+                               *_UNMODELLED_KEYS))
             raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF: unrecognized key {key!r}; "
                              f"known keys: {known}")
         i = end + 1
@@ -178,8 +200,53 @@ def parse_alloc_conf(text: str) -> dict[str, str]:
     return result
 
 
-def _check_conf_value(key: str, value: str) -> str:
-    """Validate one modelled PYTORCH_CUDA_ALLOC_CONF value; return its registry form."""
+def _check_ignored_value(key: str, value: str, kind: str) -> None:
+    """Validate the value of a key that does not change device memory, as PyTorch does."""
+    if kind == "bool":
+        if value not in ("True", "False"):
+            raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF: expected True or False for {key}, "
+                             f"got {value!r}")
+        return
+    number = _to_int(value, f"PYTORCH_CUDA_ALLOC_CONF: {key}")
+    if kind == "positive" and number == 0:
+        raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF: {key} has to be greater than 0")
+    if kind == "threads":
+        if not _is_power_of_two(number):
+            raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF: {key}: the number of register threads "
+                             f"has to be a power of 2, got {number}")
+        if number > PINNED_MAX_REGISTER_THREADS:
+            raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF: {key}: the number of register threads "
+                             f"should be at most {PINNED_MAX_REGISTER_THREADS}, got {number}")
+
+
+def _fraction_conf_value(value: str) -> str | None:
+    """per_process_memory_fraction as CUDAAllocatorConfig::parsePerProcessMemoryFraction reads it
+    (a number in [0, 1]) → the registry value, or None where it sets no limit.
+
+    The allocator applies it at construction through setMemoryFraction, which keeps no limit at
+    1.0 (``allowed_memory_maximum = nullopt`` unless fraction < 1.0,
+    c10/cuda/CUDACachingAllocator.cpp). A fraction of 0 is a limit of 0 bytes in PyTorch —
+    every allocation fails — which the registry's 0 ("unset") cannot express: refused by name.
+    """
+    try:
+        fraction = float(value)
+    except ValueError:
+        raise ValueError("PYTORCH_CUDA_ALLOC_CONF: per_process_memory_fraction expects a number, "
+                         f"got {value!r}") from None
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError("PYTORCH_CUDA_ALLOC_CONF: per_process_memory_fraction is invalid, set "
+                         f"it in [0.0, 1.0], got {value!r}")
+    if fraction == 0.0:
+        raise ValueError("PYTORCH_CUDA_ALLOC_CONF: per_process_memory_fraction:0 limits the "
+                         "process to 0 bytes, so every allocation fails")
+    return None if fraction == 1.0 else value
+
+
+def _check_conf_value(key: str, value: str) -> str | None:
+    """Validate one modelled PYTORCH_CUDA_ALLOC_CONF value; return its registry form (None: the
+    value is the default and sets nothing)."""
+    if key == "per_process_memory_fraction":
+        return _fraction_conf_value(value)
     if key == "expandable_segments":
         if value not in ("True", "False"):
             raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF: expected True or False for {key}, "

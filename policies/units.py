@@ -9,6 +9,7 @@ PB, EB) powers of 1000, as GPU vendors print them (an "80 GB" card).
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from allocsim.errors import UserInputError
 
@@ -25,21 +26,30 @@ _SIZE = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(text: str | int | float) -> int:
-    """Bytes in ``text`` ("24GiB", "512 MiB", "1.5GB", "4096", 4096). Raises ValueError."""
+    """Bytes in ``text`` ("24GiB", "512 MiB", "1.5GB", "4096", 4096). Raises UserInputError,
+    also for a size that is not a whole number of bytes (see :func:`parse_size_floor`)."""
+    nbytes, exact = parse_size_floor(text)
+    if not exact:
+        raise UserInputError(f"not a whole number of bytes: {text!r}")
+    return nbytes
+
+
+def parse_size_floor(text: str | int | float) -> tuple[int, bool]:
+    """``(bytes rounded down, whether that is exact)`` for ``text``: "2.64GiB" is
+    2,834,678,415.36 bytes → ``(2834678415, False)``. Computed in exact fractions, so a large
+    size is not rounded through a float. Raises UserInputError for anything not a size."""
     if isinstance(text, bool):
         raise UserInputError(f"not a size: {text!r}")
     if isinstance(text, (int, float)):
-        if text < 0 or text != int(text):
+        if not text >= 0 or text != int(text):
             raise UserInputError(f"not a size in bytes: {text!r}")
-        return int(text)
+        return int(text), True
     match = _SIZE.match(str(text))
     unit = match.group(2).lower() if match else None
     if not match or unit not in _UNITS:
         raise UserInputError(f"not a size: {text!r} (examples: 4096, 512MiB, 24GiB, 80GB)")
-    value = float(match.group(1).replace("_", "")) * _UNITS[unit]
-    if value != int(value):
-        raise UserInputError(f"not a whole number of bytes: {text!r}")
-    return int(value)
+    value = Fraction(match.group(1).replace("_", "")) * _UNITS[unit]
+    return int(value), value.denominator == 1
 
 
 def format_size(nbytes: int | float, precision: int = 2) -> str:

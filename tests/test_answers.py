@@ -152,3 +152,44 @@ def test_share_runs_each_recorded_process_of_a_multi_process_trace(capsys, tmp_p
     data = json.loads(capsys.readouterr().out)
     assert [p["trace"] for p in data["processes"]] == [f"{path}[process 0]", f"{path}[process 1]"]
     assert [p["completed"] for p in data["processes"]] == [True, False]
+
+
+def _pretend_completes(monkeypatch, completes) -> None:
+    import allocsim.sim.questions.capacity as capacity_module
+    monkeypatch.setattr(capacity_module.CompletionOracle, "completes",
+                        lambda self, capacity: completes(capacity))
+
+
+def _sizes_in(note: str) -> list[str]:
+    return [word.strip(",") for word in note.split() if word[0].isdigit()]
+
+
+def test_a_pocket_below_the_bisection_becomes_the_answer_and_is_named(monkeypatch) -> None:
+    """A non-monotone policy that completes at the lower bound and otherwise only from 64 MiB
+    above it: bisection finds the threshold, the check below finds the pocket and takes it,
+    and the note says what the bisection found — never "below the answer" of itself."""
+    from allocsim.traces.bundled import load_default_trace
+    trace = load_default_trace()
+    lower = trace.peak_live()[0] // MiB * MiB
+    _pretend_completes(monkeypatch, lambda c: c >= lower + 64 * MiB or c == lower)
+    answer = min_capacity(trace, "best-fit", device())
+    assert answer.min_capacity == lower and not answer.monotone
+    [note] = answer.exceptions
+    assert note.startswith("completes at ") and "the bisection found (taken as the answer)" in note
+    shown, bisected = _sizes_in(note)
+    assert shown != bisected
+
+
+def test_sizes_in_a_note_are_shown_with_the_digits_that_tell_them_apart(monkeypatch) -> None:
+    """A policy that fails only 1 MiB above where it first completes: whichever side the
+    bisection lands on, the note compares two sizes 1-2 MiB apart — both "1.53GiB" at two
+    decimals — and must show them differently."""
+    from allocsim.traces.bundled import load_default_trace
+    trace = load_default_trace()
+    target = trace.peak_live()[0] // MiB * MiB + 4 * MiB
+    _pretend_completes(monkeypatch, lambda c: c >= target and c != target + MiB)
+    answer = min_capacity(trace, "best-fit", device())
+    assert answer.min_capacity == target and answer.exceptions
+    for note in answer.exceptions:
+        first, second = _sizes_in(note)
+        assert first != second, note

@@ -1,5 +1,4 @@
-"""BFC, rule by rule, with hand-worked cases (xla/tsl/framework/bfc_allocator.cc;
-reference/allocators.md §1)."""
+"""BFC, rule by rule, with hand-worked cases (xla/tsl/framework/bfc_allocator.cc)."""
 
 from __future__ import annotations
 

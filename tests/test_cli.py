@@ -221,3 +221,33 @@ def test_share_says_when_the_processes_never_ran_at_the_same_time(tmp_path, caps
     data = json.loads(capsys.readouterr().out)
     assert data["ran_together"] is True
     assert all(p["end_ns"] >= p["start_ns"] for p in data["processes"])
+
+
+@pytest.mark.parametrize("argv", [
+    ["info", "default"],
+    ["compare", "default", "--policies", "bfc"],
+    ["min-capacity", "default", "--policies", "best-fit", "--resolution", "64MiB"],
+    ["explain-oom", "default", "--policy", "bfc", "--capacity", "1GiB"],
+    ["convert", "default", "{tmp}/default.csv"],
+    ["export-snapshot", "default", "--policy", "bfc", "-o", "{tmp}/run.pickle"],
+    ["share", "default:bfc", "--capacity", "4GiB"],
+    ["baseline", "default", "--policies", "bfc", "-o", "{tmp}/baseline.json"],
+])
+def test_every_command_that_takes_a_trace_takes_default(capsys, tmp_path, argv) -> None:
+    """`default` names the bundled trace wherever a trace file is asked for."""
+    code, out, err = run(capsys, *(a.replace("{tmp}", str(tmp_path)) for a in argv))
+    assert code in (0, 1), err                     # 1: share/explain report a failure
+    assert "no such file" not in err
+    assert "default-training" in out + err or "wrote" in out or "p0    default" in out
+
+
+def test_a_capacity_as_allocsim_prints_it_is_rounded_down_to_bytes_and_said(capsys) -> None:
+    """allocsim prints sizes such as 2.64GiB; typed back, that is 2,834,678,415.36 bytes."""
+    code, _out, err = run(capsys, "compare", "default", "--policies", "bfc",
+                         "--capacity", "2.64GiB")
+    assert code == 0
+    assert "using 2,834,678,415 bytes (rounded down)" in err
+    from allocsim.policies.units import parse_size_floor
+    assert parse_size_floor("2.64GiB") == (2_834_678_415, False)
+    assert parse_size_floor("1.5KiB") == (1536, True)
+    assert parse_size_floor("7.999999999999999999EiB")[0] == 8 * 2**60 - 2   # exact: no float

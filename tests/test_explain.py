@@ -14,13 +14,15 @@ from allocsim.sim.cli.explain import register
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.questions.explain import (
     FRAGMENTATION,
+    LIMIT,
     REAL_SHORTAGE,
     NoOOMError,
     explain_oom,
     variant_specs,
+    verdict,
 )
 from allocsim.sim.questions.fidelity import simulate_snapshot
-from allocsim.traces import formats, synth
+from allocsim.traces import bundled, formats, synth
 from allocsim.traces.formats.torch_snapshot import read_snapshot
 from allocsim.traces.model import Trace
 
@@ -133,3 +135,32 @@ def test_the_command(tmp_path, capsys) -> None:
     assert data["verdict"] == FRAGMENTATION
     assert [a["policy"] for a in data["alternatives"]][:2] == ["pytorch", "offline"]
     assert "pytorch:max_split_size_mb=64" in [a["policy"] for a in data["alternatives"]]
+
+
+# -- a policy that may hold less than the card: JAX's pool, BFC's fraction ------------------
+def test_memory_outside_the_policys_limit_is_never_counted_as_free() -> None:
+    """Hand-worked: a 100 MiB card, a pool of 75 MiB (JAX's default share) all handed out as
+    blocks holding 45 MiB of live data, a 10 MiB request. The 25 MiB outside the pool cannot
+    be reached, so this is internal fragmentation (in use 75 > live 45), not external."""
+    kind, reason = verdict(100 * MiB, 45 * MiB, 10 * MiB, in_use=75 * MiB, reserved=75 * MiB,
+                           largest_free=0, limit=75 * MiB)
+    assert kind == FRAGMENTATION and "internal fragmentation" in reason
+    assert "25.00MiB outside the policy's limit not counted" in reason
+    kind, _ = verdict(100 * MiB, 70 * MiB, 10 * MiB, in_use=70 * MiB, reserved=75 * MiB,
+                      largest_free=5 * MiB, limit=75 * MiB)
+    assert kind == LIMIT                    # 80 MiB fits the card, not the 75 MiB pool
+    kind, _ = verdict(100 * MiB, 95 * MiB, 10 * MiB, in_use=95 * MiB, reserved=95 * MiB,
+                      largest_free=0, limit=75 * MiB)
+    assert kind == REAL_SHORTAGE
+
+
+def test_jax_running_out_of_its_pool_is_a_limit_not_fragmentation() -> None:
+    """The bundled JAX recording at 30 MiB under `jax`: the 21 MiB request fits the card with
+    the live 3.8 MiB but not the 22.5 MiB pool (75%) — a larger fraction serves it."""
+    trace = formats.load(bundled.bundled_path("sample-jax-cpu-train.npz"))
+    e = explain_oom(trace, "jax", device(30 * MiB))
+    assert e.allocator_limit == 30 * MiB * 3 // 4 // 256 * 256
+    assert e.verdict == LIMIT and e.live + e.request <= 30 * MiB
+    assert "policy's limit" in e.text()
+    whole_card = explain_oom(trace, "bfc", device(24 * MiB))      # fraction 1: the card
+    assert whole_card.allocator_limit is None

@@ -1,5 +1,5 @@
 """PyTorch's CUDA caching allocator, rule by rule, with hand-worked cases
-(c10/cuda/CUDACachingAllocator.cpp, c10/core/AllocatorConfig.cpp; reference/allocators.md §3)."""
+(c10/cuda/CUDACachingAllocator.cpp, c10/core/AllocatorConfig.cpp)."""
 
 from __future__ import annotations
 
@@ -520,6 +520,38 @@ def test_bad_alloc_conf_strings_raise_one_line(text: str) -> None:
     with pytest.raises(ValueError) as err:
         parse_alloc_conf(text)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("text", [
+    "release_lock_on_cudamalloc:none", "pinned_use_cuda_host_register:none",
+    "pinned_num_register_threads:none", "pinned_num_register_threads:1024",
+    "pinned_num_register_threads:6", "pinned_reserve_segment_size_mb:0",
+    "pinned_use_background_threads:true", "graph_capture_record_stream_reuse:1",
+    "per_process_memory_fraction:1.5", "per_process_memory_fraction:-0.1",
+    "per_process_memory_fraction:half", "per_process_memory_fraction:0",
+    "throw_on_cudamalloc_oom:True", "expandable_segments_reserve:0.5",
+    "expandable_segments_reserve_by_class:[capture:0.25]"])
+def test_alloc_conf_values_pytorch_rejects_or_the_model_cannot_follow_are_refused(
+        text: str) -> None:
+    """The host-side keys are checked as CUDAAllocatorConfig.cpp checks them (toBool; a power of
+    two no larger than 128 register threads; a positive reserve); a fraction outside [0, 1]; keys
+    that change device memory in ways the model does not follow are refused by name."""
+    with pytest.raises(ValueError) as err:
+        parse_alloc_conf(text)
+    assert "\n" not in str(err.value)
+    key = text.split(":")[0]
+    assert key in str(err.value)
+
+
+def test_per_process_memory_fraction_in_the_conf_sets_the_policy_limit() -> None:
+    """parsePerProcessMemoryFraction takes [0, 1]; setMemoryFraction keeps no limit at 1.0."""
+    assert parse_alloc_conf("per_process_memory_fraction:0.5,pinned_num_register_threads:128,"
+                            "pinned_free_catch_all:True") == {
+        "per_process_memory_fraction": "0.5"}
+    assert parse_alloc_conf("per_process_memory_fraction:1.0") == {}
+    spec = parse_policy("pytorch:per_process_memory_fraction=0.5")
+    policy = spec.build(SimulatedDevice(small_device()).view(0))
+    assert policy.set_fraction and policy.allowed_memory_maximum == small_device().capacity // 2
 
 
 def test_the_registry_builds_it_and_reports_bad_values() -> None:

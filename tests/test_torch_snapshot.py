@@ -379,10 +379,28 @@ def test_default_device_is_the_busiest():
     assert trace.n_allocs == 2
 
 
+def test_default_device_is_the_one_holding_the_memory_not_the_one_with_markers():
+    """`snapshot` markers land on whichever device is current when _dump_snapshot runs: a file
+    whose segments are all on device 1 may hold entries only on device 0, and those markers
+    must not make device 0 (with nothing on it) the default."""
+    markers = [{"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "time_us": t}
+               for t in (1, 2, 3)]
+    snap = {"segments": [segment(0x9000 + i * 2 * MiB, 2 * MiB,
+                                 [block(0x9000 + i * 2 * MiB, 2 * MiB, 1000, "active_allocated")],
+                                 device=1) for i in range(5)],
+            "device_traces": [markers, []]}
+    trace = read(snap)
+    assert trace.metadata["device"] == 1
+    assert trace.n_allocs == 5
+    assert trace.metadata["device_segments"] == {"0": 0, "1": 5}
+
+
 def test_device_index_chooses_and_errors_list_devices(tmp_path):
     assert read(multi_device(), device_index=0).n_allocs == 1
-    err = one_line_error(read, multi_device(), device_index=2)
-    assert "device 2 has no trace entries" in str(err)
+    err = one_line_error(read, multi_device(), device_index=3)
+    assert "device 7 has no trace entries and no segments" in str(
+        one_line_error(read, multi_device(), device_index=7))
+    assert read(multi_device(), device_index=2).metadata["device"] == 2  # its segment
     assert "0 (1 entries), 1 (4 entries)" in str(err)
     assert "device 7" in str(one_line_error(read, multi_device(), device_index=7))
     path = tmp_path / "multi.pkl"

@@ -113,6 +113,34 @@ def test_log_folder_reads_the_newest_run(tmp_path: Path) -> None:
     assert older.metadata["bfc_memory_limit"] == 4 << 20
 
 
+def test_a_keras_tensorboard_log_folder_is_read_from_its_train_profile(tmp_path: Path) -> None:
+    """Keras' TensorBoard(log_dir, profile_batch=...) writes LOG_DIR/train/plugins/profile/RUN/
+    HOST.xplane.pb beside LOG_DIR/validation/: the log folder itself is what a user passes."""
+    run = tmp_path / "logs" / "train" / "plugins" / "profile" / "2025_03_04_05_06_07"
+    run.mkdir(parents=True)
+    (tmp_path / "logs" / "validation").mkdir()
+    shutil.copy(OOM, run / "host.xplane.pb")
+    trace = formats.load(tmp_path / "logs")
+    assert trace.metadata["bfc_memory_limit"] == 4 << 20
+    assert "run 2025_03_04_05_06_07" in trace.metadata["listing"]
+
+
+@pytest.mark.parametrize("name", ["host.pb", "profile", "run.bin"])
+def test_a_profile_is_recognised_by_its_content_whatever_its_name(tmp_path: Path,
+                                                                   name: str) -> None:
+    shutil.copy(OOM, tmp_path / name)
+    assert formats.format_for(tmp_path / name, OOM.read_bytes()[:8192]) == "xplane"
+    trace = formats.load(tmp_path / name)
+    assert trace.metadata["bfc_memory_limit"] == 4 << 20
+
+
+def test_another_protobuf_is_not_taken_for_a_profile(tmp_path: Path) -> None:
+    """0x0A opens many protobufs; a first message not named like a profiler plane is not one."""
+    other = b"\x0a\x0c\x08\x01\x12\x08not-a-pl" + bytes(40)
+    with pytest.raises(TraceError, match="unrecognised trace format"):
+        formats.format_for(tmp_path / "model.pb", other)
+
+
 # ------------------------------------------------------------------ JAX on GPU (synthetic)
 def test_jax_gpu_shape_default_allocator_and_choice(tmp_path: Path) -> None:
     path = tmp_path / "gpu.xplane.pb"

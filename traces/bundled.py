@@ -25,6 +25,15 @@ def bundled_path(name: str = DEFAULT_TRACE_NAME) -> Path:
     return Path(str(resources.files("allocsim.traces") / "data" / name))
 
 
+DEFAULT_TRACE_ARGUMENT = "default"
+
+
+def resolve_trace_name(path: str) -> str:
+    """What a trace argument names: ``default`` is the bundled default trace (every command
+    that takes a trace file takes it), anything else the file itself."""
+    return str(bundled_path()) if path == DEFAULT_TRACE_ARGUMENT else path
+
+
 def bundled_names() -> list[str]:
     """Every sample trace shipped with the package."""
     folder = bundled_path().parent

@@ -15,6 +15,7 @@ from allocsim.sim.cli.common import (
 from allocsim.sim.output.files import write_json
 from allocsim.sim.output.ownership import json_with, refuse_unless_ours
 from allocsim.sim.questions.regress import check_baseline, make_baseline
+from allocsim.traces.bundled import resolve_trace_name
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_baseline(args: argparse.Namespace) -> int:
     refuse_unless_ours(args.output, "a baseline", json_with("allocsim_baseline"))
     device = device_from_args(args)
-    document = make_baseline(args.traces, args.policies or DEFAULT_POLICIES, device, args.output)
+    traces = [resolve_trace_name(t) for t in args.traces]
+    document = make_baseline(traces, args.policies or DEFAULT_POLICIES, device, args.output)
     write_json(document, args.output)
     print(f"wrote {args.output}: {len(document['cells'])} cells "
           f"({len(args.traces)} traces × {len(document['policies'])} policies) on {device.name}")

@@ -12,9 +12,9 @@ from allocsim.sim.cli.common import (
     add_output_option,
     add_reading_options,
     device_from_args,
+    load_trace,
     plain_progress,
     print_json,
-    trace_or_default,
 )
 from allocsim.sim.output.files import write_json
 from allocsim.sim.output.tables import format_table
@@ -42,7 +42,7 @@ def _searching(policy: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     device = device_from_args(args)
-    trace = trace_or_default(args.trace, args)
+    trace = load_trace(args.trace, args)
     policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
     resolution = parse_size(args.resolution)
     with plain_progress("min-capacity") as log:   # stderr not a terminal: a line every 10 s

@@ -18,10 +18,10 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from allocsim.errors import UserInputError
-from allocsim.policies import parse_size
+from allocsim.policies.units import parse_size_floor
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, DeviceProfile, resolve_device
 from allocsim.traces import Trace, formats
-from allocsim.traces.bundled import load_default_trace
+from allocsim.traces.bundled import resolve_trace_name
 
 
 class UserError(UserInputError):
@@ -48,7 +48,9 @@ def add_reading_options(parser: argparse.ArgumentParser) -> None:
 
 
 def load_trace(path: str, args: argparse.Namespace | None = None) -> Trace:
-    """Load ``path`` with the reading options given on the command line."""
+    """Load ``path`` (``default``: the bundled trace) with the reading options given on the
+    command line."""
+    path = resolve_trace_name(path)
     strict = getattr(args, "strict", None) or None
     device_index = getattr(args, "device_index", None)
     if isinstance(device_index, str) and device_index.isdigit():
@@ -57,11 +59,6 @@ def load_trace(path: str, args: argparse.Namespace | None = None) -> Trace:
                         module=getattr(args, "module", None),
                         allocator=getattr(args, "allocator", None),
                         start_state=getattr(args, "start_state", None))
-
-
-def trace_or_default(path: str, args: argparse.Namespace) -> Trace:
-    """``default`` names the bundled training trace; anything else is a file."""
-    return load_default_trace() if path == "default" else load_trace(path, args)
 
 
 # argparse takes an argument that starts with "-" for an option unless it is a plain number
@@ -95,12 +92,16 @@ def add_device_options(parser: argparse.ArgumentParser, *, capacity: bool = True
 
 
 def capacity_option(text: str, option: str = "--capacity") -> int:
-    """Bytes in a ``--capacity`` value; a malformed, zero or negative size is refused in one
-    line that names the option."""
+    """Bytes in a ``--capacity`` value, rounded down to a whole byte (with a note on stderr); a
+    malformed, zero or negative size is refused in one line that names the option."""
     try:
-        nbytes = parse_size(text)
+        nbytes, exact = parse_size_floor(text)
     except UserInputError as err:
         raise UserError(f"{option}: {err}") from None
+    if not exact:
+        # allocsim prints sizes such as 2.64GiB; typed back they are a fraction of a byte off.
+        print(f"allocsim: note: {option} {text} is not a whole number of bytes; using "
+              f"{nbytes:,} bytes (rounded down)", file=sys.stderr)
     if nbytes <= 0:
         raise UserError(f"{option}: capacity must be positive, e.g. 24GiB; got {text!r}")
     return nbytes

@@ -9,7 +9,7 @@ from allocsim.sim.cli.common import (
     add_output_option,
     add_reading_options,
     device_from_args,
-    trace_or_default,
+    load_trace,
 )
 from allocsim.sim.output.export import export_snapshot
 from allocsim.sim.output.ownership import is_allocsim_trace, refuse_unless_ours
@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     refuse_unless_ours(args.output, "a snapshot", is_allocsim_trace)
     device = device_from_args(args)
-    trace = trace_or_default(args.trace, args)
+    trace = load_trace(args.trace, args)
     path = export_snapshot(trace, args.policy, device, args.output)
     print(f"wrote {path}: open it at https://pytorch.org/memory_viz (drag and drop)")
     return 0

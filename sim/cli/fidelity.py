@@ -1,12 +1,18 @@
-"""``allocsim fidelity SNAPSHOT``: its parser beside its handler, over
-:func:`allocsim.sim.questions.fidelity.fidelity`."""
+"""``allocsim fidelity RECORDING``: its parser beside its handler, over
+:func:`allocsim.sim.questions.fidelity.fidelity` (PyTorch snapshots),
+:func:`allocsim.sim.questions.bfc_fidelity.bfc_fidelity` (TensorFlow/JAX profiles) and
+:func:`allocsim.sim.questions.xla_fidelity.xla_fidelity` (XLA dumps)."""
 
 from __future__ import annotations
 
 import argparse
 
-from allocsim.policies import parse_size
-from allocsim.sim.cli.common import add_reading_options, load_trace, print_json
+from allocsim.sim.cli.common import (
+    add_reading_options,
+    capacity_option,
+    load_trace,
+    print_json,
+)
 from allocsim.sim.questions.fidelity import fidelity
 
 __all__ = ["register", "run"]
@@ -15,12 +21,19 @@ __all__ = ["register", "run"]
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``fidelity`` to ``allocsim``'s subcommands (sets ``func``)."""
     p = subparsers.add_parser(
-        "fidelity", help="replay a PyTorch snapshot through the pytorch model and compare "
-                         "its device calls with the recorded ones",
-        description="Replays a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) "
-                    "through the pytorch model configured as recorded and compares the "
-                    "device calls: exit 0 when all match, 1 on divergence.")
-    p.add_argument("snapshot", help="snapshot pickle")
+        "fidelity", help="replay a recording through the model of the allocator that made it "
+                         "and compare decisions: PyTorch snapshots (pytorch), TensorFlow/JAX "
+                         "profiles (bfc), XLA dumps (buffer assignment)",
+        description="Replays a recording through the model of the allocator that made it and "
+                    "compares what the model does with what was recorded: a PyTorch memory "
+                    "snapshot (torch.cuda.memory._dump_snapshot) through the pytorch model "
+                    "configured as recorded (device calls); a TensorFlow or JAX profile "
+                    "(.xplane.pb, or a TensorBoard/Keras log folder) through the bfc model "
+                    "(each chunk handed out, its address, the bytes in use); an XLA "
+                    "buffer-assignment dump against the offline plan and the policies. Exit 0 "
+                    "when all match, 1 on divergence.")
+    p.add_argument("snapshot", metavar="RECORDING",
+                   help="snapshot pickle, .xplane.pb profile or log folder, or XLA dump")
     p.add_argument("--capacity", help="device capacity (default: from the recorded oom's "
                                       "device_free, else a large device)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -39,10 +52,11 @@ def run(args: argparse.Namespace) -> int:
     from allocsim.sim.kernel.device import resolve_device
     from allocsim.sim.questions.xla_fidelity import is_xla_dump_trace, xla_fidelity
     if is_xla_dump_trace(trace):  # an XLA dump: XLA's assignment against plan and policies
-        xla = xla_fidelity(trace, device=resolve_device(None, args.capacity))
+        capacity_bytes = capacity_option(args.capacity) if args.capacity else None
+        xla = xla_fidelity(trace, device=resolve_device(None, capacity_bytes))
         print_json(xla.to_json_dict()) if args.json else print(xla.text())
         return xla.exit_status
-    capacity = parse_size(args.capacity) if args.capacity else None
+    capacity = capacity_option(args.capacity) if args.capacity else None
     report = fidelity(trace, capacity=capacity)
     if args.json:
         print_json(report.to_json_dict())

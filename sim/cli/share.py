@@ -10,8 +10,8 @@ from allocsim.sim.cli.common import (
     add_output_option,
     add_reading_options,
     device_from_args,
+    load_trace,
     print_json,
-    trace_or_default,
 )
 from allocsim.sim.output.figures import plot_share
 from allocsim.sim.output.files import write_json
@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     device = device_from_args(args)
     specs = [parse_share_spec(text) for text in args.specs]
-    traces = [trace_or_default(spec.trace, args) for spec in specs]
+    traces = [load_trace(spec.trace, args) for spec in specs]
     traces, specs = expand_processes(traces, specs)
     result = share(traces, specs, device)
     if args.out:

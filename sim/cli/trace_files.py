@@ -89,8 +89,10 @@ def run_info(args: argparse.Namespace) -> int:
     meta = trace.metadata
     if meta.get("devices"):
         chosen = f" (replaying device {meta.get('device')})" if "device" in meta else ""
-        print("  devices     " + ", ".join(f"{d}: {n:,} events"
-                                          for d, n in meta["devices"].items()) + chosen)
+        segments = meta.get("device_segments", {})
+        print("  devices     " + ", ".join(
+            f"{d}: {n:,} events" + (f" and {segments[d]:,} segments" if d in segments else "")
+            for d, n in meta["devices"].items()) + chosen)
     if meta.get("prologue_events"):
         print(f"  before rec. {meta['prologue_events']:,} buffers already live when recording "
               "started (added as allocations at the start)")

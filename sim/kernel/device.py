@@ -10,7 +10,7 @@ with a gap after every range, so two reservations are never adjacent (a policy t
 across them would be caught by the overlap checks).
 
 Where the numbers come from is written next to each. The costs are order-of-magnitude guesses
-from reference/allocators.md §5 until ``allocsim calibrate`` measures a real device.
+from public measurements (below) until ``allocsim calibrate`` measures a real device.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ RANGE_ALIGN = 2 * MiB              # cudaMalloc'd ranges come back 2 MiB aligned
 class CostModel:
     """Seconds a device call takes, linear in size: base + per_gib × GiB.
 
-    Defaults (reference/allocators.md §5, "What device calls cost"): cudaMalloc ≈ 50 µs for
+    Defaults (the CUDA Programming Guide's stream-ordered allocator chapter: cudaMalloc and
+    cudaFree synchronise the device; published microbenchmarks): cudaMalloc ≈ 50 µs for
     4 KB–512 KB on measured (older) hardware, growing with size — the per-GiB slope is an
     assumption; cudaFree ≈ 14 µs when no kernel is in flight (one published measurement) and it
     synchronises the device, which this model does not add since no kernels are simulated.
@@ -47,7 +48,7 @@ class CostModel:
     map_base_s: float = 50e-6
     map_per_gib_s: float = 100e-6
     unmap_base_s: float = 14e-6
-    source: str = "reference/allocators.md §5 (order of magnitude; not calibrated)"
+    source: str = "published measurements (order of magnitude; not calibrated)"
 
     def malloc(self, nbytes: int) -> float:
         return self.malloc_base_s + self.malloc_per_gib_s * nbytes / GiB

@@ -24,7 +24,9 @@ What it follows
       from the deallocation record); they are replayed first but their places and the regions
       before recording cannot be known: their free records are counted as ``unknowable`` and
       left out of the comparison, and bytes in use is compared net of the bytes live at the
-      start. ``matched_until`` says how far the match goes without a break.
+      start. ``matched_until`` says how far the match goes without a break: the last
+      recorded call matched before the first divergence (-1 when none; the prologue's guesses
+      never count).
 
 Counting: ``total`` = compared records; a record matches when chunk size, address and bytes
 in use all agree. Exit status 0 only when all do.
@@ -95,7 +97,7 @@ class Replay:
     unknowable: int = 0
     by_field: dict[str, int] = field(default_factory=lambda: {"chunk": 0, "address": 0,
                                                               "in_use": 0})
-    matched_until: int = -1     # last trace event before the first divergence
+    matched_until: int = -1     # last recorded call before the first divergence (-1: none)
     divergence: dict[str, Any] | None = None
     regions: int = 0
     prologue_bytes: int = 0     # bytes in use before the first record (mid-run start)
@@ -157,7 +159,9 @@ class Replay:
                     continue
                 broken = not self._compare(index, ref, policy, address, chunk,
                                            offset, broken) or broken
-            if not broken:
+            # The prologue (buffers live before recording) is the replay's own guess, not a
+            # recorded call: a match "up to event N" counts recorded calls only.
+            if not broken and ref is not None:
                 self.matched_until = index
         self.regions = len(policy.chunks.regions)
         self.prologue_bytes = start_in_use
@@ -291,7 +295,9 @@ class BFCFidelityReport:
                       else "outside the model's regions")
                 return f"chunk {d['chunk']} at {d['address']:#x} ({at}), in use {d['in_use']}"
 
-            lines += [f"matched without a break up to event {self.matched_until:,}",
+            lines += [(f"matched without a break up to event {self.matched_until:,}"
+                       if self.matched_until >= 0 else "no recorded call matched before the "
+                       "first divergence"),
                       f"first divergence at event {div['event']:,}: {div['action']} of "
                       f"{div['requested']} B (rounded {div['rounded']})"
                       + (f" [{div['tag']}]" if div.get("tag") else ""),

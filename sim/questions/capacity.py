@@ -115,17 +115,31 @@ def _min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile,
     for step in range(1, VERIFY_ABOVE + 1):
         capacity = answer + step * resolution
         if not works(capacity):
-            exceptions.append(f"fails at {format_size(capacity)} above the answer")
+            shown, answer_shown = _distinct_sizes(capacity, answer)
+            exceptions.append(f"fails at {shown}, above the answer {answer_shown}")
     below: list[int] = []
     if answer - resolution >= lower:
         spread = np.linspace(lower, answer - resolution, VERIFY_BELOW).astype(np.int64)
         below = np.unique(spread // resolution * resolution).tolist()
+    bisected = answer
     for capacity in below:
         if capacity < answer and works(capacity):
-            exceptions.append(f"completes at {format_size(capacity)} below the answer")
+            shown, bisected_shown = _distinct_sizes(capacity, bisected)
+            exceptions.append(f"completes at {shown}, below the {bisected_shown} the bisection "
+                              "found (taken as the answer)")
             answer = capacity
     return CapacityAnswer(str(spec), answer, peak_live, resolution, not exceptions,
                           oracle.replays, exceptions)
+
+
+def _distinct_sizes(a: int, b: int) -> tuple[str, str]:
+    """``a`` and ``b`` formatted with enough digits to tell them apart (5,190,451,200 and
+    5,192,548,352 B are both "4.83GiB" at two decimals)."""
+    for precision in range(2, 7):
+        shown = (format_size(a, precision), format_size(b, precision))
+        if shown[0] != shown[1]:
+            return shown
+    return f"{a:,}B", f"{b:,}B"
 
 
 def min_capacities(trace: Trace, policies: Sequence[str | PolicySpec], device: DeviceProfile, *,

@@ -9,9 +9,13 @@ What it is for
 
     - **real shortage** when live + request > capacity: no allocator that keeps data in
       place could have served it (only using less memory helps);
-    - **fragmentation** otherwise: there were enough bytes, but not in one free block or
-      device range (external), or they were lost to rounding and unsplit remainders
-      (internal; in use > live).
+    - **limit** when it fits the card but not the share the policy may hold (JAX's 75% pool,
+      BFC's ``fraction``/``memory_limit``, PyTorch's ``per_process_memory_fraction``): live +
+      request > that limit, so only a larger share (or less memory) helps;
+    - **fragmentation** otherwise: there were enough bytes within the limit, but not in one
+      free block or device range (external), or they were lost to rounding and unsplit
+      remainders (internal; in use > live). Bytes of the card outside the policy's limit are
+      never counted as free: the policy cannot reach them.
 
     And the answer that makes it actionable: the same trace replayed at the same capacity
     under the offline plan (:mod:`allocsim.sim.questions.offline`, the best any allocator
@@ -49,6 +53,7 @@ import numpy as np
 
 from allocsim.errors import UserInputError
 from allocsim.policies import PolicySpec, format_size, parse_policy
+from allocsim.policies.bfc import BFCAllocator
 from allocsim.policies.pytorch_caching import (
     PyTorchCachingAllocator,
     get_allocation_size,
@@ -71,10 +76,12 @@ from allocsim.sim.questions.offline import offline_result
 from allocsim.traces.model import NO_TAG, OP_ALLOC, Trace
 
 __all__ = [
+    "LIMIT",
     "MAX_SPLIT_SIZES_MB",
     "Alternative",
     "NoOOMError",
     "OOMExplanation",
+    "allocator_limit",
     "explain_oom",
     "variant_specs",
 ]
@@ -82,6 +89,7 @@ __all__ = [
 MAX_SPLIT_SIZES_MB = (128, 512)
 OFFLINE_MAX_BUFFERS = 200_000   # the offline planner is O(buffers × overlapping buffers)
 REAL_SHORTAGE = "real shortage"
+LIMIT = "limit"
 FRAGMENTATION = "fragmentation"
 
 
@@ -128,6 +136,7 @@ class OOMExplanation:
     alternatives: list[Alternative]
     peak_live: int = 0              # of the whole replayed trace
     segment_needed: int | None = None   # pytorch: the new segment a miss asks the device for
+    allocator_limit: int | None = None  # what the policy may hold, when below the capacity
     recorded: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -155,6 +164,9 @@ class OOMExplanation:
                  f"({f(self.in_use)})",
                  f"  largest free block  {f(self.largest_free_block):>10s}",
                  f"  device free         {f(self.device_free):>10s}  capacity − reserved"]
+        if self.allocator_limit is not None:
+            lines.append(f"  policy's limit      {f(self.allocator_limit):>10s}  what it may hold "
+                         f"({f(self.capacity - self.allocator_limit)} of the card out of reach)")
         if self.recorded:
             lines.append(f"  recorded            reserved {f(self.recorded['reserved'])}, "
                          f"device_free {f(self.recorded['device_free'])}")
@@ -187,27 +199,50 @@ class OOMExplanation:
 
 # ============================================================================ the verdict
 def verdict(capacity: int, live: int, request: int, in_use: int, reserved: int,
-            largest_free: int, segment_needed: int | None = None) -> tuple[str, str]:
-    """``(verdict, one-sentence reason)``; see the module docstring."""
+            largest_free: int, segment_needed: int | None = None,
+            limit: int | None = None) -> tuple[str, str]:
+    """``(verdict, one-sentence reason)``; see the module docstring. ``limit``: the bytes the
+    policy may hold when less than ``capacity`` (:func:`allocator_limit`)."""
     f = format_size
     need = live + request
     if need > capacity:
         return REAL_SHORTAGE, (f"live {f(live)} + request {f(request)} = {f(need)} > capacity "
                                f"{f(capacity)}: no allocator that keeps data in place could "
                                "serve it")
-    free_total = capacity - in_use
+    reachable = capacity if limit is None else min(limit, capacity)
+    if need > reachable:
+        return LIMIT, (f"live {f(live)} + request {f(request)} = {f(need)} fits in the capacity "
+                       f"{f(capacity)} but not in the {f(reachable)} this policy may hold: a "
+                       "larger share of the card would serve it")
+    free_total = reachable - in_use
+    outside = (f" (the {f(capacity - reachable)} outside the policy's limit not counted)"
+               if reachable < capacity else "")
     if free_total >= request:
         return FRAGMENTATION, (
-            f"live + request = {f(need)} fits in {f(capacity)} and {f(free_total)} was free "
-            f"(cached {f(reserved - in_use)} + device {f(capacity - reserved)}), but the "
-            f"largest free block was {f(largest_free)} and the device had "
-            f"{f(capacity - reserved)} left"
+            f"live + request = {f(need)} fits in {f(reachable)} and {f(free_total)} was free "
+            f"(cached {f(reserved - in_use)} + device {f(reachable - reserved)}){outside}, but "
+            f"the largest free block was {f(largest_free)} and the device had "
+            f"{f(reachable - reserved)} left"
             + (f" (a new segment needs {f(segment_needed)})" if segment_needed else "")
             + ": not contiguous or not reusable (external fragmentation)")
     return FRAGMENTATION, (
-        f"live + request = {f(need)} fits in {f(capacity)}, but the blocks handed out hold "
+        f"live + request = {f(need)} fits in {f(reachable)}, but the blocks handed out hold "
         f"{f(in_use - live)} more than was requested (rounding, unsplit remainders), leaving "
-        f"only {f(free_total)} free (internal fragmentation)")
+        f"only {f(free_total)} free{outside} (internal fragmentation)")
+
+
+def allocator_limit(policy: object, capacity: int) -> int | None:
+    """The bytes ``policy`` may hold from the device when its own rule caps them below
+    ``capacity``, else None: BFC's ``memory_limit`` (JAX's preallocated pool is one region of
+    it, TensorFlow's per_process_gpu_memory_fraction sets it — bfc_allocator.cc's Extend fails
+    past it), PyTorch's ``allowed_memory_maximum`` under a memory fraction
+    (CUDACachingAllocator.cpp's alloc_block refuses past it)."""
+    limit: int | None = None
+    if isinstance(policy, BFCAllocator):
+        limit = policy.memory_limit
+    elif isinstance(policy, PyTorchCachingAllocator) and policy.set_fraction:
+        limit = policy.allowed_memory_maximum
+    return limit if limit is not None and limit < capacity else None
 
 
 # ============================================================================ the what-ifs
@@ -307,7 +342,8 @@ def _explain_replayed(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
     in_use = run.policy.bytes_in_use
     capacity = profile.capacity
     needed = _segment_needed(run.policy, request)
-    kind, reason = verdict(capacity, live, request, in_use, reserved, largest, needed)
+    limit = allocator_limit(run.policy, capacity)
+    kind, reason = verdict(capacity, live, request, in_use, reserved, largest, needed, limit)
     notes: list[str] = []
     if _is_snapshot(trace):
         notes.append("a snapshot replayed from an empty device under the given policy (its "
@@ -321,7 +357,7 @@ def _explain_replayed(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
         reserved=reserved, in_use=in_use, cached_free=reserved - in_use,
         largest_free_block=largest, device_free=capacity - reserved, verdict=kind,
         reason=reason, alternatives=alternatives, peak_live=peak_live, segment_needed=needed,
-        notes=notes)
+        allocator_limit=limit, notes=notes)
 
 
 def _segment_needed(policy: object, request: int) -> int | None:
@@ -355,7 +391,8 @@ def _explain_recorded(trace: Trace, oom: RecordedOOM, max_split_sizes_mb: Sequen
     live = int(trace.live_bytes()[oom.event - 1]) if oom.event > 0 else 0
     capacity = oom.capacity
     needed = _segment_needed(policy, oom.request)
-    kind, reason = verdict(capacity, live, oom.request, in_use, reserved, largest, needed)
+    limit = allocator_limit(policy, capacity)
+    kind, reason = verdict(capacity, live, oom.request, in_use, reserved, largest, needed, limit)
     profile = DeviceProfile("recorded", capacity, granularity=512)
     upto = _until_request(trace, oom.event, oom.request, oom.stream)
     peak_live = _peak_live_note(upto, capacity, kind, notes)
@@ -370,6 +407,7 @@ def _explain_recorded(trace: Trace, oom: RecordedOOM, max_split_sizes_mb: Sequen
         cached_free=reserved - in_use, largest_free_block=largest,
         device_free=capacity - reserved, verdict=kind, reason=reason,
         alternatives=alternatives, peak_live=peak_live, segment_needed=needed,
+        allocator_limit=limit,
         recorded={"reserved": oom.recorded_reserved, "device_free": oom.device_free,
                   "entry": oom.index, "time_ns": oom.time_ns},
         notes=notes)

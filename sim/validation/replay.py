@@ -47,10 +47,13 @@ def after_each_event(events: np.ndarray, values: np.ndarray, n: int) -> np.ndarr
     return np.where(position >= 0, values[np.maximum(position, 0)], 0).astype(np.int64)
 
 
-def simulate(trace: Trace, spec: PolicySpec, profile: DeviceProfile) -> Simulated:
+def simulate(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
+             device: SimulatedDevice | None = None) -> Simulated:
     """Replay ``trace`` through ``spec`` exactly as ``allocsim compare`` does, keeping the
-    reserved bytes (from the device-call log) and bytes in use after every event."""
-    run = ProcessReplay(trace, spec, SimulatedDevice(profile), call_log=True)
+    reserved bytes (from the device-call log) and bytes in use after every event. ``device``
+    (of ``profile``) replaces the plain simulated device where the backend's host decides
+    where ranges lie (:func:`allocsim.sim.validation.tensorflow_backend.host_placed_device`)."""
+    run = ProcessReplay(trace, spec, device or SimulatedDevice(profile), call_log=True)
     # The engine samples bytes in use sparsely for its timeline; every event is wanted here.
     run.sample_every = 1
     run.advance(run.n)

@@ -209,7 +209,12 @@ def validate(trace: Trace | str | Path, policy_spec: str | PolicySpec | None = N
         else:
             measured = run_torch(trace, profile, size)
         tolerance = measured.granularity
-    simulated = simulate(trace, spec, profile)
+    # TensorFlow's regions come from the host's allocator, which hands them out at falling
+    # addresses; BFC's best fit breaks ties by address, so the simulation must place them
+    # where the host did or it picks other chunks (issue 25.13).
+    sim_device = (tfb.host_placed_device(profile, tf_run.regions) if tf_run is not None
+                  else None)
+    simulated = simulate(trace, spec, profile, sim_device)
     report = build_report(chosen, spec, trace, profile, simulated, measured,
                           device_name=measured.device_name, versions=measured.versions,
                           tolerance_bytes=tolerance)

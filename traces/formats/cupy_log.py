@@ -1,7 +1,7 @@
 """Importer for CuPy memory-hook logs (JSON lines), from our recorder or CuPy's DebugPrintHook.
 
-Follows ``shared/reference/allocators.md`` §4 (CuPy memory pools and hooks) and
-``shared/reference/trace-formats.md`` ("CuPy"). CuPy calls a memory hook's keyword callbacks
+Follows CuPy's cupy/cuda/memory_hook.pyx (the hook callbacks) and cupy/cuda/memory.pyx (the
+pool that calls them). CuPy calls a memory hook's keyword callbacks
 ``malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id)`` for every request to the
 pool, ``free_postprocess(device_id, mem_size, mem_ptr, pmem_id)`` when a buffer goes back to
 the pool and ``alloc_postprocess(device_id, mem_size, mem_ptr)`` on a pool miss (cudaMalloc).

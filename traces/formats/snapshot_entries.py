@@ -1,8 +1,9 @@
 """A PyTorch memory snapshot's trace entries, replayed into the columns of a Trace.
 
 What it does, in order
-    1. *Device.* :func:`choose_device` picks the device to read (by default the one with the
-       most trace entries; ties: the lowest index).
+    1. *Device.* :func:`choose_device` picks the device to read (by default the one that did
+       the most: segments plus allocator entries, ``snapshot`` markers not counted; ties: the
+       lowest index).
     2. *Entries.* :func:`parse_entries` checks each entry into an
        :class:`~allocsim.traces.formats.snapshot_shape.Entry`; :func:`times_ns` turns
        ``time_us`` into nanoseconds from the first entry (synthetic times 1 µs apart in files
@@ -44,7 +45,9 @@ __all__ = [
     "Columns",
     "StreamIds",
     "choose_device",
+    "device_activity",
     "device_counts",
+    "device_segments",
     "parse_entries",
     "replay",
     "times_ns",
@@ -58,6 +61,7 @@ UNKNOWN_ACTIONS = "unknown_actions_dropped"
 
 
 def device_counts(snap: Snapshot) -> dict[int, int]:
+    """Trace entries per device (every device that has entries or segments)."""
     counts = {i: len(t) for i, t in enumerate(snap.device_traces)}
     for seg in snap.segments:
         if seg.device is not None:
@@ -65,30 +69,53 @@ def device_counts(snap: Snapshot) -> dict[int, int]:
     return dict(sorted(counts.items()))
 
 
+def device_segments(snap: Snapshot) -> dict[int, int]:
+    """Segments of the final state per device (every device of :func:`device_counts`)."""
+    segments = dict.fromkeys(device_counts(snap), 0)
+    for seg in snap.segments:
+        if seg.device is not None:
+            segments[seg.device] += 1
+    return segments
+
+
+def device_activity(snap: Snapshot) -> dict[int, int]:
+    """What a device did, for choosing the default one: its segments in the final state plus
+    its trace entries that are allocator actions. ``snapshot`` markers are not counted — the
+    recorder writes one per ``_dump_snapshot`` call on whichever device is current, so a file
+    whose memory is all on device 1 can hold markers only on device 0."""
+    activity = device_segments(snap)
+    for device, raw in enumerate(snap.device_traces):
+        activity[device] += sum(1 for e in raw
+                                if not (isinstance(e, dict) and e.get("action") == "snapshot"))
+    return activity
+
+
 def choose_device(snap: Snapshot, device_index: Any, source: str) -> int:
+    """The device to read: ``device_index`` if given, else the one that did the most
+    (:func:`device_activity`; ties: the lowest index)."""
     counts = device_counts(snap)
     with_events = [d for d, n in counts.items() if n]
     listing = ", ".join(f"{d} ({counts[d]} entries)" for d in with_events) or "none"
     if device_index is None:
-        if with_events:
-            return max(with_events, key=lambda d: (counts[d], -d))  # ties: lowest index
-        with_segments = sorted({s.device for s in snap.segments if s.device is not None})
-        if with_segments and with_segments[0] < 0:
-            raise TraceError(f"segment device {with_segments[0]} is not a device index",
-                             source=source)
-        return with_segments[0] if with_segments else 0
+        activity = {d: n for d, n in device_activity(snap).items() if n}
+        if activity:
+            chosen = max(activity, key=lambda d: (activity[d], -d))
+            if chosen < 0:
+                raise TraceError(f"segment device {chosen} is not a device index", source=source)
+            return chosen
+        return 0
     if not is_int(device_index):
         try:
             device_index = int(str(device_index), 10)
         except ValueError:
             raise TraceError(f"device_index {device_index!r} is not an integer",
                              source=source) from None
-    if device_index in with_events:
+    if device_index in with_events or device_segments(snap).get(device_index):
         return device_index
     if not with_events and (snap.legacy or not counts or device_index in counts):
         return device_index  # a state-only file: read that device's segments
-    raise TraceError(f"device {device_index} has no trace entries (devices with entries: "
-                     f"{listing})", source=source)
+    raise TraceError(f"device {device_index} has no trace entries and no segments (devices "
+                     f"with entries: {listing})", source=source)
 
 
 

@@ -25,7 +25,8 @@ Reading, in order
     2. *Shape.* A dict with ``segments`` (the allocator state when the file was written),
        ``device_traces`` (one list of entries per device) and, in newer files,
        ``allocator_settings``; or a bare list (legacy: the segments only, no trace).
-       ``device_index`` picks the device; by default the one with the most trace entries.
+       ``device_index`` picks the device; by default the one with the most segments and allocator
+       entries (``snapshot`` markers not counted).
     3. *Events.* ``alloc`` becomes an alloc of its ``size``, which is the *requested* size. A
        free is ``free_requested`` then ``free_completed``; the Trace frees the buffer at
        ``free_completed`` (only then can the allocator reuse the block); a block whose free
@@ -101,6 +102,7 @@ from allocsim.traces.formats.snapshot_entries import (
     StreamIds,
     choose_device,
     device_counts,
+    device_segments,
     parse_entries,
     replay,
     times_ns,
@@ -152,7 +154,8 @@ def read_snapshot(data: bytes, source: str, name: str, *,
                   device_index: int | None = None) -> Trace:
     """Read a PyTorch memory snapshot pickle as a Trace of one device (see module docstring).
 
-    ``device_index`` chooses the device (default: the one with the most trace entries).
+    ``device_index`` chooses the device (default: the one with the most segments and allocator
+    entries, see :func:`~allocsim.traces.formats.snapshot_entries.choose_device`).
     Raises a one-line :class:`~allocsim.traces.model.TraceError` naming ``source`` for any
     problem with the file.
     """
@@ -181,6 +184,7 @@ def read_snapshot(data: bytes, source: str, name: str, *,
         "format": FORMAT_NAME,
         "device": device,
         "devices": {str(d): n for d, n in device_counts(snap).items()},
+        "device_segments": {str(d): n for d, n in device_segments(snap).items()},
         "actions": dict(collections.Counter(e.action for e in entries)),
         "frees_pending_at_end": pending,
         "stream_handles": streams.handles(),

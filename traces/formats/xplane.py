@@ -15,10 +15,13 @@ What it reads
     on GPU record them for the GPU allocators in the host plane (``/host:CPU``). Every plane
     is searched; the allocator is told apart by ``allocator_name`` only.
 
-    The input is a file, or a TensorBoard log folder (``plugins/profile/*/*.xplane.pb`` below
-    it; the newest run — run folders are named by time, ``YYYY_MM_DD_HH_MM_SS`` — unless the
-    path names a run folder itself), or a run folder. A run with several host files is read
-    from the first (by name) that holds memory records; the listing names the others.
+    The input is a file (by name ``*.xplane.pb``, or by content: its first plane is named
+    ``/host:…``, ``/device:…`` or ``/task:…``), or a TensorBoard log folder
+    (``plugins/profile/*/*.xplane.pb`` below it, or below its ``train/`` then ``validation/`` as
+    Keras' ``TensorBoard(profile_batch=…)`` callback writes them; the newest run — run folders
+    are named by time, ``YYYY_MM_DD_HH_MM_SS`` — unless the path names a run folder itself), or
+    a run folder. A run with several host files is read from the first (by name) that holds
+    memory records; the listing names the others.
 
 What becomes the trace
     One allocator's calls (``allocator=NAME``; default the one with the most records), in the
@@ -55,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from allocsim.traces.formats.registry import register_folder_format, register_format
-from allocsim.traces.formats.xplane_proto import Plane, WireError, read_xspace
+from allocsim.traces.formats.xplane_proto import Plane, WireError, read_xspace, varint
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
 
 __all__ = ["PROLOGUE_TAG", "detect_log_folder", "detect_xplane", "read_log_folder",
@@ -276,25 +279,64 @@ def read_xplane(data: bytes, source: str, name: str, allocator: str | None = Non
 
 
 def detect_xplane(path: str, head: bytes) -> bool:
-    """An ``.xplane.pb`` file: by name, and its first byte is XSpace field 1 (planes)."""
-    return path.lower().endswith(SUFFIX) and (not head or head[0] == 0x0A)
+    """An ``.xplane.pb`` file by name (its first byte XSpace field 1, planes), or any file
+    whose first plane is named as the profiler names planes (``/host:CPU``, ``/device:GPU:0``,
+    ``/task:...``) — a profile renamed to ``host.pb`` or saved without its suffix."""
+    if path.lower().endswith(SUFFIX):
+        return not head or head[0] == 0x0A
+    return _first_plane_name(head).startswith(PLANE_NAME_PREFIXES)
+
+
+PLANE_NAME_PREFIXES = ("/host:", "/device:", "/task:")
+
+
+def _first_plane_name(head: bytes) -> str:
+    """The name of the first XPlane in ``head`` (XSpace field 1 → XPlane field 2), or ''.
+    XPlane's own fields come in field order as the profiler serialises them: ``id`` (1) may
+    come first, then ``name`` (2)."""
+    try:
+        if not head or head[0] != 0x0A:
+            return ""
+        _, pos = varint(head, 1, len(head))             # the plane's length
+        while pos < len(head):
+            key, pos = varint(head, pos, len(head))
+            if key == 0x08:                             # id
+                _, pos = varint(head, pos, len(head))
+            elif key == 0x12:                           # name
+                size, pos = varint(head, pos, len(head))
+                return head[pos:pos + min(size, 256)].decode("utf-8", "replace")
+            else:
+                return ""
+    except WireError:
+        return ""
+    return ""
 
 
 # -- folders ------------------------------------------------------------------------------
+# Keras' TensorBoard callback (``TensorBoard(log_dir, profile_batch=...)``) writes the profile
+# of training below ``LOG_DIR/train`` (and evaluation's below ``LOG_DIR/validation``).
+KERAS_SUBFOLDERS = ("train", "validation")
+
+
 def _run_folders(folder: Path) -> list[Path]:
     profile = folder / "plugins" / "profile"
     if profile.is_dir():
         return sorted((p for p in profile.iterdir() if p.is_dir()),
                       key=lambda p: (bool(_RUN_NAME.match(p.name)), p.name))
+    for sub in KERAS_SUBFOLDERS:
+        if (folder / sub / "plugins" / "profile").is_dir():
+            return _run_folders(folder / sub)
     if (folder / "plugins").is_dir() or any(folder.glob("events.out.tfevents*")):
         return []
     return [folder]
 
 
 def detect_log_folder(folder: Path) -> bool:
-    """A TensorBoard log folder (``plugins/`` or ``events.out.tfevents*`` inside), or a
-    profile run folder holding ``*.xplane.pb``."""
+    """A TensorBoard log folder (``plugins/`` or ``events.out.tfevents*`` inside, or a Keras
+    log folder with them under ``train/`` or ``validation/``), or a profile run folder
+    holding ``*.xplane.pb``."""
     return ((folder / "plugins").is_dir() or any(folder.glob("events.out.tfevents*"))
+            or any((folder / sub / "plugins").is_dir() for sub in KERAS_SUBFOLDERS)
             or any(folder.glob("*" + SUFFIX)))
 
 

@@ -42,7 +42,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["Plane", "RawEvent", "WireError", "encode_xspace", "read_xspace"]
+__all__ = ["Plane", "RawEvent", "WireError", "encode_xspace", "read_xspace", "varint"]
 
 VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
 StatValue = int | float | str | bytes
@@ -52,7 +52,7 @@ class WireError(ValueError):
     """The bytes are not a well-formed protobuf message (truncated, or not protobuf)."""
 
 
-def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+def varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         if pos >= end:
@@ -74,12 +74,12 @@ def fields(data: bytes, pos: int = 0, end: int | None = None
     length-delimited one ``[a, b)`` is its payload."""
     end = len(data) if end is None else end
     while pos < end:
-        key, pos = _varint(data, pos, end)
+        key, pos = varint(data, pos, end)
         number, wire = key >> 3, key & 7
         if number == 0:
             raise WireError(f"field number 0 at byte {pos}")
         if wire == VARINT:
-            value, pos = _varint(data, pos, end)
+            value, pos = varint(data, pos, end)
             yield number, wire, value, 0
         elif wire == FIXED64:
             if pos + 8 > end:
@@ -87,7 +87,7 @@ def fields(data: bytes, pos: int = 0, end: int | None = None
             yield number, wire, int.from_bytes(data[pos:pos + 8], "little"), 0
             pos += 8
         elif wire == LENGTH:
-            length, pos = _varint(data, pos, end)
+            length, pos = varint(data, pos, end)
             if pos + length > end:
                 raise WireError(f"field {number} runs past the end ({pos + length} > {end})")
             yield number, wire, pos, pos + length

@@ -1,12 +1,12 @@
 """A CuPy memory hook that records an allocation trace of the program it runs in.
 
-Follows ``shared/reference/allocators.md`` §4: CuPy calls a memory hook's keyword callbacks
-``malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id)`` after every request to its
-memory pool, ``free_postprocess(device_id, mem_size, mem_ptr, pmem_id)`` after a buffer goes
-back to the pool, and ``alloc_postprocess(device_id, mem_size, mem_ptr)`` after a pool miss
-(cudaMalloc). CuPy gives neither time nor stream, so :class:`TraceRecorderHook` adds
-``time.perf_counter_ns()`` (from the start of recording), the current stream
-(``cupy.cuda.get_current_stream().ptr``; 0 without CuPy) and the Python call site
+Follows CuPy's cupy/cuda/memory_hook.pyx and cupy/cuda/memory.pyx: CuPy calls a memory hook's
+keyword callbacks ``malloc_postprocess(device_id, size, mem_size, mem_ptr, pmem_id)`` after
+every request to its memory pool, ``free_postprocess(device_id, mem_size, mem_ptr, pmem_id)``
+after a buffer goes back to the pool, and ``alloc_postprocess(device_id, mem_size, mem_ptr)``
+after a pool miss (cudaMalloc). CuPy gives neither time nor stream, so
+:class:`TraceRecorderHook` adds ``time.perf_counter_ns()`` (from the start of recording), the
+current stream (``cupy.cuda.get_current_stream().ptr``; 0 without CuPy) and the Python call site
 (``file:line:function`` of the first frame outside CuPy and outside this package) itself.
 
 Events are kept in memory as compact ``array('q')`` columns (about 80 bytes per event) and,
