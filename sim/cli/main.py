@@ -85,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserInputError as err:  # a mistake in what the user gave; anything else is a bug
         print(f"allocsim: error: {err}", file=sys.stderr)
     except OSError as err:
-        print(f"allocsim: error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"allocsim: error: {where}{err.strerror or err}", file=sys.stderr)
     except KeyboardInterrupt:
         print("allocsim: interrupted", file=sys.stderr)
         return 130

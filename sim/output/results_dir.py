@@ -57,11 +57,12 @@ def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path,
     json_path = out / "results.json"
     figures = [[out / f"{_prefix(index, c, len(comparisons))}{kind}.png" for kind in FIGURE_KINDS]
                for index, c in enumerate(comparisons)]
-    for path in [json_path, out / "report.html", *(p for paths in figures for p in paths)]:
-        guard(path)     # all refused before any is written: a folder is never half replaced
+    guard(json_path, "results")     # all refused before any is written: a folder is never
+    for path in [out / "report.html", *(p for paths in figures for p in paths)]:
+        guard(path)                 # half replaced
     out.mkdir(parents=True, exist_ok=True)
     documents = [c.to_json_dict(timeline=True) for c in comparisons]
-    write_json(documents[0] if len(documents) == 1 else documents, json_path)
+    write_json(documents[0] if len(documents) == 1 else documents, json_path, kind="results")
     title = ("allocsim: " + documents[0]["trace"]["name"]) if len(documents) == 1 \
         else f"allocsim: {len(documents)} traces"
     holders = None

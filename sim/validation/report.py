@@ -302,16 +302,17 @@ class ValidationReport:
 
     def write(self, out_dir: str | Path, stem: str | None = None) -> list[Path]:
         """``STEM.json``, ``STEM.md`` and ``STEM.png`` into ``out_dir``; the paths written."""
-        from allocsim.sim.output.files import write_json
+        from allocsim.sim.output.files import write_json, write_text
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         stem = stem or self.stem()
         json_path, md_path, png_path = (out / f"{stem}.json", out / f"{stem}.md",
                                         out / f"{stem}.png")
-        for path in (json_path, md_path, png_path):
-            guard(path)     # all refused before any is written
-        write_json(self.to_json_dict(), json_path)
-        md_path.write_text(MARKDOWN_MARK + "\n" + self.markdown())
+        guard(json_path, "validate")     # all refused before any is written
+        guard(md_path)
+        guard(png_path)
+        write_json(self.to_json_dict(), json_path, kind="validate")
+        write_text(md_path, MARKDOWN_MARK + "\n" + self.markdown())
         self.plot(png_path)
         return [json_path, md_path, png_path]
 
