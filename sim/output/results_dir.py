@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from allocsim.sim.output.figures import plot_fragmentation, plot_peaks, plot_timelines
-from allocsim.sim.output.files import write_json
+from allocsim.sim.output.files import safe_stem, write_json
 from allocsim.sim.output.html_report import holders_section, write_report
 from allocsim.sim.output.ownership import guard
 from allocsim.sim.questions.compare import Comparison
@@ -84,5 +84,6 @@ FIGURE_KINDS = ("memory_timeline", "peaks", "fragmentation")
 
 
 def _prefix(index: int, comparison: Comparison, count: int) -> str:
-    """Figures of one trace have plain names; of several, ``NN-NAME-`` in front."""
-    return "" if count == 1 else f"{index:02d}-{comparison.trace['name']}-"
+    """Figures of one trace have plain names; of several, ``NN-NAME-`` in front (the name
+    made safe: a trace named ``/../../x`` writes nothing outside the folder)."""
+    return "" if count == 1 else f"{index:02d}-{safe_stem(str(comparison.trace['name']))}-"

@@ -18,11 +18,12 @@ import numpy as np
 from allocsim.policies import PolicySpec, format_size
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.output.figures import save
+from allocsim.sim.output.files import safe_stem
 from allocsim.sim.output.ownership import MARKDOWN_MARK, guard
 from allocsim.sim.validation.backends import Backend
 from allocsim.sim.validation.errors import ValidatorError
 from allocsim.sim.validation.measured import Corruption, Measured
-from allocsim.sim.validation.provenance import now, slug
+from allocsim.sim.validation.provenance import now
 from allocsim.sim.validation.replay import Simulated, after_each_event
 from allocsim.traces.model import Trace
 
@@ -298,14 +299,15 @@ class ValidationReport:
         return save(fig, path)
 
     def stem(self) -> str:
-        return slug(f"{self.trace.get('name', 'trace')}-{self.backend}-{self.policy}")
+        return safe_stem(f"{self.trace.get('name', 'trace')}-{self.backend}-{self.policy}",
+                         default="report")
 
     def write(self, out_dir: str | Path, stem: str | None = None) -> list[Path]:
         """``STEM.json``, ``STEM.md`` and ``STEM.png`` into ``out_dir``; the paths written."""
         from allocsim.sim.output.files import write_json, write_text
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        stem = stem or self.stem()
+        stem = safe_stem(stem, default="report") if stem else self.stem()
         json_path, md_path, png_path = (out / f"{stem}.json", out / f"{stem}.md",
                                         out / f"{stem}.png")
         guard(json_path, "validate")     # all refused before any is written
