@@ -61,10 +61,10 @@ def test_compare_of_traces_with_hostile_names_writes_only_inside_the_folder(
     # Folders the unsafe name would walk through, made ready as an attacker would.
     for prefix in ("00-", "01-", "00-x", "01-x"):
         (out / prefix).mkdir(parents=True, exist_ok=True)
-    before = {p for p in tmp_path.rglob("*")}
+    before = set(tmp_path.rglob("*"))
     assert main(["compare", str(first), str(second), "--policies", "bfc", "-o", str(out)]) == 0
     capsys.readouterr()
-    new = {p for p in tmp_path.rglob("*")} - before
+    new = set(tmp_path.rglob("*")) - before
     assert new, "it wrote its files"
     outside = sorted(str(p) for p in new if out.resolve() not in p.resolve().parents)
     assert outside == []
