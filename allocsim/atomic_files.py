@@ -29,7 +29,7 @@ import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import BinaryIO
 
 try:
     import fcntl
@@ -155,15 +155,11 @@ def _remove(path: Path) -> None:
 
 
 @contextmanager
-def atomic_output(path: str | os.PathLike[str], mode: str = "wb",
-                  encoding: str | None = None) -> Iterator[IO[Any]]:
-    """A file object whose content replaces ``path`` when the ``with`` block ends normally.
-
-    ``mode`` is ``"wb"`` or ``"w"`` (text, ``encoding`` default UTF-8). On any exception —
-    KeyboardInterrupt included — the temporary file is removed and ``path`` is untouched; an
-    :class:`OSError` comes out with ``filename`` set to ``path``. The folder must exist."""
-    if mode not in ("wb", "w"):
-        raise ValueError(f"atomic_output: mode {mode!r} (only 'wb' or 'w')")
+def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A binary file object whose content replaces ``path`` when the ``with`` block ends
+    normally. On any exception — KeyboardInterrupt and SIGTERM's Terminated included — the
+    temporary file is removed and ``path`` is untouched; an :class:`OSError` comes out with
+    ``filename`` set to ``path``. The folder must exist."""
     target = Path(path)
     try:
         remove_stale_temporaries(target)
@@ -171,8 +167,7 @@ def atomic_output(path: str | os.PathLike[str], mode: str = "wb",
     except OSError as err:
         raise _naming(err, target) from None
     try:
-        kwargs: dict[str, Any] = {} if mode == "wb" else {"encoding": encoding or "utf-8"}
-        with os.fdopen(fd, mode, **kwargs) as stream:
+        with os.fdopen(fd, "wb") as stream:
             yield stream
             stream.flush()
             os.fsync(stream.fileno())
@@ -197,13 +192,11 @@ def _naming(err: OSError, target: Path) -> OSError:
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Replace ``path`` with ``data``, atomically."""
-    with atomic_output(path, "wb") as stream:
+    with atomic_output(path) as stream:
         stream.write(data)
     return Path(path)
 
 
 def write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> Path:
     """Replace ``path`` with ``text``, atomically."""
-    with atomic_output(path, "w", encoding=encoding) as stream:
-        stream.write(text)
-    return Path(path)
+    return write_bytes(path, text.encode(encoding))

@@ -78,6 +78,6 @@ def atomic_savefig(fig: Any, path: str | Path, **kwargs: Any) -> Path:
     file object gives matplotlib no name to read it from)."""
     path = Path(path)
     kwargs.setdefault("format", path.suffix.lstrip(".").lower() or "png")
-    with atomic_output(path, "wb") as stream:
+    with atomic_output(path) as stream:
         fig.savefig(stream, **kwargs)
     return path
