@@ -1,5 +1,5 @@
 """``python -m allocsim ...``: the same command line as the ``allocsim`` script."""
 
-from allocsim.sim.cli import main
+from allocsim.command import main
 
 raise SystemExit(main())

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from allocsim.atomic_files import write_text
 from allocsim.traces.model import OP_ALLOC
 
 if TYPE_CHECKING:
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = measure_speed(trace, list(args.policies or SPEED_POLICIES), args.device,
                              args.repeat)
         if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+            write_text(args.json, json.dumps(rows, indent=2) + "\n")
         return 0
     policies = args.policies or [*DEFAULT_POLICIES, "simpy:bfc"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['seconds']:8.2f} {row['load_bytes_per_event']:17.1f} "
                   f"{row['trace_bytes_per_event']:18.1f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+        write_text(args.json, json.dumps(rows, indent=2) + "\n")
     return 0
 
 

@@ -80,7 +80,7 @@ def run_experiment(name: str | Path, *, quiet: bool = False) -> dict[str, Any]:
     folder = Path(name) if Path(name).is_dir() else HERE / str(name)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr))
     results = execute(folder, say)
-    write_json(results, folder / "results.json")
+    write_json(results, folder / "results.json", kind="experiment")
     written = figures(results, folder)
     update_readme(folder / "README.md", markdown(results, written))
     return results

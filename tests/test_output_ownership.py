@@ -96,11 +96,11 @@ def test_a_folder_in_the_way_is_refused(tmp_path: Path, source: Path, capsys) ->
 
 
 def test_a_device_profile_or_baseline_of_allocsim_is_recognised_by_its_keys(tmp_path) -> None:
-    from allocsim.sim.output.ownership import json_with
+    from allocsim.sim.output.ownership import is_allocsim_json
     baseline = tmp_path / "b.json"
     baseline.write_text(json.dumps({"allocsim_baseline": 1, "cells": []}))
-    assert json_with("allocsim_baseline")(baseline)
-    assert not json_with("name", "capacity")(baseline)
+    assert is_allocsim_json(baseline, "baseline")
+    assert not is_allocsim_json(baseline, "device-profile")
 
 
 @pytest.mark.parametrize("option", ["-o", "--log"])
@@ -154,16 +154,20 @@ def test_share_keeps_a_users_file_in_its_folder(name: str, tmp_path: Path, sourc
 
 def test_the_json_kinds_name_keys_their_schemas_require() -> None:
     """The recogniser's keys are keys every document of that kind has, by its schema."""
-    from allocsim.sim.output.ownership import JSON_KINDS
+    from allocsim.sim.output.ownership import ANSWER_KEYS, JSON_KINDS, RUN_RESULT_KEYS
     schemas = Path(__file__).resolve().parents[1] / "sim" / "output" / "schemas"
-    for kind, keys in JSON_KINDS.items():
+    for kind, recogniser in JSON_KINDS.items():
         if kind == "experiment":
             continue    # no schema; held to the experiments' own results below
         schema = json.loads((schemas / f"{kind}.schema.json").read_text())
         required = set(schema.get("required", []))
         for definition in schema.get("$defs", {}).values():
             required |= set(definition.get("required", []))
-        assert set(keys) <= required, (kind, set(keys) - required)
+        assert set(recogniser.keys) <= required, (kind, set(recogniser.keys) - required)
+    compare = json.loads((schemas / "compare.schema.json").read_text())["$defs"]
+    assert set(RUN_RESULT_KEYS) <= set(compare["run_result"]["required"])
+    capacity = json.loads((schemas / "min-capacity.schema.json").read_text())["$defs"]
+    assert set(ANSWER_KEYS) <= set(capacity["answer"]["required"])
 
 
 def test_every_experiments_results_file_is_recognised_so_a_rerun_may_replace_it() -> None:
@@ -172,4 +176,70 @@ def test_every_experiments_results_file_is_recognised_so_a_rerun_may_replace_it(
     found = sorted(experiments.glob("*/results.json"))
     assert found
     for path in found:
-        assert is_allocsim_json(path), path
+        assert is_allocsim_json(path, "experiment"), path
+
+
+# -- each JSON output by its own kind's mark, never by another kind's keys (issue 25.1) ---------
+LAB_INVENTORY = b'{"name":"lab inventory","capacity":42}\n'   # a device profile's keys
+JSON_OUTPUTS = {"results.json": "allocsim-compare", "min_capacity.json": "allocsim-min-capacity",
+                "share.json": "allocsim-share"}
+
+
+def folder_command(name: str, source: Path, out: Path) -> list[str]:
+    """The command that writes ``out/name``."""
+    return {"results.json": ["compare", str(source), "--policies", "on-demand", "-o", str(out)],
+            "min_capacity.json": ["min-capacity", str(source), "--policies", "on-demand",
+                                  "-o", str(out)],
+            "share.json": ["share", f"{source}:on-demand", "-o", str(out)]}[name]
+
+
+@pytest.mark.parametrize("name", list(JSON_OUTPUTS))
+def test_a_users_json_with_name_and_capacity_is_kept(name: str, tmp_path: Path, source: Path,
+                                                      capsys) -> None:
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / name).write_bytes(LAB_INVENTORY)
+    status, err = run(folder_command(name, source, out), capsys)
+    assert status == 2 and len(err) == 1, err
+    assert f"{out / name}: exists and is not " in err[0] and "refusing to overwrite" in err[0]
+    assert (out / name).read_bytes() == LAB_INVENTORY
+
+
+@pytest.mark.parametrize("name", list(JSON_OUTPUTS))
+def test_each_json_output_says_what_it_is_and_another_kind_is_not_replaced(
+        name: str, tmp_path: Path, source: Path, capsys) -> None:
+    mine = tmp_path / "mine"
+    assert run(folder_command(name, source, mine), capsys)[0] == 0
+    document = json.loads((mine / name).read_text())
+    assert document["kind"] == JSON_OUTPUTS[name]
+    for other in JSON_OUTPUTS:
+        if other == name:
+            continue
+        # Another command's output under this name is not this command's to replace.
+        out = tmp_path / f"into-{other}"
+        out.mkdir()
+        (out / other).write_bytes((mine / name).read_bytes())
+        before = (out / other).read_bytes()
+        status, err = run(folder_command(other, source, out), capsys)
+        assert status == 2 and len(err) == 1 and (out / other).read_bytes() == before, err
+
+
+@pytest.mark.parametrize("name", list(JSON_OUTPUTS))
+def test_a_file_of_an_earlier_version_without_the_mark_is_still_replaced(
+        name: str, tmp_path: Path, source: Path, capsys) -> None:
+    out = tmp_path / "d"
+    argv = folder_command(name, source, out)
+    assert run(argv, capsys)[0] == 0
+    document = json.loads((out / name).read_text())
+    del document["kind"]            # as allocsim wrote it before the mark
+    (out / name).write_text(json.dumps(document, indent=2) + "\n")
+    assert run(argv, capsys)[0] == 0
+    assert json.loads((out / name).read_text())["kind"] == JSON_OUTPUTS[name]
+    # ... but not once it lacks the shape earlier versions wrote down to its run results.
+    entries = {"results.json": "results", "min_capacity.json": "answers",
+               "share.json": "processes"}[name]
+    document.pop("kind", None)
+    document[entries] = [{"policy": "mine"}]
+    (out / name).write_text(json.dumps(document))
+    before = (out / name).read_bytes()
+    assert run(argv, capsys)[0] == 2 and (out / name).read_bytes() == before

@@ -13,6 +13,7 @@ import numpy as np
 
 from allocsim.policies import format_size
 from allocsim.sim.output.figures import policy_colors, pyplot
+from allocsim.sim.output.files import atomic_savefig, write_text
 from allocsim.sim.output.tables import format_table
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -48,7 +49,7 @@ def figures(results: dict[str, Any], folder: Path) -> list[str]:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         ax.set_title(results["title"], fontsize=10)
         fig.tight_layout()
-        fig.savefig(folder / "peak_reserved.png", dpi=110)
+        atomic_savefig(fig, folder / "peak_reserved.png", dpi=110)
         plt.close(fig)
         written.append("peak_reserved.png")
     if results["capacities"]:
@@ -75,7 +76,7 @@ def figures(results: dict[str, Any], folder: Path) -> list[str]:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         ax.set_title("smallest device each policy needs", fontsize=10)
         fig.tight_layout()
-        fig.savefig(folder / "min_capacity.png", dpi=110)
+        atomic_savefig(fig, folder / "min_capacity.png", dpi=110)
         plt.close(fig)
         written.append("min_capacity.png")
     return written
@@ -216,7 +217,7 @@ def update_readme(path: Path, body: str) -> None:
         text = text.rstrip() + f"\n\n## Results\n\n{START}\n{END}\n"
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    path.write_text(f"{head}{START}\n{body}\n{END}{tail}")
+    write_text(path, f"{head}{START}\n{body}\n{END}{tail}")
 
 
 def results_section(text: str) -> str | None:

@@ -13,7 +13,7 @@ from allocsim.sim.cli.common import (
     tolerance_option,
 )
 from allocsim.sim.output.files import write_json
-from allocsim.sim.output.ownership import json_with, refuse_unless_ours
+from allocsim.sim.output.ownership import guard
 from allocsim.sim.questions.regress import check_baseline, make_baseline
 from allocsim.traces.bundled import resolve_trace_name
 
@@ -37,11 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_baseline(args: argparse.Namespace) -> int:
-    refuse_unless_ours(args.output, "a baseline", json_with("allocsim_baseline"))
+    guard(args.output, "baseline")
     device = device_from_args(args)
     traces = [resolve_trace_name(t) for t in args.traces]
     document = make_baseline(traces, args.policies or DEFAULT_POLICIES, device, args.output)
-    write_json(document, args.output)
+    write_json(document, args.output, kind="baseline")
     print(f"wrote {args.output}: {len(document['cells'])} cells "
           f"({len(args.traces)} traces × {len(document['policies'])} policies) on {device.name}")
     return 0

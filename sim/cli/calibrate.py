@@ -11,11 +11,8 @@ from typing import Any
 from allocsim.policies import format_size, parse_size
 from allocsim.sim.cli.common import add_output_option
 from allocsim.sim.output.files import write_json
-from allocsim.sim.output.ownership import json_with, refuse_unless_ours
+from allocsim.sim.output.ownership import guard
 from allocsim.sim.validation.calibrate import DEFAULT_CALIBRATION_SIZES, calibrate
-
-# The keys every measurements file calibrate writes holds (calibrate-measurements.schema.json).
-MEASUREMENT_KEYS = ("date", "latencies", "footprints", "packing", "profile")
 
 
 def register(subparsers: Any) -> None:
@@ -41,15 +38,15 @@ def register(subparsers: Any) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Run ``allocsim calibrate``: write (or print) the profile; 0 once it is measured."""
     if args.output:
-        refuse_unless_ours(args.output, "a device profile", json_with("name", "capacity"))
+        guard(args.output, "device-profile")
     if args.measurements:
-        refuse_unless_ours(args.measurements, "a calibration measurements file",
-                           json_with(*MEASUREMENT_KEYS))
+        guard(args.measurements, "calibrate-measurements")
     sizes = ([parse_size(s) for s in args.sizes] if args.sizes
              else list(DEFAULT_CALIBRATION_SIZES))
     calibration = calibrate(sizes, args.repeats, name=args.name, output=args.output)
     if args.measurements:
-        write_json(calibration.measurements_json(), args.measurements)
+        write_json(calibration.measurements_json(), args.measurements,
+                   kind="calibrate-measurements")
     profile = calibration.profile
     if args.output:
         costs = profile.costs

@@ -17,8 +17,9 @@ from allocsim.sim.cli.common import (
     print_json,
 )
 from allocsim.sim.output.files import write_json
+from allocsim.sim.output.ownership import guard
 from allocsim.sim.output.tables import format_table
-from allocsim.sim.questions.capacity import min_capacities
+from allocsim.sim.questions.capacity import MIN_CAPACITY_KIND, min_capacities
 from allocsim.sim.questions.compare import normalize_spec, trace_facts
 
 
@@ -41,6 +42,8 @@ def _searching(policy: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:    # refused before the search, not after it
+        guard(Path(args.out) / "min_capacity.json", "min-capacity")
     device = device_from_args(args)
     trace = load_trace(args.trace, args)
     policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
@@ -57,10 +60,11 @@ def run(args: argparse.Namespace) -> int:
                 log.update(f"searching {policy} (policy {len(seen)}/{len(policies)})")
         answers = min_capacities(trace, policies, device, resolution=resolution,
                                  progress=show)
-    data = {"trace": trace_facts(trace), "device": device.name, "resolution": resolution,
+    data = {"kind": MIN_CAPACITY_KIND, "trace": trace_facts(trace), "device": device.name,
+            "resolution": resolution,
             "answers": [a.to_json_dict() for a in answers]}
     if args.out:
-        write_json(data, Path(args.out) / "min_capacity.json")
+        write_json(data, Path(args.out) / "min_capacity.json", kind="min-capacity")
     if args.json:
         print_json(data)
         return 0

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 from allocsim import __version__
 from allocsim.errors import UserInputError
+from allocsim.interrupts import ending_on_signals, exit_status, signal_name
 from allocsim.sim.cli import (
     baseline,
     calibrate,
@@ -73,8 +74,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What an interrupted command says after "allocsim: interrupted (SIGINT); ". A command with a
+# better hint sets ``on_interrupt`` in its parser's defaults (sweep: how to resume).
+INTERRUPTED = ("nothing half-written is left (every output is written whole or not at all); "
+               "run the same command again")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; a user's mistake ends in one line on stderr and exit status 2."""
+    """Run one command; a user's mistake ends in one line on stderr and exit status 2;
+    Ctrl-C or SIGTERM in one line and exit status 128 + the signal (130, 143)."""
+    with ending_on_signals():     # SIGTERM raises Terminated, a KeyboardInterrupt
+        try:
+            return _run_command(argv)
+        except KeyboardInterrupt as interrupt:    # while the parser was being built
+            return _interrupted(interrupt, None)
+
+
+def _interrupted(interrupt: BaseException, args: argparse.Namespace | None) -> int:
+    hint = getattr(args, "on_interrupt", None) or INTERRUPTED
+    print(f"allocsim: interrupted ({signal_name(interrupt)}); {hint}", file=sys.stderr)
+    return exit_status(interrupt)
+
+
+def _run_command(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -85,10 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserInputError as err:  # a mistake in what the user gave; anything else is a bug
         print(f"allocsim: error: {err}", file=sys.stderr)
     except OSError as err:
-        print(f"allocsim: error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("allocsim: interrupted", file=sys.stderr)
-        return 130
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"allocsim: error: {where}{err.strerror or err}", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:    # Ctrl-C, or SIGTERM (allocsim.interrupts)
+        return _interrupted(interrupt, args)
     return 2
 
 

@@ -42,10 +42,10 @@ def run(args: argparse.Namespace) -> int:
     result = share(traces, specs, device)
     if args.out:
         out = Path(args.out)
-        for name in ("share.json", "share.png"):
-            guard(out / name)   # both refused before either is written
+        guard(out / "share.json", "share")   # both refused before either is written
+        guard(out / "share.png")
         out.mkdir(parents=True, exist_ok=True)
-        write_json(share_json(result, specs, device), out / "share.json")
+        write_json(share_json(result, specs, device), out / "share.json", kind="share")
         plot_share(result, specs, device, out / "share.png")
     if args.json:
         print_json(share_json(result, specs, device))

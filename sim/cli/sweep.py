@@ -4,9 +4,10 @@
                    [--retry-errors] [--output FILE.jsonl] [--no-progress]
                    [--report] [--max-slowdown X]
 
-Exit status: 0 when every cell ran ok, 1 when some failed, 130 when interrupted, 2 for a
-mistake in what was given (a bad sweep file, an ``--output`` that is not a results file, a
-results file another sweep is writing: one ``allocsim: error:`` line).
+Exit status: 0 when every cell ran ok, 1 when some failed, 130 when interrupted (Ctrl-C; 143
+for SIGTERM; either says how to resume), 2 for a mistake in what was given (a bad sweep file,
+an ``--output`` that is not a results file, a results file another sweep is writing: one
+``allocsim: error:`` line).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from allocsim.sim.cli.common import (
 )
 from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN
 from allocsim.sim.sweeps.grid import SweepDefinition, load_definition
-from allocsim.sim.sweeps.run import run_sweep
+from allocsim.sim.sweeps.run import RESUME_HINT, run_sweep
 from allocsim.sim.sweeps.store import latest_records, load_results
 from allocsim.sim.sweeps.summary import best_policies, best_policies_text
 
@@ -37,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add the ``sweep`` command to the ``allocsim`` parser's subcommands."""
     parser = subparsers.add_parser("sweep", help=HELP)
     add_sweep_arguments(parser)
-    parser.set_defaults(func=cmd_sweep)
+    # Interrupted before or after the cells run (while loading, say): the boundary's one line.
+    parser.set_defaults(func=cmd_sweep, on_interrupt=RESUME_HINT)
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +70,8 @@ def _recorded(sweep: SweepDefinition, path: Path) -> tuple[set[str], list[dict[s
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    """``allocsim sweep``: 0 when every cell ran ok, 1 when some failed, 130 when interrupted."""
+    """``allocsim sweep``: 0 when every cell ran ok, 1 when some failed, 130 (143) when
+    interrupted by Ctrl-C (SIGTERM)."""
     budget = max_slowdown_option(args.max_slowdown)
     workers = workers_option(args.workers)
     sweep = load_definition(args.definition)
@@ -83,7 +86,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                         output=path)
     print(summary.text())
     if summary.interrupted:
-        return 130
+        return summary.exit_status
     _, records = _recorded(sweep, path)
     print()
     print(best_policies_text(best_policies(records, max_slowdown=budget)))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from allocsim.policies import PolicySpec, parse_policy
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
+from allocsim.sim.output.files import atomic_output
 from allocsim.traces.formats.torch_snapshot import snapshot_of_run
 from allocsim.traces.model import OP_ALLOC, Trace
 
@@ -86,6 +87,9 @@ def run_as_snapshot(trace: Trace, policy: str | PolicySpec, device: DeviceProfil
 
 def export_snapshot(trace: Trace, policy: str | PolicySpec, device: DeviceProfile,
                     path: str | Path) -> Path:
-    path = Path(path)
-    path.write_bytes(pickle.dumps(run_as_snapshot(trace, policy, device), protocol=4))
-    return path
+    """Write the snapshot of ``trace`` under ``policy`` to ``path``, atomically: a killed or
+    failed export leaves the previous file whole."""
+    snapshot = run_as_snapshot(trace, policy, device)
+    with atomic_output(path) as stream:
+        pickle.dump(snapshot, stream, protocol=4)
+    return Path(path)

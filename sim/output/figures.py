@@ -35,6 +35,7 @@ from allocsim.policies.units import format_size
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.engine import SharedRun
 from allocsim.sim.kernel.results import RunResult
+from allocsim.sim.output.files import atomic_savefig
 from allocsim.sim.output.ownership import figure_metadata, guard
 from allocsim.sim.questions.share import ShareSpec
 
@@ -355,7 +356,7 @@ def peaks_alt(runs: Sequence[Any], title: str) -> str:
 def save(fig: Any, path: str | Path, dpi: int = 110) -> Path:
     """Save a figure as allocsim's own (its PNG says so), never over a file it did not write."""
     guard(path)
-    fig.savefig(path, dpi=dpi, metadata=figure_metadata())
+    atomic_savefig(fig, path, dpi=dpi, metadata=figure_metadata())
     pyplot().close(fig)
     return Path(path)
 

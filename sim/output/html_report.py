@@ -37,6 +37,7 @@ from allocsim.sim.output.figures import (
     timeline_alt,
     timeline_fig,
 )
+from allocsim.sim.output.files import write_text
 from allocsim.sim.output.ownership import REPORT_MARK, guard
 from allocsim.traces.bundled import DEFAULT_TRACE_NAME
 
@@ -253,7 +254,7 @@ def write_report(documents: Sequence[dict[str, Any]], path: str | Path,
     path = Path(path)
     guard(path)     # replaces only an allocsim report
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(documents, title, holders), encoding="utf-8")
+    write_text(path, render_report(documents, title, holders))
     return path
 
 

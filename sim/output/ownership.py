@@ -14,15 +14,20 @@ Each kind is recognised by what allocsim writes into every file of that kind:
   (gzipped or not);
 - exported snapshots: the ``allocsim_export`` key the writer puts first in the pickle;
 - CuPy hook logs (``record --log``): the recorder's header line;
-- JSON documents: the keys every document of one kind holds (:data:`JSON_KINDS`, held to the
-  schemas in sim/output/schemas/ by a test), an object or a list of such objects;
+- JSON documents: each kind by its own mark (:data:`JSON_KINDS`): the ``kind`` value its
+  writer puts in every document (``allocsim-compare``, ``allocsim-min-capacity``,
+  ``allocsim-share``, ``allocsim-validation``) or a key of its own (``allocsim_baseline``);
+  files of earlier versions, which had no ``kind``, by the shape they had, down to the field
+  names of their run results. A writer names the kind it writes, and only a file of that
+  kind is replaced (a device profile called results.json is not compare's results);
 - figures: the ``Software`` text chunk :func:`figure_metadata` puts in every PNG;
 - validation reports in Markdown: their first line, :data:`MARKDOWN_MARK`;
 - the HTML report: its ``made by allocsim`` byline, :data:`REPORT_MARK`.
 
-:func:`guard` picks the recogniser from the file's suffix; the writers of JSON, figures and
-Markdown call it, so ``--out DIR`` pointed at a folder of the user's own files refuses rather
-than replacing a ``results.json`` or a ``share.png`` it did not write.
+:func:`guard` picks the recogniser from the kind of JSON a writer names, or else from the
+file's suffix; the writers of JSON, figures and Markdown call it, so ``--out DIR`` pointed at a
+folder of the user's own files refuses rather than replacing a ``results.json`` or a
+``share.png`` it did not write.
 """
 
 from __future__ import annotations
@@ -31,9 +36,13 @@ import gzip
 import json
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from allocsim.errors import UserInputError
+from allocsim.sim.questions.capacity import MIN_CAPACITY_KIND
+from allocsim.sim.questions.compare import COMPARE_KIND, KIND_KEY
+from allocsim.sim.questions.share import SHARE_KIND
 from allocsim.traces.formats.cupy_log import HEADER_KEY
 from allocsim.traces.formats.native_common import METADATA_KEY
 from allocsim.traces.formats.native_npz import NPZ_FORMAT
@@ -41,19 +50,94 @@ from allocsim.traces.formats.snapshot_writer import EXPORT_MARK
 
 _HEAD = 1 << 16
 
-# The keys that name each kind of JSON document allocsim writes (each kind's required keys,
-# or enough of them to tell it from any other file).
-JSON_KINDS: dict[str, tuple[str, ...]] = {
-    "baseline": ("allocsim_baseline", "device", "policies", "cells"),
-    "results": ("schema", "trace", "device", "results", "winner"),
-    "min-capacity": ("trace", "device", "resolution", "answers"),
-    "share": ("device", "device_peak", "all_completed", "processes"),
-    "validate": ("schema", "kind", "backend", "policy", "passed"),
-    "device-profile": ("name", "capacity"),
-    "calibrate-measurements": ("date", "latencies", "footprints", "packing", "profile"),
+
+def _has(document: object, *keys: str) -> bool:
+    return isinstance(document, dict) and all(key in document for key in keys)
+
+
+def _list_of(value: object, *keys: str) -> bool:
+    return isinstance(value, list) and bool(value) and all(_has(item, *keys) for item in value)
+
+
+def _marked(key: str, value: object) -> Callable[[object], bool]:
+    """A document that holds ``key: value`` (the mark its writer puts in every document)."""
+    return lambda document: isinstance(document, dict) and document.get(key) == value
+
+
+# The fields every run result of compare and share holds (sim/kernel/results.py): allocsim's
+# own names, two levels down, which is what makes a file of an earlier version recognisable.
+RUN_RESULT_KEYS = ("policy", "completed", "peak_allocated", "peak_reserved", "fragmentation",
+                   "jw_fragmentation", "first_oom_event", "device_mallocs", "alloc_time_s",
+                   "peak_reserved_event", "policy_stats")
+ANSWER_KEYS = ("policy", "min_capacity", "lower_bound", "resolution", "monotone", "evaluations",
+               "headroom_ratio")
+
+
+def _legacy_comparison(document: object) -> bool:
+    """results.json before its ``kind`` mark: schema 1, the comparison's keys, and in
+    ``results`` run results with allocsim's field names."""
+    return (_has(document, "schema", "trace", "device", "results", "winner", "reason")
+            and document["schema"] == 1                                      # type: ignore[index]
+            and _list_of(document["results"], *RUN_RESULT_KEYS))             # type: ignore[index]
+
+
+def _legacy_min_capacity(document: object) -> bool:
+    return (_has(document, "trace", "device", "resolution", "answers")
+            and _list_of(document["answers"], *ANSWER_KEYS))                 # type: ignore[index]
+
+
+def _legacy_share(document: object) -> bool:
+    return (_has(document, "device", "device_peak", "all_completed", "processes")
+            and _list_of(document["processes"], "spec", "start_ns", *RUN_RESULT_KEYS))  # type: ignore[index]
+
+
+@dataclass(frozen=True)
+class JsonKind:
+    """One kind of JSON document allocsim writes, and how a file of that kind is known.
+
+    ``mark`` recognises the mark today's writer puts in every document of the kind (a
+    ``kind`` value, or a key of its own such as ``allocsim_baseline``); ``legacy``, where
+    earlier versions wrote no mark, the shape they wrote instead, down to field names only
+    allocsim uses. A document of one kind is never taken for another: ``compare -o DIR``
+    replaces a results.json of compare's, not a device profile or a baseline that happens
+    to be called results.json."""
+
+    what: str                                   # for the refusal: "compare's results"
+    keys: tuple[str, ...]                       # keys every document holds (by its schema)
+    mark: Callable[[object], bool]
+    legacy: Callable[[object], bool] | None = None
+
+    def recognises(self, document: object) -> bool:
+        return self.mark(document) or (self.legacy is not None and self.legacy(document))
+
+
+JSON_KINDS: dict[str, JsonKind] = {
+    "baseline": JsonKind("a baseline", ("allocsim_baseline", "device", "policies", "cells"),
+                         lambda d: _has(d, "allocsim_baseline", "cells")),
+    "results": JsonKind("compare's results", ("schema", "kind", "trace", "device", "results"),
+                        _marked(KIND_KEY, COMPARE_KIND), _legacy_comparison),
+    "min-capacity": JsonKind("min-capacity's answers", ("kind", "trace", "device", "answers"),
+                             _marked(KIND_KEY, MIN_CAPACITY_KIND), _legacy_min_capacity),
+    "share": JsonKind("share's results", ("kind", "device", "device_peak", "processes"),
+                      _marked(KIND_KEY, SHARE_KIND), _legacy_share),
+    "validate": JsonKind("a validation report", ("schema", "kind", "backend", "policy"),
+                         _marked(KIND_KEY, "allocsim-validation")),
+    # A device profile is also a file users write by hand for --device-profile; calibrate -o
+    # may replace one (a profile by a measured profile), nothing else may.
+    "device-profile": JsonKind("a device profile", ("name", "capacity"),
+                               lambda d: _has(d, "name", "capacity")),
+    "calibrate-measurements": JsonKind(
+        "a calibration measurements file", ("date", "latencies", "footprints", "packing",
+                                            "profile"),
+        lambda d: _has(d, "date", "latencies", "footprints", "packing", "profile")
+        and _has(d["profile"], "name", "capacity")),                          # type: ignore[index]
     # experiments/NAME/results.json (python -m experiments.run; no schema: not a user format)
-    "experiment": ("experiment", "title", "device", "comparisons", "capacities"),
+    "experiment": JsonKind("an experiment's results", ("experiment", "title", "device",
+                                                      "comparisons", "capacities"),
+                           lambda d: _has(d, "experiment", "title", "device", "comparisons",
+                                          "capacities")),
 }
+
 FIGURE_SOFTWARE = "allocsim"
 MARKDOWN_MARK = "<!-- written by allocsim -->"
 REPORT_MARK = "<p class=meta>made by allocsim"
@@ -114,14 +198,13 @@ def is_allocsim_hook_log(path: Path) -> bool:
     return first_line.startswith(b"{") and f'"{HEADER_KEY}"'.encode() in first_line
 
 
-def is_allocsim_json(path: Path) -> bool:
-    """A JSON document of one of :data:`JSON_KINDS` (or a list of them, as results.json for
-    several traces is)."""
+def is_allocsim_json(path: Path, kind: str) -> bool:
+    """A JSON document of ``kind`` (a key of :data:`JSON_KINDS`), or a list of them, as
+    results.json for several traces is."""
     with path.open("rb") as handle:
         data = json.loads(handle.read())
     documents = data if isinstance(data, list) and data else [data]
-    return all(isinstance(d, dict) and any(all(k in d for k in keys)
-                                           for keys in JSON_KINDS.values()) for d in documents)
+    return all(JSON_KINDS[kind].recognises(d) for d in documents)
 
 
 def figure_metadata() -> dict[str, str]:
@@ -147,26 +230,22 @@ def is_allocsim_report(path: Path) -> bool:
 
 
 _BY_SUFFIX: dict[str, tuple[str, Callable[[Path], bool]]] = {
-    ".json": ("a JSON document", is_allocsim_json),
     ".png": ("a figure", is_allocsim_figure),
     ".md": ("a Markdown report", is_allocsim_markdown),
     ".html": ("an HTML report", is_allocsim_report),
 }
 
 
-def guard(path: str | Path) -> None:
-    """Refuse to replace ``path`` unless allocsim wrote it, recognised by its suffix
-    (``.json``, ``.png``, ``.md``, ``.html``); a suffix with no recogniser here is the
-    caller's to check."""
-    kind = _BY_SUFFIX.get(Path(path).suffix.lower())
-    if kind is not None:
-        refuse_unless_ours(path, *kind)
-
-
-def json_with(*keys: str) -> Callable[[Path], bool]:
-    """A recogniser for a JSON object holding every one of ``keys``."""
-    def recognise(path: Path) -> bool:
-        with path.open("rb") as handle:
-            data = json.loads(handle.read())
-        return isinstance(data, dict) and all(key in data for key in keys)
-    return recognise
+def guard(path: str | Path, json_kind: str | None = None) -> None:
+    """Refuse to replace ``path`` unless allocsim wrote it: a JSON document of ``json_kind``
+    (a key of :data:`JSON_KINDS`) when that is given, else by the path's suffix (``.png``,
+    ``.md``, ``.html``); a suffix with no recogniser here is the caller's to check."""
+    if json_kind is not None:
+        kind = JSON_KINDS[json_kind]
+        refuse_unless_ours(path, kind.what, lambda p: is_allocsim_json(p, json_kind))
+        return
+    if Path(path).suffix.lower() == ".json":
+        raise TypeError(f"guard({path}): a JSON output is checked against its kind (json_kind)")
+    recogniser = _BY_SUFFIX.get(Path(path).suffix.lower())
+    if recogniser is not None:
+        refuse_unless_ours(path, *recogniser)

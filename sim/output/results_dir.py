@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from allocsim.sim.output.figures import plot_fragmentation, plot_peaks, plot_timelines
-from allocsim.sim.output.files import write_json
+from allocsim.sim.output.files import safe_stem, write_json
 from allocsim.sim.output.html_report import holders_section, write_report
 from allocsim.sim.output.ownership import guard
 from allocsim.sim.questions.compare import Comparison
@@ -57,11 +57,12 @@ def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path,
     json_path = out / "results.json"
     figures = [[out / f"{_prefix(index, c, len(comparisons))}{kind}.png" for kind in FIGURE_KINDS]
                for index, c in enumerate(comparisons)]
-    for path in [json_path, out / "report.html", *(p for paths in figures for p in paths)]:
-        guard(path)     # all refused before any is written: a folder is never half replaced
+    guard(json_path, "results")     # all refused before any is written: a folder is never
+    for path in [out / "report.html", *(p for paths in figures for p in paths)]:
+        guard(path)                 # half replaced
     out.mkdir(parents=True, exist_ok=True)
     documents = [c.to_json_dict(timeline=True) for c in comparisons]
-    write_json(documents[0] if len(documents) == 1 else documents, json_path)
+    write_json(documents[0] if len(documents) == 1 else documents, json_path, kind="results")
     title = ("allocsim: " + documents[0]["trace"]["name"]) if len(documents) == 1 \
         else f"allocsim: {len(documents)} traces"
     holders = None
@@ -83,5 +84,6 @@ FIGURE_KINDS = ("memory_timeline", "peaks", "fragmentation")
 
 
 def _prefix(index: int, comparison: Comparison, count: int) -> str:
-    """Figures of one trace have plain names; of several, ``NN-NAME-`` in front."""
-    return "" if count == 1 else f"{index:02d}-{comparison.trace['name']}-"
+    """Figures of one trace have plain names; of several, ``NN-NAME-`` in front (the name
+    made safe: a trace named ``/../../x`` writes nothing outside the folder)."""
+    return "" if count == 1 else f"{index:02d}-{safe_stem(str(comparison.trace['name']))}-"

@@ -33,6 +33,7 @@ from allocsim.sim.questions.offline import OFFLINE_NAME, offline_result
 from allocsim.traces.model import Trace
 
 MiB = 1 << 20
+MIN_CAPACITY_KIND = "allocsim-min-capacity"   # the "kind" of min_capacity.json and --json
 VERIFY_ABOVE = 8                  # resolution steps checked above the answer
 VERIFY_BELOW = 16                 # capacities checked below it, spread down to the lower bound
 

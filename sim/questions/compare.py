@@ -29,6 +29,10 @@ from allocsim.sim.questions.offline import OFFLINE_NAME, offline_result
 from allocsim.traces.model import Trace
 
 DEFAULT_MAX_SLOWDOWN = 1.10
+# The mark every comparison document carries (results.json, --json): how allocsim knows a
+# results.json it may replace from a user's file of the same name (sim/output/ownership.py).
+KIND_KEY = "kind"
+COMPARE_KIND = "allocsim-compare"
 
 
 @dataclass
@@ -45,6 +49,7 @@ class Comparison:
     def to_json_dict(self, *, timeline: bool = False) -> dict[str, Any]:
         return {
             "schema": SCHEMA_VERSION,
+            KIND_KEY: COMPARE_KIND,
             "trace": self.trace,
             "device": {"name": self.device.name, "capacity": self.device.capacity,
                        "granularity": self.device.granularity,

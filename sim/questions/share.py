@@ -21,6 +21,7 @@ from allocsim.sim.kernel.engine import SharedProcess, SharedRun, run_shared
 from allocsim.traces.model import Trace
 
 DEFAULT_SHARE_POLICY = "jax"
+SHARE_KIND = "allocsim-share"       # the "kind" of every share document (share.json, --json)
 _UNITS_NS = {"": 1_000_000_000, "s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 _START = re.compile(r"^([0-9]*\.?[0-9]+)\s*(s|ms|us|ns)?$")
 
@@ -88,6 +89,7 @@ def share(traces: Sequence[Trace], specs: Sequence[ShareSpec], device: DevicePro
 
 def share_json(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile) -> dict[str, Any]:
     return {
+        "kind": SHARE_KIND,
         "device": {"name": device.name, "capacity": device.capacity},
         "device_peak": run.device_peak,
         "all_completed": all(r.completed for r in run.results),

@@ -102,6 +102,9 @@ def _init_local_worker(parent_pid: int, private: tuple[FileIdentity, ...]) -> No
     # Ctrl-C in a terminal reaches the whole process group; the coordinator decides what
     # happens (finish running cells, then stop), so workers must not die mid-cell on it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A forked worker inherits the coordinator's SIGTERM handler (allocsim.interrupts), which
+    # would report a group SIGTERM as the cell's exception; a worker just ends on it, as before.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     close_inherited(private)
     die_with_parent(parent_pid)
 

@@ -5,6 +5,9 @@ the results file (:mod:`allocsim.sim.sweeps.store`; cells already there are skip
 few cells in flight on the chosen executor (:mod:`allocsim.sim.sweeps.executors`), appends each
 finished cell's record, and returns a :class:`SweepSummary`.
 
+SIGTERM (raised as :class:`allocsim.interrupts.Terminated` where the command line installed
+its handler) abandons the running cells at once, as a second Ctrl-C does.
+
 Ctrl-C: the first stops submitting, cancels cells not yet started and waits for the running
 ones (their lines are written; on Dask, whose executor cannot tell running from queued, all
 are cancelled at once); a second abandons them. Either way :func:`run_sweep` returns a
@@ -37,6 +40,9 @@ __all__ = ["SweepSummary", "run_sweep"]
 
 BROKEN_POOL_ERROR = ("BrokenProcessPool: the worker process running this cell (alone) died: "
                      "killed for memory? a crash?")
+
+RESUME_HINT = "run the same command again to resume (finished cells are skipped)"
+
 
 class _StopRequest:
     """The first Ctrl-C asks to stop (checked by the loop); the second raises KeyboardInterrupt."""
@@ -74,10 +80,16 @@ class SweepSummary:
     failed: int = 0             # recorded an error in this run
     not_run: int = 0            # left for a later run (interrupted)
     interrupted: bool = False
+    interrupt_signal: int = signal.SIGINT   # what interrupted it (SIGTERM: Terminated)
     elapsed_s: float = 0.0
     executor: str = ""
     truncated_bytes: int = 0    # half-written line cut from the results file at start
     failures: list[str] = field(default_factory=list)   # "cell: error" of this run's failures
+
+    @property
+    def exit_status(self) -> int:
+        """What ``allocsim sweep`` exits with once interrupted: 128 + the signal (130, 143)."""
+        return 128 + int(self.interrupt_signal)
 
     @property
     def complete(self) -> bool:
@@ -100,8 +112,8 @@ class SweepSummary:
             lines.append(f"  ... and {len(self.failures) - 5} more (status \"error\" in the "
                          "results file)")
         if self.interrupted:
-            lines.append(f"interrupted: {self.not_run:,} cells not run; run the same command "
-                         "again to resume (finished cells are skipped)")
+            lines.append(f"interrupted ({signal.Signals(self.interrupt_signal).name}): "
+                         f"{self.not_run:,} cells not run; {RESUME_HINT}")
         elif self.failed:
             lines.append("errored cells are skipped on the next run; rerun them with "
                          "--retry-errors")
@@ -215,10 +227,12 @@ def _run_cells(todo: list[Cell], results: ResultsFile, summary: SweepSummary,
                         summary.failures.append(f"{record['cell']}: {record['error']}")
                     bar.advance(record["status"] == "ok")
             summary.interrupted = stopping
-    except KeyboardInterrupt:
-        # The second Ctrl-C (or the first, outside the main thread): abandon what is running.
+    except KeyboardInterrupt as interrupt:
+        # The second Ctrl-C (or the first, outside the main thread), or SIGTERM (Terminated,
+        # allocsim.interrupts: the process is asked to end now): abandon what is running.
         aborted = True
         summary.interrupted = True
+        summary.interrupt_signal = int(getattr(interrupt, "signum", signal.SIGINT))
         summary.not_run += len(queue) + len(inflight) + len(suspects)
         runner.abort()
     finally:

@@ -84,7 +84,7 @@ class Calibration:
 
     def write(self, path: str | Path) -> Path:
         from allocsim.sim.output.files import write_json
-        write_json(self.profile_json(), path)
+        write_json(self.profile_json(), path, kind="device-profile")
         return Path(path)
 
     def measurements_json(self) -> dict[str, Any]:

@@ -18,11 +18,12 @@ import numpy as np
 from allocsim.policies import PolicySpec, format_size
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.output.figures import save
+from allocsim.sim.output.files import safe_stem
 from allocsim.sim.output.ownership import MARKDOWN_MARK, guard
 from allocsim.sim.validation.backends import Backend
 from allocsim.sim.validation.errors import ValidatorError
 from allocsim.sim.validation.measured import Corruption, Measured
-from allocsim.sim.validation.provenance import now, slug
+from allocsim.sim.validation.provenance import now
 from allocsim.sim.validation.replay import Simulated, after_each_event
 from allocsim.traces.model import Trace
 
@@ -298,20 +299,22 @@ class ValidationReport:
         return save(fig, path)
 
     def stem(self) -> str:
-        return slug(f"{self.trace.get('name', 'trace')}-{self.backend}-{self.policy}")
+        return safe_stem(f"{self.trace.get('name', 'trace')}-{self.backend}-{self.policy}",
+                         default="report")
 
     def write(self, out_dir: str | Path, stem: str | None = None) -> list[Path]:
         """``STEM.json``, ``STEM.md`` and ``STEM.png`` into ``out_dir``; the paths written."""
-        from allocsim.sim.output.files import write_json
+        from allocsim.sim.output.files import write_json, write_text
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        stem = stem or self.stem()
+        stem = safe_stem(stem, default="report") if stem else self.stem()
         json_path, md_path, png_path = (out / f"{stem}.json", out / f"{stem}.md",
                                         out / f"{stem}.png")
-        for path in (json_path, md_path, png_path):
-            guard(path)     # all refused before any is written
-        write_json(self.to_json_dict(), json_path)
-        md_path.write_text(MARKDOWN_MARK + "\n" + self.markdown())
+        guard(json_path, "validate")     # all refused before any is written
+        guard(md_path)
+        guard(png_path)
+        write_json(self.to_json_dict(), json_path, kind="validate")
+        write_text(md_path, MARKDOWN_MARK + "\n" + self.markdown())
         self.plot(png_path)
         return [json_path, md_path, png_path]
 

@@ -29,10 +29,10 @@ from __future__ import annotations
 import gzip
 import io
 import os
-import secrets
 import zlib
 from pathlib import Path
 
+from allocsim.atomic_files import atomic_output
 from allocsim.traces.formats.limits import MAX_INPUT_ENV, max_input_bytes, too_large
 from allocsim.traces.formats.registry import (
     FOLDER_FORMATS,
@@ -215,11 +215,10 @@ def save(trace: Trace, path: str | os.PathLike[str]) -> None:
     folder = p.parent
     if not folder.is_dir():
         raise TraceError(f"directory {str(folder)!r} does not exist", source=target)
-    tmp = folder / f".{p.name}.{secrets.token_hex(4)}.tmp"
     try:
-        # os.open with 0o666 lets the umask decide permissions, as for a plain open().
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "wb") as stream:
+        # allocsim.atomic_files: a temporary file beside the target, renamed over it when
+        # whole; a killed writer's temporary file is removed by the next save to the same name.
+        with atomic_output(p) as stream:
             if ext.endswith(".gz"):
                 # mtime=0 and no file name: the same trace always gives the same bytes.
                 with gzip.GzipFile(filename="", mode="wb", fileobj=stream,
@@ -227,23 +226,10 @@ def save(trace: Trace, path: str | os.PathLike[str]) -> None:
                     writer(trace, gz)  # type: ignore[arg-type]
             else:
                 writer(trace, stream)
-        os.replace(tmp, p)
     except OSError as err:
-        _remove(tmp)
         raise TraceError(f"cannot write: {err.strerror or err}", source=target) from None
     except TraceError as err:
-        _remove(tmp)
         raise err.located(target) from None
-    except BaseException:
-        _remove(tmp)
-        raise
-
-
-def _remove(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 # Importers of other tools' files register themselves on import (after the native formats, so

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from allocsim.atomic_files import atomic_output
 from allocsim.errors import UserInputError
 from allocsim.traces.formats import save
 from allocsim.traces.formats.cupy_log import (
@@ -243,7 +244,7 @@ class TraceRecorderHook(_MemoryHook):  # type: ignore[misc, valid-type]
         if self.output is not None:
             save(self.trace, self.output)
         if self.log is not None:
-            with open(self.log, "wb") as stream:
+            with atomic_output(self.log) as stream:
                 meta = {k: v for k, v in self.trace.metadata.items()
                         if k in ("recorder", "cupy", "python", "recorded_at")
                         or k in self.metadata}

@@ -1,0 +1,160 @@
+"""Ctrl-C and SIGTERM end every command in one line, never a traceback (issue 25.5).
+
+A Ctrl-C in a terminal reaches the whole process group (the command and its sweep workers);
+``kill`` and job schedulers send SIGTERM. Whenever it lands — while allocsim is still importing
+numpy, while a sweep runs its cells, while ``gen`` writes its file — the command prints one line
+saying it was interrupted and what to do (a sweep: how to resume), and exits 128 + the signal:
+130 for SIGINT, 143 for SIGTERM. Nothing half-written is left behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from allocsim.atomic_files import temporary_pattern
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="process groups and signals as on Linux")
+ALLOCSIM = [sys.executable, "-m", "allocsim"]
+SIGNALS = {"SIGINT": (signal.SIGINT, 130), "SIGTERM": (signal.SIGTERM, 143)}
+
+
+def start(argv: list[str], cwd: Path) -> subprocess.Popen:
+    """The command in a process group of its own, as a shell runs a foreground job."""
+    return subprocess.Popen([*ALLOCSIM, *argv], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def signal_group(process: subprocess.Popen, signum: int) -> tuple[int, str, str]:
+    os.killpg(process.pid, signum)
+    out, err = process.communicate(timeout=120)
+    return process.returncode, out, err
+
+
+def wait_for(predicate, process: subprocess.Popen, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert process.poll() is None, "the command ended before it was interrupted"
+        assert time.monotonic() < deadline, "the command never got there"
+        time.sleep(0.005)
+
+
+def assert_one_clean_line(out: str, err: str) -> str:
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err, out + err
+    lines = [line for line in err.splitlines() if line.startswith("allocsim:")]
+    assert len(lines) <= 1, err
+    return (out + err).strip().splitlines()[-1]
+
+
+def write_grid(folder: Path, seeds: int, events: int) -> Path:
+    grid = folder / "grid.toml"
+    grid.write_text('output = "out.jsonl"\n[grid]\n'
+                    f'traces = ["synth:random?events={events}&seed=[1..{seeds}]"]\n'
+                    'policies = ["bfc", "best-fit", "on-demand", "pytorch"]\n')
+    return grid
+
+
+@pytest.mark.parametrize("name", list(SIGNALS))
+def test_a_group_signal_while_the_sweep_starts_ends_in_one_line(name: str, tmp_path: Path) -> None:
+    signum, status = SIGNALS[name]
+    write_grid(tmp_path, seeds=4, events=20000)
+    sweep = start(["sweep", "grid.toml", "--workers", "2", "--no-progress"], tmp_path)
+    time.sleep(0.4)         # still importing numpy on most machines
+    code, out, err = signal_group(sweep, signum)
+    last = assert_one_clean_line(out, err)
+    assert code == status, out + err
+    assert f"interrupted ({name})" in last and "run the same command again" in last, last
+
+
+@pytest.mark.parametrize("name", list(SIGNALS))
+def test_a_group_signal_while_cells_run_says_how_to_resume_and_the_rerun_completes(
+        name: str, tmp_path: Path) -> None:
+    signum, status = SIGNALS[name]
+    seeds = 10
+    write_grid(tmp_path, seeds=seeds, events=40000)
+    output = tmp_path / "out.jsonl"
+    argv = ["sweep", "grid.toml", "--workers", "2", "--no-progress"]
+    sweep = start(argv, tmp_path)
+    wait_for(lambda: output.exists() and output.read_bytes().count(b"\n") >= 1, sweep)
+    code, out, err = signal_group(sweep, signum)
+    assert_one_clean_line(out, err)
+    assert code == status, out + err
+    last = out.strip().splitlines()[-1]     # the summary's last line (the table is not printed)
+    assert last.startswith(f"interrupted ({name}): ") and \
+        "run the same command again to resume" in last, out
+    assert output.read_bytes().count(b"\n") < seeds * 4, "interrupted mid-sweep, not after it"
+    rerun = subprocess.run([*ALLOCSIM, *argv], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    cells = collections.Counter(json.loads(line)["cell"]
+                                for line in output.read_text().splitlines())
+    assert len(cells) == seeds * 4 and set(cells.values()) == {1}
+
+
+@pytest.mark.parametrize("name", list(SIGNALS))
+def test_gen_interrupted_while_writing_leaves_the_previous_file_and_no_temporary(
+        name: str, tmp_path: Path) -> None:
+    signum, status = SIGNALS[name]
+    target = tmp_path / "run.csv"
+    assert subprocess.run([*ALLOCSIM, "gen", "random", "events=100", "-o", target.name],
+                          cwd=tmp_path, capture_output=True).returncode == 0
+    before = target.read_bytes()
+    pattern = temporary_pattern(target)
+
+    def writing() -> bool:
+        return any(pattern.fullmatch(p.name) for p in tmp_path.iterdir())
+    gen = start(["gen", "random", "events=3000000", "-o", target.name], tmp_path)
+    wait_for(writing, gen, timeout_s=120)
+    code, out, err = signal_group(gen, signum)
+    last = assert_one_clean_line(out, err)
+    assert code == status, out + err
+    assert last == (f"allocsim: interrupted ({name}); nothing half-written is left (every "
+                    "output is written whole or not at all); run the same command again")
+    assert target.read_bytes() == before and not writing()
+
+
+@pytest.fixture(scope="module")
+def big_trace(tmp_path_factory) -> Path:
+    from allocsim.traces import formats, synth
+    path = tmp_path_factory.mktemp("big") / "big.npz"
+    formats.save(synth.generate("random", seed=5, events=300_000), path)
+    return path
+
+
+@pytest.mark.parametrize("name", list(SIGNALS))
+def test_compare_interrupted_at_any_moment_ends_in_one_line(name: str, big_trace: Path,
+                                                            tmp_path: Path) -> None:
+    signum, status = SIGNALS[name]
+    for delay in (0.4, 2.5):
+        compare = start(["compare", str(big_trace), "--policies", "bfc", "pytorch", "best-fit",
+                         "-o", "out"], tmp_path)
+        time.sleep(delay)
+        if compare.poll() is not None:
+            pytest.fail(f"compare ended within {delay} s: too small to interrupt")
+        code, out, err = signal_group(compare, signum)
+        last = assert_one_clean_line(out, err)
+        assert code == status, out + err
+        assert last.startswith(f"allocsim: interrupted ({name})"), last
+
+
+def test_the_entry_point_is_light_so_its_handlers_are_in_place_before_numpy_loads() -> None:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    scripts = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml")
+                            .read_text())["project"]["scripts"]
+    assert scripts["allocsim"] == "allocsim.command:main"
+    loaded = subprocess.run([sys.executable, "-c", "import sys, allocsim.command; "
+                             "print(sorted(m for m in ('numpy', 'allocsim.sim') "
+                             "if m in sys.modules))"], capture_output=True, text=True)
+    assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
