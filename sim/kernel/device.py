@@ -22,6 +22,8 @@ from pathlib import Path
 
 from allocsim.errors import UserInputError
 from allocsim.policies.units import format_size, parse_size, round_up
+from allocsim.traces.formats.limits import read_input_text
+from allocsim.traces.model import TraceError
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -196,10 +198,15 @@ def resolve_device(name: str | None = None, capacity: str | int | None = None,
     applied. A name, file or capacity that does not work raises :class:`UserInputError`."""
     if profile_file is not None:
         try:
-            data = json.loads(Path(profile_file).read_text())
+            data = json.loads(read_input_text(profile_file, what="a device profile"))
+        except TraceError as err:  # not a regular file, too large, not UTF-8
+            raise UserInputError(f"{profile_file}: {err.problem}") from None
         except (OSError, ValueError) as err:
             raise UserInputError(f"{profile_file}: not a device profile: "
                                  f"{str(err).splitlines()[0] if str(err) else err!r}") from None
+        except RecursionError:
+            raise UserInputError(f"{profile_file}: not a device profile: JSON nested too "
+                                 "deeply") from None
         try:
             profile = DeviceProfile.from_dict(data)
         except UserInputError as err:

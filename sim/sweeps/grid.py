@@ -68,6 +68,7 @@ from allocsim.policies import DEFAULT_POLICIES, PolicySpecError, parse_size
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, DeviceProfile, resolve_device
 from allocsim.sim.questions.compare import normalize_spec
 from allocsim.traces import formats, synth
+from allocsim.traces.formats.limits import read_input_text, regular_file_problem
 from allocsim.traces.model import Trace, TraceError
 
 __all__ = [
@@ -230,14 +231,16 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except SweepError as err:
         raise SweepError(f"{path}: {err}") from None
     try:
-        with open(path, "rb") as stream:
-            data: dict[str, Any] = parser.load(stream)
-    except FileNotFoundError:
-        raise SweepError(f"{path}: no such sweep file") from None
-    except OSError as err:
-        raise SweepError(f"{path}: cannot read: {err.strerror or err}") from None
+        text = read_input_text(path, what="a sweep file")
+    except TraceError as err:
+        problem = "no such sweep file" if err.problem == "no such file" else err.problem
+        raise SweepError(f"{path}: {problem}") from None
+    try:
+        data: dict[str, Any] = parser.loads(text)
     except parser.TOMLDecodeError as err:
         raise SweepError(f"{path}: not valid TOML: {err}") from None
+    except RecursionError:
+        raise SweepError(f"{path}: not valid TOML: nested too deeply") from None
     return data
 
 
@@ -351,7 +354,11 @@ def _trace_sources(entry: str, base: Path) -> list[TraceSource]:
             raise SweepError(f"{entry!r} matches no trace file (looked in {base.resolve()}; "
                              f"extensions: {', '.join(extensions)})")
     else:
-        if not (Path(pattern) if absolute else base / pattern).is_file():
+        target = Path(pattern) if absolute else base / pattern
+        if not target.is_file():
+            if target.exists() and not target.is_dir():  # a FIFO, a device: never opened
+                problem = regular_file_problem(target.stat().st_mode)
+                raise SweepError(f"{entry!r}: {problem}")
             raise SweepError(f"{entry!r}: no such file (looked in {base.resolve()})")
         matches = [pattern]
     sources = []

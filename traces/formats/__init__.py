@@ -27,13 +27,11 @@ wrong.
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import secrets
-import zlib
 from pathlib import Path
 
-from allocsim.traces.formats.limits import MAX_INPUT_ENV, max_input_bytes, too_large
+from allocsim.traces.formats.limits import MAX_INPUT_ENV, max_input_bytes, read_input
 from allocsim.traces.formats.registry import (
     FOLDER_FORMATS,
     FORMATS,
@@ -59,7 +57,6 @@ __all__ = [
     "supported_extensions",
 ]
 
-_GZIP_MAGIC = b"\x1f\x8b"
 _HEAD_BYTES = 8192
 _GZIP_LEVEL = 6  # level 9 is several times slower for a few percent smaller files
 
@@ -105,28 +102,8 @@ def format_for(path: str | os.PathLike[str], head: bytes) -> str:
 
 
 def _read_bytes(path: Path, source: str) -> bytes:
-    limit = max_input_bytes()
-    try:
-        if path.stat().st_size > limit:
-            raise too_large(limit, source, "the file holds")
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise TraceError("no such file", source=source) from None
-    except IsADirectoryError:
-        raise TraceError("is a directory, not a trace file", source=source) from None
-    except OSError as err:
-        raise TraceError(f"cannot read: {err.strerror or err}", source=source) from None
-    if raw.startswith(_GZIP_MAGIC):
-        try:
-            # Read at most limit + 1 bytes: a compression bomb stops here, not in memory.
-            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
-                data = stream.read(limit + 1)
-        except (OSError, EOFError, zlib.error) as err:
-            raise TraceError(f"corrupt gzip data: {err}", source=source) from None
-        if len(data) > limit:
-            raise too_large(limit, source, "it decompresses to")
-        return data
-    return raw
+    """The file's bytes, un-gzipped, through the one guard every reader uses."""
+    return read_input(path, source=source, gunzip=True)
 
 
 def _check_options(name: str, accepted: tuple[str, ...], given: dict[str, object],
