@@ -78,3 +78,93 @@ def test_a_compression_bomb_is_refused_before_it_fills_memory(tmp_path: Path, ca
     big.write_bytes(b"time_ns,op,id,size\n" + row * 100_000)
     assert main(["info", str(big)]) == 2
     assert "the file holds more than" in capsys.readouterr().err
+
+
+# -- .npz archives: judged by their zip entries and .npy headers before reading ---------------
+
+def npz_of(path: Path, members: dict[str, bytes], compress: bool = False) -> Path:
+    import zipfile
+    mode = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    with zipfile.ZipFile(path, "w", mode) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+def npy(array) -> bytes:
+    import io
+
+    import numpy as np
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, np.asarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def good_members(n: int = 2) -> dict[str, bytes]:
+    import numpy as np
+    return {"time_ns.npy": npy(np.arange(n)), "op.npy": npy(np.array([0, 1][:n], np.int8)),
+            "id.npy": npy(np.zeros(n, np.int64)), "size.npy": npy(np.full(n, 64))}
+
+
+def one_error_line(capsys, path: Path) -> str:
+    assert main(["info", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"allocsim: error: {path}: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    return err.strip()
+
+
+def test_an_npz_header_claiming_a_huge_shape_is_refused_before_reading(tmp_path, capsys):
+    import numpy as np
+    members = good_members()
+    # A .npy header claiming 10^15 int64 elements, followed by 16 bytes of data.
+    head = npy(np.zeros(2, np.int64))
+    members["time_ns.npy"] = head.replace(b"(2,)", b"(1000000000000000,)")
+    err = one_error_line(capsys, npz_of(tmp_path / "huge-shape.npz", members))
+    assert "array 'time_ns': its header claims shape (1000000000000000,)" in err
+
+
+def test_an_npz_member_larger_than_the_input_limit_is_refused_by_its_zip_entry(
+        tmp_path, capsys, monkeypatch):
+    import numpy as np
+    monkeypatch.setenv("ALLOCSIM_MAX_INPUT_BYTES", str(4 << 20))
+    members = good_members()
+    members["size.npy"] = npy(np.zeros(1 << 20, np.int64))  # 8 MiB, deflated to ~8 KiB
+    path = npz_of(tmp_path / "big-member.npz", members, compress=True)
+    assert path.stat().st_size < 1 << 20
+    err = one_error_line(capsys, path)
+    assert "its arrays hold more than 4,194,304 bytes, the input limit" in err
+
+
+def test_a_deflated_npz_member_with_a_bomb_ratio_is_refused(tmp_path, capsys):
+    import numpy as np
+    members = good_members()
+    members["size.npy"] = npy(np.zeros(4 << 20, np.int64))  # 32 MiB of zeros
+    err = one_error_line(capsys, npz_of(tmp_path / "bomb.npz", members, compress=True))
+    assert "array 'size' decompresses more than 200 times over" in err
+
+
+@pytest.mark.parametrize("case", ["format-array", "pickle-member", "object-dtype",
+                                  "tag-past-table", "tag-below-none"])
+def test_a_malformed_npz_is_one_line(tmp_path, capsys, case):
+    import pickle
+
+    import numpy as np
+    members = good_members()
+    if case == "format-array":
+        members["format.npy"] = npy(np.array([1, 2]))
+        expected = "array 'format' should hold one string"
+    elif case == "pickle-member":
+        members["time_ns.npy"] = pickle.dumps([1, 2])
+        expected = "array 'time_ns' is not a .npy array"
+    elif case == "object-dtype":
+        head = npy(np.zeros(2, np.int64)).replace(b"'<i8'", b"'|O' ")
+        members["id.npy"] = head
+        expected = "array 'id' holds Python objects (a pickle)"
+    else:
+        members["tag.npy"] = npy(np.array([0, 5 if case == "tag-past-table" else -2], np.int32))
+        members["tags.npy"] = npy(np.array(json.dumps(["only"])))
+        expected = (f"event 1: tag index {5 if case == 'tag-past-table' else -2} is not in "
+                    "the file's 1 tags")
+    err = one_error_line(capsys, npz_of(tmp_path / f"{case}.npz", members))
+    assert expected in err
