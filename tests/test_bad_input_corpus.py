@@ -43,6 +43,22 @@ CORPUS = {
     # nesting
     "nested.json": ('{"traceEvents":' + "[" * 100_000 + "]" * 100_000 + "}",
                     "nested too deeply"),
+    # a field past the csv module's limit (_csv.Error), rows no trace has
+    "field-5MB.csv": ('time_ns,op,id,size\n0,alloc,1,"' + "6" * 5_000_000 + '"\n',
+                      "line 2: longer than 131,072 bytes"),
+    "field-5MB.rmm.csv": (RMM_HEAD + '1,0.1,allocate,0x10,"' + "6" * 5_000_000 + '",0x0\n',
+                          "line 2: longer than 131,072 bytes"),
+    "quoted-lines.csv": ('time_ns,op,id,size\n0,alloc,1,"' + ("6" * 1000 + "\n") * 200
+                         + '"\n', "unreadable CSV: field larger than field limit (131072)"),
+    "line-200KB.jsonl": (json.dumps({"time_ns": 0, "op": "alloc", "id": 1, "size": 64,
+                                     "tag": "x" * 200_000}) + "\n",
+                         "line 1: longer than 131,072 characters"),
+    # text that cannot be printed: a lone surrogate
+    "surrogate-tag.jsonl": ('{"time_ns": 0, "op": "alloc", "id": 1, "size": 64, '
+                            '"tag": "\\ud800"}\n', "tag '\\ud800' is not text"),
+    "surrogate-name.jsonl": ('{"allocsim-metadata": {"name": "\\udfff"}}\n'
+                             '{"time_ns": 0, "op": "alloc", "id": 1, "size": 64}\n',
+                             "metadata is not text"),
 }
 
 
@@ -168,3 +184,41 @@ def test_a_malformed_npz_is_one_line(tmp_path, capsys, case):
                     "the file's 1 tags")
     err = one_error_line(capsys, npz_of(tmp_path / f"{case}.npz", members))
     assert expected in err
+
+
+
+def test_distinct_tags_past_the_text_budget_are_refused(tmp_path, capsys):
+    # 700 rows, each with its own 100 KB tag: 70 MB of call sites, which no trace has.
+    rows = "".join(f"{i},alloc,{i},64,{i:06d}{'t' * 100_000}\n" for i in range(700))
+    path = tmp_path / "long-tags.csv"
+    path.write_text("time_ns,op,id,size,tag\n" + rows)
+    err = one_error_line(capsys, path)
+    assert "the distinct tags hold more than 67,108,864 characters" in err
+
+
+def test_a_profiler_op_with_a_nan_duration_costs_only_its_tag(tmp_path, capsys):
+    op = {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 1, "ts": 1.0,
+          "dur": 1.0}
+    path = tmp_path / "nan-dur.json"
+    path.write_text(chrome(op, memory_event()).replace('"dur": 1.0', '"dur": NaN'))
+    assert main(["info", str(path)]) == 0, capsys.readouterr().err
+
+
+DEEP_JSON = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("command", ["check", "device-profile", "report", "sweep-toml"])
+def test_deep_nesting_in_every_json_and_toml_input_is_one_line(tmp_path, capsys, command):
+    trace = tmp_path / "t.csv"
+    trace.write_text("time_ns,op,id,size\n0,alloc,1,64\n")
+    deep = tmp_path / ("deep.toml" if command == "sweep-toml" else "deep.json")
+    deep.write_text("a = " + "[" * 5_000 + "]" * 5_000 + "\n" if command == "sweep-toml"
+                    else DEEP_JSON)
+    argv = {"check": ["check", str(deep)],
+            "device-profile": ["compare", str(trace), "--device-profile", str(deep)],
+            "report": ["report", str(deep), "-o", str(tmp_path / "r.html")],
+            "sweep-toml": ["sweep", str(deep), "--no-progress"]}[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"allocsim: error: {deep}: ") and err.count("\n") == 1, err
+    assert "nested too deeply" in err

@@ -27,6 +27,7 @@ wrong.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import secrets
 from pathlib import Path
@@ -156,9 +157,36 @@ def load_with_report(path: str | os.PathLike[str], *, strict: bool | None = None
         except RecursionError:
             raise TraceError("is nested too deeply to read", source=source) from None
         recorded = fmt.recorded
+    _check_text(trace, source)
     if strict is None:
         strict = not recorded
     return validate_recording(trace, strict=strict, source=source)
+
+
+def _check_text(trace: Trace, source: str) -> None:
+    """Tags and metadata are text that can be printed and written: a lone surrogate (JSON's
+    ``"\\ud800"``) is refused here, as one line, rather than where it is first printed."""
+    try:
+        "\n".join(trace.tags).encode("utf-8")
+    except UnicodeEncodeError:
+        index = next(i for i, tag in enumerate(trace.tags) if not _is_text(tag))
+        raise TraceError(f"tag {trace.tags[index]!r} is not text (it holds a lone UTF-16 "
+                         "surrogate)", source=source) from None
+    try:
+        json.dumps(trace.metadata, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError:
+        raise TraceError("the trace's metadata is not text (it holds a lone UTF-16 "
+                         "surrogate)", source=source) from None
+    except (TypeError, ValueError, RecursionError):
+        pass  # not JSON-shaped: whoever writes it judges it
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def load(path: str | os.PathLike[str], *, strict: bool | None = None, **options: object) -> Trace:

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from allocsim.traces.formats.native import file_metadata
+from allocsim.traces.formats.native_common import check_line_lengths
 from allocsim.traces.formats.registry import register_format
 from allocsim.traces.formats.torch_profiler import AddressMatcher, build_trace
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError, int64_problem
@@ -107,10 +108,15 @@ def read_rmm_csv(data: bytes, source: str, name: str) -> Trace:
     except UnicodeDecodeError as err:
         raise TraceError(f"not UTF-8 text (bad byte at offset {err.start})",
                          source=source) from None
+    check_line_lengths(data, source, 0)
     reader = csv.reader(io.StringIO(text, newline=""))
-    header, header_line = _read_header(reader, source)
-    columns = {field: header.index(field) for field in HEADER}
-    return _Rows(source, name, columns).read(reader, header_line)
+    try:
+        header, header_line = _read_header(reader, source)
+        columns = {field: header.index(field) for field in HEADER}
+        return _Rows(source, name, columns).read(reader, header_line)
+    except csv.Error as err:  # a field over the csv module's limit, a stray quote
+        raise TraceError(f"line {reader.line_num}: unreadable CSV: {err}",
+                         source=source) from None
 
 
 def _read_header(reader: Any, source: str) -> tuple[tuple[str, ...], int]:
