@@ -119,27 +119,17 @@ def test_from_dict_raises_user_input_error_not_type_error() -> None:
         DeviceProfile.from_dict({"name": "x", "capacity": "80GB"})
 
 
-def test_min_capacity_json_of_a_trace_with_no_allocations_answers_one_step(
-        capsys, tmp_path: Path) -> None:
-    # Any device runs it: the answer is the smallest capacity searched (one resolution step),
-    # the lower bound 0, no headroom ratio (nothing is live to have headroom over).
+@pytest.mark.parametrize("body", ["", "0,alloc,1,0\n0,free,1,0\n"])
+@pytest.mark.parametrize("output", [[], ["--json"]])
+def test_min_capacity_of_a_trace_that_never_holds_a_byte_is_an_error(
+        capsys, tmp_path: Path, body: str, output: list[str]) -> None:
+    # Every capacity fits it: the old answer (one resolution step, exit 0) said nothing.
     empty = tmp_path / "empty.csv"
-    empty.write_text("time_ns,op,id,size\n")
-    code, out, err = run(capsys, "min-capacity", str(empty), "--json", "--resolution", "4MiB",
+    empty.write_text("time_ns,op,id,size\n" + body)
+    code, out, err = run(capsys, "min-capacity", str(empty), *output, "--resolution", "4MiB",
                          "--policies", "bfc", "cupy", "offline")
-    assert code == 0, err
-    for answer in json.loads(out)["answers"]:
-        assert answer["min_capacity"] == 4 << 20
-        assert answer["lower_bound"] == 0
-        assert answer["headroom_ratio"] is None
-
-
-def test_min_capacity_table_of_a_trace_with_no_allocations(capsys, tmp_path: Path) -> None:
-    empty = tmp_path / "empty.csv"
-    empty.write_text("time_ns,op,id,size\n")
-    code, out, err = run(capsys, "min-capacity", str(empty), "--policies", "bfc")
-    assert code == 0, err
-    assert "1.00MiB" in out
+    assert_one_error_line(code, err, str(empty), "there is no minimum capacity to find")
+    assert out == ""
 
 
 def test_cupy_refuses_a_request_of_2_63_bytes_as_an_oom(capsys, tmp_path: Path) -> None:

@@ -212,6 +212,9 @@ def resolve_device(name: str | None = None, capacity: str | int | None = None,
         except UserInputError as err:
             raise UserInputError(f"{profile_file}: not a device profile: {err}") from None
     else:
+        if name is not None and not name.strip():
+            raise UserInputError(f"--device: an empty name; known devices: "
+                                 f"{', '.join(PROFILES)}")
         key = (name or DEFAULT_PROFILE).lower()
         if key not in PROFILES:
             raise UserInputError(f"unknown device {name!r}; known devices: "

@@ -111,6 +111,8 @@ def generate(kind: str, *, seed: int = 0, **params: Any) -> Trace:
     _check_names(info, params)
     values = {name: _convert(info, name, value) if isinstance(value, str) else value
               for name, value in params.items()}
+    if int(seed) < 0:  # numpy's generators take seeds >= 0
+        raise UserInputError(f"{kind}: the seed must be a whole number >= 0, got {seed}")
     return info.function(seed=int(seed), **values)
 
 

@@ -309,6 +309,18 @@ def steps_for_events(events: int, fixed_events: int, per_step: int) -> int:
     return max(1, round((events - fixed_events) / per_step))
 
 
+# The most events a generator makes: ten times the documented range (1e3-1e7), ~6 GB while
+# the columns are built. More is refused before anything is drawn, as one line.
+MAX_EVENTS = 100_000_000
+
+
+def within_event_limit(events: float, what: str) -> None:
+    """Refuse a trace of ``events`` events (as ``what`` asks for) above :data:`MAX_EVENTS`."""
+    if events > MAX_EVENTS:
+        raise UserInputError(f"{what} asks for about {events:.3g} events; a generated trace "
+                             f"holds at most {MAX_EVENTS:,}")
+
+
 def positive(**values: float) -> None:
     """Raise one ValueError naming the first parameter that is not > 0."""
     for name, value in values.items():

@@ -25,7 +25,13 @@ import numpy as np
 
 from allocsim.errors import UserInputError
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
-from allocsim.traces.synth._common import TagTable, assemble, choice, positive
+from allocsim.traces.synth._common import (
+    TagTable,
+    assemble,
+    choice,
+    positive,
+    within_event_limit,
+)
 
 SIZE_DISTRIBUTIONS = ("lognormal", "uniform", "powers")
 MEAN_ALLOC_GAP_NS = 20_000.0  # one allocation every 20 us on average
@@ -55,6 +61,8 @@ def random_workload(*, events: int = 20_000, live: int = 1000, mean_lifetime: fl
     """A random-workload trace of exactly ``events`` events; see the module docstring."""
     positive(events=events, live=live, min_size=min_size, max_size=max_size, align=align,
              streams=streams)
+    within_event_limit(events, f"events={events}")
+    within_event_limit(live, f"live={live}")  # every live buffer is an event
     choice("size_dist", size_dist, SIZE_DISTRIBUTIONS)
     if min_size > max_size:
         raise UserInputError(f"min_size ({min_size}) must be <= max_size ({max_size})")
