@@ -168,3 +168,52 @@ def test_a_negative_capacity_is_one_line_on_every_command_with_the_option(capsys
     rest = [str(tmp_path / r) if r.endswith((".json", ".pickle")) else r for r in rest]
     line = refused(capsys, tmp_path, name, trace, *rest, "--capacity", "-5GiB")
     assert line.startswith("allocsim: error: --capacity: "), line
+
+
+# -- 4. argparse's own refusals are one line too ---------------------------------------------
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["info", "{trace}", "--top", "abc"], "argument --top: invalid int value: 'abc'"),
+    (["sweep", "x.toml", "--workers", "abc"], "argument --workers: invalid int value"),
+    (["compare", "{trace}", "--max-slowdown", "abc"], "argument --max-slowdown: invalid float"),
+    (["validate", "{trace}", "--policy", "bfc", "--backend", "nosuch"],
+     "argument --backend: invalid choice: 'nosuch'"),
+    (["nosuch"], "argument command: invalid choice: 'nosuch'"),
+    (["info"], "the following arguments are required: trace"),
+])
+def test_an_argparse_type_or_choice_error_is_one_line(capsys, tmp_path, trace, argv, needle):
+    line = refused(capsys, tmp_path, *[a.format(trace=trace) for a in argv])
+    assert needle in line and line.endswith("--help)"), line
+
+
+def test_help_still_prints_the_usage(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: allocsim compare") and "--max-slowdown" in out
+
+
+# -- 5. values that were silently taken --------------------------------------------------------
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["info", "{trace}", "--top", "-1"], "--top: the number of tags to list must be >= 0"),
+    (["compare", "{trace}", "--device", ""], "--device: an empty name; known devices: "),
+    (["compare", "{trace}", "--policies", "bfc:fraction=0.5,fraction=0.9"],
+     "policy 'bfc': parameter 'fraction' is given twice"),
+    (["compare", "{trace}", "--policies", "jax:fraction=0.5,fraction=0.6"],
+     "policy 'jax': parameter 'fraction' is given twice"),
+    (["compare", "{trace}", "--policies", "best-fit:alignment=0"],
+     "alignment must be a positive number of bytes, got 0"),
+    (["export-snapshot", "{trace}", "--policy", "bfc", "-o", "{tmp}/e.txt"],
+     "e.txt: a snapshot is a pickle: name it .pickle (or .pkl)"),
+    (["gen", "training", "events=1e12", "-o", "{tmp}/x.csv"], "a generated trace holds at most"),
+    (["gen", "kvcache", "events=1e12", "-o", "{tmp}/x.csv"], "a generated trace holds at most"),
+    (["gen", "transformer", "steps=1e9", "-o", "{tmp}/x.csv"], "steps=1000000000 asks for"),
+    (["gen", "random", "events=1e12", "-o", "{tmp}/x.csv"], "a generated trace holds at most"),
+    (["gen", "random", "--seed", "-1", "-o", "{tmp}/x.csv"], "the seed must be a whole number"),
+])
+def test_a_value_that_was_taken_silently_or_crashed_is_one_line(capsys, tmp_path, trace, argv,
+                                                                 needle):
+    line = refused(capsys, tmp_path, *[a.format(trace=trace, tmp=tmp_path) for a in argv])
+    assert needle in line, line
