@@ -65,6 +65,15 @@ BAD_PROFILES = {
     "costs not an object": ({**GOOD, "costs": [1, 2]}, "costs"),
     "huge integer cost": ({**GOOD, "costs": {"map_base_s": 10**400}}, "costs.map_base_s"),
     "not an object": ([1, 2, 3], "JSON object"),
+    # out of any device's range: every policy OOMed at 0 B, or the figures were nonsense
+    "granularity 2^40": ({"name": "x", "capacity": 1 << 50, "granularity": 1 << 40},
+                         "'granularity' must be at most 1.00GiB"),
+    "map granularity 2^40": ({"name": "x", "capacity": 1 << 50, "map_granularity": 1 << 40},
+                             "'map_granularity' must be at most 1.00GiB"),
+    "granularity above the capacity": ({"name": "x", "capacity": 1 << 20,
+                                        "granularity": 1 << 21}, "larger than the capacity"),
+    "capacity 2^62": ({"name": "x", "capacity": 1 << 62}, "'capacity' must be at most"),
+    "a call of a day": ({**GOOD, "costs": {"malloc_base_s": 86400}}, "from 0 to 3600"),
 }
 
 

@@ -31,6 +31,14 @@ ADDRESS_BASE = 0x7F00_0000_0000   # where CUDA's unified address space usually s
 RANGE_ALIGN = 2 * MiB              # cudaMalloc'd ranges come back 2 MiB aligned on current GPUs
 
 
+# The ranges a device profile's fields are held to (sim/output/schemas/device-profile.schema.json
+# states them): no GPU has an exabyte or a mapping granularity over 1 GiB (current ones: 512 B
+# and 2 MiB), and no device call takes an hour. Out of them, every result would be nonsense.
+MAX_PROFILE_CAPACITY = 1 << 60
+MAX_GRANULARITY = 1 << 30
+MAX_CALL_SECONDS = 3600.0
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Seconds a device call takes, linear in size: base + per_gib × GiB.
@@ -118,6 +126,15 @@ class DeviceProfile:
                                          f"got {_json_type(value)} {value!r}")
                 if value < 1:
                     raise UserInputError(f"field {key!r} must be at least 1 byte, got {value}")
+                most = MAX_PROFILE_CAPACITY if key == "capacity" else MAX_GRANULARITY
+                if value > most:
+                    raise UserInputError(f"field {key!r} must be at most {format_size(most)} "
+                                         f"({most:,} bytes), got {value:,}")
+        for key in ("granularity", "map_granularity"):
+            if values.get(key, 1) > values["capacity"]:
+                # Every device call would be refused: each policy would OOM at 0 B.
+                raise UserInputError(f"field {key!r} ({values[key]:,} bytes) is larger than "
+                                     f"the capacity ({values['capacity']:,} bytes)")
         costs = values.get("costs", {})
         if not isinstance(costs, dict):
             raise UserInputError(f"field 'costs' must be an object, got {_json_type(costs)}")
@@ -140,9 +157,9 @@ class DeviceProfile:
                 seconds = float(value)
             except OverflowError:
                 seconds = math.inf
-            if not math.isfinite(seconds) or seconds < 0:
-                raise UserInputError(f"field 'costs.{key}' must be a finite number >= 0, "
-                                     f"got {value!r}")
+            if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_CALL_SECONDS:
+                raise UserInputError(f"field 'costs.{key}' must be a number of seconds from 0 "
+                                     f"to {MAX_CALL_SECONDS:g}, got {value!r}")
             checked[key] = seconds
         values["costs"] = CostModel(**checked)  # type: ignore[arg-type]
         return cls(**values)
