@@ -40,6 +40,18 @@ CORPUS = {
                                   "mem_size": 512, "mem_ptr": 4096, "pmem_id": "0x1"}) + "\n",
                       "does not fit in 64 bits"),
     "size-2^64.rep": (f"20000\n1\n1\n1\na 0 {2**64}\n", "does not fit in 64 bits"),
+    "pointer-negative.rmm.csv": (RMM_HEAD + "1,0.1,allocate,-0x10,64,0x0\n"
+                                 "1,0.2,free,-0x10,64,0x0\n", "Pointer '-0x10' is not a hex"),
+    "pointer-underscore.rmm.csv": (RMM_HEAD + "1,0.1,allocate,0x_10,64,0x0\n",
+                                   "Pointer '0x_10' is not a hex"),
+    "size-2^63-1.log": (json.dumps({"hook": "malloc", "device_id": 0, "size": 2**63 - 1,
+                                    "mem_size": 2**63 - 1, "mem_ptr": 4096,
+                                    "pmem_id": "0x1"}) + "\n",
+                        "rounds up to CuPy's 512-byte unit past 64 bits"),
+    "mem-size-below-size.log": (json.dumps({"hook": "malloc", "device_id": 0, "size": 1024,
+                                            "mem_size": 512, "mem_ptr": 4096,
+                                            "pmem_id": "0x1"}) + "\n",
+                                "mem_size 512 is smaller than the size 1024"),
     # nesting
     "nested.json": ('{"traceEvents":' + "[" * 100_000 + "]" * 100_000 + "}",
                     "nested too deeply"),
@@ -222,3 +234,21 @@ def test_deep_nesting_in_every_json_and_toml_input_is_one_line(tmp_path, capsys,
     err = capsys.readouterr().err
     assert err.startswith(f"allocsim: error: {deep}: ") and err.count("\n") == 1, err
     assert "nested too deeply" in err
+
+
+
+def test_strict_refuses_a_cupy_free_of_another_size_and_lenient_counts_it(tmp_path, capsys):
+    hooks = [{"hook": "malloc", "device_id": 0, "size": 100, "mem_size": 512, "mem_ptr": 4096,
+              "pmem_id": "0x1"},
+             {"hook": "free", "device_id": 0, "mem_size": 1024, "mem_ptr": 4096,
+              "pmem_id": "0x1"}]
+    path = tmp_path / "free-size.log"
+    path.write_text("".join(json.dumps(h) + "\n" for h in hooks))
+    assert main(["info", str(path), "--strict"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"allocsim: error: {path}: event 1: free of mem_size 1024 for a buffer "
+                   "malloc'ed with mem_size 512 (1 such; without --strict the malloc's size "
+                   "is kept)\n")
+    assert main(["info", str(path), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["validation"]["repairs"] == {"free_size_mismatches_kept": 1}

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from typing import Any
 
 import numpy as np
@@ -259,12 +260,15 @@ def _handle(text: str) -> int | str:
         return text
 
 
+# What RMM writes for a pointer (``0x7f...``, or bare hex digits): int(text, 16) alone would
+# also take a sign and underscores ("-0x10", "0x_10"), which no address has.
+_HEX_ADDRESS = re.compile(r"\s*(?:0[xX])?[0-9a-fA-F]+\s*")
+
+
 def _hex(text: str) -> int:
-    try:
-        address = int(text, 16)  # int() accepts an optional 0x prefix with base 16
-    except ValueError:
-        raise ValueError(f"Pointer {text!r} is not a hex address") from None
-    return _fits(address, "Pointer")
+    if not _HEX_ADDRESS.fullmatch(text):
+        raise ValueError(f"Pointer {text!r} is not a hex address")
+    return _fits(int(text, 16), "Pointer")
 
 
 register_format(FORMAT_NAME, (".rmm.csv", ".rmm.csv.gz"), read_rmm_csv, detect=detect_rmm_csv,
