@@ -217,3 +217,33 @@ def test_a_value_that_was_taken_silently_or_crashed_is_one_line(capsys, tmp_path
                                                                  needle):
     line = refused(capsys, tmp_path, *[a.format(trace=trace, tmp=tmp_path) for a in argv])
     assert needle in line, line
+
+
+# -- 6. a sweep's grid: its size and every cell's values are checked before anything runs -----
+
+@pytest.mark.parametrize(("grid", "needle"), [
+    # 1,000 x 1,000 x 1,000: every range under the per-range limit, the product a billion
+    ('traces = ["synth:random?events=300&seed=[1..1000]"]\n'
+     'policies = ["pytorch:max_split_size_mb=[20..1019]"]\n'
+     'capacities = ["[1..1000]MiB"]',
+     "grid: 1,000,000,000 cells (1,000 traces x 1,000 policies x 1 devices x 1,000 capacities)"),
+    ('traces = ["synth:random?events=300"]\npolicies = ["bfc:fraction=2"]',
+     "grid.policies: policy 'bfc:fraction=2.0': fraction must be in (0, 1], got 2.0"),
+    ('traces = ["synth:random?events=300"]\npolicies = ["bfc", "bfc:fraction=nan"]',
+     "grid.policies: policy 'bfc:fraction=nan': fraction must be in (0, 1], got nan"),
+    ('traces = ["synth:random?events=300"]\npolicies = ["best-fit:page=[2MiB,3MiB]"]',
+     "page must be a multiple of the device's mapping granularity"),
+    ('traces = ["synth:random?events=300", "synth:training?events=-5"]\npolicies = ["bfc"]',
+     "grid.traces: events must be > 0, got -5"),
+    ('traces = ["synth:kvcache?events=1e12"]\npolicies = ["bfc"]',
+     "a generated trace holds at most 100,000,000"),
+    ('traces = ["synth:random?events=300&seed=-1"]\npolicies = ["bfc"]',
+     "the seed must be a whole number >= 0"),
+], ids=["billion-cells", "fraction-2", "fraction-nan", "page-3MiB", "events-negative",
+        "events-1e12", "seed-negative"])
+def test_a_sweep_is_refused_whole_before_any_cell_runs(capsys, tmp_path, grid, needle):
+    path = tmp_path / "s.toml"
+    path.write_text(f'output = "out.jsonl"\n[grid]\n{grid}\n')
+    line = refused(capsys, tmp_path, "sweep", path, "--no-progress", "--workers", "1")
+    assert line.startswith(f"allocsim: error: {path}: ") and needle in line, line
+    assert not (tmp_path / "out.jsonl").exists()

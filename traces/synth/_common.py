@@ -13,6 +13,7 @@ public face.
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import types
 import typing
@@ -312,6 +313,22 @@ def steps_for_events(events: int, fixed_events: int, per_step: int) -> int:
 # The most events a generator makes: ten times the documented range (1e3-1e7), ~6 GB while
 # the columns are built. More is refused before anything is drawn, as one line.
 MAX_EVENTS = 100_000_000
+
+
+class ParamsChecked(Exception):
+    """Raised by :func:`checks_done` in a generator run by :func:`allocsim.traces.synth.check`:
+    every parameter passed the generator's checks, and nothing was generated."""
+
+
+_CHECKING: contextvars.ContextVar[bool] = contextvars.ContextVar("allocsim_synth_checking",
+                                                                 default=False)
+
+
+def checks_done() -> None:
+    """Called by each generator once its parameters are checked, before the work: under
+    :func:`allocsim.traces.synth.check` (a sweep validating its cells up front) it stops there."""
+    if _CHECKING.get():
+        raise ParamsChecked
 
 
 def within_event_limit(events: float, what: str) -> None:

@@ -28,6 +28,7 @@ from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 from allocsim.traces.synth._common import (
     TagTable,
     assemble,
+    checks_done,
     choice,
     positive,
     within_event_limit,
@@ -73,6 +74,7 @@ def random_workload(*, events: int = 20_000, live: int = 1000, mean_lifetime: fl
         raise UserInputError(f"mean_lifetime {mean_lifetime} events implies about "
                          f"{mean_lifetime / 2:g} live buffers, more than live={live}; "
                          f"use mean_lifetime <= 2 * live")
+    checks_done()
     params = {"events": events, "live": live, "mean_lifetime": float(mean_lifetime),
               "size_dist": size_dist, "min_size": min_size, "max_size": max_size, "align": align,
               "streams": streams, "seed": seed}

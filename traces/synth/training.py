@@ -114,6 +114,7 @@ from allocsim.traces.synth._common import (
     assemble,
     check_optimizer_mode,
     check_pattern,
+    checks_done,
     choice,
     functional_update,
     inherit_persistent,
@@ -208,6 +209,7 @@ def training(*, layers: int = 12, hidden: int = 1024, batch: int = 512, classes:
         steps = steps_for_events(events, prologue.n_events, per_step)
         params["steps"] = steps
     within_event_limit(prologue.n_events + steps * step.n_events, f"steps={steps}")
+    checks_done()
 
     rng = np.random.default_rng(seed)
     if pattern == "jax":

@@ -70,6 +70,7 @@ from allocsim.traces.synth._common import (
     assemble,
     check_optimizer_mode,
     check_pattern,
+    checks_done,
     choice,
     functional_update,
     inherit_persistent,
@@ -167,6 +168,7 @@ def transformer(*, layers: int = 6, d_model: int = 512, heads: int = 8, vocab: i
         steps = steps_for_events(events, prologue.n_events, per_step)
         params["steps"] = steps
     within_event_limit(prologue.n_events + steps * step.n_events, f"steps={steps}")
+    checks_done()
 
     rng = np.random.default_rng(seed)
     drawn = sequence_lengths(rng, steps, min_seq, max_seq, seq_dist, bucket)
