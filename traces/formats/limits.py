@@ -10,10 +10,10 @@ decompressor that stops a bomb by its ratio long before the limit. Every problem
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 import zlib
-from pathlib import Path
 
 from allocsim.traces.model import TraceError
 
@@ -95,19 +95,20 @@ def read_input(path: str | os.PathLike[str], *, source: str | None = None,
 
 
 def _read_bounded(stream: object, limit: int, where: str) -> bytes:
-    """Read to the end, but never more than ``limit`` bytes (``st_size`` is a hint only)."""
+    """Read to the end, but never more than ``limit`` bytes (``st_size`` is a hint only); into
+    one growing buffer, handed over without a copy."""
     read = stream.read  # type: ignore[attr-defined]
-    parts: list[bytes] = []
+    output = io.BytesIO()
     total = 0
     while True:
         chunk = read(min(_CHUNK << 4, limit + 1 - total))
         if not chunk:
             break
-        parts.append(chunk)
+        output.write(chunk)
         total += len(chunk)
         if total > limit:
             raise too_large(limit, where, "the file holds")
-    return b"".join(parts)
+    return output.getvalue()
 
 
 def read_input_text(path: str | os.PathLike[str], *, source: str | None = None,
@@ -126,7 +127,9 @@ def decompress_gzip(raw: bytes, source: str, limit: int | None = None) -> bytes:
     output passes ``limit`` or, past the first 16 MiB, :data:`MAX_GZIP_RATIO` times the input
     consumed so far — a bomb stops within megabytes, whatever it would expand to."""
     limit = max_input_bytes() if limit is None else limit
-    parts: list[bytes] = []
+    # BytesIO, not a list joined at the end: getvalue() hands over its buffer without a copy,
+    # so the peak is the output once, not twice.
+    output = io.BytesIO()
     total = 0
     position = 0
     view = memoryview(raw)
@@ -140,7 +143,7 @@ def decompress_gzip(raw: bytes, source: str, limit: int | None = None) -> bytes:
             inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
             offset = position  # the next input byte not yet given to the inflater
             while not inflater.eof:
-                data_in = inflater.unconsumed_tail
+                data_in: bytes | memoryview = inflater.unconsumed_tail
                 if not data_in:
                     if offset >= len(raw):
                         raise TraceError("corrupt gzip data: the file is cut short",
@@ -148,7 +151,7 @@ def decompress_gzip(raw: bytes, source: str, limit: int | None = None) -> bytes:
                     data_in = view[offset:offset + _CHUNK]
                     offset += len(data_in)
                 out = inflater.decompress(data_in, _CHUNK)
-                parts.append(out)
+                output.write(out)
                 total += len(out)
                 if total > limit:
                     raise too_large(limit, source, "it decompresses to")
@@ -161,17 +164,4 @@ def decompress_gzip(raw: bytes, source: str, limit: int | None = None) -> bytes:
             position = offset - len(inflater.unused_data)
     except zlib.error as err:
         raise TraceError(f"corrupt gzip data: {err}", source=source) from None
-    return b"".join(parts)
-
-
-def stat_regular(path: Path, source: str) -> None:
-    """Refuse ``path`` (one line) unless it is a regular file; for readers that open it
-    through another library."""
-    try:
-        problem = regular_file_problem(os.stat(path).st_mode)
-    except FileNotFoundError:
-        raise TraceError("no such file", source=source) from None
-    except OSError as err:
-        raise TraceError(f"cannot read: {err.strerror or err}", source=source) from None
-    if problem:
-        raise TraceError(problem, source=source)
+    return output.getvalue()

@@ -192,7 +192,7 @@ def tag_text_problem() -> str:
             "trace's call sites do")
 
 
-def check_line_lengths(body: bytes, source: str, first_line_no: int) -> None:
+def check_line_lengths(body: bytes | memoryview, source: str, first_line_no: int) -> None:
     """Refuse (one line, naming the line) a ``body`` with a line over :data:`MAX_LINE_BYTES`;
     scanned in blocks, so the check itself holds a few MiB whatever the size."""
     if len(body) <= MAX_LINE_BYTES:

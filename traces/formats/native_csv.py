@@ -146,8 +146,8 @@ def read_csv(data: bytes, source: str, name: str) -> Trace:
         raise TraceError("no header line (expected " + ",".join(CSV_COLUMNS[:-1]) + ")",
                          source=source)
     names = _csv_header(header_line, source, line_no)
+    check_line_lengths(memoryview(data)[pos:], source, line_no)  # before any copy is made
     body = data[pos:]
-    check_line_lengths(body, source, line_no)
 
     try:
         columns = _csv_fast(body, names)
