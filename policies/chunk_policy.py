@@ -54,6 +54,8 @@ class ChunkPolicy(Policy):
 
     def __init__(self, device: DeviceMemory, alignment: int, max_slack: int) -> None:
         super().__init__(device)
+        if alignment <= 0:  # every request is rounded up to a multiple of it
+            raise ValueError(f"alignment must be a positive number of bytes, got {alignment}")
         self.alignment = alignment
         self.max_slack = max_slack
         self.chunks = ChunkMap()

@@ -196,6 +196,8 @@ def parse_policy(spec: str | PolicySpec) -> PolicySpec:
             known = ", ".join(declared) or "none"
             raise PolicySpecError(f"policy {name!r} has no parameter {key!r}; "
                                   f"its parameters: {known}")
+        if key in values:  # which one was meant? Neither is dropped silently.
+            raise PolicySpecError(f"policy {name!r}: parameter {key!r} is given twice")
         values[key] = _coerce(name, key, declared[key], text)
     kept = tuple((k, values[k]) for k in declared
                  if k in values and values[k] != declared[k].default)

@@ -65,6 +65,15 @@ BAD_PROFILES = {
     "costs not an object": ({**GOOD, "costs": [1, 2]}, "costs"),
     "huge integer cost": ({**GOOD, "costs": {"map_base_s": 10**400}}, "costs.map_base_s"),
     "not an object": ([1, 2, 3], "JSON object"),
+    # out of any device's range: every policy OOMed at 0 B, or the figures were nonsense
+    "granularity 2^40": ({"name": "x", "capacity": 1 << 50, "granularity": 1 << 40},
+                         "'granularity' must be at most 1.00GiB"),
+    "map granularity 2^40": ({"name": "x", "capacity": 1 << 50, "map_granularity": 1 << 40},
+                             "'map_granularity' must be at most 1.00GiB"),
+    "granularity above the capacity": ({"name": "x", "capacity": 1 << 20,
+                                        "granularity": 1 << 21}, "larger than the capacity"),
+    "capacity 2^62": ({"name": "x", "capacity": 1 << 62}, "'capacity' must be at most"),
+    "a call of a day": ({**GOOD, "costs": {"malloc_base_s": 86400}}, "from 0 to 3600"),
 }
 
 
@@ -119,27 +128,17 @@ def test_from_dict_raises_user_input_error_not_type_error() -> None:
         DeviceProfile.from_dict({"name": "x", "capacity": "80GB"})
 
 
-def test_min_capacity_json_of_a_trace_with_no_allocations_answers_one_step(
-        capsys, tmp_path: Path) -> None:
-    # Any device runs it: the answer is the smallest capacity searched (one resolution step),
-    # the lower bound 0, no headroom ratio (nothing is live to have headroom over).
+@pytest.mark.parametrize("body", ["", "0,alloc,1,0\n0,free,1,0\n"])
+@pytest.mark.parametrize("output", [[], ["--json"]])
+def test_min_capacity_of_a_trace_that_never_holds_a_byte_is_an_error(
+        capsys, tmp_path: Path, body: str, output: list[str]) -> None:
+    # Every capacity fits it: the old answer (one resolution step, exit 0) said nothing.
     empty = tmp_path / "empty.csv"
-    empty.write_text("time_ns,op,id,size\n")
-    code, out, err = run(capsys, "min-capacity", str(empty), "--json", "--resolution", "4MiB",
+    empty.write_text("time_ns,op,id,size\n" + body)
+    code, out, err = run(capsys, "min-capacity", str(empty), *output, "--resolution", "4MiB",
                          "--policies", "bfc", "cupy", "offline")
-    assert code == 0, err
-    for answer in json.loads(out)["answers"]:
-        assert answer["min_capacity"] == 4 << 20
-        assert answer["lower_bound"] == 0
-        assert answer["headroom_ratio"] is None
-
-
-def test_min_capacity_table_of_a_trace_with_no_allocations(capsys, tmp_path: Path) -> None:
-    empty = tmp_path / "empty.csv"
-    empty.write_text("time_ns,op,id,size\n")
-    code, out, err = run(capsys, "min-capacity", str(empty), "--policies", "bfc")
-    assert code == 0, err
-    assert "1.00MiB" in out
+    assert_one_error_line(code, err, str(empty), "there is no minimum capacity to find")
+    assert out == ""
 
 
 def test_cupy_refuses_a_request_of_2_63_bytes_as_an_oom(capsys, tmp_path: Path) -> None:

@@ -168,3 +168,82 @@ def test_a_negative_capacity_is_one_line_on_every_command_with_the_option(capsys
     rest = [str(tmp_path / r) if r.endswith((".json", ".pickle")) else r for r in rest]
     line = refused(capsys, tmp_path, name, trace, *rest, "--capacity", "-5GiB")
     assert line.startswith("allocsim: error: --capacity: "), line
+
+
+# -- 4. argparse's own refusals are one line too ---------------------------------------------
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["info", "{trace}", "--top", "abc"], "argument --top: invalid int value: 'abc'"),
+    (["sweep", "x.toml", "--workers", "abc"], "argument --workers: invalid int value"),
+    (["compare", "{trace}", "--max-slowdown", "abc"], "argument --max-slowdown: invalid float"),
+    (["validate", "{trace}", "--policy", "bfc", "--backend", "nosuch"],
+     "argument --backend: invalid choice: 'nosuch'"),
+    (["nosuch"], "argument command: invalid choice: 'nosuch'"),
+    (["info"], "the following arguments are required: trace"),
+])
+def test_an_argparse_type_or_choice_error_is_one_line(capsys, tmp_path, trace, argv, needle):
+    line = refused(capsys, tmp_path, *[a.format(trace=trace) for a in argv])
+    assert needle in line and line.endswith("--help)"), line
+
+
+def test_help_still_prints_the_usage(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: allocsim compare") and "--max-slowdown" in out
+
+
+# -- 5. values that were silently taken --------------------------------------------------------
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["info", "{trace}", "--top", "-1"], "--top: the number of tags to list must be >= 0"),
+    (["compare", "{trace}", "--device", ""], "--device: an empty name; known devices: "),
+    (["compare", "{trace}", "--policies", "bfc:fraction=0.5,fraction=0.9"],
+     "policy 'bfc': parameter 'fraction' is given twice"),
+    (["compare", "{trace}", "--policies", "jax:fraction=0.5,fraction=0.6"],
+     "policy 'jax': parameter 'fraction' is given twice"),
+    (["compare", "{trace}", "--policies", "best-fit:alignment=0"],
+     "alignment must be a positive number of bytes, got 0"),
+    (["export-snapshot", "{trace}", "--policy", "bfc", "-o", "{tmp}/e.txt"],
+     "e.txt: a snapshot is a pickle: name it .pickle (or .pkl)"),
+    (["gen", "training", "events=1e12", "-o", "{tmp}/x.csv"], "a generated trace holds at most"),
+    (["gen", "kvcache", "events=1e12", "-o", "{tmp}/x.csv"], "a generated trace holds at most"),
+    (["gen", "transformer", "steps=1e9", "-o", "{tmp}/x.csv"], "steps=1000000000 asks for"),
+    (["gen", "random", "events=1e12", "-o", "{tmp}/x.csv"], "a generated trace holds at most"),
+    (["gen", "random", "--seed", "-1", "-o", "{tmp}/x.csv"], "the seed must be a whole number"),
+])
+def test_a_value_that_was_taken_silently_or_crashed_is_one_line(capsys, tmp_path, trace, argv,
+                                                                 needle):
+    line = refused(capsys, tmp_path, *[a.format(trace=trace, tmp=tmp_path) for a in argv])
+    assert needle in line, line
+
+
+# -- 6. a sweep's grid: its size and every cell's values are checked before anything runs -----
+
+@pytest.mark.parametrize(("grid", "needle"), [
+    # 1,000 x 1,000 x 1,000: every range under the per-range limit, the product a billion
+    ('traces = ["synth:random?events=300&seed=[1..1000]"]\n'
+     'policies = ["pytorch:max_split_size_mb=[20..1019]"]\n'
+     'capacities = ["[1..1000]MiB"]',
+     "grid: 1,000,000,000 cells (1,000 traces x 1,000 policies x 1 devices x 1,000 capacities)"),
+    ('traces = ["synth:random?events=300"]\npolicies = ["bfc:fraction=2"]',
+     "grid.policies: policy 'bfc:fraction=2.0': fraction must be in (0, 1], got 2.0"),
+    ('traces = ["synth:random?events=300"]\npolicies = ["bfc", "bfc:fraction=nan"]',
+     "grid.policies: policy 'bfc:fraction=nan': fraction must be in (0, 1], got nan"),
+    ('traces = ["synth:random?events=300"]\npolicies = ["best-fit:page=[2MiB,3MiB]"]',
+     "page must be a multiple of the device's mapping granularity"),
+    ('traces = ["synth:random?events=300", "synth:training?events=-5"]\npolicies = ["bfc"]',
+     "grid.traces: events must be > 0, got -5"),
+    ('traces = ["synth:kvcache?events=1e12"]\npolicies = ["bfc"]',
+     "a generated trace holds at most 100,000,000"),
+    ('traces = ["synth:random?events=300&seed=-1"]\npolicies = ["bfc"]',
+     "the seed must be a whole number >= 0"),
+], ids=["billion-cells", "fraction-2", "fraction-nan", "page-3MiB", "events-negative",
+        "events-1e12", "seed-negative"])
+def test_a_sweep_is_refused_whole_before_any_cell_runs(capsys, tmp_path, grid, needle):
+    path = tmp_path / "s.toml"
+    path.write_text(f'output = "out.jsonl"\n[grid]\n{grid}\n')
+    line = refused(capsys, tmp_path, "sweep", path, "--no-progress", "--workers", "1")
+    assert line.startswith(f"allocsim: error: {path}: ") and needle in line, line
+    assert not (tmp_path / "out.jsonl").exists()

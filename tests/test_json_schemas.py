@@ -292,7 +292,6 @@ def test_min_capacity_json_and_min_capacity_file_validate(files, tmp_path) -> No
     assert_valid("min-capacity", written)
     for argv in ([DATA / "sample-torch-cpu-mlp.npz", "--policies", "bfc", "offline"],
                  ["default", "--policies", "offline"],
-                 [files["empty.csv"], "--policies", "bfc", "offline"],
                  [files["huge.csv"], "--policies", "bfc", "offline", "--resolution", "1GiB"]):
         assert_valid("min-capacity", cli_json("min-capacity", *argv, "--json"))
     never = cli_json("min-capacity", files["huge.csv"], "--policies", "bfc", "--json")

@@ -58,6 +58,9 @@ class ValidationReport:
     # (opened as buffers live from the start) and allocs at a live address (the old one leaks)
     unknown_address_frees_opened: int = 0
     live_address_allocs_kept: int = 0
+    # importer-side, CuPy logs: a free hook whose mem_size is not its malloc's (the malloc's
+    # size is kept)
+    free_size_mismatches_kept: int = 0
     strict: bool = True
 
     def repairs(self) -> dict[str, int]:
@@ -69,6 +72,7 @@ class ValidationReport:
             "unknown_actions_dropped": self.unknown_actions_dropped,
             "unknown_address_frees_opened": self.unknown_address_frees_opened,
             "live_address_allocs_kept": self.live_address_allocs_kept,
+            "free_size_mismatches_kept": self.free_size_mismatches_kept,
         }
         return {name: count for name, count in counts.items() if count}
 
@@ -187,6 +191,8 @@ IMPORTER_REPAIRS = (
      "the old buffer is kept live as a leak"),
     ("entry_anomalies", "unknown_actions", "unknown_actions_dropped",
      "they are dropped and counted"),
+    ("size_anomalies", "frees_of_another_size", "free_size_mismatches_kept",
+     "the malloc's size is kept"),
 )
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from allocsim.errors import UserInputError
 from allocsim.policies import DEFAULT_POLICIES, format_size, parse_size
 from allocsim.sim.cli.common import (
     add_device_options,
@@ -48,6 +49,12 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace, args)
     policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
     resolution = parse_size(args.resolution)
+    if trace.peak_live()[0] <= 0:
+        # Every capacity "fits" a trace that never holds a byte: an answer would be the search's
+        # first step, a number that says nothing about the trace.
+        what = "no events" if len(trace) == 0 else f"{len(trace):,} events but no live bytes"
+        raise UserInputError(f"{args.trace or trace.name}: holds {what}: there is no minimum "
+                             "capacity to find")
     with plain_progress("min-capacity") as log:   # stderr not a terminal: a line every 10 s
         seen: list[str] = []
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from allocsim.errors import UserInputError
 from allocsim.sim.cli.common import (
     add_device_options,
     add_output_option,
@@ -27,7 +28,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+SNAPSHOT_SUFFIXES = (".pickle", ".pkl")
+
+
 def run(args: argparse.Namespace) -> int:
+    if not str(args.output).lower().endswith(SNAPSHOT_SUFFIXES):
+        # memory_viz and torch.cuda.memory._load_snapshot read a pickle; a .txt or .json
+        # name would hold one under a name that promises something else.
+        raise UserInputError(f"{args.output}: a snapshot is a pickle: name it .pickle (or "
+                             ".pkl)")
     refuse_unless_ours(args.output, "a snapshot", is_allocsim_trace)
     device = device_from_args(args)
     trace = load_trace(args.trace, args)

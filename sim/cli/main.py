@@ -27,6 +27,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from allocsim import __version__
 from allocsim.errors import UserInputError
@@ -49,8 +50,19 @@ from allocsim.sim.cli import (
 )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a mistake on the command line is one line, as every other mistake: a bad
+    type or choice (``--top abc``, ``--backend nosuch``) prints ``allocsim: error: ...`` and
+    where to find the usage, not the usage itself. ``--help`` is unchanged. Subcommand parsers
+    are made of the same class (``add_subparsers`` uses the parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        first = message.splitlines()[0] if message else "bad arguments"
+        self.exit(2, f"allocsim: error: {first} (see: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="allocsim", description="Simulate GPU memory allocators on allocation traces.")
     parser.add_argument("--version", action="version", version=f"allocsim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from allocsim.errors import UserInputError
 from allocsim.policies import format_size
 from allocsim.sim.cli.common import (
     UserError,
@@ -74,6 +75,8 @@ def run_gen(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
+    if args.top < 0:
+        raise UserInputError(f"--top: the number of tags to list must be >= 0, got {args.top}")
     trace = load_trace(args.trace, args)
     facts = summarize(trace, top=args.top)
     if args.json:

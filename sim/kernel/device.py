@@ -22,11 +22,21 @@ from pathlib import Path
 
 from allocsim.errors import UserInputError
 from allocsim.policies.units import format_size, parse_size, round_up
+from allocsim.traces.formats.limits import read_input_text
+from allocsim.traces.model import TraceError
 
 MiB = 1 << 20
 GiB = 1 << 30
 ADDRESS_BASE = 0x7F00_0000_0000   # where CUDA's unified address space usually starts
 RANGE_ALIGN = 2 * MiB              # cudaMalloc'd ranges come back 2 MiB aligned on current GPUs
+
+
+# The ranges a device profile's fields are held to (sim/output/schemas/device-profile.schema.json
+# states them): no GPU has an exabyte or a mapping granularity over 1 GiB (current ones: 512 B
+# and 2 MiB), and no device call takes an hour. Out of them, every result would be nonsense.
+MAX_PROFILE_CAPACITY = 1 << 60
+MAX_GRANULARITY = 1 << 30
+MAX_CALL_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +127,15 @@ class DeviceProfile:
                                          f"got {_json_type(value)} {value!r}")
                 if value < 1:
                     raise UserInputError(f"field {key!r} must be at least 1 byte, got {value}")
+                most = MAX_PROFILE_CAPACITY if key == "capacity" else MAX_GRANULARITY
+                if value > most:
+                    raise UserInputError(f"field {key!r} must be at most {format_size(most)} "
+                                         f"({most:,} bytes), got {value:,}")
+        for key in ("granularity", "map_granularity"):
+            if values.get(key, 1) > values["capacity"]:
+                # Every device call would be refused: each policy would OOM at 0 B.
+                raise UserInputError(f"field {key!r} ({values[key]:,} bytes) is larger than "
+                                     f"the capacity ({values['capacity']:,} bytes)")
         costs = values.get("costs", {})
         if not isinstance(costs, dict):
             raise UserInputError(f"field 'costs' must be an object, got {_json_type(costs)}")
@@ -139,9 +158,9 @@ class DeviceProfile:
                 seconds = float(value)
             except OverflowError:
                 seconds = math.inf
-            if not math.isfinite(seconds) or seconds < 0:
-                raise UserInputError(f"field 'costs.{key}' must be a finite number >= 0, "
-                                     f"got {value!r}")
+            if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_CALL_SECONDS:
+                raise UserInputError(f"field 'costs.{key}' must be a number of seconds from 0 "
+                                     f"to {MAX_CALL_SECONDS:g}, got {value!r}")
             checked[key] = seconds
         values["costs"] = CostModel(**checked)  # type: ignore[arg-type]
         return cls(**values)
@@ -197,15 +216,23 @@ def resolve_device(name: str | None = None, capacity: str | int | None = None,
     applied. A name, file or capacity that does not work raises :class:`UserInputError`."""
     if profile_file is not None:
         try:
-            data = json.loads(Path(profile_file).read_text())
+            data = json.loads(read_input_text(profile_file, what="a device profile"))
+        except TraceError as err:  # not a regular file, too large, not UTF-8
+            raise UserInputError(f"{profile_file}: {err.problem}") from None
         except (OSError, ValueError) as err:
             raise UserInputError(f"{profile_file}: not a device profile: "
                                  f"{str(err).splitlines()[0] if str(err) else err!r}") from None
+        except RecursionError:
+            raise UserInputError(f"{profile_file}: not a device profile: JSON nested too "
+                                 "deeply") from None
         try:
             profile = DeviceProfile.from_dict(data)
         except UserInputError as err:
             raise UserInputError(f"{profile_file}: not a device profile: {err}") from None
     else:
+        if name is not None and not name.strip():
+            raise UserInputError(f"--device: an empty name; known devices: "
+                                 f"{', '.join(PROFILES)}")
         key = (name or DEFAULT_PROFILE).lower()
         if key not in PROFILES:
             raise UserInputError(f"unknown device {name!r}; known devices: "

@@ -40,6 +40,8 @@ from allocsim.sim.output.figures import (
 from allocsim.sim.output.files import write_text
 from allocsim.sim.output.ownership import REPORT_MARK, guard
 from allocsim.traces.bundled import DEFAULT_TRACE_NAME
+from allocsim.traces.formats.limits import read_input_text
+from allocsim.traces.model import TraceError
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -223,9 +225,14 @@ def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     documents: list[dict[str, Any]] = []
     for path in paths:
         try:
-            data = json.loads(Path(path).read_text())
+            data = json.loads(read_input_text(path, what="a results file"))
+        except TraceError:  # not a regular file, too large, not UTF-8: one line already
+            raise
         except (OSError, ValueError) as err:
             raise UserInputError(f"{path}: cannot read results: {err}") from None
+        except RecursionError:
+            raise UserInputError(f"{path}: cannot read results: JSON nested too "
+                                 "deeply") from None
         for item in data if isinstance(data, list) else [data]:
             if not isinstance(item, dict) or not ("results" in item or "answers" in item):
                 raise UserInputError(f"{path}: not an allocsim results file "

@@ -27,6 +27,7 @@ from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.results import RunResult
 from allocsim.sim.questions.compare import compare, normalize_spec
 from allocsim.traces import formats
+from allocsim.traces.formats.limits import read_input, read_input_text
 
 BASELINE_VERSION = 1
 # Figures compared, and how to show them; lower is better for all of them.
@@ -38,7 +39,7 @@ FIGURES = {
 
 
 def _fingerprint(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return hashlib.sha256(read_input(path)).hexdigest()[:16]
 
 
 def _figures(result: RunResult) -> dict[str, Any]:
@@ -182,14 +183,14 @@ class CheckOutcome:
 def check_baseline(baseline_path: str | os.PathLike[str], tolerance: float = 0.01) -> CheckOutcome:
     """Re-run the baseline's cells and compare (``tolerance`` is relative, 0.01 = 1%)."""
     path = Path(baseline_path)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise UserInputError(f"{path}: cannot read the baseline: {err.strerror or err}") from None
+    text = read_input_text(path, what="an allocsim baseline")
     try:
         baseline = json.loads(text)
-    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+    except ValueError as err:  # JSONDecodeError
         raise UserInputError(f"{path}: not an allocsim baseline: not JSON ({err})") from None
+    except RecursionError:
+        raise UserInputError(f"{path}: not an allocsim baseline: JSON nested too "
+                             "deeply") from None
     problem = baseline_problem(baseline)
     if problem:
         raise UserInputError(f"{path}: not an allocsim baseline: {problem}")

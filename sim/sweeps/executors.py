@@ -67,11 +67,12 @@ import weakref
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 from typing import Any
 
 from allocsim.sim.sweeps.cell import Failed, describe_error, materialise, ping, run_cell, run_cells
 from allocsim.sim.sweeps.grid import Cell, SweepError, TraceSource
+from allocsim.traces.formats.limits import read_input
+from allocsim.traces.model import TraceError
 
 __all__ = ["FileIdentity", "Runner", "make_runner", "usable_cores"]
 
@@ -337,10 +338,9 @@ class DaskRunner(Runner):
             return payload
         if source.path is not None:
             try:
-                data = Path(source.path).read_bytes()
-            except OSError as err:
-                payload = Failed(f"TraceError: {source.path}: cannot read: "
-                                 f"{err.strerror or err}")
+                data = read_input(source.path)
+            except TraceError as err:  # not a regular file, too large, cannot read
+                payload = Failed(f"TraceError: {err}")
             else:
                 # Scatter the raw bytes once (no hashing of megabytes).
                 payload = self.client.scatter(data, hash=False)

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import glob as globlib
 import itertools
+import math
 import os
 import re
 import sys
@@ -64,10 +65,22 @@ from pathlib import Path
 from typing import Any
 
 from allocsim.errors import UserInputError
-from allocsim.policies import DEFAULT_POLICIES, PolicySpecError, parse_size
-from allocsim.sim.kernel.device import DEFAULT_PROFILE, DeviceProfile, resolve_device
-from allocsim.sim.questions.compare import normalize_spec
+from allocsim.policies import (
+    DEFAULT_POLICIES,
+    PolicySpecError,
+    format_size,
+    parse_policy,
+    parse_size,
+)
+from allocsim.sim.kernel.device import (
+    DEFAULT_PROFILE,
+    DeviceProfile,
+    SimulatedDevice,
+    resolve_device,
+)
+from allocsim.sim.questions.compare import OFFLINE_NAME, normalize_spec
 from allocsim.traces import formats, synth
+from allocsim.traces.formats.limits import read_input_text, regular_file_problem
 from allocsim.traces.model import Trace, TraceError
 
 __all__ = [
@@ -85,6 +98,9 @@ SYNTH_PREFIX = "synth:"
 GRID_KEYS = ("traces", "policies", "devices", "capacities")
 TOP_KEYS = ("name", "output", "grid")
 MAX_RANGE_ITEMS = 1_000_000      # one LO..HI range; a typo like 1..1e9 fails fast, not hangs
+# The most cells a sweep may hold: traces x policies x devices x capacities, counted from the
+# ranges before any is expanded (a 1e9-cell grid is refused at once, not after filling memory).
+MAX_GRID_CELLS = 1_000_000
 _RANGE = re.compile(r"\[([^\[\]]*)\]")
 _INT_RANGE = re.compile(r"^\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*$")
 
@@ -102,6 +118,27 @@ def expand_ranges(text: str) -> list[str]:
     literals, groups = parts[0::2], [_range_items(g, text) for g in parts[1::2]]
     return [literals[0] + "".join(value + literal for value, literal in zip(combo, literals[1:]))
             for combo in itertools.product(*groups)]
+
+
+def count_ranges(text: str) -> int:
+    """How many strings :func:`expand_ranges` makes of ``text``, without making them."""
+    count = 1
+    for group in _RANGE.split(text)[1::2]:
+        count *= sum(_item_count(item.strip(), group, text) for item in group.split(","))
+    return count
+
+
+def _item_count(item: str, group: str, text: str) -> int:
+    if not item:
+        raise SweepError(f"empty item in range [{group}] of {text!r}")
+    match = _INT_RANGE.match(item)
+    if not match:
+        return 1
+    lo, hi = int(match.group(1)), int(match.group(2))
+    if hi < lo or hi - lo >= MAX_RANGE_ITEMS:
+        raise SweepError(f"bad range {item!r} in {text!r} (need LO <= HI, at most "
+                         f"{MAX_RANGE_ITEMS:,} values)")
+    return hi - lo + 1
 
 
 def _range_items(group: str, text: str) -> list[str]:
@@ -230,14 +267,16 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except SweepError as err:
         raise SweepError(f"{path}: {err}") from None
     try:
-        with open(path, "rb") as stream:
-            data: dict[str, Any] = parser.load(stream)
-    except FileNotFoundError:
-        raise SweepError(f"{path}: no such sweep file") from None
-    except OSError as err:
-        raise SweepError(f"{path}: cannot read: {err.strerror or err}") from None
+        text = read_input_text(path, what="a sweep file")
+    except TraceError as err:
+        problem = "no such sweep file" if err.problem == "no such file" else err.problem
+        raise SweepError(f"{path}: {problem}") from None
+    try:
+        data: dict[str, Any] = parser.loads(text)
     except parser.TOMLDecodeError as err:
         raise SweepError(f"{path}: not valid TOML: {err}") from None
+    except RecursionError:
+        raise SweepError(f"{path}: not valid TOML: nested too deeply") from None
     return data
 
 
@@ -290,6 +329,20 @@ def parse_definition(data: Mapping[str, Any], *, base_dir: str | os.PathLike[str
     if not output.is_absolute():
         output = base / output
 
+    # The grid's size from its ranges, before any is expanded (a file glob counts as one here;
+    # the exact count is checked again below).
+    sizes: dict[str, int] = {}
+    for key, default in (("traces", None), ("policies", list(DEFAULT_POLICIES)),
+                         ("devices", [DEFAULT_PROFILE]), ("capacities", [None])):
+        entries = strings(key, default, allow_int=key == "capacities") if (
+            key in grid or default is None) else default
+        try:
+            sizes[key] = sum(count_ranges(e) if isinstance(e, str) and (
+                key != "traces" or e.strip().startswith(SYNTH_PREFIX)) else 1 for e in entries)
+        except SweepError as err:
+            raise fail(f"grid.{key}", str(err)) from None
+    _check_grid_size(sizes, fail)
+
     traces: dict[str, TraceSource] = {}
     for entry in strings("traces", None):
         try:
@@ -330,10 +383,41 @@ def parse_definition(data: Mapping[str, Any], *, base_dir: str | os.PathLike[str
                 raise fail("grid.capacities", str(err)) from None
     else:
         capacities[None] = None
+    _check_grid_size({"traces": len(traces), "policies": len(policies),
+                      "devices": len(devices), "capacities": len(capacities)}, fail)
+    _check_policies_build(list(policies), list(devices.values()), list(capacities), fail)
 
     return SweepDefinition(name=name, output=output, traces=list(traces.values()),
                            policies=list(policies), devices=list(devices.values()),
                            capacities=list(capacities), source=source)
+
+
+def _check_grid_size(sizes: Mapping[str, int], fail: Any) -> None:
+    cells = math.prod(sizes.values())
+    if cells > MAX_GRID_CELLS:
+        raise fail("grid", f"{cells:,} cells (" + " x ".join(
+            f"{count:,} {key}" for key, count in sizes.items()) + f"), more than the "
+            f"{MAX_GRID_CELLS:,} a sweep may hold")
+
+
+def _check_policies_build(policies: Sequence[str], devices: Sequence[DeviceEntry],
+                          capacities: Sequence[int | None], fail: Any) -> None:
+    """Build every policy of the grid on every device and capacity of it, as its cells will:
+    a value a policy's constructor refuses (``bfc:fraction=2``) is one line now, before any
+    cell runs, not a column of failed cells."""
+    for device in devices:
+        for capacity in capacities:
+            profile = device.profile if capacity is None else device.profile.with_capacity(
+                capacity)
+            for policy in policies:
+                if policy == OFFLINE_NAME:
+                    continue
+                try:
+                    parse_policy(policy).build(SimulatedDevice(profile).view(0))
+                except UserInputError as err:
+                    where = f"{device.key}" + ("" if capacity is None
+                                               else f" at {format_size(capacity)}")
+                    raise fail("grid.policies", f"{err} (on {where})") from None
 
 
 def _trace_sources(entry: str, base: Path) -> list[TraceSource]:
@@ -351,7 +435,11 @@ def _trace_sources(entry: str, base: Path) -> list[TraceSource]:
             raise SweepError(f"{entry!r} matches no trace file (looked in {base.resolve()}; "
                              f"extensions: {', '.join(extensions)})")
     else:
-        if not (Path(pattern) if absolute else base / pattern).is_file():
+        target = Path(pattern) if absolute else base / pattern
+        if not target.is_file():
+            if target.exists() and not target.is_dir():  # a FIFO, a device: never opened
+                problem = regular_file_problem(target.stat().st_mode)
+                raise SweepError(f"{entry!r}: {problem}")
             raise SweepError(f"{entry!r}: no such file (looked in {base.resolve()})")
         matches = [pattern]
     sources = []
@@ -372,6 +460,7 @@ def _synth_source(text: str) -> TraceSource:
     for item in items:
         key, _, value = item.partition("=")
         params[key.strip()] = value.strip()
+    synth.check(kind, **params)  # the generator's own checks (events=-5), generating nothing
     ordered = tuple(sorted(params.items()))
     key = SYNTH_PREFIX + kind + ("?" + "&".join(f"{k}={v}" for k, v in ordered) if ordered else "")
     return TraceSource(key=key, kind=kind, params=ordered)

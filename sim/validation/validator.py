@@ -85,7 +85,8 @@ from allocsim.sim.validation.report import (
     ValidationReport,
     build_report,
 )
-from allocsim.traces.model import Trace
+from allocsim.traces.formats.limits import read_input_text
+from allocsim.traces.model import Trace, TraceError
 
 
 def _resolve_profile(device_profile: DeviceProfile | str | Path | None) -> DeviceProfile:
@@ -240,11 +241,15 @@ def validate_results(results: str | Path, backend: str = DEFAULT_BACKEND, *,
     """
     path = Path(results)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_input_text(path, what="a results file"))
+    except TraceError as err:  # not a regular file, too large, not UTF-8
+        raise ValidatorError(str(err)) from None
     except OSError as err:
         raise ValidatorError(f"{results}: cannot read: {err.strerror or err}") from None
     except ValueError as err:
         raise ValidatorError(f"{results}: not JSON: {err}") from None
+    except RecursionError:
+        raise ValidatorError(f"{results}: not JSON: nested too deeply") from None
     if isinstance(data, list):
         if len(data) != 1:
             raise ValidatorError(f"{results}: holds {len(data)} comparisons; validate one trace "

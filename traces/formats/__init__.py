@@ -27,13 +27,12 @@ wrong.
 from __future__ import annotations
 
 import gzip
-import io
+import json
 import os
-import zlib
 from pathlib import Path
 
 from allocsim.atomic_files import atomic_output
-from allocsim.traces.formats.limits import MAX_INPUT_ENV, max_input_bytes, too_large
+from allocsim.traces.formats.limits import MAX_INPUT_ENV, max_input_bytes, read_input
 from allocsim.traces.formats.registry import (
     FOLDER_FORMATS,
     FORMATS,
@@ -59,7 +58,6 @@ __all__ = [
     "supported_extensions",
 ]
 
-_GZIP_MAGIC = b"\x1f\x8b"
 _HEAD_BYTES = 8192
 _GZIP_LEVEL = 6  # level 9 is several times slower for a few percent smaller files
 
@@ -105,28 +103,8 @@ def format_for(path: str | os.PathLike[str], head: bytes) -> str:
 
 
 def _read_bytes(path: Path, source: str) -> bytes:
-    limit = max_input_bytes()
-    try:
-        if path.stat().st_size > limit:
-            raise too_large(limit, source, "the file holds")
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise TraceError("no such file", source=source) from None
-    except IsADirectoryError:
-        raise TraceError("is a directory, not a trace file", source=source) from None
-    except OSError as err:
-        raise TraceError(f"cannot read: {err.strerror or err}", source=source) from None
-    if raw.startswith(_GZIP_MAGIC):
-        try:
-            # Read at most limit + 1 bytes: a compression bomb stops here, not in memory.
-            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
-                data = stream.read(limit + 1)
-        except (OSError, EOFError, zlib.error) as err:
-            raise TraceError(f"corrupt gzip data: {err}", source=source) from None
-        if len(data) > limit:
-            raise too_large(limit, source, "it decompresses to")
-        return data
-    return raw
+    """The file's bytes, un-gzipped, through the one guard every reader uses."""
+    return read_input(path, source=source, gunzip=True)
 
 
 def _check_options(name: str, accepted: tuple[str, ...], given: dict[str, object],
@@ -179,9 +157,36 @@ def load_with_report(path: str | os.PathLike[str], *, strict: bool | None = None
         except RecursionError:
             raise TraceError("is nested too deeply to read", source=source) from None
         recorded = fmt.recorded
+    _check_text(trace, source)
     if strict is None:
         strict = not recorded
     return validate_recording(trace, strict=strict, source=source)
+
+
+def _check_text(trace: Trace, source: str) -> None:
+    """Tags and metadata are text that can be printed and written: a lone surrogate (JSON's
+    ``"\\ud800"``) is refused here, as one line, rather than where it is first printed."""
+    try:
+        "\n".join(trace.tags).encode("utf-8")
+    except UnicodeEncodeError:
+        index = next(i for i, tag in enumerate(trace.tags) if not _is_text(tag))
+        raise TraceError(f"tag {trace.tags[index]!r} is not text (it holds a lone UTF-16 "
+                         "surrogate)", source=source) from None
+    try:
+        json.dumps(trace.metadata, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError:
+        raise TraceError("the trace's metadata is not text (it holds a lone UTF-16 "
+                         "surrogate)", source=source) from None
+    except (TypeError, ValueError, RecursionError):
+        pass  # not JSON-shaped: whoever writes it judges it
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def load(path: str | os.PathLike[str], *, strict: bool | None = None, **options: object) -> Trace:

@@ -101,6 +101,10 @@ HOOK_MALLOC, HOOK_FREE, HOOK_ALLOC = 0, 1, 2
 HOOK_NAMES = ("malloc", "free", "alloc")
 _HOOK_CODES = {name: code for code, name in enumerate(HOOK_NAMES)}
 SYNTHETIC_STEP_NS = 1000
+# CuPy's pool rounds each request up to a multiple of this (cupy/cuda/memory.pyx, _round_size
+# with ALLOCATION_UNIT_SIZE = 512); a request whose rounding passes int64 cannot be logged.
+ROUND_BYTES = 512
+_MAX_REQUEST = (1 << 63) - ROUND_BYTES
 _DETECT = re.compile(rb'^\s*\{.*"hook"\s*:\s*"(?:malloc|free|alloc)"', re.MULTILINE)
 _NONE = -1  # a field the line did not have
 
@@ -171,6 +175,9 @@ class _Builder:
         self.streams: dict[int, int] = {}  # raw handle -> small id
         self.saw_stream = False
         self.buffer_stream: dict[int, int] = {}  # trace id -> stream of its malloc
+        self.buffer_mem_size: dict[int, int] = {}  # trace id -> mem_size of its malloc
+        self.size_mismatches = 0
+        self.first_size_mismatch: tuple[int, int, int] = (0, 0, 0)
         self.cols: dict[str, list[int]] = {k: [] for k in
                                            ("time_ns", "op", "id", "size", "stream", "tag")}
         self.reference: list[dict[str, Any]] = []
@@ -224,6 +231,14 @@ class _Builder:
         size, ptr = int(ev.size[i]), int(ev.ptr[i])
         if size < 0:
             raise self.fail(i, "malloc hook without 'size'")
+        if size > _MAX_REQUEST:
+            # MemoryPool.malloc rounds every request up to 512 bytes (_round_size in
+            # cupy/cuda/memory.pyx): this one's rounding passes what a pool can hold.
+            raise self.fail(i, f"size {size} rounds up to CuPy's {ROUND_BYTES}-byte unit past "
+                               "64 bits: no pool hands that out")
+        if int(ev.mem_size[i]) < size:
+            raise self.fail(i, f"mem_size {int(ev.mem_size[i])} is smaller than the size {size} "
+                               "requested (the pool rounds up, never down)")
         if ptr == 0:
             if size == 0:
                 self.skipped_zero += 1  # Memory(0): no device memory, and no free hook
@@ -233,13 +248,21 @@ class _Builder:
         stream = self.stream_id(i)
         buffer_id = self.matcher.alloc(self.key(i), size, i)
         self.buffer_stream[buffer_id] = stream
+        self.buffer_mem_size[buffer_id] = int(ev.mem_size[i])
         self.add(self.time(i, event), OP_ALLOC, buffer_id, size, stream, ev.tag[i])
 
     def free(self, i: int, event: int) -> None:
         ev = self.events
         stream = self.stream_id(i)
-        buffer_id, size, _ = self.matcher.free(self.key(i), int(ev.mem_size[i]), stream=stream,
-                                               event=i)
+        buffer_id, size, alloc_event = self.matcher.free(self.key(i), int(ev.mem_size[i]),
+                                                         stream=stream, event=i)
+        malloced = self.buffer_mem_size.pop(buffer_id, None)
+        if alloc_event >= 0 and malloced is not None and malloced != ev.mem_size[i]:
+            # CuPy frees a PooledMemory of the size it handed out: a log that says otherwise
+            # is not one pool's record (two logs merged, a hand edit).
+            if self.size_mismatches == 0:
+                self.first_size_mismatch = (event, int(ev.mem_size[i]), malloced)
+            self.size_mismatches += 1
         # The trace's stream column is the stream a buffer was allocated on.
         self.add(self.time(i, event), OP_FREE, buffer_id, size,
                  self.buffer_stream.pop(buffer_id, stream), ev.tag[i])
@@ -270,6 +293,12 @@ class _Builder:
         meta["failed_mallocs"] = sum(r["action"] == "oom" for r in self.reference)
         if self.skipped_zero:
             meta["zero_size_mallocs_skipped"] = self.skipped_zero
+        if self.size_mismatches:
+            event, freed, malloced = self.first_size_mismatch
+            meta["size_anomalies"] = {"frees_of_another_size": {
+                "count": self.size_mismatches, "first_event": event + len(self.matcher.prologue),
+                "problem": f"free of mem_size {freed} for a buffer malloc'ed with mem_size "
+                           f"{malloced}"}}
         if self.saw_stream:
             meta["stream_handles"] = {str(k): h for h, k in self.streams.items()}
         tag, tags = _used_tags(np.asarray(cols["tag"], dtype=np.int32), self.events.tags)

@@ -20,6 +20,8 @@ from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
 __all__ = [
     "BOM",
     "CSV_COLUMNS",
+    "MAX_LINE_BYTES",
+    "MAX_TAG_TEXT",
     "METADATA_KEY",
     "REQUIRED_COLUMNS",
     "TAGS_KEY",
@@ -29,6 +31,7 @@ __all__ = [
     "TagTable",
     "Writer",
     "build_trace",
+    "check_line_lengths",
     "check_ops",
     "check_tag_column",
     "decode_text",
@@ -36,6 +39,7 @@ __all__ = [
     "first_content_line",
     "int_array",
     "metadata_json",
+    "tag_text_problem",
     "tags_are_canonical",
 ]
 
@@ -129,8 +133,12 @@ class TagTable:
     def codes(self, values: Sequence[Any], none: Any) -> np.ndarray:
         """Indices for ``values``; ``none`` (the no-tag marker) maps to NO_TAG."""
         index = dict(self.index)
+        text = 0
         for value in dict.fromkeys(values):  # unique, in first-use order, at C speed
             if value != none and value not in index:
+                text += len(value)
+                if text > MAX_TAG_TEXT:
+                    raise BadValue(list(values).index(value), tag_text_problem())
                 index[value] = len(self.tags)
                 self.tags.append(value)
         index[none] = NO_TAG
@@ -166,3 +174,46 @@ def int_array(ints: list[int], name: str, dtype: type, shown: Sequence[Any]) -> 
         info = np.iinfo(dtype)
         i = next(i for i, v in enumerate(ints) if not info.min <= v <= info.max)
         raise BadValue(i, f"{name} {shown[i]!r} does not fit in {np.dtype(dtype)}") from None
+
+
+# The longest data line a text trace may hold: a row is a few dozen bytes and a tag a call
+# site; 128 KiB is the csv module's own field limit. A file of longer lines is no trace, and
+# refusing it before parsing keeps the parse within a few times the file's size.
+MAX_LINE_BYTES = 128 << 10
+_LINE_BLOCK = 16 << 20
+# The most text a trace's distinct tags may hold: a million call sites of 64 characters. Each
+# tag is held a few times while a file is read, so a file of long distinct tags is refused
+# here, not when it has filled memory.
+MAX_TAG_TEXT = 64 << 20
+
+
+def tag_text_problem() -> str:
+    return (f"the distinct tags hold more than {MAX_TAG_TEXT:,} characters of text, which no "
+            "trace's call sites do")
+
+
+def check_line_lengths(body: bytes | memoryview, source: str, first_line_no: int) -> None:
+    """Refuse (one line, naming the line) a ``body`` with a line over :data:`MAX_LINE_BYTES`;
+    scanned in blocks, so the check itself holds a few MiB whatever the size."""
+    if len(body) <= MAX_LINE_BYTES:
+        return
+    b = np.frombuffer(body, dtype=np.uint8)
+    previous = -1      # position of the last newline seen
+    lines_before = 0   # newlines before ``previous`` (inclusive)
+    for start in range(0, len(b), _LINE_BLOCK):
+        stop = min(start + _LINE_BLOCK, len(b))
+        newlines = np.flatnonzero(b[start:stop] == ord("\n")) + start
+        if len(newlines):
+            gaps = np.diff(newlines, prepend=previous) - 1
+            long = np.flatnonzero(gaps > MAX_LINE_BYTES)
+            if len(long):
+                _too_long(source, first_line_no + lines_before + int(long[0]) + 1)
+            lines_before += len(newlines)
+            previous = int(newlines[-1])
+        if stop - previous - 1 > MAX_LINE_BYTES:
+            _too_long(source, first_line_no + lines_before + 1)
+
+
+def _too_long(source: str, line_no: int) -> None:
+    raise TraceError(f"line {line_no}: longer than {MAX_LINE_BYTES:,} bytes, which no trace "
+                     "row is", source=source)

@@ -18,6 +18,7 @@ import numpy as np
 from allocsim.traces.formats.native_common import (
     BOM,
     CSV_COLUMNS,
+    MAX_TAG_TEXT,
     METADATA_KEY,
     REQUIRED_COLUMNS,
     TAGS_KEY,
@@ -25,6 +26,7 @@ from allocsim.traces.formats.native_common import (
     BadValue,
     TagTable,
     build_trace,
+    check_line_lengths,
     check_ops,
     check_tag_column,
     decode_text,
@@ -32,6 +34,7 @@ from allocsim.traces.formats.native_common import (
     first_content_line,
     int_array,
     metadata_json,
+    tag_text_problem,
     tags_are_canonical,
 )
 from allocsim.traces.model import (
@@ -143,16 +146,20 @@ def read_csv(data: bytes, source: str, name: str) -> Trace:
         raise TraceError("no header line (expected " + ",".join(CSV_COLUMNS[:-1]) + ")",
                          source=source)
     names = _csv_header(header_line, source, line_no)
+    check_line_lengths(memoryview(data)[pos:], source, line_no)  # before any copy is made
     body = data[pos:]
 
-    columns = _csv_fast(body, names)
-    if columns is None:
-        columns = _csv_slow(body, names, source, line_no)
-    n = len(columns["time_ns"])
-    raw_tags = columns.pop("tag", None)
-    table = TagTable(tags)
-    if raw_tags is not None:
-        columns["tag"] = table.codes(raw_tags, "")
+    try:
+        columns = _csv_fast(body, names)
+        if columns is None:
+            columns = _csv_slow(body, names, source, line_no)
+        n = len(columns["time_ns"])
+        raw_tags = columns.pop("tag", None)
+        table = TagTable(tags)
+        if raw_tags is not None:
+            columns["tag"] = table.codes(raw_tags, "")
+    except BadValue as bad:  # the tags' text budget (each other problem names its line)
+        raise TraceError(bad.problem, source=source, event=bad.event) from None
     return build_trace(columns, n, table.tags, file_metadata(metadata, source, name))
 
 
@@ -259,7 +266,11 @@ def _fast_tags(body: bytes, s: np.ndarray, e: np.ndarray) -> list[str] | None:
     """Tag fields as strings; each distinct raw field is unquoted and decoded once."""
     raw = [body[x:y] for x, y in zip(s.tolist(), e.tolist())]
     decoded: dict[bytes, str] = {}
+    text = 0
     for field in dict.fromkeys(raw):
+        text += len(field)
+        if text > MAX_TAG_TEXT:
+            raise BadValue(raw.index(field), tag_text_problem())
         if field.startswith(b'"'):
             inner = field[1:-1]
             if len(field) < 2 or not field.endswith(b'"') or b'"' in inner.replace(b'""', b""):
@@ -321,7 +332,11 @@ def _csv_slow(body: bytes, names: list[str], source: str, header_line_no: int
     """Field-by-field parse with the csv module; finds the exact event and line of an error."""
     text = decode_text(body, source)
     reader = csv.reader(io.StringIO(text, newline=""))
-    rows = [row for row in reader if not _blank(row)]
+    try:
+        rows = [row for row in reader if not _blank(row)]
+    except csv.Error as err:  # a field over the csv module's limit, a stray quote
+        raise TraceError(f"line {header_line_no + reader.line_num}: unreadable CSV: {err}",
+                         source=source) from None
 
     def line_of(event: int) -> int:
         again = csv.reader(io.StringIO(text, newline=""))

@@ -14,6 +14,7 @@ import numpy as np
 from allocsim.traces.formats.native_common import (
     BOM,
     CSV_COLUMNS,
+    MAX_LINE_BYTES,
     METADATA_KEY,
     TAGS_KEY,
     BadValue,
@@ -105,6 +106,9 @@ def read_jsonl(data: bytes, source: str, name: str) -> Trace:
     # lines). A line it does not take whole (surrounding spaces, or an error to report) goes
     # through json.loads.
     scan = json.JSONDecoder().raw_decode
+    if max(map(len, body), default=0) > MAX_LINE_BYTES:
+        event = next(i for i, line in enumerate(body) if len(line) > MAX_LINE_BYTES)
+        raise fail(event, f"longer than {MAX_LINE_BYTES:,} characters, which no trace row is")
     records: list[Any] = []
     append = records.append
     for event, line in enumerate(body):
@@ -155,10 +159,10 @@ def read_jsonl(data: bytes, source: str, name: str) -> Trace:
         if set(map(type, raw_tags)) - {str, type(None)}:
             event = next(i for i, t in enumerate(raw_tags) if not isinstance(t, (str, type(None))))
             raise BadValue(event, f"tag {raw_tags[event]!r} is not a string")
+        table = TagTable(tags)
+        columns["tag"] = table.codes(raw_tags, None)
     except BadValue as bad:
         raise fail(bad.event or 0, bad.problem) from None
-    table = TagTable(tags)
-    columns["tag"] = table.codes(raw_tags, None)
     return build_trace(columns, n, table.tags, file_metadata(metadata, source, name))
 
 

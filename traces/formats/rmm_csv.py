@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from typing import Any
 
 import numpy as np
 
 from allocsim.traces.formats.native import file_metadata
+from allocsim.traces.formats.native_common import check_line_lengths
 from allocsim.traces.formats.registry import register_format
 from allocsim.traces.formats.torch_profiler import AddressMatcher, build_trace
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError, int64_problem
@@ -107,10 +109,15 @@ def read_rmm_csv(data: bytes, source: str, name: str) -> Trace:
     except UnicodeDecodeError as err:
         raise TraceError(f"not UTF-8 text (bad byte at offset {err.start})",
                          source=source) from None
+    check_line_lengths(data, source, 0)
     reader = csv.reader(io.StringIO(text, newline=""))
-    header, header_line = _read_header(reader, source)
-    columns = {field: header.index(field) for field in HEADER}
-    return _Rows(source, name, columns).read(reader, header_line)
+    try:
+        header, header_line = _read_header(reader, source)
+        columns = {field: header.index(field) for field in HEADER}
+        return _Rows(source, name, columns).read(reader, header_line)
+    except csv.Error as err:  # a field over the csv module's limit, a stray quote
+        raise TraceError(f"line {reader.line_num}: unreadable CSV: {err}",
+                         source=source) from None
 
 
 def _read_header(reader: Any, source: str) -> tuple[tuple[str, ...], int]:
@@ -253,12 +260,15 @@ def _handle(text: str) -> int | str:
         return text
 
 
+# What RMM writes for a pointer (``0x7f...``, or bare hex digits): int(text, 16) alone would
+# also take a sign and underscores ("-0x10", "0x_10"), which no address has.
+_HEX_ADDRESS = re.compile(r"\s*(?:0[xX])?[0-9a-fA-F]+\s*")
+
+
 def _hex(text: str) -> int:
-    try:
-        address = int(text, 16)  # int() accepts an optional 0x prefix with base 16
-    except ValueError:
-        raise ValueError(f"Pointer {text!r} is not a hex address") from None
-    return _fits(address, "Pointer")
+    if not _HEX_ADDRESS.fullmatch(text):
+        raise ValueError(f"Pointer {text!r} is not a hex address")
+    return _fits(int(text, 16), "Pointer")
 
 
 register_format(FORMAT_NAME, (".rmm.csv", ".rmm.csv.gz"), read_rmm_csv, detect=detect_rmm_csv,

@@ -509,8 +509,9 @@ def _ops_by_thread(events: list[Any], threads: set[tuple[Any, Any]]
         if thread not in threads:
             continue
         ts, dur, op_name = event.get("ts"), event.get("dur", 0), event.get("name")
-        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
-            continue  # a malformed op only costs a tag, not the trace
+        if (not isinstance(ts, (int, float)) or not isinstance(dur, (int, float))
+                or not math.isfinite(ts) or not math.isfinite(dur)):
+            continue  # a malformed op (a NaN or infinite ts/dur too) only costs a tag
         ops.setdefault(thread, []).append(
             (round(ts * 1000), round((ts + dur) * 1000), str(op_name)))
     return ops

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from allocsim.traces.formats.limits import max_input_bytes, too_large
+from allocsim.traces.formats.limits import read_input
 from allocsim.traces.model import TraceError
 
 __all__ = ["Allocation", "Assignment", "LiveRanges", "allocation_headers", "parse_assignment",
@@ -64,13 +64,7 @@ _TOTAL_LINE = re.compile(r"^Total bytes(?: used)?: (\d+)", re.M)
 
 
 def read_text(path: Path) -> str:
-    limit = max_input_bytes()   # the one input limit of every reader
-    try:
-        if path.stat().st_size > limit:
-            raise too_large(limit, str(path), "the file holds")
-        data = path.read_bytes()
-    except OSError as err:
-        raise TraceError(f"cannot read: {err.strerror or err}", source=str(path)) from None
+    data = read_input(path)   # the one guard and input limit of every reader
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

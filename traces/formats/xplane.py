@@ -57,6 +57,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from allocsim.traces.formats.limits import read_input
 from allocsim.traces.formats.registry import register_folder_format, register_format
 from allocsim.traces.formats.xplane_proto import Plane, WireError, read_xspace, varint
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError
@@ -352,7 +353,7 @@ def read_log_folder(folder: Path, source: str, name: str, allocator: str | None 
     files = sorted(run.glob("*" + SUFFIX))
     extra = [f"run {run.name} (newest of {len(runs)})" if len(runs) > 1 else f"run {run.name}"]
     for path in files:
-        records, _ = xplane_records(path.read_bytes(), str(path))
+        records, _ = xplane_records(read_input(path), str(path))
         if records:
             others = [p.name for p in files if p != path]
             if others:

@@ -31,11 +31,12 @@ from allocsim.traces.synth import kvcache as _kvcache
 from allocsim.traces.synth import random_workload as _random
 from allocsim.traces.synth import training as _training
 from allocsim.traces.synth import transformer as _transformer
-from allocsim.traces.synth._common import describe
+from allocsim.traces.synth._common import _CHECKING, ParamsChecked, describe
 
 __all__ = [
     "GENERATORS",
     "GeneratorInfo",
+    "check",
     "generate",
     "kvcache",
     "parse_params",
@@ -111,7 +112,25 @@ def generate(kind: str, *, seed: int = 0, **params: Any) -> Trace:
     _check_names(info, params)
     values = {name: _convert(info, name, value) if isinstance(value, str) else value
               for name, value in params.items()}
+    if int(seed) < 0:  # numpy's generators take seeds >= 0
+        raise UserInputError(f"{kind}: the seed must be a whole number >= 0, got {seed}")
     return info.function(seed=int(seed), **values)
+
+
+def check(kind: str, *, seed: int | str = 0, **params: Any) -> None:
+    """Raise what :func:`generate` would for these arguments (one line), generating nothing:
+    a sweep checks every synthetic trace of its grid this way before any cell runs."""
+    token = _CHECKING.set(True)
+    try:
+        generate(kind, seed=int(seed), **params)
+    except ParamsChecked:
+        return
+    except ValueError as err:
+        if isinstance(err, UserInputError):
+            raise
+        raise UserInputError(f"{kind}: {err}") from None
+    finally:
+        _CHECKING.reset(token)
 
 
 def parse_params(kind: str, items: Iterable[str]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ public face.
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import types
 import typing
@@ -307,6 +308,34 @@ def steps_for_events(events: int, fixed_events: int, per_step: int) -> int:
     """How many steps bring a trace of ``fixed_events`` + steps * ``per_step`` nearest
     ``events``."""
     return max(1, round((events - fixed_events) / per_step))
+
+
+# The most events a generator makes: ten times the documented range (1e3-1e7), ~6 GB while
+# the columns are built. More is refused before anything is drawn, as one line.
+MAX_EVENTS = 100_000_000
+
+
+class ParamsChecked(Exception):
+    """Raised by :func:`checks_done` in a generator run by :func:`allocsim.traces.synth.check`:
+    every parameter passed the generator's checks, and nothing was generated."""
+
+
+_CHECKING: contextvars.ContextVar[bool] = contextvars.ContextVar("allocsim_synth_checking",
+                                                                 default=False)
+
+
+def checks_done() -> None:
+    """Called by each generator once its parameters are checked, before the work: under
+    :func:`allocsim.traces.synth.check` (a sweep validating its cells up front) it stops there."""
+    if _CHECKING.get():
+        raise ParamsChecked
+
+
+def within_event_limit(events: float, what: str) -> None:
+    """Refuse a trace of ``events`` events (as ``what`` asks for) above :data:`MAX_EVENTS`."""
+    if events > MAX_EVENTS:
+        raise UserInputError(f"{what} asks for about {events:.3g} events; a generated trace "
+                             f"holds at most {MAX_EVENTS:,}")
 
 
 def positive(**values: float) -> None:

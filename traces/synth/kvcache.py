@@ -43,8 +43,10 @@ from allocsim.traces.synth._common import (
     StepProgram,
     TagTable,
     assemble,
+    checks_done,
     jittered,
     positive,
+    within_event_limit,
 )
 
 FP16 = 2
@@ -85,6 +87,10 @@ def kvcache(*, requests: int = 48, max_concurrent: int = 16, layers: int = 16,
         raise UserInputError("min_prompt/min_output must not exceed max_prompt/max_output")
     if events is not None:
         positive(events=events)
+        within_event_limit(events, f"events={events}")
+    else:  # each request makes at least an alloc and a free
+        within_event_limit(2 * requests, f"requests={requests}")
+    checks_done()
     params = {"requests": requests, "max_concurrent": max_concurrent, "layers": layers,
               "d_model": d_model, "bytes_per_token": bytes_per_token, "block_tokens": block_tokens,
               "min_prompt": min_prompt, "max_prompt": max_prompt, "min_output": min_output,

@@ -25,7 +25,14 @@ import numpy as np
 
 from allocsim.errors import UserInputError
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
-from allocsim.traces.synth._common import TagTable, assemble, choice, positive
+from allocsim.traces.synth._common import (
+    TagTable,
+    assemble,
+    checks_done,
+    choice,
+    positive,
+    within_event_limit,
+)
 
 SIZE_DISTRIBUTIONS = ("lognormal", "uniform", "powers")
 MEAN_ALLOC_GAP_NS = 20_000.0  # one allocation every 20 us on average
@@ -55,6 +62,8 @@ def random_workload(*, events: int = 20_000, live: int = 1000, mean_lifetime: fl
     """A random-workload trace of exactly ``events`` events; see the module docstring."""
     positive(events=events, live=live, min_size=min_size, max_size=max_size, align=align,
              streams=streams)
+    within_event_limit(events, f"events={events}")
+    within_event_limit(live, f"live={live}")  # every live buffer is an event
     choice("size_dist", size_dist, SIZE_DISTRIBUTIONS)
     if min_size > max_size:
         raise UserInputError(f"min_size ({min_size}) must be <= max_size ({max_size})")
@@ -65,6 +74,7 @@ def random_workload(*, events: int = 20_000, live: int = 1000, mean_lifetime: fl
         raise UserInputError(f"mean_lifetime {mean_lifetime} events implies about "
                          f"{mean_lifetime / 2:g} live buffers, more than live={live}; "
                          f"use mean_lifetime <= 2 * live")
+    checks_done()
     params = {"events": events, "live": live, "mean_lifetime": float(mean_lifetime),
               "size_dist": size_dist, "min_size": min_size, "max_size": max_size, "align": align,
               "streams": streams, "seed": seed}

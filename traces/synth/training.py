@@ -114,6 +114,7 @@ from allocsim.traces.synth._common import (
     assemble,
     check_optimizer_mode,
     check_pattern,
+    checks_done,
     choice,
     functional_update,
     inherit_persistent,
@@ -121,6 +122,7 @@ from allocsim.traces.synth._common import (
     memory_ns,
     positive,
     steps_for_events,
+    within_event_limit,
 )
 from allocsim.traces.synth.jit import CPU_TEMP_ALIGNMENT, events_per_step, render_jit
 
@@ -203,8 +205,11 @@ def training(*, layers: int = 12, hidden: int = 1024, batch: int = 512, classes:
                                      separate_bias=separate_bias, functional=functional)
     if events is not None:
         per_step = events_per_step(step, donate) if pattern == "jax" else step.n_events
+        within_event_limit(events, f"events={events}")
         steps = steps_for_events(events, prologue.n_events, per_step)
         params["steps"] = steps
+    within_event_limit(prologue.n_events + steps * step.n_events, f"steps={steps}")
+    checks_done()
 
     rng = np.random.default_rng(seed)
     if pattern == "jax":

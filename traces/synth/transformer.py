@@ -70,11 +70,13 @@ from allocsim.traces.synth._common import (
     assemble,
     check_optimizer_mode,
     check_pattern,
+    checks_done,
     choice,
     functional_update,
     inherit_persistent,
     positive,
     steps_for_events,
+    within_event_limit,
 )
 from allocsim.traces.synth.jit import CPU_TEMP_ALIGNMENT, events_per_step, render_jit
 
@@ -162,8 +164,11 @@ def transformer(*, layers: int = 6, d_model: int = 512, heads: int = 8, vocab: i
                                      mode=mode, functional=functional)
     if events is not None:
         per_step = events_per_step(step, donate) if pattern == "jax" else step.n_events
+        within_event_limit(events, f"events={events}")
         steps = steps_for_events(events, prologue.n_events, per_step)
         params["steps"] = steps
+    within_event_limit(prologue.n_events + steps * step.n_events, f"steps={steps}")
+    checks_done()
 
     rng = np.random.default_rng(seed)
     drawn = sequence_lengths(rng, steps, min_seq, max_seq, seq_dist, bucket)
