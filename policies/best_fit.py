@@ -49,8 +49,6 @@ class BestFitAllocator(ChunkPolicy):
         self.heap_base = device.address_range(round_up(device.capacity, self.page))
         self.mapped = 0
         self.peak_mapped = 0
-        if trim:
-            self.free = self._free_and_trim             # type: ignore[method-assign]
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(
         __init__,
@@ -59,13 +57,9 @@ class BestFitAllocator(ChunkPolicy):
         trim=("bool", "unmap wholly free pages at the top of the heap on free"),
     )
 
-    def _free_and_trim(self, address: int) -> None:
-        """free with ``trim``: then unmap the wholly free pages at the top."""
-        ChunkPolicy.free(self, address)
-        self._trim()
-
-    def free_general(self, address: int) -> None:
-        super().free_general(address)
+    def free(self, address: int) -> None:
+        """ChunkPolicy's free; with ``trim``, then unmap the wholly free pages at the top."""
+        super().free(address)
         if self.trim:
             self._trim()
 

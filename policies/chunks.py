@@ -321,10 +321,7 @@ class ChunkMap:
         self.free_index.remove(self.record.pop(base)[SIZE], base)
         return nbytes
 
-    # -- the general path ------------------------------------------------------------
-    # One step at a time through FreeIndex's own methods: what ChunkPolicy's general malloc
-    # and free run (and min-capacity's region watch, through BFC's), and what
-    # tests/test_chunk_fast_path.py holds ChunkPolicy's hot path to.
+    # -- handing out and giving back (the one copy ChunkPolicy's malloc and free run) ---
     def best_fit(self, rounded: int) -> tuple[int, int] | None:
         """``(address, size)`` of the smallest free chunk ≥ ``rounded``, lowest address on
         ties; None when nothing fits. O(log k) bisection + an O(1) jump between bins."""
@@ -358,7 +355,7 @@ class ChunkMap:
         self.free_index.add(rest_size, rest)
         return rounded
 
-    def give_back_general(self, address: int) -> int:
+    def give_back(self, address: int) -> int:
         """Free chunk ``address``: merge with the next chunk if free, then the previous one
         (BFC's order); returns the freed chunk's size before merging. O(1) link updates plus
         one FreeIndex remove per merged neighbour and one add, each O(log k + k)."""
