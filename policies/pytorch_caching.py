@@ -194,6 +194,11 @@ class PyTorchCachingAllocator(Snapshots):
                                               "0 = never set (whole device)"),
     )
 
+    def rounded_size(self, size: int) -> int:
+        """round_size with this allocator's roundup_power2_divisions: the bytes a request of
+        ``size`` asks of its pool (public for the fidelity tools and explain-oom)."""
+        return round_size(size, self._divisions)
+
     # -- which statistics are kept --------------------------------------------------------
     def keep_memory_stats(self, keep: bool) -> None:
         """Say whether :meth:`memory_stats` will be read (default: yes, everything is kept).
