@@ -57,12 +57,6 @@ class BestFitAllocator(ChunkPolicy):
         trim=("bool", "unmap wholly free pages at the top of the heap on free"),
     )
 
-    def free(self, address: int) -> None:
-        """ChunkPolicy's free; with ``trim``, then unmap the wholly free pages at the top."""
-        super().free(address)
-        if self.trim:
-            self._trim()
-
     def _make_room(self, rounded: int) -> bool:
         return self._grow(rounded)
 

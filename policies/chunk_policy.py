@@ -5,7 +5,7 @@ watch follows a replay without touching the policy's internals.
 
 Each rule is written once here (the Python model is the specification; speed is the native
 core's business): the best fit is :meth:`FreeIndex.pop_best_fit`, the split rule
-:meth:`ChunkPolicy.smallest_split`, the hand-out :meth:`ChunkMap.hand_out` and the coalescing
+:meth:`ChunkPolicy.smallest_split`, the split itself :meth:`ChunkMap.split` and the coalescing
 :meth:`ChunkMap.give_back`.
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Iterator, MutableMapping
 from typing import Protocol
 
 from allocsim.policies.base import DeviceMemory, Policy
+from allocsim.policies.chunk_records import ADDRESS_MASK, KEY, KEY_SHIFT, REQUESTED, SIZE
 from allocsim.policies.chunks import ChunkMap
 
 
@@ -24,14 +25,14 @@ class ChunkObserver(Protocol):
     these only when an observer is set (:meth:`ChunkPolicy.observe`); they must not change the
     policy.
 
-    - ``on_best_fit(rounded, found)``: a best-fit search for ``rounded`` bytes took ``found``
-      (``(address, size)``, out of the free index but not yet handed out) or found nothing;
-      called for the search before growth and for the one after it.
+    - ``on_best_fit(rounded, key)``: a best-fit search for ``rounded`` bytes took the chunk of
+      free-index key ``key`` (``size << KEY_SHIFT | address``: out of the index, not yet handed
+      out), or found nothing (0); called for the search before growth and the one after it.
     - ``on_extend_start(rounded)`` and ``on_extend(rounded, nbytes)``: BFC's Extend for
       ``rounded`` bytes begins, and ends having added a region of ``nbytes`` (None: it failed).
     """
 
-    def on_best_fit(self, rounded: int, found: tuple[int, int] | None) -> None: ...
+    def on_best_fit(self, rounded: int, key: int) -> None: ...
 
     def on_extend_start(self, rounded: int) -> None: ...
 
@@ -56,8 +57,11 @@ class ChunkPolicy(Policy):
         self.chunks = ChunkMap()
         self.peak_bytes_in_use = 0
         self.observer: ChunkObserver | None = None
-        self._pop_best_fit = self.chunks.free_index.pop_best_fit    # bound once
-        self._hand_out = self.chunks.hand_out
+        self.trim = False           # unmap wholly free space at the top after each free
+                                    # (best-fit's option; :meth:`_trim`)
+        self._record = self.chunks.record                           # bound once
+        self._pop_best_fit = self.chunks.free_index.pop_best_fit
+        self._split = self.chunks.split
         self._give_back = self.chunks.give_back
 
     def observe(self, observer: ChunkObserver | None) -> None:
@@ -80,7 +84,8 @@ class ChunkPolicy(Policy):
         max_internal_fragmentation_bytes_``) as the smallest chunk that a request of
         ``rounded`` bytes splits: a chunk splits exactly when it is at least this. The one copy
         of the rule; min-capacity's region watch reads it too."""
-        return min(2 * rounded, rounded + self.max_slack)
+        twice, slack_edge = 2 * rounded, rounded + self.max_slack
+        return twice if twice < slack_edge else slack_edge
 
     # -- the interface -----------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0) -> int | None:
@@ -88,23 +93,28 @@ class ChunkPolicy(Policy):
             return None
         alignment = self.alignment
         rounded = -(-size // alignment) * alignment
-        found = self._pop_best_fit(rounded)
+        key = self._pop_best_fit(rounded)
         observer = self.observer
         if observer is not None:
-            observer.on_best_fit(rounded, found)
-        if found is None:
+            observer.on_best_fit(rounded, key)
+        if not key:
             if not self._make_room(rounded):
                 self.num_ooms += 1
                 return None
-            found = self._pop_best_fit(rounded)             # found at once now
+            key = self._pop_best_fit(rounded)               # found at once now
             if observer is not None:
-                observer.on_best_fit(rounded, found)
-            if found is None:
+                observer.on_best_fit(rounded, key)
+            if not key:
                 raise AssertionError(f"{self.name}: growth for {rounded} bytes left no chunk "
                                      "that fits")
-        address, chunk_size = found
-        in_use = self.bytes_in_use + self._hand_out(
-            address, chunk_size, rounded, chunk_size >= self.smallest_split(rounded), size)
+        # Hand the chunk out (in use: KEY 0, with its request), split by the rule.
+        address = key & ADDRESS_MASK
+        chunk = self._record[address]
+        chunk[KEY] = 0
+        chunk[REQUESTED] = size
+        if key >> KEY_SHIFT >= self.smallest_split(rounded):        # ShouldSplitChunk
+            self._split(chunk, rounded)
+        in_use = self.bytes_in_use + chunk[SIZE]
         self.bytes_in_use = in_use
         if in_use > self.peak_bytes_in_use:
             self.peak_bytes_in_use = in_use
@@ -114,6 +124,12 @@ class ChunkPolicy(Policy):
     def free(self, address: int) -> None:
         self.bytes_in_use -= self._give_back(address)
         self.num_frees += 1
+        if self.trim:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Give back wholly free memory at the top after a free (with ``trim``)."""
+        raise NotImplementedError
 
     # -- views -----------------------------------------------------------------------
     def blocks(self) -> Iterator[tuple[int, int, bool]]:

@@ -227,6 +227,7 @@ class ProcessReplay:
         allocated = self.allocated
         peak = self.peak_allocated
         next_sample = self.next_sample
+        keeps_log = self.keeps_call_log
         buckets = self.buckets
         top = buckets.top
         bucket_last = buckets.last_event
@@ -263,7 +264,8 @@ class ProcessReplay:
                         allocated -= size
                 if view.calls != calls:
                     calls = view.calls
-                    top = self._device_called(i, top)
+                    if keeps_log or view.reserved > top:    # else nothing to note
+                        top = self._device_called(i, top)
                     if stop_on_call:
                         called = True
                         break

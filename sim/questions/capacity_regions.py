@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from allocsim.policies.base import Policy
 from allocsim.policies.bfc import BFCAllocator, extend_available
+from allocsim.policies.chunk_records import ADDRESS_MASK, KEY_SHIFT
 from allocsim.policies.units import round_up
 from allocsim.sim.kernel.device import SimulatedDevice
 
@@ -75,12 +76,14 @@ class RegionWatch:
         policy.observe(self)
 
     # -- the hooks (ChunkObserver) -----------------------------------------------------
-    def on_best_fit(self, rounded: int, found: tuple[int, int] | None) -> None:
-        """A search took ``found`` (out of the free index, not yet handed out): narrow the open
-        window to the ``d`` that would have taken the same chunk and split it alike."""
+    def on_best_fit(self, rounded: int, key: int) -> None:
+        """A search took the chunk of free-index ``key`` (out of the index, not yet handed
+        out; 0: none fits): narrow the open window to the ``d`` that would have taken the same
+        chunk and split it alike."""
         window = self._window
         if window is None:
             return
+        found = (key & ADDRESS_MASK, key >> KEY_SHIFT) if key else None
         last, x, in_use = self.chunks.last_chunk(self._base)
         if in_use:                          # no free last chunk: its size decides nothing
             return
