@@ -7,8 +7,8 @@ record (a list: size, neighbours, free-index key, address, request — the slots
 policies/chunk_records.py, with the dict views the checks and tests read), its
 neighbours linked as records in a circle through the region's sentinel, so that malloc and
 free read and write list slots and touch the address → record dict only to find a chunk, add
-a split's rest or drop a merged one (:class:`~allocsim.policies.chunk_policy.ChunkPolicy`,
-their hot path, in policies/chunk_policy.py).
+a split's rest or drop a merged one (:class:`~allocsim.policies.chunk_policy.ChunkPolicy`'s
+malloc and free, in policies/chunk_policy.py).
 
 Invariants, kept by every method here and asserted by :meth:`ChunkMap.check`:
 - the chunks of a region tile it: each chunk's ``next`` starts where it ends, the last one ends

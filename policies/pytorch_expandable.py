@@ -36,7 +36,13 @@ class ExpandableSegments(BlockPools):
         """get_free_block's walk with expandable segments: from the first fitting block, move
         on to the next bigger block while its expandable size is smaller (a tie stays)."""
         record = self.block_map.record
-        current = self._expandable_size(record[keys[position] & MASK])
+        block = record[keys[position] & MASK]
+        after = block[NEXT]
+        if after is None or after[REQ] != UNMAPPED:
+            # Its expandable size is its own size, and every block after it in the list is at
+            # least that big: the walk stops here (without reading them).
+            return position
+        current = self._expandable_size(block)
         last = len(keys) - 1
         while position < last:
             following = self._expandable_size(record[keys[position + 1] & MASK])

@@ -313,8 +313,7 @@ class ProcessReplay:
         return top
 
     def note_out_of_memory(self, i: int, size: int, allocated: int) -> None:
-        """Event ``i``, an alloc of ``size`` bytes, failed with ``allocated`` live bytes (the
-        engine's loop and a policy's segment loop call this)."""
+        """Event ``i``, an alloc of ``size`` bytes, failed with ``allocated`` live bytes."""
         self.ooms += 1
         self.skipped_events.append(i)
         if self.first_oom is None:
