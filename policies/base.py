@@ -16,7 +16,7 @@ flatter its own headline numbers.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator, Mapping, MutableSequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, NoReturn, Protocol
 
@@ -42,56 +42,6 @@ class DeviceMemory(Protocol):
     def map(self, address: int, nbytes: int) -> bool: ...
 
     def unmap(self, address: int, nbytes: int) -> None: ...
-
-
-class DeviceCounters(Protocol):
-    """What a segment loop reads of the device: its call counter and this process's bytes."""
-
-    @property
-    def calls(self) -> int: ...
-
-    @property
-    def reserved(self) -> int: ...
-
-
-class TimelineBucket(Protocol):
-    """The reserved timeline's open bucket: where its first device call came."""
-
-    first_call: int
-
-
-class SegmentReplay(Protocol):
-    """The replay that drives a policy's own segment loop (:meth:`Policy.segment_loop`): the
-    engine's per-event state, which the loop keeps exactly as the engine's own loop would
-    (sim/kernel/engine.py, ``ProcessReplay._run``). The policy imports nothing of the engine:
-    this is the whole of what it may touch."""
-
-    live: dict[int, int]             # live buffer id -> address
-    stopped: bool
-    peak_allocated_event: int
-    in_use_at_peak_allocated: int
-    reserved_at_peak: int
-    peak_reserved_event: int
-    in_use_at_peak_reserved: int
-
-    @property
-    def skipped_events(self) -> MutableSequence[int]: ...
-
-    @property
-    def view(self) -> DeviceCounters: ...
-
-    @property
-    def buckets(self) -> TimelineBucket: ...
-
-    def note_out_of_memory(self, event: int, size: int, allocated: int) -> None: ...
-
-
-# A policy's segment loop: (replay, ops, ids, sizes, streams, lo, hi, first event, allocated,
-# peak allocated, bucket top) -> (last event replayed, allocated, peak allocated, bucket top),
-# or None where it declines the segment (the engine's own loop then runs it). ops[lo:hi] are
-# events first, first + 1, ... (see Policy.segment_loop).
-SegmentLoop = Callable[[SegmentReplay, list[int], list[int], list[int], list[int], int, int, int,
-                        int, int, int], "tuple[int, int, int, int] | None"]
 
 
 @dataclass(frozen=True)
@@ -264,23 +214,6 @@ class Policy:
 
     def stats(self) -> PolicyStats:
         raise NotImplementedError
-
-    def segment_loop(self) -> SegmentLoop | None:
-        """A loop that replays a segment of events itself, or None (the default): the engine
-        then calls :meth:`malloc` and :meth:`free` once per event.
-
-        Issue 17: for a policy whose own work is a few dozen lines an event, the two calls per
-        event and the attribute loads around them are a large share of the replay. A policy may
-        then write its hot pair into a copy of the engine's per-event loop (the live table,
-        allocated bytes and their peak, skipped frees, OOMs, the timeline's bucket and the peak
-        of reserved bytes at each event that made device calls — :class:`SegmentReplay`), held
-        to the engine's loop over its malloc and free by a test. The engine asks again each
-        time it runs a batch of events (and the loop may still decline a segment by returning
-        None); a policy returns None here whenever its own methods have been replaced on the
-        instance (a test's general path, a profiler's wrapper), so that they are the ones that
-        run. The engine never offers a segment that needs the device-call log or stops at each
-        call."""
-        return None
 
     def empty_cache(self) -> None:
         """Return every wholly free piece of memory to the device (no-op where nothing is

@@ -49,8 +49,6 @@ class BestFitAllocator(ChunkPolicy):
         self.heap_base = device.address_range(round_up(device.capacity, self.page))
         self.mapped = 0
         self.peak_mapped = 0
-        if trim:
-            self.free = self._free_and_trim             # type: ignore[method-assign]
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(
         __init__,
@@ -58,16 +56,6 @@ class BestFitAllocator(ChunkPolicy):
         page=("size", "growth step; 0 = the device's mapping granularity (2 MiB)"),
         trim=("bool", "unmap wholly free pages at the top of the heap on free"),
     )
-
-    def _free_and_trim(self, address: int) -> None:
-        """free with ``trim``: then unmap the wholly free pages at the top."""
-        ChunkPolicy.free(self, address)
-        self._trim()
-
-    def free_general(self, address: int) -> None:
-        super().free_general(address)
-        if self.trim:
-            self._trim()
 
     def _make_room(self, rounded: int) -> bool:
         return self._grow(rounded)

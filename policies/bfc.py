@@ -46,7 +46,7 @@ from allocsim.policies.chunk_policy import ChunkPolicy
 from allocsim.policies.chunks import bin_for_size
 
 # bin_for_size is BFC's BinNumForSize, public here.
-__all__ = ["BFCAllocator", "PreallocateAllocator", "bin_for_size"]
+__all__ = ["BFCAllocator", "PreallocateAllocator", "bin_for_size", "extend_available"]
 
 MIN_ALLOCATION = 256
 DEFAULT_MAX_INTERNAL_FRAGMENTATION = 128 << 20
@@ -56,6 +56,12 @@ BACKPEDAL_FACTOR = 0.9
 def round_bytes(nbytes: int) -> int:
     """BFC's RoundedBytes: up to a multiple of 256."""
     return -(-nbytes // MIN_ALLOCATION) * MIN_ALLOCATION
+
+
+def extend_available(memory_limit: int, pool_bytes: int) -> int:
+    """Extend's ``available_bytes``: what the limit leaves beyond the pool, rounded down to
+    256 bytes (Extend fails for a request above it; min-capacity's region watch reads it)."""
+    return (memory_limit - pool_bytes) // MIN_ALLOCATION * MIN_ALLOCATION
 
 
 def _float32(value: float) -> float:
@@ -77,8 +83,8 @@ def backpedal_bytes(nbytes: int) -> int:
 
 class BFCAllocator(ChunkPolicy):
     """BFC over a ChunkMap (policies/chunks.py): ChunkPolicy's malloc and free — best fit,
-    the split rule with max_internal_fragmentation as its slack, coalescing, and the hot path
-    written out — with Extend and DeallocateFreeRegions below as the growth rule."""
+    the split rule with max_internal_fragmentation as its slack, coalescing — with Extend and
+    DeallocateFreeRegions below as the growth rule."""
 
     name = "bfc"
     capacity_use = "bfc-regions; unless garbage_collection, fragmentation_fraction"
@@ -126,10 +132,22 @@ class BFCAllocator(ChunkPolicy):
 
     # -- growth ----------------------------------------------------------------------
     def _extend(self, rounded: int) -> bool:
-        """BFC's Extend: one new region sized by the doubling rule, backing off on refusal."""
-        available = (self.memory_limit - self.pool_bytes) // MIN_ALLOCATION * MIN_ALLOCATION
+        """BFC's Extend, its start and end told to the observer (ChunkObserver's
+        on_extend_start and on_extend)."""
+        observer = self.observer
+        if observer is None:
+            return self._extend_region(rounded) is not None
+        observer.on_extend_start(rounded)
+        nbytes = self._extend_region(rounded)
+        observer.on_extend(rounded, nbytes)
+        return nbytes is not None
+
+    def _extend_region(self, rounded: int) -> int | None:
+        """BFC's Extend: one new region sized by the doubling rule, backing off on refusal.
+        Returns the region's bytes, or None when it fails."""
+        available = extend_available(self.memory_limit, self.pool_bytes)
         if rounded > available:
-            return False
+            return None
         increased = False
         while rounded > self.curr_region_allocation_bytes:
             self.curr_region_allocation_bytes *= 2
@@ -142,14 +160,14 @@ class BFCAllocator(ChunkPolicy):
                 backpedal = nbytes - MIN_ALLOCATION
             nbytes = backpedal
             if nbytes < rounded:
-                return False
+                return None
             base = self.device.reserve(nbytes)
         if not increased:
             self.curr_region_allocation_bytes *= 2
         self.chunks.add_region(base, nbytes)
         self.pool_bytes += nbytes
         self.peak_pool_bytes = max(self.peak_pool_bytes, self.pool_bytes)
-        return True
+        return nbytes
 
     def _deallocate_free_regions(self, rounded: int) -> bool:
         """BFC's DeallocateFreeRegions (only with garbage_collection)."""

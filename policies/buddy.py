@@ -94,9 +94,7 @@ class BuddyAllocator(Policy):
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
-        order = (size - 1).bit_length() - self.min_bits
-        if order < 0:
-            order = 0
+        order = self.order_of(size)
         above = self.nonempty >> order
         if above:
             j = order + (above & -above).bit_length() - 1

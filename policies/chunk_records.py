@@ -17,9 +17,8 @@ NONE = -1
 
 # A free chunk's key: size << KEY_SHIFT | address, so that integer order is (size, address)
 # order and a key decodes without a lookup (size = key >> KEY_SHIFT, address = key &
-# ADDRESS_MASK). Device addresses stay below 2**52. FreeIndex packs and unpacks keys, and so do
-# the hot paths that write its operations out (ChunkPolicy's malloc and free, cuda-async's
-# sync=free take and give-back), each held to FreeIndex's own methods by a test.
+# ADDRESS_MASK). Device addresses stay below 2**52. FreeIndex packs keys (add returns the key,
+# pop_best_fit hands one back); its users unpack them.
 KEY_SHIFT = 52
 ADDRESS_MASK = (1 << KEY_SHIFT) - 1
 

@@ -7,8 +7,8 @@ record (a list: size, neighbours, free-index key, address, request — the slots
 policies/chunk_records.py, with the dict views the checks and tests read), its
 neighbours linked as records in a circle through the region's sentinel, so that malloc and
 free read and write list slots and touch the address → record dict only to find a chunk, add
-a split's rest or drop a merged one (:class:`~allocsim.policies.chunk_policy.ChunkPolicy`,
-their hot path, in policies/chunk_policy.py).
+a split's rest or drop a merged one (:class:`~allocsim.policies.chunk_policy.ChunkPolicy`'s
+malloc and free, in policies/chunk_policy.py).
 
 Invariants, kept by every method here and asserted by :meth:`ChunkMap.check`:
 - the chunks of a region tile it: each chunk's ``next`` starts where it ends, the last one ends
@@ -81,8 +81,8 @@ class FreeIndex:
         """Number of free chunks. O(number of bins)."""
         return sum(len(keys) for keys in self.bins)
 
-    def add(self, size: int, address: int) -> None:
-        """Index free chunk ``address`` of ``size`` bytes."""
+    def add(self, size: int, address: int) -> int:
+        """Index free chunk ``address`` of ``size`` bytes; returns its key."""
         number = BIN[size.bit_length()]
         keys = self.bins[number]
         key = size << KEY_SHIFT | address
@@ -93,6 +93,7 @@ class FreeIndex:
             keys.append(key)
         else:
             insort(keys, key)
+        return key
 
     def remove(self, size: int, address: int) -> None:
         """Take free chunk ``address`` of ``size`` bytes out; KeyError if it is not indexed."""
@@ -122,8 +123,9 @@ class FreeIndex:
         key = self.bins[number + (above & -above).bit_length()][0]
         return key & ADDRESS_MASK, key >> KEY_SHIFT
 
-    def pop_best_fit(self, rounded: int) -> tuple[int, int] | None:
-        """:meth:`best_fit`, and the chunk found leaves the index (one search, not two)."""
+    def pop_best_fit(self, rounded: int) -> int:
+        """:meth:`best_fit`, and the chunk found leaves the index (one search, not two). Returns
+        its key (``size << KEY_SHIFT | address``; no tuple is made), 0 when nothing fits."""
         number = BIN[rounded.bit_length()]
         keys = self.bins[number]
         if keys:
@@ -132,16 +134,16 @@ class FreeIndex:
                 key = keys.pop(position)
                 if not keys:
                     self.nonempty &= ~(1 << number)
-                return key & ADDRESS_MASK, key >> KEY_SHIFT
+                return key
         above = self.nonempty >> (number + 1)
         if not above:
-            return None
+            return 0
         number += (above & -above).bit_length()
         keys = self.bins[number]
         key = keys.pop(0)
         if not keys:
             self.nonempty &= ~(1 << number)
-        return key & ADDRESS_MASK, key >> KEY_SHIFT
+        return key
 
     def largest(self) -> int:
         """Size of the largest free chunk (0 if none). O(1)."""
@@ -321,10 +323,7 @@ class ChunkMap:
         self.free_index.remove(self.record.pop(base)[SIZE], base)
         return nbytes
 
-    # -- the general path ------------------------------------------------------------
-    # One step at a time through FreeIndex's own methods: what ChunkPolicy's general malloc
-    # and free run (and min-capacity's region watch, through BFC's), and what
-    # tests/test_chunk_fast_path.py holds ChunkPolicy's hot path to.
+    # -- handing out, splitting and giving back ------------------------------------------
     def best_fit(self, rounded: int) -> tuple[int, int] | None:
         """``(address, size)`` of the smallest free chunk ≥ ``rounded``, lowest address on
         ties; None when nothing fits. O(log k) bisection + an O(1) jump between bins."""
@@ -332,33 +331,34 @@ class ChunkMap:
 
     def take(self, address: int, chunk_size: int, rounded: int, split: bool,
              requested: int = 0) -> int:
-        """Hand out free chunk ``address`` (still in the free index): :meth:`hand_out` after
-        taking it out of the index. O(log k + k)."""
+        """Hand out free chunk ``address`` (still in the free index) to a caller who asked for
+        ``requested`` bytes, split to ``rounded`` bytes with ``split`` (:meth:`split`); returns
+        the size handed out. ChunkPolicy's malloc takes the same steps after its best-fit pop
+        and its split rule. O(log k + k)."""
         self.free_index.remove(chunk_size, address)
-        return self.hand_out(address, chunk_size, rounded, split, requested)
-
-    def hand_out(self, address: int, chunk_size: int, rounded: int, split: bool,
-                 requested: int = 0) -> int:
-        """Hand out free chunk ``address``, already out of the free index (as
-        :meth:`FreeIndex.pop_best_fit` leaves it), to a caller who asked for ``requested``
-        bytes; with ``split`` the caller keeps the low ``rounded`` bytes and the rest becomes
-        a free chunk. Returns the size handed out. O(1), plus O(log k + k) to index the rest
-        of a split."""
         chunk = self.record[address]
         chunk[KEY] = 0
         chunk[REQUESTED] = requested
-        if not split or chunk_size == rounded:
-            return chunk_size
-        rest, rest_size = address + rounded, chunk_size - rounded
+        if split:
+            self.split(chunk, rounded)
+        return int(chunk[SIZE])
+
+    def split(self, chunk: list, rounded: int) -> None:
+        """BFC's SplitChunk: chunk ``chunk`` (in use, out of the free index) keeps its low
+        ``rounded`` bytes and the rest, if any, becomes a free chunk after it. The chunk after a
+        free chunk is never free (invariant), so the rest needs no merge. O(1), plus O(log k +
+        k) to index the rest."""
+        rest_size = chunk[SIZE] - rounded
+        if not rest_size:
+            return
+        rest = chunk[ADDRESS] + rounded
         after = chunk[NEXT]
         chunk[SIZE] = rounded
-        # The chunk after a free chunk is never free (invariant), so no merge is needed here.
-        self.record[rest] = chunk[NEXT] = after[PREV] = [
-            rest_size, chunk, after, rest_size << KEY_SHIFT | rest, rest, 0]
-        self.free_index.add(rest_size, rest)
-        return rounded
+        piece = [rest_size, chunk, after, 0, rest, 0]
+        self.record[rest] = chunk[NEXT] = after[PREV] = piece
+        piece[KEY] = self.free_index.add(rest_size, rest)
 
-    def give_back_general(self, address: int) -> int:
+    def give_back(self, address: int) -> int:
         """Free chunk ``address``: merge with the next chunk if free, then the previous one
         (BFC's order); returns the freed chunk's size before merging. O(1) link updates plus
         one FreeIndex remove per merged neighbour and one add, each O(log k + k)."""

@@ -65,17 +65,10 @@ Layout: the chunks are policies/chunks.py's records (:class:`~allocsim.policies.
 one list per chunk, linked in a ring through its region's sentinel; KEY 0 while in use), each
 mapped physical chunk one region. Free memory any stream may take is ChunkMap's own free index
 (``shared``); with ``sync=none`` a stream's own free chunks sit in that stream's FreeIndex, their
-owner in ``owner_of`` and each live chunk's stream in ``stream_of``. Two paths, the same
-decisions and state: the general one (the class's :meth:`CudaAsyncAllocator.malloc` and
-:meth:`~CudaAsyncAllocator.free`, one step at a time through FreeIndex's own methods and the
-owner rules) and, under ``sync=free``, the hot pair bound on the instance in their place
-(:meth:`~CudaAsyncAllocator._malloc_shared` / :meth:`~CudaAsyncAllocator._free_shared`: the same
-steps written out in one body each), held to the general path after every step of random
-workloads by tests/test_fast_path_equivalence.py and to results recorded before by
-tests/test_fast_paths.py. The engine replays with a third copy of that pair where it may: the
-pool's segment loop (:meth:`CudaAsyncAllocator.segment_loop`, policies/cuda_async_loop.py),
-the pair written into the engine's per-event loop and held to the engine's loop over the pair
-by tests/test_segment_loop.py.
+owner in ``owner_of`` and each live chunk's stream in ``stream_of``. One malloc and one free
+for every setting (:meth:`CudaAsyncAllocator.malloc`, :meth:`~CudaAsyncAllocator.free`), one
+step at a time through FreeIndex's own methods and the owner rules; tests/test_fast_paths.py
+holds them to the results recorded before the speed work.
 
 Costs (FreeIndex per owner, k = free chunks in the bin touched): malloc is
 one O(log k) search of the shared index (and of the stream's own with ``sync=none``) plus an
@@ -87,9 +80,7 @@ above it. ``synchronize()`` is O(stream-owned free chunks); ``check()`` O(n log 
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from collections.abc import Iterator, MutableMapping, MutableSet
-from functools import partial
 from typing import ClassVar
 
 from allocsim.policies.base import (
@@ -97,7 +88,6 @@ from allocsim.policies.base import (
     Param,
     Policy,
     PolicyStats,
-    SegmentLoop,
     check_live_chunks,
     fail,
     params_of,
@@ -105,7 +95,6 @@ from allocsim.policies.base import (
 )
 from allocsim.policies.chunk_records import (
     ADDRESS,
-    ADDRESS_MASK,
     KEY,
     NEXT,
     NONE,
@@ -113,8 +102,7 @@ from allocsim.policies.chunk_records import (
     REQUESTED,
     SIZE,
 )
-from allocsim.policies.chunks import BIN, KEY_SHIFT, ChunkMap, FreeIndex
-from allocsim.policies.cuda_async_loop import replay_segment
+from allocsim.policies.chunks import KEY_SHIFT, ChunkMap, FreeIndex
 
 SHARED = -(1 << 62)        # owner of free memory any stream may reuse (after a sync)
 SYNC_MODES = ("free", "none")
@@ -162,13 +150,8 @@ class CudaAsyncAllocator(Policy):
         self.next_of: MutableMapping[int, int] = self.chunks.next
         self.in_use: MutableSet[int] = self.chunks.in_use
         self.requested: MutableMapping[int, int] = self.chunks.requested
-        # The hot pair's structures, bound once.
         self._record = self.chunks.record
         self._ring = self.chunks.ring
-        self._bins = self.shared.bins
-        if self.sync_on_free:
-            self.malloc = self._malloc_shared       # type: ignore[method-assign]
-            self.free = self._free_shared           # type: ignore[method-assign]
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(
         __init__,
@@ -181,7 +164,7 @@ class CudaAsyncAllocator(Policy):
         sync=("str", "when the pool synchronises: free (after each) or none"),
     )
 
-    # -- allocation: the general path --------------------------------------------------
+    # -- allocation ----------------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
@@ -299,7 +282,7 @@ class CudaAsyncAllocator(Policy):
         if not self.sync_on_free:
             self.owner_of[rest] = owner
 
-    # -- free: the general path --------------------------------------------------------
+    # -- free --------------------------------------------------------------------------
     def free(self, address: int) -> None:
         chunk = self._record[address]
         if chunk[KEY]:
@@ -365,174 +348,6 @@ class CudaAsyncAllocator(Policy):
             owner_of[address] = owner
         if owner == SHARED and after is chunk[PREV]:     # both its ring: wholly free
             self.free_regions.add(address)
-
-    # -- the hot pair under sync=free, written out -------------------------------------
-    # :meth:`malloc` and :meth:`free` with every free chunk shared (no owners): FreeIndex's
-    # best fit, remove and add, :meth:`_take`, :meth:`_map_chunk` and :meth:`_carve`, and
-    # :meth:`_give_back` written out over the records; bound on the instance in their place
-    # under sync=free. The same decisions and the same state: tests/test_fast_path_equivalence
-    # holds them to the general pair after every step of random workloads.
-    def _malloc_shared(self, size: int, stream: int = 0) -> int | None:
-        if size <= 0:
-            return None
-        if self._preallocate_pending:
-            self._preallocate()
-        rounded = -(-size // self.alignment) * self.alignment
-        index = self.shared
-        bins = self._bins
-        # FreeIndex.best_fit + remove: in bin(rounded), the first key ≥ (rounded, 0); else the
-        # first key of the next non-empty bin above it.
-        number = BIN[rounded.bit_length()]
-        keys = bins[number]
-        position = bisect_left(keys, rounded << KEY_SHIFT) if keys else 0
-        key = 0
-        if position < len(keys):
-            key = keys.pop(position)
-        else:
-            above = index.nonempty >> (number + 1)
-            if above:
-                number += (above & -above).bit_length()
-                keys = bins[number]
-                key = keys.pop(0)
-        record = self._record
-        if key:
-            if not keys:
-                index.nonempty &= ~(1 << number)
-            # _take: in use; a region that was one free chunk no longer is.
-            address = key & ADDRESS_MASK
-            chunk = record[address]
-            chunk[KEY] = 0
-            chunk[REQUESTED] = size
-            handed = chunk[SIZE]
-            after = chunk[NEXT]
-            if after is chunk[PREV]:                        # both its ring: wholly free
-                self.free_regions.discard(address)
-        else:
-            # A miss: _map_chunk written out, its one chunk in use; a refusal goes the general
-            # way (_after_refusal hands out the chunk it finds or maps, split already).
-            granule = self.chunk
-            nbytes = -(-rounded // granule) * granule
-            device = self.device
-            address = device.address_range(nbytes)
-            if device.map(address, nbytes):
-                mapped = self.mapped + nbytes
-                self.mapped = mapped
-                if mapped > self.peak_mapped:
-                    self.peak_mapped = mapped
-                self.regions[address] = nbytes
-                ring: list = [0, None, None, 0, NONE, 0]
-                self._ring[address] = ring
-                ring[PREV] = ring[NEXT] = record[address] = chunk = [
-                    nbytes, ring, ring, 0, address, size]
-                handed, after = nbytes, ring
-            else:
-                grown = self._after_refusal(rounded, stream)
-                if grown is None:
-                    self.num_ooms += 1
-                    return None
-                address = grown
-                chunk = record[address]
-                chunk[KEY] = 0
-                chunk[REQUESTED] = size
-                handed = rounded
-        if handed != rounded:
-            # _take's and _carve's split: the caller keeps the low end, the rest is shared free
-            # memory (the chunk after a free chunk is never free: no merge).
-            rest, rest_size = address + rounded, handed - rounded
-            chunk[SIZE] = rounded
-            key = rest_size << KEY_SHIFT | rest
-            record[rest] = chunk[NEXT] = after[PREV] = [rest_size, chunk, after, key, rest, 0]
-            number = BIN[rest_size.bit_length()]            # FreeIndex.add, written out
-            keys = bins[number]
-            if not keys:
-                index.nonempty |= 1 << number
-                keys.append(key)
-            elif key > keys[-1]:
-                keys.append(key)
-            else:
-                insort(keys, key)
-        in_use = self.bytes_in_use + rounded
-        self.bytes_in_use = in_use
-        if in_use > self.peak_bytes_in_use:
-            self.peak_bytes_in_use = in_use
-        self.num_allocs += 1
-        return address
-
-    def _free_shared(self, address: int) -> None:
-        """:meth:`free` and :meth:`_give_back` to SHARED: the same merges in the same order —
-        the next free neighbour, then the previous one — and the same free-region bookkeeping;
-        a region that becomes wholly free while it is the only one and the pool stays at or
-        above the threshold without it is released at once (what free's _trim would do), never
-        indexed."""
-        record = self._record
-        chunk = record[address]
-        size, before, after, key, _, _ = chunk
-        if key:
-            raise KeyError(f"chunk {address:#x} is not in use")
-        self.bytes_in_use -= size
-        self.num_frees += 1
-        index = self.shared
-        bins = self._bins
-        key = after[KEY]
-        if key:                                         # merge the next chunk into this one
-            merged = after[SIZE]
-            number = BIN[merged.bit_length()]           # FreeIndex.remove, written out
-            keys = bins[number]
-            del keys[bisect_left(keys, key)]
-            if not keys:
-                index.nonempty &= ~(1 << number)
-            del record[after[ADDRESS]]
-            size += merged
-            after = chunk[NEXT] = after[NEXT]
-            after[PREV] = chunk
-        key = before[KEY]
-        if key:                                         # merge this one into the previous
-            merged = before[SIZE]
-            number = BIN[merged.bit_length()]
-            keys = bins[number]
-            del keys[bisect_left(keys, key)]
-            if not keys:
-                index.nonempty &= ~(1 << number)
-            del record[address]
-            size += merged
-            chunk, address = before, before[ADDRESS]
-            chunk[NEXT] = after
-            after[PREV] = chunk
-            before = chunk[PREV]
-        free_regions = self.free_regions
-        if after is before:                             # both its ring: a wholly free region
-            mapped = self.mapped
-            if not free_regions and mapped - size >= self.threshold:
-                del self.regions[address], self._ring[address], record[address]
-                after[PREV] = after[NEXT] = None        # cut the ring's loop (remove_region)
-                self.mapped = mapped - size
-                self.device.unmap(address, size)
-                return
-            free_regions.add(address)
-        chunk[SIZE] = size
-        key = chunk[KEY] = size << KEY_SHIFT | address
-        number = BIN[size.bit_length()]                 # FreeIndex.add, written out
-        keys = bins[number]
-        if not keys:
-            index.nonempty |= 1 << number
-            keys.append(key)
-        elif key > keys[-1]:
-            keys.append(key)
-        else:
-            insort(keys, key)
-        # The synchronisation after the free applies the release threshold.
-        if free_regions and self.mapped > self.threshold:
-            self._trim(self.threshold)
-
-    def segment_loop(self) -> SegmentLoop | None:
-        """Under ``sync=free``, the engine's loop with the hot pair written in
-        (:func:`~allocsim.policies.cuda_async_loop.replay_segment`), while the hot pair is what
-        is bound on the instance; else None."""
-        bound = vars(self)
-        if (not self.sync_on_free or bound.get("malloc") != self._malloc_shared
-                or bound.get("free") != self._free_shared):
-            return None
-        return partial(replay_segment, self)
 
     # -- synchronisation and release ---------------------------------------------------
     def synchronize(self) -> None:

@@ -56,8 +56,8 @@ request, arena, creation id above the address — the slots of policies/cupy_rec
 the dict views the checks and tests read), its neighbours linked as records, a block's ends
 linked to the pool's end record where CuPy has None; one dict maps an address to its record.
 Free chunks live in one :class:`_Arena` per stream: sorted key lists binned by size bit length,
-with a bitmask of the non-empty bins. malloc and free read and write record slots and the
-arena's lists directly (``_Arena.add``/``remove`` written out), and touch the address → record
+with a bitmask of the non-empty bins. malloc and free read and write record slots, go through
+the arena's own methods (``pop_lower_bound``, ``add``, ``remove``), and touch the address → record
 dict only to find a chunk, add a split's rest or a new block, or drop a merged chunk.
 
 Costs (k = free chunks in the arena bin touched, bins by size bit length): malloc is an
@@ -106,7 +106,6 @@ from allocsim.policies.cupy_records import (
 )
 
 ALLOCATION_UNIT_SIZE = 512
-ROUND_UP, ROUND_MASK = ALLOCATION_UNIT_SIZE - 1, -ALLOCATION_UNIT_SIZE    # malloc's _round_size
 NUM_BINS = 65           # bin b holds sizes with bit length b: [2^(b-1), 2^b); sizes are
                         # int64 requests rounded up to 512, so at most 2^63 (bit length 64)
 
@@ -119,14 +118,9 @@ def round_size(nbytes: int) -> int:
 class _Arena:
     """The free chunks of one stream: sorted key lists binned by size bit length, plus a
     bitmask of non-empty bins. The smallest key ≥ (size, 0) is CuPy's ``lower_bound``.
-    add/remove: O(log k) bisection + O(k) list insertion/deletion; largest: O(1).
-
-    CuPyPoolAllocator's malloc and free write add and remove out over ``bins`` and
-    ``nonempty`` (one Python call per event); the copies are held to these methods by the
-    tests: ``check()`` after every event of random workloads (tests/policy_checks.py's
-    referee, tests/test_policy_checks.py, tests/test_cupy_pool.py, which also calls these), and
-    results recorded before they were written out (tests/test_fast_paths.py,
-    tests/test_replay_memory.py). A change here must be made there too."""
+    add/remove/pop_lower_bound: O(log k) bisection + O(k) list insertion/deletion, plus an O(1)
+    jump between bins; largest: O(1). The one copy of these steps: CuPyPoolAllocator's malloc
+    and free call them."""
 
     __slots__ = ("bins", "nonempty")
 
@@ -144,6 +138,27 @@ class _Arena:
             keys.append(key)
         else:
             insort(keys, key)
+
+    def pop_lower_bound(self, rounded: int) -> int:
+        """_Arena.get_chunk: the smallest key ≥ (rounded, 0), out of the arena — in
+        bin(rounded) by bisection, else the first key of the next non-empty bin above it (the
+        bitmask's lowest set bit above); 0 when no chunk fits."""
+        bins = self.bins
+        number = rounded.bit_length()
+        keys = bins[number]
+        position = bisect_left(keys, rounded << SIZE_SHIFT) if keys else 0
+        if position < len(keys):
+            key = keys.pop(position)
+        else:
+            above = self.nonempty >> (number + 1)
+            if not above:
+                return 0
+            number += (above & -above).bit_length()
+            keys = bins[number]
+            key = keys.pop(0)
+        if not keys:
+            self.nonempty &= ~(1 << number)
+        return key
 
     def remove(self, key: int, size: int) -> None:
         number = size.bit_length()
@@ -269,9 +284,8 @@ class CuPyPoolAllocator(Policy):
                         arena.nonempty &= ~(1 << number)
 
     # -- allocation ------------------------------------------------------------------
-    # The hot path: malloc and free in one body each over the records (cupy_records' slots)
-    # and the arena's bins and bitmask, _Arena.add/remove written out (one Python call per
-    # event). Invariants they keep (check() asserts them): a chunk is in its ARENA's bin of
+    # malloc and free over the records (cupy_records' slots) and the arenas' methods.
+    # Invariants they keep (check() asserts them): a chunk is in its ARENA's bin of
     # its size's bit length exactly while free, under the key its KEY slot holds (SIZE <<
     # SIZE_SHIFT | TIE; 0 while in use); the chunk after or before a free chunk is never free
     # (free merges at once); a block's chunks all share one ARENA, so a free neighbour is in
@@ -279,29 +293,13 @@ class CuPyPoolAllocator(Policy):
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
-        rounded = (size + ROUND_UP) & ROUND_MASK             # _round_size (size > 0)
+        rounded = round_size(size)
         arena = self.arenas.get(stream)
         if arena is None:
             arena = self.arenas[stream] = _Arena()
-        # _Arena.get_chunk: the smallest key ≥ (rounded, 0): in bin(rounded) by bisection, else
-        # the first key of the next non-empty bin above it (the bitmask's lowest set bit above).
-        bins = arena.bins
-        number = rounded.bit_length()
-        keys = bins[number]
-        position = bisect_left(keys, rounded << SIZE_SHIFT) if keys else 0
-        if position < len(keys):
-            key = keys[position]
-            del keys[position]
-        else:
-            above = arena.nonempty >> (number + 1)
-            if not above:
-                return self._malloc_block(size, rounded, arena)
-            number += (above & -above).bit_length()
-            keys = bins[number]
-            key = keys[0]
-            del keys[0]
-        if not keys:
-            arena.nonempty &= ~(1 << number)
+        key = arena.pop_lower_bound(rounded)               # _Arena.get_chunk
+        if not key:
+            return self._malloc_block(size, rounded, arena)
         address = key & ADDRESS_MASK
         record = self.record
         chunk = record[address]
@@ -321,16 +319,7 @@ class CuPyPoolAllocator(Policy):
             key = rest_size << SIZE_SHIFT | low
             record[rest] = chunk[NEXT] = after[PREV] = [
                 rest_size, chunk, after, key, rest, 0, arena, low]
-            # _Arena.add(key, rest_size)
-            number = rest_size.bit_length()
-            keys = bins[number]
-            if not keys:
-                arena.nonempty |= 1 << number
-                keys.append(key)
-            elif key > keys[-1]:
-                keys.append(key)
-            else:
-                insort(keys, key)
+            arena.add(key, rest_size)
         in_use = self.bytes_in_use + rounded
         self.bytes_in_use = in_use
         if in_use > self.peak_bytes_in_use:
@@ -399,17 +388,11 @@ class CuPyPoolAllocator(Policy):
             raise KeyError(f"chunk {address:#x} is not in use")
         self.bytes_in_use -= size
         self.num_frees += 1
-        bins = arena.bins
         # _Arena.try_merge_chunk: the next chunk if free (this chunk object survives) ...
         key = after[KEY]
         if key:
             merged = after[SIZE]
-            # _Arena.remove(key, merged)
-            number = merged.bit_length()
-            keys = bins[number]
-            del keys[bisect_left(keys, key)]
-            if not keys:
-                arena.nonempty &= ~(1 << number)
+            arena.remove(key, merged)
             del record[after[ADDRESS]]
             size += merged
             after = chunk[NEXT] = after[NEXT]
@@ -418,28 +401,15 @@ class CuPyPoolAllocator(Policy):
         key = before[KEY]
         if key:
             merged = before[SIZE]
-            number = merged.bit_length()
-            keys = bins[number]
-            del keys[bisect_left(keys, key)]
-            if not keys:
-                arena.nonempty &= ~(1 << number)
+            arena.remove(key, merged)
             del record[address]
             size += merged
             chunk, low = before, before[TIE]
             chunk[NEXT] = after
             after[PREV] = chunk
         chunk[SIZE] = size
-        # _Arena.add(key, size)
         chunk[KEY] = key = size << SIZE_SHIFT | low
-        number = size.bit_length()
-        keys = bins[number]
-        if not keys:
-            arena.nonempty |= 1 << number
-            keys.append(key)
-        elif key > keys[-1]:
-            keys.append(key)
-        else:
-            insort(keys, key)
+        arena.add(key, size)
 
     def empty_cache(self) -> None:
         self.free_all_blocks()

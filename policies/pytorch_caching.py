@@ -79,20 +79,18 @@ pool only as current values (computed on demand), peaks are kept for the aggrega
 Which statistics are kept: everything by default. A caller that will not read memory_stats()
 says so before the first malloc with :meth:`PyTorchCachingAllocator.keep_memory_stats`
 (False) — the replay engine does, as it reads only ``bytes_in_use`` and ``stats()`` — and the
-counters only memory_stats() reads (pytorch_blocks.MEMORY_STATS_ONLY) are then left off the hot
-path: memory_stats() raises and those attributes are absent, so nothing reads a stale number.
+counters only memory_stats() reads (pytorch_blocks.MEMORY_STATS_ONLY) are then not counted:
+memory_stats() raises and those attributes are absent, so nothing reads a stale number.
 
 Layout: the class is built in layers, one module each, each layer a subclass of the one before:
 pytorch_settings (configuration and size rules, functions) → pytorch_blocks (the state, the
 free lists, check()) → pytorch_expandable (expandable segments) → pytorch_oom (the miss path
 and release steps) → pytorch_snapshot (seed, segments, memory_stats) → this module (the
-parameters, malloc and free — the hot path: the general malloc/free for every setting, and
-_malloc_default/_free_default for PyTorch's defaults without memory_stats()'s counters, and
-_malloc_expandable/_free_expandable for the same with expandable segments, each pair held to the
-general pair on random workloads by tests/test_fast_path_equivalence.py; and, for the engine,
-:meth:`PyTorchCachingAllocator.segment_loop`, either pair written into the engine's per-event
-loop in policies/pytorch_loop.py, held to the engine's loop over the pair by
-tests/test_segment_loop.py). Each block is one
+parameters, malloc and free: one of each for every setting, each rule in it written once —
+should_split in pytorch_settings, get_free_block's expandable walk in pytorch_expandable,
+free_block's merges here; memory_stats()'s own counters are counted only while kept, and
+tests/test_fast_path_equivalence.py holds a lean and a kept allocator to the same decisions).
+Each block is one
 record (a list: size, the records before and after it, pool key, requested bytes, address;
 policies/pytorch_records.py), found by address in ``block_map.record``; the address-keyed
 tables ``_size``, ``_prev``, ``_next``, ``_home``, ``_req`` and ``_unmapped`` are views of the
@@ -106,16 +104,13 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterable
-from functools import partial
 from typing import Any, ClassVar
 
-from allocsim.policies import pytorch_loop
-from allocsim.policies.base import DeviceMemory, Param, SegmentLoop, params_of
+from allocsim.policies.base import DeviceMemory, Param, params_of
 from allocsim.policies.pytorch_blocks import MASK, SHIFT
-from allocsim.policies.pytorch_records import ADDRESS, NEXT, PREV, REQ, SIZE, UNMAPPED
+from allocsim.policies.pytorch_records import ADDRESS, NEXT, PREV, REQ, SIZE
 from allocsim.policies.pytorch_settings import (
     K_LARGE_BUFFER,
-    K_MIN_BLOCK_SIZE,
     K_SMALL_BUFFER,
     K_SMALL_SIZE,
     NO_LIMIT,
@@ -126,6 +121,7 @@ from allocsim.policies.pytorch_settings import (
     parse_roundup_power2_divisions,
     round_size,
     roundup_power2_next_division,
+    should_split,
     validate,
 )
 from allocsim.policies.pytorch_snapshot import Snapshots
@@ -174,8 +170,8 @@ class PyTorchCachingAllocator(Snapshots):
             if K_SMALL_BUFFER % granularity or K_LARGE_BUFFER % granularity:
                 raise ValueError(f"expandable segments map 2 and 20 MiB pages; this device maps in "
                                  f"multiples of {granularity} bytes")
-        # PyTorch's defaults, with or without expandable segments: the hot path specialised
-        # for them can run (keep_memory_stats).
+        # PyTorch's defaults, with or without expandable segments: memory_stats()'s own
+        # counters may be left out (keep_memory_stats).
         self._default_settings = (self._divisions is None and not self._gc_on
                                   and self.max_split_size == NO_LIMIT)
 
@@ -198,6 +194,11 @@ class PyTorchCachingAllocator(Snapshots):
                                               "0 = never set (whole device)"),
     )
 
+    def rounded_size(self, size: int) -> int:
+        """round_size with this allocator's roundup_power2_divisions: the bytes a request of
+        ``size`` asks of its pool (public for the fidelity tools and explain-oom)."""
+        return round_size(size, self._divisions)
+
     # -- which statistics are kept --------------------------------------------------------
     def keep_memory_stats(self, keep: bool) -> None:
         """Say whether :meth:`memory_stats` will be read (default: yes, everything is kept).
@@ -205,13 +206,13 @@ class PyTorchCachingAllocator(Snapshots):
         With ``False`` the allocator may leave out the counters only that report reads
         (MEMORY_STATS_ONLY in pytorch_blocks.py: inactive splits, requested-bytes totals and
         peak, allocated total, peak allocation count): with PyTorch's default settings
-        (expandable segments or not) it then runs the specialised hot path, memory_stats()
+        (expandable segments or not) malloc and free then skip them, memory_stats()
         raises RuntimeError and a read of one of those counters AttributeError — never a
         stale number. stats(), bytes_in_use, segments(), blocks(), seed() and check() stay
-        exact. With other settings the general
-        path runs and keeps them anyway (``memory_stats_kept`` says which). The replay engine
-        says ``False`` (sim/kernel/engine.py, ProcessReplay's ``memory_stats``). Only before
-        the first malloc or seed(): a peak missed cannot be recounted later."""
+        exact. With other settings they are kept anyway (``memory_stats_kept`` says which).
+        The replay engine says ``False`` (sim/kernel/engine.py, ProcessReplay's
+        ``memory_stats``). Only before the first malloc or seed(): a peak missed cannot be
+        recounted later."""
         keep = bool(keep) or not self._default_settings
         if keep == self.memory_stats_kept:
             return
@@ -219,27 +220,6 @@ class PyTorchCachingAllocator(Snapshots):
             raise ValueError("keep_memory_stats() must come before the first malloc or seed(): "
                              "peaks and totals missed until then cannot be recounted")
         self._keep_memory_stats_only(keep)
-        if keep:
-            del self.malloc, self.free              # the class's general path again
-        elif self.expandable:
-            self.malloc = self._malloc_expandable   # type: ignore[method-assign]
-            self.free = self._free_expandable       # type: ignore[method-assign]
-        else:
-            self.malloc = self._malloc_default      # type: ignore[method-assign]
-            self.free = self._free_default          # type: ignore[method-assign]
-
-    def segment_loop(self) -> SegmentLoop | None:
-        """With the defaults' hot pair bound (memory_stats() not to be read), the engine's loop
-        with that pair written in (:func:`~allocsim.policies.pytorch_loop.replay_segment`);
-        else None (other settings, or a general path or wrapper put on the instance)."""
-        if self.memory_stats_kept:
-            return None
-        bound = vars(self)
-        malloc, free = ((self._malloc_expandable, self._free_expandable) if self.expandable
-                        else (self._malloc_default, self._free_default))
-        if bound.get("malloc") != malloc or bound.get("free") != free:
-            return None
-        return partial(pytorch_loop.replay_segment, self, self.block_map.record)
 
     def memory_stats(self) -> dict[str, int]:
         """Snapshots.memory_stats, refused (RuntimeError) when it was said not to be read."""
@@ -260,7 +240,7 @@ class PyTorchCachingAllocator(Snapshots):
         finally:
             self._keep_memory_stats_only(False)
 
-    # -- the hot path ------------------------------------------------------------------
+    # -- malloc and free ---------------------------------------------------------------
     # Over the block records (pytorch_records.py's slots; invariants: pytorch_blocks.py's
     # docstring and BlockPools.check): a free list holds exactly the free mapped blocks of its
     # pool, keyed size << 52 | address; a block is free and mapped exactly when its REQ slot is
@@ -269,12 +249,7 @@ class PyTorchCachingAllocator(Snapshots):
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
-        if size < 512:
-            rounded = 512
-        elif self._divisions is None:
-            rounded = (size + 511) & -512
-        else:
-            rounded = round_size(size, self._divisions)
+        rounded = round_size(size, self._divisions)
         small = rounded <= K_SMALL_SIZE
         pool_key = stream << 1 | small
         keys = self._free.get(pool_key)
@@ -282,82 +257,99 @@ class PyTorchCachingAllocator(Snapshots):
             keys = self._free[pool_key] = []
         if self._gc_on:
             self._gc_calls[small] += 1
-        record = self.block_map.record
         # get_free_block: the smallest block of this stream and pool that fits, or none.
-        block = None
-        position = bisect_left(keys, rounded << SHIFT)
-        if position < len(keys):
-            if self.expandable:
-                position = self._expandable_best_fit(keys, position)
-            key = keys[position]
-            block_size = key >> SHIFT
-            max_split = self.max_split_size
-            if rounded < max_split:
-                if block_size < max_split:
-                    block = record[key & MASK]
-            elif block_size < rounded + self.max_non_split_rounding:
-                block = record[key & MASK]
-            if block is not None:
-                del keys[position]
+        block = self._get_free_block(keys, rounded)
         if block is None:
             block = self._malloc_miss(rounded, small, stream, pool_key)
             if block is None:
                 return None
-            block_size = block[SIZE]
-        address = block[ADDRESS]
-        # should_split, then alloc_found_block.
+        # should_split, then alloc_found_block (the caller keeps the low end; the block after
+        # a free block is never free, so the rest needs no merge).
+        block_size = block[SIZE]
         remaining = block_size - rounded
-        if small or self.expandable:
-            split = remaining >= K_MIN_BLOCK_SIZE
-        else:
-            split = rounded < self.max_split_size and remaining > K_SMALL_SIZE
-        already_split = block[PREV] is not None or block[NEXT] is not None
+        split = should_split(remaining, rounded, small or self.expandable, self.max_split_size)
+        counts_splits = self.memory_stats_kept and not self.expandable
+        if counts_splits:
+            self._count_inactive_split_on_alloc(block, split, rounded, remaining)
         if split:
+            address = block[ADDRESS]
             rest = address + rounded
             after = block[NEXT]
             block[SIZE] = rounded
-            record[rest] = block[NEXT] = piece = [remaining, block, after, pool_key, 0, rest]
+            self.block_map.record[rest] = block[NEXT] = piece = [
+                remaining, block, after, pool_key, 0, rest]
             if after is not None:
                 after[PREV] = piece
             insort(keys, remaining << SHIFT | rest)
             if self._gc_on:
                 self._gc_base[rest] = self._gc_calls[small]
-            if not self.expandable:
-                if already_split:
-                    self.inactive_split_bytes -= rounded
-                else:
-                    count = self.inactive_split + 1
-                    self.inactive_split = count
-                    self.inactive_split_total += 1
-                    if count > self.peak_inactive_split:
-                        self.peak_inactive_split = count
-                    nbytes = self.inactive_split_bytes + remaining
-                    self.inactive_split_bytes = nbytes
-                    self.inactive_split_bytes_total += remaining
-                    if nbytes > self.peak_inactive_split_bytes:
-                        self.peak_inactive_split_bytes = nbytes
             block_size = rounded
-        elif already_split and not self.expandable:
-            self.inactive_split -= 1
-            self.inactive_split_bytes -= block_size
         block[REQ] = size
         in_use = self.bytes_in_use + block_size
         self.bytes_in_use = in_use
         if in_use > self.peak_bytes_in_use:
             self.peak_bytes_in_use = in_use
-        self.allocated_total += block_size
-        requested = self.requested + size
-        self.requested = requested
-        if requested > self.peak_requested:
-            self.peak_requested = requested
-        self.requested_total += size
+        self.requested += size
         self.num_allocs += 1
+        if self.memory_stats_kept:
+            self._count_alloc(block_size, size)
+        if block_size >= self.max_split_size:
+            self._oversize_allocation()
+        return block[ADDRESS]
+
+    def _get_free_block(self, keys: list[int], rounded: int) -> list | None:
+        """get_free_block: the first block of the pool's free list with size ≥ ``rounded``
+        (smallest, lowest address on ties), moved on by the expandable walk with expandable
+        segments; None when there is none or the max_split_size rules reject it (no search
+        beyond it). The block found leaves the free list."""
+        position = bisect_left(keys, rounded << SHIFT)
+        if position == len(keys):
+            return None
+        if self.expandable:
+            position = self._expandable_best_fit(keys, position)
+        key = keys[position]
+        block_size = key >> SHIFT
+        max_split = self.max_split_size
+        if rounded < max_split:
+            if block_size >= max_split:
+                return None
+        elif block_size >= rounded + self.max_non_split_rounding:
+            return None
+        del keys[position]
+        return self.block_map.record[key & MASK]
+
+    def _count_inactive_split_on_alloc(self, block: list, split: bool, rounded: int,
+                                       remaining: int) -> None:
+        """alloc_found_block's change of inactive_split(_bytes) (memory_stats() only; not kept
+        for expandable segments)."""
+        already_split = block[PREV] is not None or block[NEXT] is not None
+        if split:
+            if already_split:
+                self.inactive_split_bytes -= rounded
+            else:
+                count = self.inactive_split + 1
+                self.inactive_split = count
+                self.inactive_split_total += 1
+                if count > self.peak_inactive_split:
+                    self.peak_inactive_split = count
+                nbytes = self.inactive_split_bytes + remaining
+                self.inactive_split_bytes = nbytes
+                self.inactive_split_bytes_total += remaining
+                if nbytes > self.peak_inactive_split_bytes:
+                    self.peak_inactive_split_bytes = nbytes
+        elif already_split:
+            self.inactive_split -= 1
+            self.inactive_split_bytes -= block[SIZE]
+
+    def _count_alloc(self, block_size: int, size: int) -> None:
+        """The totals and peaks only memory_stats() reads, after an allocation."""
+        self.allocated_total += block_size
+        if self.requested > self.peak_requested:
+            self.peak_requested = self.requested
+        self.requested_total += size
         live = self.num_allocs - self.num_frees
         if live > self.peak_allocations:
             self.peak_allocations = live
-        if block_size >= self.max_split_size:
-            self._oversize_allocation()
-        return address
 
     def free(self, address: int) -> None:
         record = self.block_map.record
@@ -373,7 +365,8 @@ class PyTorchCachingAllocator(Snapshots):
             self.oversize_allocations -= 1
         keys = self._free[pool_key]
         # free_block: try_merge_blocks with the previous block, then with the next one, each
-        # when free and mapped (REQ 0).
+        # when free and mapped (REQ 0: an allocated neighbour's is its request, an unmapped
+        # one's UNMAPPED, so unmapped pages never join a mapped free block).
         total = size
         subsumed_count = 0
         subsumed_bytes = 0
@@ -407,194 +400,28 @@ class PyTorchCachingAllocator(Snapshots):
             gc_base.pop(address, None)
             gc_base.pop(0 if after is None else after[ADDRESS], None)
             gc_base[block[ADDRESS]] = self._gc_calls[pool_key & 1]
-        if not self.expandable:
-            # free_block's net change of inactive_split(_bytes): the neighbours it swallowed
-            # stop counting; the joined block counts while its segment is still split.
-            if block[PREV] is not None or block[NEXT] is not None:
-                nbytes = self.inactive_split_bytes + size
-                self.inactive_split_bytes = nbytes
-                self.inactive_split_bytes_total += size
-                if nbytes > self.peak_inactive_split_bytes:
-                    self.peak_inactive_split_bytes = nbytes
-                if not subsumed_count:
-                    count = self.inactive_split + 1
-                    self.inactive_split = count
-                    self.inactive_split_total += 1
-                    if count > self.peak_inactive_split:
-                        self.peak_inactive_split = count
-                elif subsumed_count == 2:
-                    self.inactive_split -= 1
-            elif subsumed_count:
-                self.inactive_split -= subsumed_count
-                self.inactive_split_bytes -= subsumed_bytes
+        if self.memory_stats_kept and not self.expandable:
+            self._count_inactive_split_on_free(block, size, subsumed_count, subsumed_bytes)
 
-    # -- the hot path, specialised for PyTorch's default settings --------------------------
-    # :meth:`malloc` and :meth:`free` with the settings that pick another branch fixed at their
-    # defaults — no expandable segments, no roundup_power2_divisions, no garbage collection,
-    # max_split_size unlimited (so every block may be split and none is oversize) — and with
-    # only the counters that stats() and the engine read: bytes_in_use and its peak,
-    # requested, num_allocs, num_frees (MEMORY_STATS_ONLY are not kept). Bound in place of them
-    # by :meth:`keep_memory_stats` (False) when those settings hold. Over the same records and
-    # free lists (the invariants above the general path), the same decisions and the same
-    # state: one dict lookup to find the block, one new dict entry per split (the rest's
-    # record), one deleted per merged neighbour; the rest is list slots.
-    # tests/test_fast_path_equivalence.py holds them to malloc/free after every step of random
-    # workloads, tests/test_fast_paths.py to the results recorded before.
-    def _malloc_default(self, size: int, stream: int = 0) -> int | None:
-        if size <= 0:
-            return None
-        rounded = 512 if size < 512 else (size + 511) & -512
-        small = rounded <= K_SMALL_SIZE
-        pool_key = stream << 1 | small
-        free_lists = self._free
-        keys = free_lists.get(pool_key)
-        if keys is None:
-            keys = free_lists[pool_key] = []
-        record = self.block_map.record
-        # get_free_block: the smallest block of this stream and pool that fits, or none.
-        position = bisect_left(keys, rounded << SHIFT)
-        if position < len(keys):
-            key = keys.pop(position)
-            address = key & MASK
-            block_size = key >> SHIFT
-            block = record[address]
-        else:
-            found = self._malloc_miss(rounded, small, stream, pool_key)
-            if found is None:
-                return None
-            block = found
-            address = block[ADDRESS]
-            block_size = block[SIZE]
-        # should_split, then alloc_found_block (the caller keeps the low end; the block after
-        # a free block is never free, so the rest needs no merge).
-        remaining = block_size - rounded
-        if remaining >= K_MIN_BLOCK_SIZE if small else remaining > K_SMALL_SIZE:
-            rest = address + rounded
-            after = block[NEXT]
-            block[SIZE] = rounded
-            record[rest] = block[NEXT] = piece = [remaining, block, after, pool_key, 0, rest]
-            if after is not None:
-                after[PREV] = piece
-            insort(keys, remaining << SHIFT | rest)
-            block_size = rounded
-        block[REQ] = size
-        in_use = self.bytes_in_use + block_size
-        self.bytes_in_use = in_use
-        if in_use > self.peak_bytes_in_use:
-            self.peak_bytes_in_use = in_use
-        self.requested += size
-        self.num_allocs += 1
-        return address
-
-    def _free_default(self, address: int) -> None:
-        record = self.block_map.record
-        block = record[address]
-        size, before, after, pool_key, requested, _ = block
-        if requested <= 0:
-            raise KeyError(f"pytorch: block {address:#x} is not allocated")
-        self.bytes_in_use -= size
-        self.requested -= requested
-        self.num_frees += 1
-        keys = self._free[pool_key]
-        # free_block: try_merge_blocks with the previous block, then with the next one, each
-        # when free and mapped (REQ 0: an allocated neighbour's is its request, an unmapped
-        # one's UNMAPPED — which is why the same body serves expandable segments).
-        if before is not None and not before[REQ]:
-            merged = before[SIZE]
-            address = before[ADDRESS]
-            del keys[bisect_left(keys, merged << SHIFT | address)]
-            del record[block[ADDRESS]]
-            before[NEXT] = after
-            if after is not None:
-                after[PREV] = before
-            block = before
-            size += merged
-        else:
-            block[REQ] = 0
-        if after is not None and not after[REQ]:
-            merged = after[SIZE]
-            after_address = after[ADDRESS]
-            del keys[bisect_left(keys, merged << SHIFT | after_address)]
-            del record[after_address]
-            beyond = block[NEXT] = after[NEXT]
-            if beyond is not None:
-                beyond[PREV] = block
-            size += merged
-        block[SIZE] = size
-        insort(keys, size << SHIFT | address)
-
-    # -- the hot path, specialised for the defaults with expandable segments ---------------
-    # :meth:`_malloc_default` and :meth:`_free_default` with ``expandable_segments=true``:
-    # malloc's search goes on from the first fitting block to bigger ones while their size plus
-    # the unmapped space right behind them is smaller (get_free_block's expandable walk,
-    # ExpandableSegments._expandable_best_fit written out), a block splits when ≥ 512 bytes
-    # remain, whatever its pool (should_split), and free merges only with equally mapped
-    # neighbours — which _free_default already does: an unmapped block's REQ is UNMAPPED, not
-    # 0, so it is never taken for a free one (and it is in no free list). No inactive-split
-    # counters (expandable segments keep none). Bound by keep_memory_stats(False) under those
-    # settings; held to malloc/free by tests/test_fast_path_equivalence.py.
-    def _malloc_expandable(self, size: int, stream: int = 0) -> int | None:
-        if size <= 0:
-            return None
-        rounded = 512 if size < 512 else (size + 511) & -512
-        small = rounded <= K_SMALL_SIZE
-        pool_key = stream << 1 | small
-        free_lists = self._free
-        keys = free_lists.get(pool_key)
-        if keys is None:
-            keys = free_lists[pool_key] = []
-        record = self.block_map.record
-        position = bisect_left(keys, rounded << SHIFT)
-        if position < len(keys):
-            # get_free_block's expandable walk: a block's expandable size is its own plus the
-            # unmapped block right behind it; move on while the next block's is smaller. The
-            # keys ascend by size, so the next block's expandable size is at least this one's
-            # own size: with no unmapped block behind this one the walk would stop at once, and
-            # it is not taken (the same choice, without reading the next block).
-            block = record[keys[position] & MASK]
-            after = block[NEXT]
-            if after is not None and after[REQ] == UNMAPPED:
-                current = block[SIZE] + after[SIZE]
-                last = len(keys) - 1
-                while position < last:
-                    candidate = record[keys[position + 1] & MASK]
-                    after = candidate[NEXT]
-                    following = candidate[SIZE] + (
-                        after[SIZE] if after is not None and after[REQ] == UNMAPPED else 0)
-                    if following >= current:
-                        break
-                    position += 1
-                    current = following
-                    block = candidate
-            del keys[position]
-            address = block[ADDRESS]
-            block_size = block[SIZE]
-        else:
-            found = self._malloc_miss(rounded, small, stream, pool_key)
-            if found is None:
-                return None
-            block = found
-            address = block[ADDRESS]
-            block_size = block[SIZE]
-        # should_split (expandable: ≥ 512 bytes remain), then alloc_found_block.
-        remaining = block_size - rounded
-        if remaining >= K_MIN_BLOCK_SIZE:
-            rest = address + rounded
-            after = block[NEXT]
-            block[SIZE] = rounded
-            record[rest] = block[NEXT] = piece = [remaining, block, after, pool_key, 0, rest]
-            if after is not None:
-                after[PREV] = piece
-            insort(keys, remaining << SHIFT | rest)
-            block_size = rounded
-        block[REQ] = size
-        in_use = self.bytes_in_use + block_size
-        self.bytes_in_use = in_use
-        if in_use > self.peak_bytes_in_use:
-            self.peak_bytes_in_use = in_use
-        self.requested += size
-        self.num_allocs += 1
-        return address
-
-    # free with expandable segments: _free_default's body as it is (the comment above).
-    _free_expandable = _free_default
+    def _count_inactive_split_on_free(self, block: list, size: int, subsumed_count: int,
+                                      subsumed_bytes: int) -> None:
+        """free_block's net change of inactive_split(_bytes) (memory_stats() only): the
+        neighbours it swallowed stop counting; the joined block counts while its segment is
+        still split."""
+        if block[PREV] is not None or block[NEXT] is not None:
+            nbytes = self.inactive_split_bytes + size
+            self.inactive_split_bytes = nbytes
+            self.inactive_split_bytes_total += size
+            if nbytes > self.peak_inactive_split_bytes:
+                self.peak_inactive_split_bytes = nbytes
+            if not subsumed_count:
+                count = self.inactive_split + 1
+                self.inactive_split = count
+                self.inactive_split_total += 1
+                if count > self.peak_inactive_split:
+                    self.peak_inactive_split = count
+            elif subsumed_count == 2:
+                self.inactive_split -= 1
+        elif subsumed_count:
+            self.inactive_split -= subsumed_count
+            self.inactive_split_bytes -= subsumed_bytes

@@ -33,26 +33,32 @@ class ExpandableSegments(BlockPools):
         return self.segment_map[bases[bisect_left(bases, address + 1) - 1]]
 
     def _expandable_best_fit(self, keys: list[int], position: int) -> int:
-        """get_free_block's walk: from the first fitting block, move on to bigger blocks while
-        their size plus the unmapped space right behind them is smaller."""
+        """get_free_block's walk with expandable segments: from the first fitting block, move
+        on to the next bigger block while its expandable size is smaller (a tie stays)."""
         record = self.block_map.record
-        # A block's expandable size: its own plus the unmapped block right behind it (written
-        # out twice rather than as a helper: this runs on every expandable malloc).
         block = record[keys[position] & MASK]
         after = block[NEXT]
-        current = block[SIZE] + (after[SIZE] if after is not None and after[REQ] == UNMAPPED
-                                 else 0)
+        if after is None or after[REQ] != UNMAPPED:
+            # Its expandable size is its own size, and every block after it in the list is at
+            # least that big: the walk stops here (without reading them).
+            return position
+        current = self._expandable_size(block)
         last = len(keys) - 1
         while position < last:
-            block = record[keys[position + 1] & MASK]
-            after = block[NEXT]
-            following = block[SIZE] + (after[SIZE] if after is not None and after[REQ] == UNMAPPED
-                                       else 0)
+            following = self._expandable_size(record[keys[position + 1] & MASK])
             if following >= current:
                 break
             position += 1
             current = following
         return position
+
+    @staticmethod
+    def _expandable_size(block: list) -> int:
+        """A block's expandable size: its own plus the unmapped block right behind it."""
+        after = block[NEXT]
+        if after is not None and after[REQ] == UNMAPPED:
+            return int(block[SIZE] + after[SIZE])
+        return int(block[SIZE])
 
     def _find_expandable_block(self, stream: int, small: bool, size: int) -> list:
         """find_expandable_block: over this stream's unmapped blocks of this pool in address

@@ -324,6 +324,17 @@ def round_size(size: int, divisions: list[int] | None = None) -> int:
     return -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
 
 
+def should_split(remaining: int, rounded: int, small_or_expandable: bool,
+                 max_split_size: int) -> bool:
+    """DeviceCachingAllocator::should_split: a block of ``rounded + remaining`` bytes serving
+    ``rounded`` splits off its rest when, in the small pool or with expandable segments,
+    ``remaining >= kMinBlockSize`` (512 B); in the large pool when ``rounded <
+    max_split_size`` and ``remaining > kSmallSize`` (1 MiB)."""
+    if small_or_expandable:
+        return remaining >= K_MIN_BLOCK_SIZE
+    return rounded < max_split_size and remaining > K_SMALL_SIZE
+
+
 def get_allocation_size(size: int) -> int:
     """Segment size for a rounded request that missed the cache."""
     if size <= K_SMALL_SIZE:

@@ -2,9 +2,9 @@
 merged chunk, a freed block) goes with its last reference, never waiting for Python's cyclic
 garbage collector. Why it matters: the stream-ordered pool's released regions were each a ring
 and a chunk pointing at each other, and collecting them took a tenth of cuda-async's replay
-time at release on every free (issue 17). Held here for every policy, by its segment loop, by
-the engine's loop over its hot pair and by its general path, on a roomy device and on one
-tight enough for growth to fail, releases and OOMs.
+time at release on every free (issue 17). Held here for every policy (each has one malloc and
+one free, driven by the engine's one loop), on a roomy device and on one tight enough for
+growth to fail, releases and OOMs, with and without PyTorch's memory_stats() counters.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from allocsim.policies import parse_policy
 from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.sim.kernel.device import SimulatedDevice, resolve_device
 from allocsim.sim.kernel.engine import ProcessReplay
-from tests.test_segment_loop import random_events
+from tests.random_workloads import random_events
 
 MiB = 1 << 20
 SETTINGS = ("on-demand", "preallocate", "best-fit", "best-fit:trim=true", "bfc",
@@ -46,21 +46,12 @@ def replay_to_the_end(run: ProcessReplay) -> None:
 
 
 @pytest.mark.parametrize("spec", SETTINGS)
-@pytest.mark.parametrize("path", ["own-loop", "engine-loop", "general"])
+@pytest.mark.parametrize("memory_stats", [False, True], ids=["engine", "memory-stats"])
 @pytest.mark.parametrize("capacity", ["1GiB", "48MiB"])
-def test_a_replay_leaves_no_cyclic_garbage(spec: str, path: str, capacity: str) -> None:
+def test_a_replay_leaves_no_cyclic_garbage(spec: str, memory_stats: bool, capacity: str) -> None:
     run = ProcessReplay(random_events(2, 2000), parse_policy(spec),
                         SimulatedDevice(resolve_device("t4-16g", capacity)), call_log=False,
-                        memory_stats=path == "general")      # PyTorch's general path
-    policy = run.policy
-    if path != "own-loop":
-        policy.segment_loop = lambda: None               # type: ignore[method-assign]
-    if path == "general":
-        for name in ("malloc", "free"):
-            if name in vars(policy):                     # a hot pair, set on the instance
-                delattr(policy, name)
-        if hasattr(policy, "free_general"):              # ChunkPolicy's general free
-            policy.free = policy.free_general            # type: ignore[method-assign]
+                        memory_stats=memory_stats)
     assert cyclic_garbage_of(lambda: replay_to_the_end(run)) == 0
 
 

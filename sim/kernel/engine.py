@@ -96,8 +96,7 @@ class BucketSummary:
 class ProcessReplay:
     """One process's events through one policy; its state survives between batches.
 
-    Costs: :meth:`advance` is O(events) engine work — per event at most one policy call (none
-    where the policy replays the segment in a loop of its own, :meth:`Policy.segment_loop`),
+    Costs: :meth:`advance` is O(events) engine work — per event at most one policy call,
     O(1) dict and counter updates, a sample every ``n // TIMELINE_POINTS`` events — plus
     whatever the policy's ``malloc``/``free`` cost, and O(1) per device call (a comparison;
     with the call log, list appends packed between chunks); traces are converted to lists
@@ -209,15 +208,15 @@ class ProcessReplay:
         the end: per event it is one policy call, the live-dict update, the running sum and
         one comparison of the device's call counter. It allocates nothing beyond the live
         dict's entry for a new buffer; an event that made device calls raises the bucket's
-        most reserved bytes and appends to the call log if one is kept, inline (what
-        :meth:`_device_called` does); OOMs leave the loop through :meth:`note_out_of_memory`.
+        most reserved bytes and appends to the call log if one is kept
+        (:meth:`_device_called`); OOMs leave the loop through :meth:`note_out_of_memory`.
         A stopping OOM (``stop_on_oom``) or, with ``stop_on_call``, a device call ends the
         segment early; the event's own device calls, sample and bucket are still recorded,
         as for every other event.
 
-        A policy with a segment loop of its own (:meth:`Policy.segment_loop`) replays each
-        segment itself, unless a device-call log is kept or the run stops at each call (those
-        take the loop here); it may decline a segment, which the loop here then runs."""
+        This is the one per-event loop: every policy is driven through its own ``malloc`` and
+        ``free`` (the Python models are the specification; speed comes from the native core,
+        not from copies of this loop inside policies)."""
         ops, ids, sizes, streams = self._lists
         base = self._base
         live = self.live
@@ -228,85 +227,53 @@ class ProcessReplay:
         allocated = self.allocated
         peak = self.peak_allocated
         next_sample = self.next_sample
-        # The device calls' bookkeeping (what :meth:`_device_called` does, written out in the
-        # loop: a policy like on-demand makes a call at every event).
         keeps_log = self.keeps_call_log
-        log_event, log_reserved = self.call_events.append, self.call_reserved.append
-        log_cost = self.call_cost.append
-        reserved_at_peak = self.reserved_at_peak
         buckets = self.buckets
         top = buckets.top
         bucket_last = buckets.last_event
         called = False
-        segment_loop = None if keeps_log or stop_on_call else policy.segment_loop()
         while i < stop:
             # Through the next sampled event or the bucket's last, whichever comes first.
             end = min(stop, next_sample + 1, bucket_last + 1)
             lo, hi = i - base, end - base
-            replayed = None
-            if segment_loop is not None:
-                replayed = segment_loop(self, ops, ids, sizes, streams, lo, hi, i, allocated,
-                                        peak, top)
-            if replayed is not None:
-                # The policy's loop kept every per-event figure as the loop below does; it
-                # returns the last event it replayed (a stopping OOM's, if one stopped it).
-                i, allocated, peak, top = replayed
-                calls = view.calls
-                reserved_at_peak = self.reserved_at_peak
-                broke = self.stopped
-            else:
-                broke = True
-                events = range(i, end)
-                for i, op, buffer, size, stream in zip(events, ops[lo:hi], ids[lo:hi],
-                                                       sizes[lo:hi], streams[lo:hi]):
-                    if op == OP_ALLOC:
-                        if size > 0:
-                            address = malloc(size, stream)
-                            if address is None:
-                                self.note_out_of_memory(i, size, allocated)
-                                if self.stopped:
-                                    break               # its device calls are logged below
-                            else:
-                                live[buffer] = address
-                                allocated += size
-                                if allocated > peak:
-                                    peak = allocated
-                                    self.peak_allocated_event = i
-                                    self.in_use_at_peak_allocated = policy.bytes_in_use
-                    else:
-                        address = live.pop(buffer, None)
+            broke = True
+            events = range(i, end)
+            for i, op, buffer, size, stream in zip(events, ops[lo:hi], ids[lo:hi],
+                                                   sizes[lo:hi], streams[lo:hi]):
+                if op == OP_ALLOC:
+                    if size > 0:
+                        address = malloc(size, stream)
                         if address is None:
-                            if size:
-                                self.skipped_events.append(i)
+                            self.note_out_of_memory(i, size, allocated)
+                            if self.stopped:
+                                break               # its device calls are logged below
                         else:
-                            free(address)
-                            allocated -= size
-                    if view.calls != calls:
-                        calls = view.calls
-                        reserved = view.reserved
-                        if keeps_log:
-                            log_event(i)
-                            log_reserved(reserved)
-                            log_cost(view.cost_s)
-                        if reserved > top:                  # the bucket's most (-1: none yet)
-                            if top < 0:
-                                buckets.first_call = i
-                            top = reserved
-                            if reserved > reserved_at_peak:     # never above the run's peak else
-                                reserved_at_peak = self.reserved_at_peak = reserved
-                                self.peak_reserved_event = i
-                                self.in_use_at_peak_reserved = policy.bytes_in_use
-                        if stop_on_call:
-                            called = True
-                            break
+                            live[buffer] = address
+                            allocated += size
+                            if allocated > peak:
+                                peak = allocated
+                                self.peak_allocated_event = i
+                                self.in_use_at_peak_allocated = policy.bytes_in_use
                 else:
-                    broke = False
+                    address = live.pop(buffer, None)
+                    if address is None:
+                        if size:
+                            self.skipped_events.append(i)
+                    else:
+                        free(address)
+                        allocated -= size
+                if view.calls != calls:
+                    calls = view.calls
+                    if keeps_log or view.reserved > top:    # else nothing to note
+                        top = self._device_called(i, top)
+                    if stop_on_call:
+                        called = True
+                        break
+            else:
+                broke = False
             if view.calls != calls:                 # a stopping OOM's own device calls
                 calls = view.calls
-                buckets.top = top
-                self._device_called(i)
-                top = buckets.top
-                reserved_at_peak = self.reserved_at_peak
+                top = self._device_called(i, top)
                 called = True
             if i == next_sample:
                 self.samples.append((i, policy.bytes_in_use))
@@ -324,26 +291,29 @@ class ProcessReplay:
         self.next_sample = next_sample
         return i, called
 
-    def _device_called(self, i: int) -> None:
-        """Note the device calls of event ``i`` (the loop in :meth:`_run` does the same inline)."""
+    def _device_called(self, i: int, top: int) -> int:
+        """Note the device calls of event ``i``, the one place they are noted: the call log (if
+        kept) and, when the bytes reserved now pass ``top`` (the bucket's most so far, -1:
+        none yet), the bucket's first call and the run's peak of reserved bytes. Returns the
+        bucket's new top. O(1)."""
         view = self.view
+        reserved = view.reserved
         if self.keeps_call_log:
             self.call_events.append(i)
-            self.call_reserved.append(view.reserved)
+            self.call_reserved.append(reserved)
             self.call_cost.append(view.cost_s)
-        buckets = self.buckets
-        if view.reserved > buckets.top:
-            if buckets.top < 0:
-                buckets.first_call = i
-            buckets.top = view.reserved
-        if view.reserved > self.reserved_at_peak:
-            self.reserved_at_peak = view.reserved
-            self.peak_reserved_event = i
-            self.in_use_at_peak_reserved = self.policy.bytes_in_use
+        if reserved > top:
+            if top < 0:
+                self.buckets.first_call = i
+            top = reserved
+            if reserved > self.reserved_at_peak:    # never above the run's peak else
+                self.reserved_at_peak = reserved
+                self.peak_reserved_event = i
+                self.in_use_at_peak_reserved = self.policy.bytes_in_use
+        return top
 
     def note_out_of_memory(self, i: int, size: int, allocated: int) -> None:
-        """Event ``i``, an alloc of ``size`` bytes, failed with ``allocated`` live bytes (the
-        engine's loop and a policy's segment loop call this)."""
+        """Event ``i``, an alloc of ``size`` bytes, failed with ``allocated`` live bytes."""
         self.ooms += 1
         self.skipped_events.append(i)
         if self.first_oom is None:

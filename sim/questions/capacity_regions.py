@@ -1,8 +1,8 @@
 """BFC's regions at other capacities: what one replay shows about runs whose regions differ.
 
 BFC (policies/bfc.py) decides from its memory_limit only in Extend; between two Extends its
-decisions — best fit by (size, address), split when chunk ≥ min(2·request, request + 128 MiB),
-merges — are capacity-blind. :class:`RegionWatch` records a replay's Extends and, for each
+decisions — best fit by (size, address), the split rule (BFCAllocator.smallest_split), merges —
+are capacity-blind. :class:`RegionWatch` records a replay's Extends and, for each
 region until the next Extend, the interval of ``d`` (the region ``d`` bytes larger at another
 capacity) for which every decision stays the same; :meth:`RegionWatch.answer` walks a capacity
 through the recorded Extends. The argument is in sim/questions/capacity_oracle.py's docstring
@@ -22,10 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from allocsim.policies.base import Policy
+from allocsim.policies.bfc import BFCAllocator, extend_available
+from allocsim.policies.chunk_records import ADDRESS_MASK, KEY_SHIFT
 from allocsim.policies.units import round_up
 from allocsim.sim.kernel.device import SimulatedDevice
 
-MIN_ALLOCATION = 256              # BFC's kMinAllocationSize (policies/bfc.py)
 _NEVER = 1 << 62                  # an interval's open end
 
 
@@ -53,76 +54,80 @@ class _Window:
 
 
 class RegionWatch:
-    """Records a BFC replay's Extends and each region's window (module docstring). Installed by
-    wrapping the policy's own best-fit pop and Extend; the policy's rules are untouched."""
+    """Records a BFC replay's Extends and each region's window (module docstring). It observes
+    the policy through its public hooks (policies/chunk_policy.py's ChunkObserver: every
+    best-fit search and every Extend) and reads the split rule from the policy itself
+    (``smallest_split``); the policy's rules are untouched."""
 
     def __init__(self, policy: Policy, device: SimulatedDevice) -> None:
+        if not isinstance(policy, BFCAllocator):
+            raise TypeError(f"a region watch follows BFC, not {type(policy).__name__}")
         self.device = device
         self.policy = policy
-        self.init_curr: int = policy.curr_region_allocation_bytes   # type: ignore[attr-defined]
-        self.mif: int = policy.max_internal_fragmentation           # type: ignore[attr-defined]
+        self.init_curr = policy.curr_region_allocation_bytes
+        self.mif = policy.max_internal_fragmentation
         self.extends: list[_Extend] = []
         self.windows: list[_Window | None] = []
         self.completed = False
-        chunks = policy.chunks                                      # type: ignore[attr-defined]
-        self.chunks = chunks
-        real_pop = policy._pop_best_fit                             # type: ignore[attr-defined]
-        real_extend = policy._extend                                # type: ignore[attr-defined]
-        last_chunk, best_fit = chunks.last_chunk, chunks.free_index.best_fit
-        mif = self.mif
-        state: list = [None, 0]      # the open window, its region's base
+        self.chunks = policy.chunks
+        self._window: _Window | None = None     # the open window
+        self._base = 0                          # its region's base
+        self._started: tuple[int, int, int, int] | None = None   # pool, curr, used, refused
+        policy.observe(self)
 
-        def pop(rounded: int) -> tuple[int, int] | None:
-            window = state[0]
-            if window is None:
-                return real_pop(rounded)
-            last, x, in_use = last_chunk(state[1])
-            found = real_pop(rounded)
-            if in_use:                      # no free last chunk: its size decides nothing
-                return found
-            lo = -x                         # the last chunk never shrinks below nothing
-            hi = window.hi
-            if found is None or (found[0] != last and x < rounded):
-                hi = min(hi, rounded - x - 1)           # it still must not fit
-            elif found[0] != last:
-                lo = max(lo, found[1] - x)              # it must stay no better than the choice
-            else:                                       # it was chosen and must stay chosen
-                lo = max(lo, rounded - x)
-                second = best_fit(rounded)
-                if second is not None:                  # ... before the next best (lower address)
-                    hi = min(hi, second[1] - 1 - x)
-                split_from = min(2 * rounded, rounded + mif)
-                if x >= split_from:                     # ... and split, or not, alike
-                    lo = max(lo, split_from - x)
-                else:
-                    hi = min(hi, split_from - 1 - x)
-            if lo > window.lo:
-                window.lo = lo
-            window.hi = hi
-            return found
+    # -- the hooks (ChunkObserver) -----------------------------------------------------
+    def on_best_fit(self, rounded: int, key: int) -> None:
+        """A search took the chunk of free-index ``key`` (out of the index, not yet handed
+        out; 0: none fits): narrow the open window to the ``d`` that would have taken the same
+        chunk and split it alike."""
+        window = self._window
+        if window is None:
+            return
+        found = (key & ADDRESS_MASK, key >> KEY_SHIFT) if key else None
+        last, x, in_use = self.chunks.last_chunk(self._base)
+        if in_use:                          # no free last chunk: its size decides nothing
+            return
+        lo = -x                             # the last chunk never shrinks below nothing
+        hi = window.hi
+        if found is None or (found[0] != last and x < rounded):
+            hi = min(hi, rounded - x - 1)               # it still must not fit
+        elif found[0] != last:
+            lo = max(lo, found[1] - x)                  # it must stay no better than the choice
+        else:                                           # it was chosen and must stay chosen
+            lo = max(lo, rounded - x)
+            second = self.chunks.best_fit(rounded)
+            if second is not None:                      # ... before the next best (lower address)
+                hi = min(hi, second[1] - 1 - x)
+            split_from = self.policy.smallest_split(rounded)
+            if x >= split_from:                         # ... and split, or not, alike
+                lo = max(lo, split_from - x)
+            else:
+                hi = min(hi, split_from - 1 - x)
+        if lo > window.lo:
+            window.lo = lo
+        window.hi = hi
 
-        def extend(rounded: int) -> bool:
-            pool_before = policy.pool_bytes                         # type: ignore[attr-defined]
-            curr = policy.curr_region_allocation_bytes              # type: ignore[attr-defined]
-            while rounded > curr:                                   # as Extend doubles it
-                curr *= 2
-            used_before = device.used
-            refused_before = device.views[0].failed_mallocs
-            ok = real_extend(rounded)
-            nbytes = policy.pool_bytes - pool_before if ok else None  # type: ignore[attr-defined]
-            self.extends.append(_Extend(pool_before, curr, rounded, used_before, nbytes,
-                                        device.views[0].failed_mallocs - refused_before))
-            if state[0] is not None:
-                state[0].end = len(self.extends) - 1
-            state[0] = _Window() if ok else None
-            state[1] = next(reversed(chunks.regions)) if ok else 0
-            self.windows.append(state[0])
-            return ok
+    def on_extend_start(self, rounded: int) -> None:
+        policy = self.policy
+        curr = policy.curr_region_allocation_bytes
+        while rounded > curr:                                       # as Extend doubles it
+            curr *= 2
+        self._started = (policy.pool_bytes, curr, self.device.used,
+                         self.device.views[0].failed_mallocs)
 
-        policy._pop_best_fit = pop                                  # type: ignore[attr-defined]
-        policy._extend = extend                                     # type: ignore[attr-defined]
-        # BFC binds a written-out malloc that does not call the pop; the class's own does.
-        vars(policy).pop("malloc", None)
+    def on_extend(self, rounded: int, nbytes: int | None) -> None:
+        if self._started is None:
+            raise RuntimeError("an Extend ended that was not seen to start")
+        pool_before, curr, used_before, refused_before = self._started
+        self._started = None
+        self.extends.append(_Extend(pool_before, curr, rounded, used_before, nbytes,
+                                    self.device.views[0].failed_mallocs - refused_before))
+        if self._window is not None:
+            self._window.end = len(self.extends) - 1
+        ok = nbytes is not None
+        self._window = _Window() if ok else None
+        self._base = next(reversed(self.chunks.regions)) if ok else 0
+        self.windows.append(self._window)
 
     def _after_window(self, window: _Window, d: int, limit: int) -> bool | None:
         """A run the same as this one through ``window`` but for the region ``d`` bytes
@@ -131,7 +136,7 @@ class RegionWatch:
         if window.end is None:
             return self.completed
         after = self.extends[window.end]
-        left = (limit - after.pool_before - d) // MIN_ALLOCATION * MIN_ALLOCATION
+        left = extend_available(limit, after.pool_before + d)
         return False if after.rounded > left else None
 
     def answer(self, capacity: int, limit: int, init_curr: int, mif: int,
@@ -142,7 +147,7 @@ class RegionWatch:
             return None
         same_init = init_curr == self.init_curr
         for index, done in enumerate(self.extends):
-            available = (limit - done.pool_before) // MIN_ALLOCATION * MIN_ALLOCATION
+            available = extend_available(limit, done.pool_before)
             if done.rounded > available:
                 return False                # the same run up to here, and here it fails
             if done.nbytes is None or done.refused:
@@ -171,7 +176,8 @@ def bfc_state(policy: Policy) -> object:
     """Everything BFC decides from (policies/bfc.py, policies/chunks.py): the chunks' sizes,
     which are in use, the regions (links, tails and the free index follow from these), the
     pool, the doubling size and the limit. Not: the statistics."""
-    chunks = policy.chunks                                          # type: ignore[attr-defined]
+    if not isinstance(policy, BFCAllocator):
+        raise TypeError(f"bfc_state reads BFC, not {type(policy).__name__}")
+    chunks = policy.chunks
     return (dict(chunks.size), frozenset(chunks.in_use), dict(chunks.regions),
-            policy.pool_bytes, policy.curr_region_allocation_bytes,     # type: ignore[attr-defined]
-            policy.memory_limit)                                    # type: ignore[attr-defined]
+            policy.pool_bytes, policy.curr_region_allocation_bytes, policy.memory_limit)

@@ -57,7 +57,6 @@ from allocsim.policies.bfc import BFCAllocator
 from allocsim.policies.pytorch_caching import (
     PyTorchCachingAllocator,
     get_allocation_size,
-    round_size,
 )
 from allocsim.sim.kernel.device import (
     DEFAULT_PROFILE,
@@ -365,7 +364,7 @@ def _segment_needed(policy: object, request: int) -> int | None:
     segment even with expandable segments, whose pages come in 2/20 MiB)."""
     if not isinstance(policy, PyTorchCachingAllocator):
         return None
-    return get_allocation_size(round_size(request, policy._divisions))
+    return get_allocation_size(policy.rounded_size(request))
 
 
 def _peak_live_note(trace: Trace, capacity: int, kind: str, notes: list[str]) -> int:

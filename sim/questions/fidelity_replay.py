@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from allocsim.policies.pytorch_caching import PyTorchCachingAllocator, round_size
+from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
 from allocsim.policies.pytorch_snapshot import segment_is_small
 from allocsim.sim.kernel.device import DeviceCall, DeviceProfile
 from allocsim.sim.questions.fidelity_device import RecordedAddressDevice, address_floor
@@ -302,7 +302,7 @@ class Replay:
         calls = [(CALL_ACTION[c.kind], c.nbytes) for c in log[len(log) - made:] if c.ok] \
             if made else []
         if failed:
-            calls.append(("oom", round_size(failed, self.policy._divisions)))
+            calls.append(("oom", self.policy.rounded_size(failed)))
         if len(log) > 4096:
             del log[:]
         return calls

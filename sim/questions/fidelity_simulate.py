@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from allocsim.policies import PolicySpec, parse_policy
-from allocsim.policies.pytorch_caching import PyTorchCachingAllocator, round_size
+from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.questions.fidelity_device import RecordedAddressDevice
 from allocsim.sim.questions.fidelity_recording import LARGE_CAPACITY, FidelityError
@@ -134,7 +134,7 @@ def _run_model(trace: Trace, model: PyTorchCachingAllocator, recorder: _CallReco
             if address is None:
                 keep[i] = False
                 dropped.add(ids[i])
-                recorder.oom(round_size(sizes[i], model._divisions), streams[i], kept)
+                recorder.oom(model.rounded_size(sizes[i]), streams[i], kept)
                 continue
             live[ids[i]] = address
             addresses[kept] = address

@@ -1,0 +1,112 @@
+"""Every rule-edge mutation listed in tests/rule_mutations.toml fails at least one test.
+
+A mutation changes one comparison of a rule (``>=`` to ``>`` at BFC's 128 MiB split edge, the
+expandable walk's tie, …) in a copy of the source; its listed test files then run against the
+copy and must fail (pytest exit status 1: tests ran and some failed — not a collection or
+import error). An unmutated copy must pass the same files, so a failure is the mutation's.
+The copy is importable as ``allocsim`` ahead of the installed (editable) project: the
+repository's folders are laid out as the installed namespace (allocsim/policies, …).
+
+The slow part (a pytest run per mutation) is marked ``slow``; that each mutation still applies
+to today's source (its ``find`` text occurs exactly once) is checked on every run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:                                       # the project's test extra installs tomli on 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+LIST = Path(__file__).with_name("rule_mutations.toml")
+MUTATIONS: list[dict[str, Any]] = tomllib.loads(LIST.read_text())["mutation"]
+# The installed namespace's packages and the folders they come from (pyproject.toml's
+# package-dir).
+PACKAGES = {"allocsim": "allocsim", "allocsim/policies": "policies", "allocsim/sim": "sim",
+            "allocsim/traces": "traces"}
+IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
+
+
+def test_the_list_holds_the_mutations_the_issue_names() -> None:
+    names = {mutation["name"] for mutation in MUTATIONS}
+    assert len(names) == len(MUTATIONS), "two mutations share a name"
+    assert {"bfc-split-slack-edge", "pytorch-expandable-walk-tie"} <= names
+    families = {name.split("-")[0] for name in names}
+    assert {"bfc", "pytorch", "cupy", "cuda", "buddy", "best"} <= families
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=[m["name"] for m in MUTATIONS])
+def test_each_mutation_still_applies_to_the_source(mutation: dict[str, Any]) -> None:
+    text = (ROOT / mutation["file"]).read_text()
+    assert text.count(mutation["find"]) == 1, (
+        f"{mutation['name']}: {mutation['find']!r} occurs {text.count(mutation['find'])} "
+        f"times in {mutation['file']} (it must occur once): update tests/rule_mutations.toml")
+    assert mutation["replace"] != mutation["find"]
+    for test in mutation["tests"]:
+        assert (ROOT / test).is_file(), f"{mutation['name']}: no test file {test}"
+
+
+def copy_of_the_source(into: Path) -> Path:
+    """The project's packages laid out as the installed namespace under ``into``, with the
+    tests and pytest's configuration beside them."""
+    for target, source in PACKAGES.items():
+        shutil.copytree(ROOT / source, into / target, ignore=IGNORED)
+    shutil.copytree(ROOT / "tests", into / "tests", ignore=IGNORED)
+    shutil.copy(ROOT / "pyproject.toml", into / "pyproject.toml")
+    return into
+
+
+def run_tests(copy: Path, tests: list[str]) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(copy), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env.pop("PYTEST_ADDOPTS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+         "-p", "no:randomly", *tests], cwd=copy, env=env, capture_output=True, text=True,
+        timeout=600, check=False)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An unmutated copy; it must import as the copy and pass every listed test file."""
+    copy = copy_of_the_source(tmp_path_factory.mktemp("pristine"))
+    env = dict(os.environ, PYTHONPATH=str(copy))
+    where = subprocess.run([sys.executable, "-c", "import allocsim.policies as p; "
+                            "print(p.__file__)"], cwd=copy, env=env, capture_output=True,
+                           text=True, check=True).stdout.strip()
+    assert Path(where).resolve().is_relative_to(copy.resolve()), where
+    tests = sorted({test for mutation in MUTATIONS for test in mutation["tests"]})
+    passed = run_tests(copy, tests)
+    assert passed.returncode == 0, passed.stdout[-3000:] + passed.stderr[-2000:]
+    return copy
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=[m["name"] for m in MUTATIONS])
+def test_each_mutation_fails_a_test(mutation: dict[str, Any], pristine: Path,
+                                    tmp_path: Path) -> None:
+    copy = tmp_path / "mutant"
+    shutil.copytree(pristine, copy, ignore=IGNORED)
+    path = copy / PACKAGES_TARGET[mutation["file"].split("/")[0]] / mutation["file"].split(
+        "/", 1)[1]
+    text = path.read_text()
+    assert text.count(mutation["find"]) == 1
+    path.write_text(text.replace(mutation["find"], mutation["replace"]))
+    ran = run_tests(copy, mutation["tests"])
+    assert ran.returncode == 1, (
+        f"{mutation['name']} ({mutation['rule']}) survived {mutation['tests']} "
+        f"(pytest exit {ran.returncode}):\n{ran.stdout[-3000:]}{ran.stderr[-2000:]}")
+
+
+# Source folder → where it sits in the copy.
+PACKAGES_TARGET = {source: target for target, source in PACKAGES.items()}
