@@ -13,12 +13,12 @@ import gc
 from collections.abc import Callable
 
 import pytest
+from random_workloads import random_events
 
 from allocsim.policies import parse_policy
 from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.sim.kernel.device import SimulatedDevice, resolve_device
 from allocsim.sim.kernel.engine import ProcessReplay
-from tests.random_workloads import random_events
 
 MiB = 1 << 20
 SETTINGS = ("on-demand", "preallocate", "best-fit", "best-fit:trim=true", "bfc",
