@@ -32,10 +32,13 @@ NATIVE_SPECS = (
     "bfc", "bfc:allow_growth=false", "bfc:garbage_collection=true",
     "bfc:fragmentation_fraction=0.1", "bfc:memory_limit=100GiB", "bfc:fraction=1.0",
     "bfc:fraction=0.5,garbage_collection=true", "jax", "jax:preallocate=false",
-    "jax:fraction=0.5",
+    "jax:fraction=0.5", "pytorch", "pytorch:per_process_memory_fraction=0.5",
+    "pytorch:per_process_memory_fraction=1.0",
+    "pytorch:garbage_collection_threshold=0.6",   # no fraction set: no collection (PyTorch's gate)
 )
 GENERATED = (("training", {"steps": 3, "layers": 3}), ("transformer", {"steps": 3}),
-             ("kvcache", {"requests": 12}), ("random", {"events": 3000, "live": 200}))
+             ("kvcache", {"requests": 12}), ("random", {"events": 3000, "live": 200}),
+             ("random", {"events": 3000, "live": 200, "streams": 3}))
 SEEDS = (0, 1)
 
 
@@ -50,7 +53,8 @@ def traces() -> Iterator[tuple[str, Trace]]:
         yield trace.name, trace
     for kind, params in GENERATED:
         for seed in SEEDS:
-            yield f"{kind}-seed{seed}", synth.generate(kind, seed=seed, **params)
+            streams = f"-streams{params['streams']}" if "streams" in params else ""
+            yield f"{kind}{streams}-seed{seed}", synth.generate(kind, seed=seed, **params)
     yield "regions-freed", regions_freed()
 
 

@@ -107,10 +107,12 @@ def test_replay_takes_the_core_and_allocsim_native_0_the_python_models(
 
 def test_policies_the_core_lacks_run_in_python() -> None:
     cases.need_core()
+    for spec in cases.NATIVE_SPECS:
+        assert native.is_native(parse_policy(spec)), spec
     trace = TRACES["default-training"]
-    for spec in ("cupy", "cuda-async", "buddy", "on-demand"):
-        if native.is_native(parse_policy(spec)):
-            continue
+    for spec in ("cupy", "cuda-async", "buddy", "on-demand", "pytorch:expandable_segments=true",
+                 "pytorch:max_split_size_mb=64"):
+        assert not native.is_native(parse_policy(spec)), spec
         assert native.native_replay(trace, parse_policy(spec), resolve_device(None),
                                     stop_on_oom=False, progress=None,
                                     timeline_points=TIMELINE_POINTS, step=1 << 18) is None
@@ -129,14 +131,14 @@ def test_progress_is_reported_as_the_python_engine_reports_it() -> None:
 def workload(steps: list[tuple[bool, int, int]]) -> Trace:
     """A trace from (alloc?, size, which live buffer to free) steps."""
     rows: list[tuple] = []
-    live: list[tuple[int, int]] = []
+    live: list[tuple[int, int, int]] = []
     for number, (is_alloc, size, pick) in enumerate(steps):
         if is_alloc or not live:
-            rows.append((number, "alloc", number, size))
-            live.append((number, size))
+            rows.append((number, "alloc", number, size, pick % 3))     # three streams
+            live.append((number, size, pick % 3))
         else:
-            buffer, size = live.pop(pick % len(live))
-            rows.append((number, "free", buffer, size))
+            buffer, size, stream = live.pop(pick % len(live))
+            rows.append((number, "free", buffer, size, stream))
     return Trace.from_events(rows, name="hypothesis")
 
 

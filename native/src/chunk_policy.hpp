@@ -48,7 +48,7 @@ class ChunkPolicy {
   }
 
   // ChunkPolicy.malloc: the address handed out and its chunk (*handle); -1 on OOM.
-  int64_t malloc(int64_t size, int64_t* handle) {
+  int64_t malloc(int64_t size, int64_t /*stream*/, int64_t* handle) {
     int64_t rounded = (size + c_.alignment - 1) / c_.alignment * c_.alignment;
     int32_t found = pop_best_fit(rounded);
     if (found < 0 && make_room(rounded)) found = pop_best_fit(rounded);
@@ -125,6 +125,7 @@ class ChunkPolicy {
     return c_.growth == ChunkConfig::kBfc ? peak_pool_bytes_ : peak_mapped_;
   }
   int64_t free_blocks() const { return free_count_; }
+  int64_t bytes_requested() const { return requested_sum; }
 
   int64_t bytes_in_use = 0, peak_bytes_in_use = 0, requested_sum = 0;
   int64_t num_allocs = 0, num_frees = 0, num_ooms = 0;

@@ -47,6 +47,7 @@ class Engine {
     window_op_.resize(kWindow);
     window_id_.resize(kWindow);
     window_size_.resize(kWindow);
+    window_stream_.resize(kWindow);
   }
 
   // Replay events up to `end` (exclusive), or to a stopping OOM. Returns the next index.
@@ -80,6 +81,7 @@ class Engine {
     op_.widen(start, count, window_op_.data());
     id_.widen(start, count, window_id_.data());
     size_.widen(start, count, window_size_.data());
+    stream_.widen(start, count, window_stream_.data());
     base_ = start;
     loaded_ = count;
   }
@@ -88,13 +90,14 @@ class Engine {
     const int64_t* ops = window_op_.data() - base_;
     const int64_t* ids = window_id_.data() - base_;
     const int64_t* sizes = window_size_.data() - base_;
+    const int64_t* streams = window_stream_.data() - base_;
     int64_t calls = device_.calls;
     for (; i < stop; ++i) {
       int64_t size = sizes[i];
       if (ops[i] == kOpAlloc) {
         if (size > 0) {
           int64_t handle = 0;
-          int64_t address = policy_.malloc(size, &handle);
+          int64_t address = policy_.malloc(size, streams[i], &handle);
           if (c_.record_addresses) addresses.push_back(address);
           if (address < 0) {
             note_out_of_memory(i, size);
@@ -171,7 +174,7 @@ class Engine {
   Device& device_;
   Policy& policy_;
   IdMap live_;
-  std::vector<int64_t> window_op_, window_id_, window_size_;
+  std::vector<int64_t> window_op_, window_id_, window_size_, window_stream_;
   int64_t base_ = 0, loaded_ = 0, next_index_ = 0;
   bool stopped_ = false;
   int64_t next_sample_ = 0;

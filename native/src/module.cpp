@@ -20,6 +20,7 @@
 #include "columns.hpp"
 #include "device.hpp"
 #include "engine.hpp"
+#include "pytorch.hpp"
 
 namespace nb = nanobind;
 using namespace allocsim;
@@ -170,7 +171,7 @@ class PolicyReplay final : public Replay {
     p["num_ooms"] = policy_.num_ooms;
     p["bytes_in_use"] = policy_.bytes_in_use;
     p["peak_bytes_in_use"] = policy_.peak_bytes_in_use;
-    p["bytes_requested"] = policy_.requested_sum;
+    p["bytes_requested"] = policy_.bytes_requested();
     p["pool_bytes"] = policy_.pool_bytes();
     p["peak_pool_bytes"] = policy_.peak_pool_bytes();
     p["largest_free_block"] = policy_.largest_free();
@@ -200,12 +201,20 @@ static std::unique_ptr<Replay> make_replay(nb::tuple columns, int64_t n, int64_t
     return std::make_unique<PolicyReplay<ChunkPolicy>>(columns, engine, make_device(device),
                                                        chunk_config(policy));
   }
+  if (family == "pytorch") {
+    PyTorchConfig c{get<int64_t>(policy, "min_block_size"),  get<int64_t>(policy, "small_size"),
+                    get<int64_t>(policy, "small_buffer"),    get<int64_t>(policy, "large_buffer"),
+                    get<int64_t>(policy, "min_large_alloc"), get<int64_t>(policy, "round_large"),
+                    get<bool>(policy, "set_fraction"),
+                    get<int64_t>(policy, "allowed_memory_maximum")};
+    return std::make_unique<PolicyReplay<PyTorchPolicy>>(columns, engine, make_device(device), c);
+  }
   throw std::invalid_argument("no native policy family " + family);
 }
 
 NB_MODULE(_native, m) {
   m.doc() = "allocsim's native core: the engine's loop, the device and the policies in C++";
-  m.attr("FAMILIES") = nb::make_tuple("chunk");
+  m.attr("FAMILIES") = nb::make_tuple("chunk", "pytorch");
   nb::class_<Replay>(m, "Replay")
       .def("advance", &Replay::advance, nb::arg("end"))
       .def("state", &Replay::state)

@@ -38,7 +38,19 @@ from allocsim.policies.bfc import (
     PreallocateAllocator,
 )
 from allocsim.policies.chunks import BIN
+from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
+from allocsim.policies.pytorch_settings import (
+    K_LARGE_BUFFER,
+    K_MIN_BLOCK_SIZE,
+    K_MIN_LARGE_ALLOC,
+    K_ROUND_LARGE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    NO_LIMIT,
+)
 from allocsim.sim.kernel.device import (
+    DEFAULT_PROFILE,
+    PROFILES,
     RANGE_ALIGN,
     CostModel,
     DeviceProfile,
@@ -48,11 +60,22 @@ from allocsim.sim.kernel.device import (
 from allocsim.sim.kernel.results import RunResult, Timeline
 from allocsim.traces.model import Trace
 
-# The policy classes the core replays, by the family of its code that does (native/src/).
+# The policy classes the core replays, by the family of its code that does (native/src/);
+# which settings of each it has, :func:`policy_config` says.
 NATIVE_POLICIES: dict[type, str] = {
     BFCAllocator: "chunk",
     PreallocateAllocator: "chunk",
     BestFitAllocator: "chunk",
+    PyTorchCachingAllocator: "pytorch",
+}
+# What the core has of each policy, in words (``allocsim policies``, the README).
+NATIVE_SETTINGS = {
+    "preallocate": "every setting",
+    "best-fit": "every setting",
+    "bfc": "every setting",
+    "jax": "allocator=bfc (the default), any preallocate and fraction",
+    "pytorch": "the defaults, with or without per_process_memory_fraction (no expandable "
+               "segments, max_split_size_mb, roundup_power2_divisions or garbage collection)",
 }
 _SIZE_LIMIT = 1 << 60           # the core's int64 arithmetic on sizes (rounding, doubling)
 _ID_EMPTY = np.iinfo(np.int64).min  # the core's live map cannot hold this id
@@ -78,9 +101,14 @@ def implementation() -> str:
     return "Python models (native core not built)"
 
 
-def is_native(spec: PolicySpec) -> bool:
-    """Whether the core has this policy with these settings (``allocsim policies`` says)."""
-    return spec.resolved().policy_class in NATIVE_POLICIES
+def is_native(spec: PolicySpec, profile: DeviceProfile | None = None) -> bool:
+    """Whether the core has this policy with these settings (on ``profile``, by default the
+    default device): the constants of the Python policy built for it say."""
+    resolved = spec.resolved()
+    if resolved.policy_class not in NATIVE_POLICIES:
+        return False
+    device = SimulatedDevice(profile or PROFILES[DEFAULT_PROFILE])
+    return policy_config(resolved.build(device.view(0))) is not None
 
 
 def device_config(profile: DeviceProfile, device: SimulatedDevice) -> dict[str, Any] | None:
@@ -106,6 +134,8 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
     family = NATIVE_POLICIES.get(type(policy))
     if family is None:
         return None
+    if isinstance(policy, PyTorchCachingAllocator):
+        return _pytorch_config(policy)
     config: dict[str, Any] = {"family": family, "bin_of_bits": list(BIN),
                               "alignment": policy.alignment, "max_slack": policy.max_slack}
     if isinstance(policy, BFCAllocator):
@@ -118,6 +148,20 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
         config.update(growth="best-fit", page=policy.page, heap_base=policy.heap_base,
                       trim=bool(policy.trim))
     return config
+
+
+def _pytorch_config(policy: PyTorchCachingAllocator) -> dict[str, Any] | None:
+    """PyTorch's constants for the core, which has its default settings (and a memory
+    fraction without garbage collection); None for the others."""
+    if (policy.expandable or any(d > 1 for d in policy.divisions)
+            or policy.max_split_size != NO_LIMIT
+            or (policy.set_fraction and policy.gc_threshold > 0)):
+        return None
+    return {"family": "pytorch", "min_block_size": K_MIN_BLOCK_SIZE, "small_size": K_SMALL_SIZE,
+            "small_buffer": K_SMALL_BUFFER, "large_buffer": K_LARGE_BUFFER,
+            "min_large_alloc": K_MIN_LARGE_ALLOC, "round_large": K_ROUND_LARGE,
+            "set_fraction": bool(policy.set_fraction),
+            "allowed_memory_maximum": policy.allowed_memory_maximum}
 
 
 def _columns_fit(trace: Trace, sizes: np.ndarray) -> bool:
