@@ -35,6 +35,7 @@ NATIVE_SPECS = (
     "jax:fraction=0.5", "pytorch", "pytorch:per_process_memory_fraction=0.5",
     "pytorch:per_process_memory_fraction=1.0",
     "pytorch:garbage_collection_threshold=0.6",   # no fraction set: no collection (PyTorch's gate)
+    "on-demand", "jax:allocator=platform",
 )
 GENERATED = (("training", {"steps": 3, "layers": 3}), ("transformer", {"steps": 3}),
              ("kvcache", {"requests": 12}), ("random", {"events": 3000, "live": 200}),

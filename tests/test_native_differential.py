@@ -110,7 +110,7 @@ def test_policies_the_core_lacks_run_in_python() -> None:
     for spec in cases.NATIVE_SPECS:
         assert native.is_native(parse_policy(spec)), spec
     trace = TRACES["default-training"]
-    for spec in ("cupy", "cuda-async", "buddy", "on-demand", "pytorch:expandable_segments=true",
+    for spec in ("cupy", "cuda-async", "buddy", "pytorch:expandable_segments=true",
                  "pytorch:max_split_size_mb=64"):
         assert not native.is_native(parse_policy(spec)), spec
         assert native.native_replay(trace, parse_policy(spec), resolve_device(None),

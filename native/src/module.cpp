@@ -20,6 +20,7 @@
 #include "columns.hpp"
 #include "device.hpp"
 #include "engine.hpp"
+#include "on_demand.hpp"
 #include "pytorch.hpp"
 
 namespace nb = nanobind;
@@ -201,6 +202,10 @@ static std::unique_ptr<Replay> make_replay(nb::tuple columns, int64_t n, int64_t
     return std::make_unique<PolicyReplay<ChunkPolicy>>(columns, engine, make_device(device),
                                                        chunk_config(policy));
   }
+  if (family == "on-demand") {
+    return std::make_unique<PolicyReplay<OnDemandPolicy>>(columns, engine, make_device(device),
+                                                          OnDemandConfig{});
+  }
   if (family == "pytorch") {
     PyTorchConfig c{get<int64_t>(policy, "min_block_size"),  get<int64_t>(policy, "small_size"),
                     get<int64_t>(policy, "small_buffer"),    get<int64_t>(policy, "large_buffer"),
@@ -214,7 +219,7 @@ static std::unique_ptr<Replay> make_replay(nb::tuple columns, int64_t n, int64_t
 
 NB_MODULE(_native, m) {
   m.doc() = "allocsim's native core: the engine's loop, the device and the policies in C++";
-  m.attr("FAMILIES") = nb::make_tuple("chunk", "pytorch");
+  m.attr("FAMILIES") = nb::make_tuple("chunk", "pytorch", "on-demand");
   nb::class_<Replay>(m, "Replay")
       .def("advance", &Replay::advance, nb::arg("end"))
       .def("state", &Replay::state)

@@ -38,6 +38,7 @@ from allocsim.policies.bfc import (
     PreallocateAllocator,
 )
 from allocsim.policies.chunks import BIN
+from allocsim.policies.on_demand import OnDemandAllocator
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
 from allocsim.policies.pytorch_settings import (
     K_LARGE_BUFFER,
@@ -67,13 +68,15 @@ NATIVE_POLICIES: dict[type, str] = {
     PreallocateAllocator: "chunk",
     BestFitAllocator: "chunk",
     PyTorchCachingAllocator: "pytorch",
+    OnDemandAllocator: "on-demand",
 }
 # What the core has of each policy, in words (``allocsim policies``, the README).
 NATIVE_SETTINGS = {
     "preallocate": "every setting",
     "best-fit": "every setting",
     "bfc": "every setting",
-    "jax": "allocator=bfc (the default), any preallocate and fraction",
+    "on-demand": "every setting",
+    "jax": "allocator=bfc (the default) or platform, any preallocate and fraction",
     "pytorch": "the defaults, with or without per_process_memory_fraction (no expandable "
                "segments, max_split_size_mb, roundup_power2_divisions or garbage collection)",
 }
@@ -136,6 +139,8 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
         return None
     if isinstance(policy, PyTorchCachingAllocator):
         return _pytorch_config(policy)
+    if isinstance(policy, OnDemandAllocator):
+        return {"family": family}
     config: dict[str, Any] = {"family": family, "bin_of_bits": list(BIN),
                               "alignment": policy.alignment, "max_slack": policy.max_slack}
     if isinstance(policy, BFCAllocator):
