@@ -111,7 +111,7 @@ def test_policies_the_core_lacks_run_in_python() -> None:
         assert native.is_native(parse_policy(spec)), spec
     trace = TRACES["default-training"]
     for spec in ("cupy", "cuda-async", "buddy", "pytorch:expandable_segments=true",
-                 "pytorch:max_split_size_mb=64"):
+                 "pytorch:garbage_collection_threshold=0.6,per_process_memory_fraction=0.5"):
         assert not native.is_native(parse_policy(spec)), spec
         assert native.native_replay(trace, parse_policy(spec), resolve_device(None),
                                     stop_on_oom=False, progress=None,

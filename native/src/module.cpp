@@ -211,7 +211,10 @@ static std::unique_ptr<Replay> make_replay(nb::tuple columns, int64_t n, int64_t
                     get<int64_t>(policy, "small_buffer"),    get<int64_t>(policy, "large_buffer"),
                     get<int64_t>(policy, "min_large_alloc"), get<int64_t>(policy, "round_large"),
                     get<bool>(policy, "set_fraction"),
-                    get<int64_t>(policy, "allowed_memory_maximum")};
+                    get<int64_t>(policy, "allowed_memory_maximum"),
+                    get<std::vector<int64_t>>(policy, "divisions"),
+                    get<int64_t>(policy, "max_split_size"), get<int64_t>(policy, "no_limit"),
+                    get<int64_t>(policy, "max_non_split_rounding")};
     return std::make_unique<PolicyReplay<PyTorchPolicy>>(columns, engine, make_device(device), c);
   }
   throw std::invalid_argument("no native policy family " + family);

@@ -29,6 +29,10 @@ struct PyTorchConfig {
   int64_t min_block_size, small_size, small_buffer, large_buffer, min_large_alloc, round_large;
   bool set_fraction;
   int64_t allowed_memory_maximum;
+  std::vector<int64_t> divisions;  // roundup_power2_divisions per interval; empty: none > 1
+  int64_t max_split_size;          // no_limit when unset
+  int64_t no_limit;                // pytorch_settings.NO_LIMIT (SIZE_MAX in PyTorch)
+  int64_t max_non_split_rounding;
 };
 
 class PyTorchPolicy {
@@ -36,27 +40,34 @@ class PyTorchPolicy {
   PyTorchPolicy(PyTorchConfig config, Device& device) : c_(config), device_(device) {}
 
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
-    int64_t rounded = size < c_.min_block_size
-                          ? c_.min_block_size
-                          : (size + c_.min_block_size - 1) / c_.min_block_size * c_.min_block_size;
+    int64_t rounded = round_size(size);
     bool small = rounded <= c_.small_size;
     int64_t pool_key = static_cast<int64_t>(static_cast<uint64_t>(stream) << 1) | (small ? 1 : 0);
     std::vector<Key>& keys = free_[pool_key];
-    // get_free_block: the smallest block of this stream and pool that fits, or none.
-    int32_t at;
+    // get_free_block: the smallest block of this stream and pool that fits, or none; no
+    // search beyond it, and it is refused when max_split_size says so.
+    int32_t at = -1;
     auto it = std::lower_bound(keys.begin(), keys.end(), Key{rounded, INT64_MIN, 0});
     if (it != keys.end()) {
-      at = it->block;
-      keys.erase(it);
-      --free_count_;
-    } else {
+      int64_t block_size = it->size;
+      bool take = rounded < c_.max_split_size
+                      ? block_size < c_.max_split_size
+                      : block_size < rounded + c_.max_non_split_rounding;
+      if (take) {
+        at = it->block;
+        keys.erase(it);
+        --free_count_;
+      }
+    }
+    if (at < 0) {
       at = malloc_miss(rounded, small, stream, pool_key);
       if (at < 0) return -1;
     }
     int64_t block_size = blocks_[at].size;
     int64_t remaining = block_size - rounded;
     // should_split, then alloc_found_block: the caller keeps the low end.
-    if (small ? remaining >= c_.min_block_size : remaining > c_.small_size) {
+    if (small ? remaining >= c_.min_block_size
+              : rounded < c_.max_split_size && remaining > c_.small_size) {
       int32_t rest = new_block(blocks_[at].address + rounded, remaining, pool_key);
       Block& block = blocks_[at];
       Block& piece = blocks_[rest];
@@ -166,17 +177,47 @@ class PyTorchPolicy {
     --free_count_;
   }
 
+  // round_size (pytorch_settings.py): 512 B at least; with a division count d > 1 for the
+  // size's interval and size > 512·d, up to the next of d steps between powers of two; else up
+  // to a multiple of 512.
+  int64_t round_size(int64_t size) const {
+    if (size < c_.min_block_size) return c_.min_block_size;
+    if (!c_.divisions.empty()) {
+      int bits = 64 - __builtin_clzll(static_cast<uint64_t>(size));
+      int index = std::min(std::max(bits - 1 - 20, 0), static_cast<int>(c_.divisions.size()) - 1);
+      int64_t d = c_.divisions[index];
+      if (d > 1 && size > c_.min_block_size * d) return roundup_power2_next_division(size, d);
+    }
+    return (size + c_.min_block_size - 1) / c_.min_block_size * c_.min_block_size;
+  }
+
+  static int64_t roundup_power2_next_division(int64_t size, int64_t divisions) {
+    if ((size & (size - 1)) == 0) return size;
+    int bits = 64 - __builtin_clzll(static_cast<uint64_t>(size));
+    int64_t power2_floor = int64_t{1} << (bits - 1);
+    int division_bits = 64 - __builtin_clzll(static_cast<uint64_t>(divisions));
+    int64_t step = power2_floor >> (division_bits - 1);
+    if (step == 0) return power2_floor << 1;
+    int64_t floor = size & ~(step - 1);
+    return floor == size ? size : floor + step;
+  }
+
   int64_t allocation_size(int64_t rounded) const {  // get_allocation_size
     if (rounded <= c_.small_size) return c_.small_buffer;
     if (rounded < c_.min_large_alloc) return c_.large_buffer;
     return (rounded + c_.round_large - 1) / c_.round_large * c_.round_large;
   }
 
-  // ReleasePath._malloc_miss with the defaults: alloc_block; release_cached_blocks and
-  // alloc_block again; else an OOM. The block found is in no free list.
+  // ReleasePath._malloc_miss without garbage collection: alloc_block;
+  // release_available_cached_blocks (with max_split_size) and alloc_block again;
+  // release_cached_blocks and alloc_block again; else an OOM. The block found is in no free
+  // list.
   int32_t malloc_miss(int64_t rounded, bool small, int64_t stream, int64_t pool_key) {
     int64_t alloc_size = allocation_size(rounded);
     int32_t found = alloc_block(alloc_size, pool_key);
+    if (found < 0 && release_available_cached_blocks(rounded, pool_key)) {
+      found = alloc_block(alloc_size, pool_key);
+    }
     if (found < 0) {
       release_cached_blocks();
       found = alloc_block(alloc_size, pool_key);
@@ -195,6 +236,38 @@ class PyTorchPolicy {
     pool_bytes_ += alloc_size;
     if (pool_bytes_ > peak_pool_bytes_) peak_pool_bytes_ = pool_bytes_;
     return at;
+  }
+
+  // release_block: cudaFree a free whole-segment block (in its free list).
+  void release_block(int32_t at) {
+    remove_free(at);
+    const Block& block = blocks_[at];
+    device_.release(block.address);
+    pool_bytes_ -= block.size;
+    spare_.push_back(at);
+  }
+
+  // release_available_cached_blocks (only with max_split_size): free the smallest block of
+  // this pool >= max(rounded, max_split_size); else oversize blocks from the largest down
+  // until that many bytes went.
+  bool release_available_cached_blocks(int64_t rounded, int64_t pool_key) {
+    if (c_.max_split_size == c_.no_limit) return false;
+    std::vector<Key>& keys = free_[pool_key];
+    int64_t target = std::max(rounded, c_.max_split_size);
+    auto it = std::lower_bound(keys.begin(), keys.end(), Key{target, INT64_MIN, 0});
+    if (it != keys.end()) {
+      release_block(it->block);
+      return true;
+    }
+    int64_t released = 0;
+    int64_t index = static_cast<int64_t>(it - keys.begin()) - 1;
+    while (released < target && index >= 0 && keys[index].size >= c_.max_split_size) {
+      Key key = keys[index];
+      release_block(key.block);
+      released += key.size;
+      --index;
+    }
+    return released >= target;
   }
 
   // release_cached_blocks: every unsplit free block, large pools first, then small, each

@@ -77,8 +77,8 @@ NATIVE_SETTINGS = {
     "bfc": "every setting",
     "on-demand": "every setting",
     "jax": "allocator=bfc (the default) or platform, any preallocate and fraction",
-    "pytorch": "the defaults, with or without per_process_memory_fraction (no expandable "
-               "segments, max_split_size_mb, roundup_power2_divisions or garbage collection)",
+    "pytorch": "every setting but expandable_segments and garbage collection (a "
+               "garbage_collection_threshold with per_process_memory_fraction set)",
 }
 _SIZE_LIMIT = 1 << 60           # the core's int64 arithmetic on sizes (rounding, doubling)
 _ID_EMPTY = np.iinfo(np.int64).min  # the core's live map cannot hold this id
@@ -158,15 +158,16 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
 def _pytorch_config(policy: PyTorchCachingAllocator) -> dict[str, Any] | None:
     """PyTorch's constants for the core, which has its default settings (and a memory
     fraction without garbage collection); None for the others."""
-    if (policy.expandable or any(d > 1 for d in policy.divisions)
-            or policy.max_split_size != NO_LIMIT
-            or (policy.set_fraction and policy.gc_threshold > 0)):
+    if policy.expandable or (policy.set_fraction and policy.gc_threshold > 0):
         return None
     return {"family": "pytorch", "min_block_size": K_MIN_BLOCK_SIZE, "small_size": K_SMALL_SIZE,
             "small_buffer": K_SMALL_BUFFER, "large_buffer": K_LARGE_BUFFER,
             "min_large_alloc": K_MIN_LARGE_ALLOC, "round_large": K_ROUND_LARGE,
             "set_fraction": bool(policy.set_fraction),
-            "allowed_memory_maximum": policy.allowed_memory_maximum}
+            "allowed_memory_maximum": policy.allowed_memory_maximum,
+            "divisions": list(policy.divisions) if any(d > 1 for d in policy.divisions) else [],
+            "max_split_size": policy.max_split_size, "no_limit": NO_LIMIT,
+            "max_non_split_rounding": policy.max_non_split_rounding}
 
 
 def _columns_fit(trace: Trace, sizes: np.ndarray) -> bool:
