@@ -38,6 +38,9 @@ NATIVE_SPECS = (
     "pytorch:max_split_size_mb=64", "pytorch:max_split_size_mb=20,max_non_split_rounding_mb=64",
     "pytorch:roundup_power2_divisions=4", "pytorch:roundup_power2_divisions=[256:1;512:2;>:8]",
     "pytorch:max_non_split_rounding_mb=64",
+    "pytorch:garbage_collection_threshold=0.6,per_process_memory_fraction=0.8",
+    "pytorch:garbage_collection_threshold=0.3,per_process_memory_fraction=1.0,"
+    "max_split_size_mb=40",
     "pytorch:max_split_size_mb=32,roundup_power2_divisions=2,per_process_memory_fraction=0.5",
     "on-demand", "jax:allocator=platform",
 )

@@ -111,7 +111,7 @@ def test_policies_the_core_lacks_run_in_python() -> None:
         assert native.is_native(parse_policy(spec)), spec
     trace = TRACES["default-training"]
     for spec in ("cupy", "cuda-async", "buddy", "pytorch:expandable_segments=true",
-                 "pytorch:garbage_collection_threshold=0.6,per_process_memory_fraction=0.5"):
+                 "pytorch:expandable_segments=true,garbage_collection_threshold=0.6"):
         assert not native.is_native(parse_policy(spec)), spec
         assert native.native_replay(trace, parse_policy(spec), resolve_device(None),
                                     stop_on_oom=False, progress=None,
@@ -174,3 +174,14 @@ def test_random_workloads_match_after_every_event(steps: list[tuple[bool, int, i
     python_result = python.result(profile.name)
     core_result, _ = cases.native_run(trace, spec, profile)
     assert_same(python_result, core_result, f"{spec} at {capacity_mib} MiB")
+
+
+def test_what_allocsim_policies_says_is_native_is_native(capsys: pytest.CaptureFixture) -> None:
+    cases.need_core()
+    for name in native.NATIVE_SETTINGS:
+        assert native.is_native(parse_policy(name)), name
+    from allocsim.sim.cli import main
+    assert main(["policies"]) == 0
+    printed = capsys.readouterr().out
+    assert "native core (native core in use here) replays:" in printed
+    assert all(f"    {name:12s} " in printed for name in native.NATIVE_SETTINGS)

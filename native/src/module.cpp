@@ -214,7 +214,8 @@ static std::unique_ptr<Replay> make_replay(nb::tuple columns, int64_t n, int64_t
                     get<int64_t>(policy, "allowed_memory_maximum"),
                     get<std::vector<int64_t>>(policy, "divisions"),
                     get<int64_t>(policy, "max_split_size"), get<int64_t>(policy, "no_limit"),
-                    get<int64_t>(policy, "max_non_split_rounding")};
+                    get<int64_t>(policy, "max_non_split_rounding"),
+                    get<bool>(policy, "gc_on"), get<double>(policy, "gc_threshold")};
     return std::make_unique<PolicyReplay<PyTorchPolicy>>(columns, engine, make_device(device), c);
   }
   throw std::invalid_argument("no native policy family " + family);

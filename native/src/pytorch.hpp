@@ -33,6 +33,8 @@ struct PyTorchConfig {
   int64_t max_split_size;          // no_limit when unset
   int64_t no_limit;                // pytorch_settings.NO_LIMIT (SIZE_MAX in PyTorch)
   int64_t max_non_split_rounding;
+  bool gc_on;                      // set_fraction and garbage_collection_threshold > 0
+  double gc_threshold;             // garbage_collection_threshold
 };
 
 class PyTorchPolicy {
@@ -43,7 +45,8 @@ class PyTorchPolicy {
     int64_t rounded = round_size(size);
     bool small = rounded <= c_.small_size;
     int64_t pool_key = static_cast<int64_t>(static_cast<uint64_t>(stream) << 1) | (small ? 1 : 0);
-    std::vector<Key>& keys = free_[pool_key];
+    std::vector<Key>& keys = pool(pool_key);
+    if (c_.gc_on) ++gc_calls_[small ? 1 : 0];
     // get_free_block: the smallest block of this stream and pool that fits, or none; no
     // search beyond it, and it is refused when max_split_size says so.
     int32_t at = -1;
@@ -77,6 +80,7 @@ class PyTorchPolicy {
       block.next = rest;
       block.size = rounded;
       insert_free(rest);
+      if (c_.gc_on) piece.gc_base = gc_calls_[small ? 1 : 0];
       block_size = rounded;
     }
     blocks_[at].req = size;
@@ -117,6 +121,7 @@ class PyTorchPolicy {
     }
     block->size = size;
     insert_free(at);
+    if (c_.gc_on) block->gc_base = gc_calls_[block->pool_key & 1];
   }
 
   // stats(): the largest free block of any pool.
@@ -140,6 +145,7 @@ class PyTorchPolicy {
     int64_t size, address, req;  // req: the caller's request while allocated, 0 while free
     int64_t pool_key;
     int32_t prev, next;          // neighbours in the segment; -1 at its ends
+    int64_t gc_base;             // the pool's search count when it became free (GC's age)
   };
   struct Key {
     int64_t size, address;
@@ -158,13 +164,13 @@ class PyTorchPolicy {
       at = static_cast<int32_t>(blocks_.size());
       blocks_.push_back(Block{});
     }
-    blocks_[at] = Block{size, address, 0, pool_key, -1, -1};
+    blocks_[at] = Block{size, address, 0, pool_key, -1, -1, 0};
     return at;
   }
 
   void insert_free(int32_t at) {
     const Block& block = blocks_[at];
-    std::vector<Key>& keys = free_[block.pool_key];
+    std::vector<Key>& keys = pool(block.pool_key);
     Key key{block.size, block.address, at};
     keys.insert(std::upper_bound(keys.begin(), keys.end(), key), key);
     ++free_count_;
@@ -214,6 +220,7 @@ class PyTorchPolicy {
   // list.
   int32_t malloc_miss(int64_t rounded, bool small, int64_t stream, int64_t pool_key) {
     int64_t alloc_size = allocation_size(rounded);
+    if (c_.gc_on) garbage_collect_cached_blocks();
     int32_t found = alloc_block(alloc_size, pool_key);
     if (found < 0 && release_available_cached_blocks(rounded, pool_key)) {
       found = alloc_block(alloc_size, pool_key);
@@ -245,6 +252,58 @@ class PyTorchPolicy {
     device_.release(block.address);
     pool_bytes_ -= block.size;
     spare_.push_back(at);
+  }
+
+  // garbage_collect_cached_blocks: above threshold × allowed bytes, release unsplit
+  // large-pool free blocks whose age (large-pool searches since they became free) is at least
+  // the mean age, again with the new mean, until the excess is reclaimed or a pass frees
+  // nothing. Candidates in the order the Python model walks them: pools in the order they
+  // were first used, each in (size, address) order.
+  void garbage_collect_cached_blocks() {
+    int64_t threshold = static_cast<int64_t>(c_.gc_threshold *
+                                             static_cast<double>(c_.allowed_memory_maximum));
+    if (pool_bytes_ <= threshold) return;
+    int64_t target = pool_bytes_ - threshold;
+    int64_t now = gc_calls_[0];
+    std::vector<int32_t> candidates;
+    for (int64_t pool_key : pool_order_) {
+      if (pool_key & 1) continue;
+      for (const Key& key : free_[pool_key]) {
+        const Block& block = blocks_[key.block];
+        if (block.prev < 0 && block.next < 0) candidates.push_back(key.block);
+      }
+    }
+    int64_t total_age = 0;
+    for (int32_t at : candidates) total_age += now - blocks_[at].gc_base;
+    int64_t count = static_cast<int64_t>(candidates.size());
+    int64_t reclaimed = 0;
+    bool freed = true;
+    while (reclaimed < target && freed && count > 0) {
+      double age_threshold = static_cast<double>(total_age) / static_cast<double>(count);
+      freed = false;
+      std::vector<int32_t> kept;
+      for (int32_t at : candidates) {
+        int64_t age = now - blocks_[at].gc_base;
+        if (static_cast<double>(age) >= age_threshold) {
+          freed = true;
+          reclaimed += blocks_[at].size;
+          total_age -= age;
+          --count;
+          release_block(at);
+        } else {
+          kept.push_back(at);
+        }
+      }
+      candidates.swap(kept);
+    }
+  }
+
+  // The free list of a pool, made on first use (the Python dict's insertion order kept).
+  std::vector<Key>& pool(int64_t pool_key) {
+    auto it = free_.find(pool_key);
+    if (it != free_.end()) return it->second;
+    pool_order_.push_back(pool_key);
+    return free_[pool_key];
   }
 
   // release_available_cached_blocks (only with max_split_size): free the smallest block of
@@ -302,6 +361,8 @@ class PyTorchPolicy {
   std::vector<Block> blocks_;
   std::vector<int32_t> spare_;
   std::map<int64_t, std::vector<Key>> free_;  // pool key (stream << 1 | small) -> free list
+  std::vector<int64_t> pool_order_;           // pool keys in the order first used
+  int64_t gc_calls_[2] = {0, 0};              // searches per pool kind (large, small)
   int64_t free_count_ = 0;
   int64_t pool_bytes_ = 0, peak_pool_bytes_ = 0;
 };

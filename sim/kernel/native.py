@@ -77,8 +77,7 @@ NATIVE_SETTINGS = {
     "bfc": "every setting",
     "on-demand": "every setting",
     "jax": "allocator=bfc (the default) or platform, any preallocate and fraction",
-    "pytorch": "every setting but expandable_segments and garbage collection (a "
-               "garbage_collection_threshold with per_process_memory_fraction set)",
+    "pytorch": "every setting but expandable_segments",
 }
 _SIZE_LIMIT = 1 << 60           # the core's int64 arithmetic on sizes (rounding, doubling)
 _ID_EMPTY = np.iinfo(np.int64).min  # the core's live map cannot hold this id
@@ -158,7 +157,7 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
 def _pytorch_config(policy: PyTorchCachingAllocator) -> dict[str, Any] | None:
     """PyTorch's constants for the core, which has its default settings (and a memory
     fraction without garbage collection); None for the others."""
-    if policy.expandable or (policy.set_fraction and policy.gc_threshold > 0):
+    if policy.expandable:
         return None
     return {"family": "pytorch", "min_block_size": K_MIN_BLOCK_SIZE, "small_size": K_SMALL_SIZE,
             "small_buffer": K_SMALL_BUFFER, "large_buffer": K_LARGE_BUFFER,
@@ -167,7 +166,9 @@ def _pytorch_config(policy: PyTorchCachingAllocator) -> dict[str, Any] | None:
             "allowed_memory_maximum": policy.allowed_memory_maximum,
             "divisions": list(policy.divisions) if any(d > 1 for d in policy.divisions) else [],
             "max_split_size": policy.max_split_size, "no_limit": NO_LIMIT,
-            "max_non_split_rounding": policy.max_non_split_rounding}
+            "max_non_split_rounding": policy.max_non_split_rounding,
+            "gc_on": bool(policy.set_fraction and policy.gc_threshold > 0.0),
+            "gc_threshold": float(policy.gc_threshold)}
 
 
 def _columns_fit(trace: Trace, sizes: np.ndarray) -> bool:
