@@ -43,6 +43,8 @@ NATIVE_SPECS = (
     "max_split_size_mb=40",
     "pytorch:max_split_size_mb=32,roundup_power2_divisions=2,per_process_memory_fraction=0.5",
     "on-demand", "jax:allocator=platform",
+    "buddy", "buddy:release=true", "buddy:min_block=4096,arena=8MiB",
+    "buddy:arena=1GiB,release=true",
 )
 GENERATED = (("training", {"steps": 3, "layers": 3}), ("transformer", {"steps": 3}),
              ("kvcache", {"requests": 12}), ("random", {"events": 3000, "live": 200}),

@@ -110,7 +110,8 @@ def test_policies_the_core_lacks_run_in_python() -> None:
     for spec in cases.NATIVE_SPECS:
         assert native.is_native(parse_policy(spec)), spec
     trace = TRACES["default-training"]
-    for spec in ("cupy", "cuda-async", "buddy", "pytorch:expandable_segments=true",
+    for spec in ("cupy", "cuda-async", "jax:allocator=cuda_async",
+                 "pytorch:expandable_segments=true",
                  "pytorch:expandable_segments=true,garbage_collection_threshold=0.6"):
         assert not native.is_native(parse_policy(spec)), spec
         assert native.native_replay(trace, parse_policy(spec), resolve_device(None),

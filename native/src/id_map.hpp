@@ -55,6 +55,16 @@ class IdMap {
     return true;
   }
 
+  // Look key up without removing it.
+  bool find(int64_t key, int64_t* value) const {
+    size_t i = home(key);
+    while (slots_[i].key != kEmpty) {
+      if (slots_[i].key == key) { *value = slots_[i].value; return true; }
+      i = (i + 1) & mask_;
+    }
+    return false;
+  }
+
   size_t size() const { return size_; }
   size_t bytes() const { return slots_.capacity() * sizeof(Slot); }
 

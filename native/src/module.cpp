@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "buddy.hpp"
 #include "chunk_policy.hpp"
 #include "columns.hpp"
 #include "device.hpp"
@@ -202,6 +203,11 @@ static std::unique_ptr<Replay> make_replay(nb::tuple columns, int64_t n, int64_t
     return std::make_unique<PolicyReplay<ChunkPolicy>>(columns, engine, make_device(device),
                                                        chunk_config(policy));
   }
+  if (family == "buddy") {
+    BuddyConfig c{get<int64_t>(policy, "min_block"), get<int64_t>(policy, "arena"),
+                  get<bool>(policy, "release")};
+    return std::make_unique<PolicyReplay<BuddyPolicy>>(columns, engine, make_device(device), c);
+  }
   if (family == "on-demand") {
     return std::make_unique<PolicyReplay<OnDemandPolicy>>(columns, engine, make_device(device),
                                                           OnDemandConfig{});
@@ -223,7 +229,7 @@ static std::unique_ptr<Replay> make_replay(nb::tuple columns, int64_t n, int64_t
 
 NB_MODULE(_native, m) {
   m.doc() = "allocsim's native core: the engine's loop, the device and the policies in C++";
-  m.attr("FAMILIES") = nb::make_tuple("chunk", "pytorch", "on-demand");
+  m.attr("FAMILIES") = nb::make_tuple("chunk", "pytorch", "on-demand", "buddy");
   nb::class_<Replay>(m, "Replay")
       .def("advance", &Replay::advance, nb::arg("end"))
       .def("state", &Replay::state)

@@ -37,6 +37,7 @@ from allocsim.policies.bfc import (
     BFCAllocator,
     PreallocateAllocator,
 )
+from allocsim.policies.buddy import BuddyAllocator
 from allocsim.policies.chunks import BIN
 from allocsim.policies.on_demand import OnDemandAllocator
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
@@ -69,6 +70,7 @@ NATIVE_POLICIES: dict[type, str] = {
     BestFitAllocator: "chunk",
     PyTorchCachingAllocator: "pytorch",
     OnDemandAllocator: "on-demand",
+    BuddyAllocator: "buddy",
 }
 # What the core has of each policy, in words (``allocsim policies``, the README).
 NATIVE_SETTINGS = {
@@ -76,6 +78,7 @@ NATIVE_SETTINGS = {
     "best-fit": "every setting",
     "bfc": "every setting",
     "on-demand": "every setting",
+    "buddy": "every setting",
     "jax": "allocator=bfc (the default) or platform, any preallocate and fraction",
     "pytorch": "every setting but expandable_segments",
 }
@@ -140,6 +143,9 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
         return _pytorch_config(policy)
     if isinstance(policy, OnDemandAllocator):
         return {"family": family}
+    if isinstance(policy, BuddyAllocator):
+        return {"family": family, "min_block": policy.min_block, "arena": policy.arena,
+                "release": bool(policy.release)}
     config: dict[str, Any] = {"family": family, "bin_of_bits": list(BIN),
                               "alignment": policy.alignment, "max_slack": policy.max_slack}
     if isinstance(policy, BFCAllocator):
