@@ -14,6 +14,9 @@ from allocsim.sim.questions.capacity import min_capacity
 from allocsim.sim.questions.share import ShareSpec, parse_share_spec, parse_start, share
 from allocsim.traces import Trace, formats
 
+# Every test here runs on both implementations (tests/conftest.py's `implementation`).
+pytestmark = pytest.mark.usefixtures("implementation")
+
 MiB = 1 << 20
 GiB = 1 << 30
 

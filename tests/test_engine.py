@@ -14,6 +14,9 @@ from allocsim.sim.kernel.engine import FirstOOM, ProcessReplay, SharedProcess, r
 from allocsim.sim.questions.compare import compare, pick_winner
 from allocsim.traces import Trace
 
+# Every test here runs on both implementations (tests/conftest.py's `implementation`).
+pytestmark = pytest.mark.usefixtures("implementation")
+
 MiB = 1 << 20
 GiB = 1 << 30
 

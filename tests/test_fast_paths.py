@@ -19,6 +19,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import make_fast_path_refs as refs
 
+# Every test here runs on both implementations (tests/conftest.py's `implementation`).
+pytestmark = pytest.mark.usefixtures("implementation")
+
 REFERENCES: dict[str, dict[str, str]] = json.loads(refs.REFS.read_text())
 TRACES = dict(refs.traces())
 

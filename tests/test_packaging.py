@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import allocsim
+from allocsim.sim.kernel.native import implementation
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -19,7 +21,7 @@ def test_python_dash_m_allocsim_runs_the_command_line() -> None:
     done = subprocess.run([sys.executable, "-m", "allocsim", "--version"], capture_output=True,
                           text=True, check=False, cwd="/")
     assert done.returncode == 0
-    assert done.stdout.strip() == f"allocsim {allocsim.__version__}"
+    assert done.stdout.strip() == f"allocsim {allocsim.__version__} ({implementation()})"
 
 
 def test_the_allocsim_script_reports_its_version() -> None:
@@ -27,7 +29,15 @@ def test_the_allocsim_script_reports_its_version() -> None:
     if script is None:
         pytest.skip("the allocsim script is not on PATH")
     done = subprocess.run([script, "--version"], capture_output=True, text=True, check=False)
-    assert done.stdout.strip() == f"allocsim {allocsim.__version__}"
+    assert done.stdout.strip() == f"allocsim {allocsim.__version__} ({implementation()})"
+
+
+def test_the_version_says_which_implementation_runs() -> None:
+    off = subprocess.run([sys.executable, "-m", "allocsim", "--version"], capture_output=True,
+                         text=True, check=False, cwd="/", env={**os.environ,
+                                                               "ALLOCSIM_NATIVE": "0"})
+    assert off.stdout.strip() == (f"allocsim {allocsim.__version__} "
+                                  "(Python models (ALLOCSIM_NATIVE=0))")
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +46,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     source = tmp_path_factory.mktemp("source")
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, source / name)
-    for folder in ("allocsim", "sim", "policies", "traces"):
+    for folder in ("allocsim", "sim", "policies", "traces", "native"):
         shutil.copytree(REPO / folder, source / folder,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     out = tmp_path_factory.mktemp("wheel")
@@ -66,6 +76,50 @@ def test_the_wheel_holds_the_rooms_the_data_and_the_type_marker(wheel: zipfile.Z
                    for name in names)
     assert any(name.startswith("allocsim/sim/output/schemas/") and name.endswith(".json")
                for name in names)
+    assert not any("__pycache__" in name or name.endswith(".pyc") for name in names)
+
+
+def test_the_wheel_holds_every_package_folder(wheel: zipfile.ZipFile) -> None:
+    names = set(wheel.namelist())
+    for folder, package in (("allocsim", "allocsim"), ("sim", "allocsim/sim"),
+                            ("policies", "allocsim/policies"), ("traces", "allocsim/traces")):
+        for init in (REPO / folder).rglob("__init__.py"):
+            if "__pycache__" in init.parts:
+                continue
+            inside = init.relative_to(REPO / folder).as_posix()
+            assert f"{package}/{inside}" in names, f"{package}/{inside}"
+
+
+def test_the_wheel_holds_the_native_core_where_a_compiler_is(wheel: zipfile.ZipFile) -> None:
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler here: the wheel is built without the native core")
+    assert any(name.startswith("allocsim/_native") and name.endswith((".so", ".pyd"))
+               for name in wheel.namelist())
+
+
+@pytest.mark.slow
+def test_without_a_compiler_the_wheel_builds_with_the_python_models_only(
+        tmp_path: Path) -> None:
+    # CMake checks for C++ and skips the module when there is none (native/CMakeLists.txt):
+    # a compiler that does not exist stands in for a machine without one.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, source / name)
+    for folder in ("allocsim", "sim", "policies", "traces", "native"):
+        shutil.copytree(REPO / folder, source / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    out = tmp_path / "wheel"
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
+                           "-w", str(out), str(source)], capture_output=True, text=True,
+                          check=False, env={**os.environ, "CXX": "/nonexistent/c++"})
+    if done.returncode != 0 and "scikit-build-core" in done.stderr and "nanobind" in done.stderr:
+        pytest.skip(f"could not fetch the build requirements here: {done.stderr[-300:]}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    (path,) = out.glob("allocsim-*.whl")
+    names = zipfile.ZipFile(path).namelist()
+    assert "allocsim/sim/kernel/engine.py" in names
+    assert not any(name.startswith("allocsim/_native") for name in names)
 
 
 def test_the_wheel_metadata_names_the_license_and_the_python_versions(

@@ -6,6 +6,7 @@ import argparse
 
 from allocsim.policies import describe_policies, format_size
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES
+from allocsim.sim.kernel.native import NATIVE_SETTINGS, implementation
 from allocsim.sim.questions.offline import OFFLINE_NAME
 
 
@@ -24,6 +25,12 @@ def run_policies(args: argparse.Namespace) -> int:
     print(f"{OFFLINE_NAME:12s} plan, not a policy — XLA buffer assignment's global "
           "decreasing-size best fit over the whole trace; shown beside the policies, never "
           "the winner")
+    # Which settings the native core replays (the rest run on the Python models, with the
+    # same answers; sim/kernel/native.py).
+    print(f"\nnative core ({implementation()} in use here) replays:")
+    for name, settings in NATIVE_SETTINGS.items():
+        print(f"    {name:12s} {settings}")
+    print("    (everything else, and runs that read a policy object, run on the Python models)")
     return 0
 
 

@@ -48,6 +48,7 @@ from allocsim.sim.cli import (
     trace_files,
     validate,
 )
+from allocsim.sim.kernel.native import implementation
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -64,7 +65,9 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="allocsim", description="Simulate GPU memory allocators on allocation traces.")
-    parser.add_argument("--version", action="version", version=f"allocsim {__version__}")
+    # Which implementation replays the runs the native core can take (sim/kernel/native.py).
+    parser.add_argument("--version", action="version",
+                        version=f"allocsim {__version__} ({implementation()})")
     sub = parser.add_subparsers(dest="command", required=True)
     compare.register(sub)
     capacity.register(sub)

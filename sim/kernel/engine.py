@@ -27,6 +27,7 @@ import simpy
 from allocsim.errors import UserInputError
 from allocsim.policies import PolicySpec, parse_policy
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
+from allocsim.sim.kernel.native import native_replay
 from allocsim.sim.kernel.results import CallLog, RunResult, Timeline
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 
@@ -433,9 +434,16 @@ def replay(trace: Trace, policy: str | PolicySpec, device: DeviceProfile, *,
                              f"{len(processes)} processes ({', '.join(map(str, processes))}); "
                              "replay them together with `allocsim share` / run_shared, or one "
                              "at a time with trace.for_process(p)")
-    run = ProcessReplay(trace, _as_spec(policy), SimulatedDevice(device), stop_on_oom=stop_on_oom)
-    total = run.n
+    spec = _as_spec(policy)
     step = CHUNK_EVENTS * 4
+    # The native core replays the run when it has the policy and the run needs no Python
+    # objects (sim/kernel/native.py); else the Python models below, with the same answers.
+    native = native_replay(trace, spec, device, stop_on_oom=stop_on_oom, progress=progress,
+                           timeline_points=TIMELINE_POINTS, step=step)
+    if native is not None:
+        return native
+    run = ProcessReplay(trace, spec, SimulatedDevice(device), stop_on_oom=stop_on_oom)
+    total = run.n
     while run.next_index < total and not run.stopped:
         run.advance(min(total, run.next_index + step))
         if progress is not None:

@@ -1,0 +1,200 @@
+"""Benchmark: the native core's speed and memory, as ratios to floors measured in the same run.
+
+    python -m experiments.bench_native [--events 1000000] [--kind transformer] [--repeat 3]
+    python -m experiments.bench_native --memory          # bytes/event, a subprocess per policy
+
+Speed (CPU time, ``time.process_time``, one process): the floor is a plain C++ best fit over
+the same events (allocsim._native.plain_best_fit: std::set by size, std::map by address, an
+unordered_map of live buffers, an unbounded heap — no device, timeline or stats). Each
+policy's :func:`~allocsim.sim.kernel.engine.replay` (the whole call: the core's replay and the
+RunResult built from it) runs alternating with the floor, best of ``--repeat``; its ratio is
+to the floor measured beside it. Target (issue 27.4): every policy within 2× of that floor.
+Policies the core lacks replay in Python here, and show it (``impl``).
+
+DynaPipe: bench_replay measured DynaPipe's pure-Python model of PyTorch's allocator at the
+Python dict loop's speed / 42 (experiments/bench_replay.py, DYNAPIPE_FLOOR_RATIO); that dict
+loop is timed here too, so pytorch's speed is set against DynaPipe's at equal floors (target
+≥ 20×).
+
+Memory (``--memory``): each policy in a fresh subprocess loads the saved trace and replays it;
+bytes/event is (peak RSS over loading and replay − RSS after imports) / events, loading
+included (target ≤ 24 B/event); beside it the replay's own peak (the peak reset after loading,
+Linux clear_refs; the trace's columns held count) and what loading alone reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from experiments.bench_replay import (
+    DYNAPIPE_FLOOR_RATIO,
+    _peak_rss_bytes,
+    _reset_peak_rss,
+    _rss_bytes,
+    dict_floor,
+)
+
+if TYPE_CHECKING:
+    from allocsim.traces.model import Trace
+
+POLICIES = ("preallocate", "best-fit", "best-fit:trim=true", "bfc", "bfc:allow_growth=false",
+            "jax", "jax:preallocate=false", "pytorch", "on-demand", "cupy", "cuda-async",
+            "buddy")
+FLOOR_TARGET = 2.0          # every policy within 2× of the plain C++ best fit
+DYNAPIPE_TARGET = 20.0      # pytorch ≥ 20× DynaPipe's simulator
+BYTES_TARGET = 24.0         # peak bytes/event, loading included
+
+
+def cpu_best_of(repeat: int, run: Callable[[], object]) -> float:
+    """The least CPU time of ``repeat`` runs of ``run``, in seconds."""
+    best = float("inf")
+    for _ in range(repeat):
+        gc.collect()
+        start = time.process_time()
+        run()
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def floor_runner(trace: Trace) -> Callable[[], object]:
+    """The plain C++ best fit over ``trace``'s events, as the native policies read them."""
+    from allocsim import _native  # type: ignore[attr-defined]
+
+    columns = (trace.column("op"), trace.column("id"), trace.matched_sizes(packed=True))
+    n = len(trace)
+    return lambda: _native.plain_best_fit(columns, n)
+
+
+def dict_loop_seconds(trace: Trace, repeat: int) -> float:
+    """bench_replay's Python dict loop over ``trace`` (its lists made first, not timed)."""
+    ops, ids = trace.op.tolist(), trace.id.tolist()
+    sizes = trace.matched_sizes().tolist()
+    return cpu_best_of(repeat, lambda: dict_floor(ops, ids, sizes))
+
+
+def measure_speed(trace: Trace, policies: list[str], device: str, repeat: int) -> list[dict]:
+    """Every policy beside the C++ floor, and the Python dict loop for DynaPipe's speed;
+    prints a line each as it goes."""
+    from allocsim.policies import parse_policy
+    from allocsim.sim.kernel.device import resolve_device
+    from allocsim.sim.kernel.engine import replay
+    from allocsim.sim.kernel.native import is_native
+
+    profile = resolve_device(device)
+    n = len(trace)
+    floor = floor_runner(trace)
+    dict_s = dict_loop_seconds(trace, repeat)
+    dynapipe = n / dict_s / DYNAPIPE_FLOOR_RATIO
+    floor_s = cpu_best_of(repeat, floor)
+    print(f"plain C++ best fit (floor): {n / floor_s:,.0f} events/s; Python dict loop "
+          f"{n / dict_s:,.0f} events/s, so DynaPipe ≈ {dynapipe:,.0f} events/s")
+    print(f"{'policy':28s} {'impl':7s} {'events/s':>12s} {'floor ×':>8s} {'CPU s':>7s}")
+    rows = [{"policy": "plain C++ best fit", "events": n, "cpu_s": floor_s,
+             "events_per_s": n / floor_s, "dict_loop_events_per_s": n / dict_s,
+             "dynapipe_events_per_s": dynapipe}]
+    for policy in policies:
+        impl = "native" if is_native(parse_policy(policy)) else "Python"
+        beside = run_s = float("inf")
+        for _ in range(repeat if impl == "native" else 1):
+            beside = min(beside, cpu_best_of(1, floor))
+            run_s = min(run_s, cpu_best_of(1, lambda policy=policy: replay(trace, policy,
+                                                                            profile)))
+        ratio = run_s / beside
+        row = {"policy": policy, "impl": impl, "events": n, "cpu_s": run_s,
+               "events_per_s": n / run_s, "floor_ratio": ratio,
+               "floor_events_per_s": n / beside}
+        mark = "" if ratio <= FLOOR_TARGET else f"   (over the {FLOOR_TARGET:g}× target)"
+        if policy == "pytorch":
+            row["dynapipe_x"] = n / run_s / dynapipe
+            mark += f"   ({row['dynapipe_x']:.1f}× DynaPipe; target {DYNAPIPE_TARGET:g}×)"
+        rows.append(row)
+        print(f"{policy:28s} {impl:7s} {n / run_s:12,.0f} {ratio:8.2f} {run_s:7.3f}{mark}")
+    return rows
+
+
+def measure_one(policy: str, path: str, device: str) -> dict:
+    """In a fresh process: load the trace and replay it; peak RSS over both."""
+    from allocsim.sim.kernel.device import resolve_device
+    from allocsim.sim.kernel.engine import replay
+    from allocsim.traces import formats
+
+    profile = resolve_device(device)
+    gc.collect()
+    baseline = _rss_bytes()
+    trace = formats.load(path)
+    load_peak = _peak_rss_bytes()
+    gc.collect()
+    _reset_peak_rss()       # from here the peak is the replay's (with the trace held)
+    start = time.process_time()
+    result = replay(trace, policy, profile)
+    cpu = time.process_time() - start
+    replay_peak = _peak_rss_bytes()
+    n = len(trace)
+    return {"policy": policy, "events": n, "cpu_s": cpu,
+            "bytes_per_event": (max(load_peak, replay_peak) - baseline) / n,
+            "replay_bytes_per_event": (replay_peak - baseline) / n,
+            "load_bytes_per_event": (load_peak - baseline) / n,
+            "trace_bytes_per_event": trace.nbytes / n, "completed": result.completed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--kind", default="transformer")
+    parser.add_argument("--device", default="a100-80g")
+    parser.add_argument("--policies", nargs="+")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument("--one", nargs=2, metavar=("POLICY", "TRACE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(measure_one(args.one[0], args.one[1], args.device)))
+        return 0
+
+    from allocsim.sim.kernel.native import core, implementation
+    from allocsim.traces import formats, synth
+
+    if core() is None:
+        print(f"the native core is not in use ({implementation()}): nothing to measure")
+        return 1
+    policies = list(args.policies or POLICIES)
+    trace = synth.generate(args.kind, seed=0, events=args.events)
+    print(f"trace: {args.kind}, {len(trace):,} events; CPU time, best of {args.repeat}")
+    if not args.memory:
+        rows = measure_speed(trace, policies, args.device, args.repeat)
+    else:
+        rows = []
+        with tempfile.TemporaryDirectory() as tmp:
+            path = str(Path(tmp) / "bench.npz")
+            formats.save(trace, path)
+            del trace
+            print(f"{'policy':28s} {'bytes/event':>12s} {'replay bytes/event':>19s} "
+                  f"{'load bytes/event':>17s} {'trace bytes/event':>18s}")
+            for policy in policies:
+                output = subprocess.run(
+                    [sys.executable, "-m", "experiments.bench_native", "--device", args.device,
+                     "--one", policy, path], check=True, capture_output=True, text=True).stdout
+                row = json.loads(output.strip().splitlines()[-1])
+                rows.append(row)
+                mark = "" if row["bytes_per_event"] <= BYTES_TARGET else "   (over 24)"
+                print(f"{policy:28s} {row['bytes_per_event']:12.1f} "
+                      f"{row['replay_bytes_per_event']:19.1f} "
+                      f"{row['load_bytes_per_event']:17.1f} "
+                      f"{row['trace_bytes_per_event']:18.1f}{mark}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+// The simulated device as one process sees it: sim/kernel/device.py's SimulatedDevice and
+// ProcessDevice, call for call, for a run with one process.
+//
+// Every figure (capacity in whole granules, granularity, the bump pointer's alignment and gap,
+// the cost model's coefficients) comes from the Python device the run was asked on; the
+// arithmetic is the Python's in the same order, so the modelled cost sums to the same double.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+
+namespace allocsim {
+
+struct CostModel {
+  double malloc_base_s, malloc_per_gib_s, free_base_s, free_per_gib_s;
+  double map_base_s, map_per_gib_s, unmap_base_s;
+};
+
+class Device {
+ public:
+  // capacity: whole granules (SimulatedDevice.capacity); next_address: the bump pointer now.
+  Device(int64_t capacity, int64_t granularity, int64_t map_granularity, int64_t range_align,
+         int64_t gib, int64_t next_address, CostModel costs)
+      : capacity(capacity), granularity(granularity), map_granularity(map_granularity),
+        range_align_(range_align), gib_(static_cast<double>(gib)), next_address_(next_address),
+        costs_(costs) {}
+
+  // cudaMalloc (ProcessDevice.reserve): nbytes rounded up to the granularity at a fresh
+  // range; -1 when the device is full.
+  int64_t reserve(int64_t nbytes) {
+    int64_t taken = ceil_div(nbytes, granularity) * granularity;
+    int64_t now_used = used + taken;
+    if (now_used > capacity) {
+      charge(costs_.malloc_base_s);  // CostModel.refused_malloc
+      ++failed_mallocs;
+      return -1;
+    }
+    used = now_used;
+    if (used > peak_used) peak_used = used;
+    ++mallocs;
+    int64_t base = bump(taken);
+    charge(costs_.malloc_base_s + costs_.malloc_per_gib_s * static_cast<double>(nbytes) / gib_);
+    ranges_[base] = taken;
+    grew(taken);
+    return base;
+  }
+
+  // cudaFree of a range reserve gave (ProcessDevice.release).
+  void release(int64_t base) {
+    auto it = ranges_.find(base);
+    int64_t taken = it->second;
+    ranges_.erase(it);
+    used -= taken;
+    reserved -= taken;
+    ++frees;
+    charge(costs_.free_base_s + costs_.free_per_gib_s * static_cast<double>(taken) / gib_);
+  }
+
+  // cuMemAddressReserve: a fresh virtual range, no memory, no call charged.
+  int64_t address_range(int64_t nbytes) { return bump(nbytes); }
+
+  // cuMemMap nbytes (whole granules: the caller's rule) at address; false when full.
+  bool map(int64_t /*address*/, int64_t nbytes) {
+    int64_t now_used = used + nbytes;
+    if (now_used > capacity) {
+      charge(costs_.map_base_s);  // CostModel.refused_map
+      ++failed_mallocs;
+      return false;
+    }
+    used = now_used;
+    if (used > peak_used) peak_used = used;
+    charge(costs_.map_base_s + costs_.map_per_gib_s * static_cast<double>(nbytes) / gib_);
+    ++mallocs;
+    grew(nbytes);
+    return true;
+  }
+
+  // cuMemUnmap [address, address + nbytes).
+  void unmap(int64_t /*address*/, int64_t nbytes) {
+    used -= nbytes;
+    reserved -= nbytes;
+    ++frees;
+    charge(costs_.unmap_base_s);
+  }
+
+  const int64_t capacity, granularity, map_granularity;
+  int64_t used = 0, peak_used = 0;
+  int64_t reserved = 0, peak_reserved = 0;
+  int64_t calls = 0, mallocs = 0, frees = 0, failed_mallocs = 0;
+  double cost_s = 0.0;
+
+ private:
+  static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }  // a >= 0, b > 0
+  int64_t bump(int64_t nbytes) {  // SimulatedDevice._address_range
+    int64_t base = next_address_;
+    int64_t span = nbytes > 0 ? nbytes : 1;
+    next_address_ = base + (span + range_align_ - 1) / range_align_ * range_align_ + range_align_;
+    return base;
+  }
+  void charge(double cost) { ++calls; cost_s += cost; }
+  void grew(int64_t nbytes) {
+    reserved += nbytes;
+    if (reserved > peak_reserved) peak_reserved = reserved;
+  }
+
+  const int64_t range_align_;
+  const double gib_;
+  int64_t next_address_;
+  const CostModel costs_;
+  std::unordered_map<int64_t, int64_t> ranges_;  // reserve()d base -> bytes taken
+};
+
+}  // namespace allocsim

@@ -1,0 +1,185 @@
+// The engine's per-event loop for one process: sim/kernel/engine.py's ProcessReplay._run and
+// BucketSummary, over a policy of this core.
+//
+// Per event: at most one policy call, the live-buffer map, the running allocated bytes and
+// their peak, one comparison of the device's call counter (a call raises the bucket's most
+// reserved bytes and maybe the run's peak); a sample of the policy's bytes in use every
+// `sample_every` events; a bucket of the timeline closed every `bucket` events. OOMs are noted
+// as ProcessReplay.note_out_of_memory notes them. The events are read a window at a time from
+// the trace's columns as held (columns.hpp). Nothing is allocated per event but the live map's
+// growth, the policy's records and the typed vectors of samples, buckets and skipped events.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "columns.hpp"
+#include "device.hpp"
+#include "id_map.hpp"
+
+namespace allocsim {
+
+constexpr int64_t kOpAlloc = 0;
+
+struct EngineConfig {
+  int64_t n;             // events of the trace
+  int64_t bucket;        // events per timeline bucket (ceil(n / TIMELINE_POINTS))
+  int64_t sample_every;  // max(1, n // TIMELINE_POINTS)
+  bool stop_on_oom;
+  bool record_addresses;  // keep every malloc's answer (the differential tests read it)
+};
+
+struct FirstOOM {
+  bool happened = false;
+  int64_t event = 0, size = 0, allocated = 0, reserved = 0, largest_free = 0;
+};
+
+template <class Policy>
+class Engine {
+ public:
+  Engine(EngineConfig config, Column op, Column id, Column size, Column stream, Device& device,
+         Policy& policy)
+      : c_(config), op_(op), id_(id), size_(size), stream_(stream), device_(device),
+        policy_(policy) {
+    last_event_ = std::min(c_.n, c_.bucket) - 1;
+    window_op_.resize(kWindow);
+    window_id_.resize(kWindow);
+    window_size_.resize(kWindow);
+    window_stream_.resize(kWindow);
+  }
+
+  // Replay events up to `end` (exclusive), or to a stopping OOM. Returns the next index.
+  int64_t advance(int64_t end) {
+    end = std::min(end, c_.n);
+    int64_t i = next_index_;
+    while (i < end && !stopped_) {
+      if (i < base_ || i >= base_ + loaded_) load(i);
+      int64_t stop = std::min(end, base_ + loaded_);
+      i = run(i, stop);
+    }
+    next_index_ = i;
+    return i;
+  }
+
+  // -- state read back by the Python bridge ------------------------------------------
+  int64_t next_index() const { return next_index_; }
+  bool stopped() const { return stopped_; }
+  int64_t allocated = 0, peak_allocated = 0, peak_allocated_event = -1;
+  int64_t in_use_at_peak_allocated = 0, reserved_at_peak = 0, peak_reserved_event = -1;
+  int64_t in_use_at_peak_reserved = 0, ooms = 0;
+  FirstOOM first_oom;
+  std::vector<int64_t> skipped_events, sample_events, sample_values;
+  std::vector<int64_t> bucket_reserved, bucket_allocated;
+  std::vector<double> bucket_cost;
+  std::vector<int64_t> addresses;
+
+ private:
+  void load(int64_t start) {
+    int64_t count = std::min(kWindow, c_.n - start);
+    op_.widen(start, count, window_op_.data());
+    id_.widen(start, count, window_id_.data());
+    size_.widen(start, count, window_size_.data());
+    stream_.widen(start, count, window_stream_.data());
+    base_ = start;
+    loaded_ = count;
+  }
+
+  int64_t run(int64_t i, int64_t stop) {
+    const int64_t* ops = window_op_.data() - base_;
+    const int64_t* ids = window_id_.data() - base_;
+    const int64_t* sizes = window_size_.data() - base_;
+    const int64_t* streams = window_stream_.data() - base_;
+    int64_t calls = device_.calls;
+    for (; i < stop; ++i) {
+      int64_t size = sizes[i];
+      if (ops[i] == kOpAlloc) {
+        if (size > 0) {
+          int64_t handle = 0;
+          int64_t address = policy_.malloc(size, streams[i], &handle);
+          if (c_.record_addresses) addresses.push_back(address);
+          if (address < 0) {
+            note_out_of_memory(i, size);
+          } else {
+            live_.put(ids[i], handle);
+            allocated += size;
+            if (allocated > peak_allocated) {
+              peak_allocated = allocated;
+              peak_allocated_event = i;
+              in_use_at_peak_allocated = policy_.bytes_in_use;
+            }
+          }
+        }
+      } else {
+        int64_t handle;
+        if (live_.pop(ids[i], &handle)) {
+          policy_.free(handle);
+          allocated -= size;
+        } else if (size) {
+          skipped_events.push_back(i);
+        }
+      }
+      if (device_.calls != calls) {
+        calls = device_.calls;
+        int64_t reserved = device_.reserved;
+        if (reserved > top_) {  // the bucket's most (-1: none yet)
+          if (top_ < 0) first_call_ = i;
+          top_ = reserved;
+          if (reserved > reserved_at_peak) {
+            reserved_at_peak = reserved;
+            peak_reserved_event = i;
+            in_use_at_peak_reserved = policy_.bytes_in_use;
+          }
+        }
+      }
+      if (allocated > bucket_top_allocated_) bucket_top_allocated_ = allocated;
+      if (i == next_sample_) {
+        sample_events.push_back(i);
+        sample_values.push_back(policy_.bytes_in_use);
+        next_sample_ += c_.sample_every;
+      }
+      if (i == last_event_) close_bucket();
+      if (stopped_) return i + 1;
+    }
+    return i;
+  }
+
+  void note_out_of_memory(int64_t i, int64_t size) {
+    ++ooms;
+    skipped_events.push_back(i);
+    if (!first_oom.happened) {
+      first_oom = FirstOOM{true, i, size, allocated, device_.reserved, policy_.largest_free()};
+    }
+    if (c_.stop_on_oom) stopped_ = true;
+  }
+
+  void close_bucket() {  // BucketSummary.close
+    int64_t most;
+    if (top_ < 0) most = carried_;
+    else if (first_call_ == first_event_) most = top_;
+    else most = std::max(top_, carried_);
+    bucket_reserved.push_back(most);
+    bucket_cost.push_back(device_.cost_s);
+    bucket_allocated.push_back(bucket_top_allocated_);
+    bucket_top_allocated_ = std::numeric_limits<int64_t>::min();
+    carried_ = device_.reserved;
+    top_ = -1;
+    first_event_ += c_.bucket;
+    last_event_ = std::min(c_.n, first_event_ + c_.bucket) - 1;
+  }
+
+  const EngineConfig c_;
+  Column op_, id_, size_, stream_;
+  Device& device_;
+  Policy& policy_;
+  IdMap live_;
+  std::vector<int64_t> window_op_, window_id_, window_size_, window_stream_;
+  int64_t base_ = 0, loaded_ = 0, next_index_ = 0;
+  bool stopped_ = false;
+  int64_t next_sample_ = 0;
+  int64_t first_event_ = 0, last_event_ = -1, top_ = -1, first_call_ = -1, carried_ = 0;
+  int64_t bucket_top_allocated_ = std::numeric_limits<int64_t>::min();
+};
+
+}  // namespace allocsim

@@ -1,0 +1,256 @@
+// allocsim._native: the bindings of the native core (nanobind).
+//
+// One class, Replay, made from the trace's columns (numpy arrays as the trace holds them, not
+// copied), the device's figures and the policy's constants (dicts the Python bridge,
+// sim/kernel/native.py, reads off the Python device and the Python policy built for it), with
+// advance(end) -> next index (the GIL released while it runs) and state() -> a dict of what
+// the bridge needs to build the RunResult. plain_best_fit is the benchmark's floor.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "buddy.hpp"
+#include "chunk_policy.hpp"
+#include "columns.hpp"
+#include "device.hpp"
+#include "engine.hpp"
+#include "on_demand.hpp"
+#include "pytorch.hpp"
+
+namespace nb = nanobind;
+using namespace allocsim;
+
+namespace allocsim {
+int64_t plain_best_fit(const Column& op, const Column& id, const Column& size, int64_t n,
+                       int64_t* peak_heap);
+}
+
+namespace {
+
+using Array = nb::ndarray<nb::ro, nb::ndim<1>, nb::device::cpu>;
+
+Column column_of(const Array& array) {
+  auto dtype = array.dtype();
+  if (dtype.code != static_cast<uint8_t>(nb::dlpack::dtype_code::Int) ||
+      (dtype.bits != 8 && dtype.bits != 16 && dtype.bits != 32 && dtype.bits != 64)) {
+    throw std::invalid_argument("a trace column must be of a signed integer dtype");
+  }
+  return Column{array.data(), static_cast<int64_t>(array.stride(0)), dtype.bits};
+}
+
+template <class T>
+nb::object to_numpy(std::vector<T>&& values) {
+  auto* owned = new std::vector<T>(std::move(values));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(owned->data(), {owned->size()}, owner));
+}
+
+template <class T>
+T get(const nb::dict& d, const char* key) {
+  if (!d.contains(key)) throw std::invalid_argument(std::string("missing key ") + key);
+  return nb::cast<T>(d[key]);
+}
+
+Device make_device(const nb::dict& d) {
+  CostModel costs{get<double>(d, "malloc_base_s"), get<double>(d, "malloc_per_gib_s"),
+                  get<double>(d, "free_base_s"),   get<double>(d, "free_per_gib_s"),
+                  get<double>(d, "map_base_s"),    get<double>(d, "map_per_gib_s"),
+                  get<double>(d, "unmap_base_s")};
+  return Device(get<int64_t>(d, "capacity"), get<int64_t>(d, "granularity"),
+                get<int64_t>(d, "map_granularity"), get<int64_t>(d, "range_align"),
+                get<int64_t>(d, "gib"), get<int64_t>(d, "next_address"), costs);
+}
+
+ChunkConfig chunk_config(const nb::dict& d) {
+  ChunkConfig c;
+  std::string growth = get<std::string>(d, "growth");
+  if (growth == "bfc") c.growth = ChunkConfig::kBfc;
+  else if (growth == "best-fit") c.growth = ChunkConfig::kBestFit;
+  else throw std::invalid_argument("unknown chunk growth " + growth);
+  c.bin_of_bits = get<std::vector<int>>(d, "bin_of_bits");
+  if (c.bin_of_bits.size() < 65) throw std::invalid_argument("bin table too short");
+  c.alignment = get<int64_t>(d, "alignment");
+  c.max_slack = get<int64_t>(d, "max_slack");
+  if (c.growth == ChunkConfig::kBfc) {
+    c.memory_limit = get<int64_t>(d, "memory_limit");
+    c.first_region = get<int64_t>(d, "first_region");
+    c.min_allocation = get<int64_t>(d, "min_allocation");
+    c.garbage_collection = get<bool>(d, "garbage_collection");
+    c.backpedal_factor = static_cast<float>(get<double>(d, "backpedal_factor"));
+  } else {
+    c.page = get<int64_t>(d, "page");
+    c.heap_base = get<int64_t>(d, "heap_base");
+    c.trim = get<bool>(d, "trim");
+  }
+  return c;
+}
+
+}  // namespace
+
+// Type-erased over the policy: the bindings see one class.
+class Replay {
+ public:
+  virtual ~Replay() = default;
+  virtual int64_t advance(int64_t end) = 0;
+  virtual nb::dict state() = 0;
+  virtual bool stopped() = 0;
+};
+
+template <class Policy>
+class PolicyReplay final : public Replay {
+ public:
+  template <class Config>
+  PolicyReplay(nb::tuple columns, const EngineConfig& engine, Device device, Config config)
+      : columns_(columns), bucket_(engine.bucket), device_(std::move(device)), policy_(std::move(config), device_),
+        engine_(engine, column_of(nb::cast<Array>(columns[0])),
+                column_of(nb::cast<Array>(columns[1])), column_of(nb::cast<Array>(columns[2])),
+                column_of(nb::cast<Array>(columns[3])), device_, policy_) {}
+
+  int64_t advance(int64_t end) override {
+    nb::gil_scoped_release release;
+    return engine_.advance(end);
+  }
+
+  bool stopped() override { return engine_.stopped(); }
+
+  nb::dict state() override {
+    nb::dict s;
+    auto& e = engine_;
+    s["bucket"] = bucket_;
+    s["next_index"] = e.next_index();
+    s["stopped"] = e.stopped();
+    s["allocated"] = e.allocated;
+    s["peak_allocated"] = e.peak_allocated;
+    s["peak_allocated_event"] = e.peak_allocated_event;
+    s["in_use_at_peak_allocated"] = e.in_use_at_peak_allocated;
+    s["reserved_at_peak"] = e.reserved_at_peak;
+    s["peak_reserved_event"] = e.peak_reserved_event;
+    s["in_use_at_peak_reserved"] = e.in_use_at_peak_reserved;
+    s["ooms"] = e.ooms;
+    if (e.first_oom.happened) {
+      nb::dict f;
+      f["event"] = e.first_oom.event;
+      f["size"] = e.first_oom.size;
+      f["allocated"] = e.first_oom.allocated;
+      f["reserved"] = e.first_oom.reserved;
+      f["largest_free"] = e.first_oom.largest_free;
+      s["first_oom"] = f;
+    } else {
+      s["first_oom"] = nb::none();
+    }
+    s["skipped_events"] = to_numpy(std::vector<int64_t>(e.skipped_events));
+    s["sample_events"] = to_numpy(std::vector<int64_t>(e.sample_events));
+    s["sample_values"] = to_numpy(std::vector<int64_t>(e.sample_values));
+    s["bucket_reserved"] = to_numpy(std::vector<int64_t>(e.bucket_reserved));
+    s["bucket_allocated"] = to_numpy(std::vector<int64_t>(e.bucket_allocated));
+    s["bucket_cost"] = to_numpy(std::vector<double>(e.bucket_cost));
+    s["addresses"] = to_numpy(std::vector<int64_t>(e.addresses));
+    nb::dict d;
+    d["reserved"] = device_.reserved;
+    d["peak_reserved"] = device_.peak_reserved;
+    d["mallocs"] = device_.mallocs;
+    d["frees"] = device_.frees;
+    d["failed_mallocs"] = device_.failed_mallocs;
+    d["calls"] = device_.calls;
+    d["cost_s"] = device_.cost_s;
+    s["device"] = d;
+    s["policy_stats"] = stats();
+    return s;
+  }
+
+ private:
+  nb::dict stats() {
+    nb::dict p;
+    p["num_allocs"] = policy_.num_allocs;
+    p["num_frees"] = policy_.num_frees;
+    p["num_ooms"] = policy_.num_ooms;
+    p["bytes_in_use"] = policy_.bytes_in_use;
+    p["peak_bytes_in_use"] = policy_.peak_bytes_in_use;
+    p["bytes_requested"] = policy_.bytes_requested();
+    p["pool_bytes"] = policy_.pool_bytes();
+    p["peak_pool_bytes"] = policy_.peak_pool_bytes();
+    p["largest_free_block"] = policy_.largest_free();
+    p["free_blocks"] = policy_.free_blocks();
+    return p;
+  }
+
+  nb::tuple columns_;  // keeps the trace's arrays alive while the engine reads them
+  int64_t bucket_;
+  Device device_;
+  Policy policy_;
+  Engine<Policy> engine_;
+};
+
+static std::unique_ptr<Replay> make_replay(nb::tuple columns, int64_t n, int64_t bucket,
+                                           int64_t sample_every, bool stop_on_oom,
+                                           bool record_addresses, nb::dict device,
+                                           nb::dict policy) {
+  if (columns.size() != 4) throw std::invalid_argument("columns: (op, id, size, stream)");
+  for (size_t k = 0; k < 4; ++k) {
+    Array array = nb::cast<Array>(columns[k]);
+    if (static_cast<int64_t>(array.shape(0)) < n) throw std::invalid_argument("column too short");
+  }
+  EngineConfig engine{n, bucket, sample_every, stop_on_oom, record_addresses};
+  std::string family = get<std::string>(policy, "family");
+  if (family == "chunk") {
+    return std::make_unique<PolicyReplay<ChunkPolicy>>(columns, engine, make_device(device),
+                                                       chunk_config(policy));
+  }
+  if (family == "buddy") {
+    BuddyConfig c{get<int64_t>(policy, "min_block"), get<int64_t>(policy, "arena"),
+                  get<bool>(policy, "release")};
+    return std::make_unique<PolicyReplay<BuddyPolicy>>(columns, engine, make_device(device), c);
+  }
+  if (family == "on-demand") {
+    return std::make_unique<PolicyReplay<OnDemandPolicy>>(columns, engine, make_device(device),
+                                                          OnDemandConfig{});
+  }
+  if (family == "pytorch") {
+    PyTorchConfig c{get<int64_t>(policy, "min_block_size"),  get<int64_t>(policy, "small_size"),
+                    get<int64_t>(policy, "small_buffer"),    get<int64_t>(policy, "large_buffer"),
+                    get<int64_t>(policy, "min_large_alloc"), get<int64_t>(policy, "round_large"),
+                    get<bool>(policy, "set_fraction"),
+                    get<int64_t>(policy, "allowed_memory_maximum"),
+                    get<std::vector<int64_t>>(policy, "divisions"),
+                    get<int64_t>(policy, "max_split_size"), get<int64_t>(policy, "no_limit"),
+                    get<int64_t>(policy, "max_non_split_rounding"),
+                    get<bool>(policy, "gc_on"), get<double>(policy, "gc_threshold")};
+    return std::make_unique<PolicyReplay<PyTorchPolicy>>(columns, engine, make_device(device), c);
+  }
+  throw std::invalid_argument("no native policy family " + family);
+}
+
+NB_MODULE(_native, m) {
+  m.doc() = "allocsim's native core: the engine's loop, the device and the policies in C++";
+  m.attr("FAMILIES") = nb::make_tuple("chunk", "pytorch", "on-demand", "buddy");
+  nb::class_<Replay>(m, "Replay")
+      .def("advance", &Replay::advance, nb::arg("end"))
+      .def("state", &Replay::state)
+      .def("stopped", &Replay::stopped);
+  m.def("replay", &make_replay, nb::arg("columns"), nb::arg("n"), nb::arg("bucket"),
+        nb::arg("sample_every"), nb::arg("stop_on_oom"), nb::arg("record_addresses"),
+        nb::arg("device"), nb::arg("policy"));
+  m.def(
+      "plain_best_fit",
+      [](nb::tuple columns, int64_t n) {
+        Column op = column_of(nb::cast<Array>(columns[0]));
+        Column id = column_of(nb::cast<Array>(columns[1]));
+        Column size = column_of(nb::cast<Array>(columns[2]));
+        int64_t peak = 0, fails;
+        {
+          nb::gil_scoped_release release;
+          fails = plain_best_fit(op, id, size, n, &peak);
+        }
+        return nb::make_tuple(peak, fails);
+      },
+      nb::arg("columns"), nb::arg("n"),
+      "The benchmark's floor: address-ordered best fit with coalescing over an unbounded "
+      "heap, written plainly (std::set and std::map). Returns (peak heap bytes, 0).");
+}

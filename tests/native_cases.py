@@ -1,0 +1,121 @@
+"""The cases the native core is held to the Python models on (tests/test_native_differential.py
+and the policy suites parametrised over both implementations), and the Python side's runs.
+
+The Python run is a ProcessReplay driven as :func:`allocsim.sim.kernel.engine.replay` drives
+it, with the policy's ``malloc`` wrapped to record every answer: the same RunResult replay()
+gives, and the address of every block handed out, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from allocsim.policies import parse_policy
+from allocsim.sim.kernel import native
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice, resolve_device
+from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay
+from allocsim.sim.kernel.results import RunResult
+from allocsim.traces import synth
+from allocsim.traces.bundled import load_bundled_traces
+from allocsim.traces.model import Trace
+
+# Every setting of the native families: growth, fractions, back-off (a limit above the
+# device, fraction 1 with the device's 512-byte granules over BFC's 256), preallocation's
+# sizes, BFC's garbage collection and split slack, best-fit's trim, pages and an alignment
+# that is not a power of two (the Python general path), and the jax presets that resolve to
+# these.
+NATIVE_SPECS = (
+    "preallocate", "preallocate:fraction=0.05", "preallocate:fraction=1.0",
+    "best-fit", "best-fit:page=4MiB,trim=true", "best-fit:trim=true", "best-fit:alignment=768",
+    "bfc", "bfc:allow_growth=false", "bfc:garbage_collection=true",
+    "bfc:fragmentation_fraction=0.1", "bfc:memory_limit=100GiB", "bfc:fraction=1.0",
+    "bfc:fraction=0.5,garbage_collection=true", "jax", "jax:preallocate=false",
+    "jax:fraction=0.5", "pytorch", "pytorch:per_process_memory_fraction=0.5",
+    "pytorch:per_process_memory_fraction=1.0",
+    "pytorch:garbage_collection_threshold=0.6",   # no fraction set: no collection (PyTorch's gate)
+    "pytorch:max_split_size_mb=64", "pytorch:max_split_size_mb=20,max_non_split_rounding_mb=64",
+    "pytorch:roundup_power2_divisions=4", "pytorch:roundup_power2_divisions=[256:1;512:2;>:8]",
+    "pytorch:max_non_split_rounding_mb=64",
+    "pytorch:garbage_collection_threshold=0.6,per_process_memory_fraction=0.8",
+    "pytorch:garbage_collection_threshold=0.3,per_process_memory_fraction=1.0,"
+    "max_split_size_mb=40",
+    "pytorch:max_split_size_mb=32,roundup_power2_divisions=2,per_process_memory_fraction=0.5",
+    "on-demand", "jax:allocator=platform",
+    "buddy", "buddy:release=true", "buddy:min_block=4096,arena=8MiB",
+    "buddy:arena=1GiB,release=true",
+)
+GENERATED = (("training", {"steps": 3, "layers": 3}), ("transformer", {"steps": 3}),
+             ("kvcache", {"requests": 12}), ("random", {"events": 3000, "live": 200}),
+             ("random", {"events": 3000, "live": 200, "streams": 3}))
+SEEDS = (0, 1)
+
+
+def need_core() -> None:
+    if native.core() is None:
+        pytest.skip(f"the native core is not in use here: {native.implementation()}")
+
+
+def traces() -> Iterator[tuple[str, Trace]]:
+    """(label, trace): every bundled trace and each generator at small sizes, seeded."""
+    for trace in load_bundled_traces():
+        yield trace.name, trace
+    for kind, params in GENERATED:
+        for seed in SEEDS:
+            streams = f"-streams{params['streams']}" if "streams" in params else ""
+            yield f"{kind}{streams}-seed{seed}", synth.generate(kind, seed=seed, **params)
+    yield "regions-freed", regions_freed()
+
+
+def regions_freed() -> Trace:
+    """Three growing BFC regions (2, 4, 8 MiB) wholly freed, then 15 MiB: on a 16 MiB device
+    Extend fails and garbage collection frees the three regions (bfc.py's
+    DeallocateFreeRegions); without it, an OOM."""
+    mib = 1 << 20
+    return Trace.from_events([(0, "alloc", 1, mib), (1, "alloc", 2, 3 * mib),
+                              (2, "alloc", 3, 7 * mib), (3, "free", 1, mib),
+                              (4, "free", 2, 3 * mib), (5, "free", 3, 7 * mib),
+                              (6, "alloc", 4, 15 * mib), (7, "free", 4, 15 * mib)],
+                             name="regions-freed")
+
+
+def capacities(trace: Trace) -> list[DeviceProfile]:
+    """A roomy device, one just above the trace's peak live bytes (growth's back-off and
+    tight fits) and one below it (OOMs, BFC's failed Extend and garbage collection)."""
+    peak = max(1, trace.peak_live()[0])
+    base = resolve_device("a100-80g")
+    if trace.name == "regions-freed":
+        return [base, base.with_capacity(16 << 20), base.with_capacity(12 << 20)]
+    return [base, base.with_capacity(peak * 9 // 8 + (4 << 20)),
+            base.with_capacity(max(1 << 20, peak * 3 // 4))]
+
+
+def python_run(trace: Trace, spec: str, profile: DeviceProfile, *,
+               stop_on_oom: bool = False) -> tuple[RunResult, list[int]]:
+    """The Python models' RunResult and every malloc's answer (-1 for None)."""
+    run = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(profile),
+                        stop_on_oom=stop_on_oom)
+    addresses: list[int] = []
+    malloc = run.policy.malloc
+
+    def recording(size: int, stream: int = 0) -> int | None:
+        address = malloc(size, stream)
+        addresses.append(-1 if address is None else address)
+        return address
+
+    run.policy.malloc = recording               # type: ignore[method-assign]
+    while run.next_index < run.n and not run.stopped:
+        run.advance(run.n)
+    return run.result(profile.name), addresses
+
+
+def native_run(trace: Trace, spec: str, profile: DeviceProfile, *,
+               stop_on_oom: bool = False) -> tuple[RunResult, list[int]]:
+    """The native core's RunResult and every malloc's answer; fails if it declines the run."""
+    addresses: list[int] = []
+    result = native.native_replay(trace, parse_policy(spec), profile, stop_on_oom=stop_on_oom,
+                                  progress=None, timeline_points=TIMELINE_POINTS,
+                                  step=1 << 18, record_addresses=addresses)
+    assert result is not None, f"the native core declined {spec} on {trace.name}"
+    return result, addresses

@@ -1,0 +1,188 @@
+"""The native core gives the Python models' answers, as CPython holds ``_decimal`` to
+``_pydecimal`` (docs/architecture.md, "Two implementations, one answer").
+
+Whole runs on every bundled trace and generator, at a roomy, a tight and a too-small capacity
+(growth's back-off, OOMs, BFC's failed Extend and garbage collection), through every native
+setting: every RunResult field, every timeline bucket, the policy's stats and the address of
+every malloc, in order. Runs that stop at their first OOM too. Then hypothesis workloads,
+compared after every event (the device's reserved bytes and calls, the policy's stats). And
+the switch: ``ALLOCSIM_NATIVE=0`` runs the Python models through the same public call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import native_cases as cases
+
+from allocsim.policies import parse_policy
+from allocsim.sim.kernel import native
+from allocsim.sim.kernel.device import SimulatedDevice, resolve_device
+from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
+from allocsim.sim.kernel.results import RunResult
+from allocsim.traces.model import Trace
+
+TRACES = dict(cases.traces())
+
+
+def assert_same(python: RunResult, core: RunResult, where: str) -> None:
+    """Every field equal, the timeline's arrays element by element (and of the same dtype)."""
+    for item in dataclasses.fields(RunResult):
+        a, b = getattr(python, item.name), getattr(core, item.name)
+        if item.name == "timeline":
+            for column in ("event", "time_ns", "allocated", "reserved", "in_use"):
+                x, y = getattr(a, column), getattr(b, column)
+                assert x.dtype == y.dtype and np.array_equal(x, y), f"{where}: timeline.{column}"
+        else:
+            assert a == b, f"{where}: {item.name}: Python {a!r}, native {b!r}"
+    assert python.to_json_dict(timeline=True) == core.to_json_dict(timeline=True), where
+
+
+@pytest.mark.parametrize("label", sorted(TRACES))
+def test_whole_runs_match_on_every_trace_capacity_and_setting(label: str) -> None:
+    cases.need_core()
+    trace = TRACES[label]
+    for profile in cases.capacities(trace):
+        for spec in cases.NATIVE_SPECS:
+            where = f"{label} | {spec} | {profile.name}"
+            python, python_addresses = cases.python_run(trace, spec, profile)
+            core, core_addresses = cases.native_run(trace, spec, profile)
+            assert_same(python, core, where)
+            assert python_addresses == core_addresses, f"{where}: addresses"
+
+
+def test_the_cases_reach_the_paths_they_are_for() -> None:
+    # The tight capacities make OOMs, BFC backs off and garbage-collects somewhere: a case
+    # list that stopped reaching them would hold the core to nothing there.
+    cases.need_core()
+    ooms = backoff = collected = 0
+    for label in ("default-training", "training-seed0", "random-seed1", "regions-freed"):
+        trace = TRACES[label]
+        for profile in cases.capacities(trace):
+            bfc, _ = cases.native_run(trace, "bfc:memory_limit=100GiB", profile)
+            ooms += bfc.ooms
+            backoff += bfc.failed_device_mallocs
+            gc, _ = cases.native_run(trace, "bfc:garbage_collection=true", profile)
+            collected += gc.device_frees
+    assert ooms and backoff and collected
+
+
+@pytest.mark.parametrize("label", ["default-training", "kvcache-seed0", "random-seed0"])
+def test_runs_that_stop_at_their_first_oom_match(label: str) -> None:
+    cases.need_core()
+    trace = TRACES[label]
+    tight = cases.capacities(trace)[-1]
+    for spec in cases.NATIVE_SPECS:
+        python, python_addresses = cases.python_run(trace, spec, tight, stop_on_oom=True)
+        core, core_addresses = cases.native_run(trace, spec, tight, stop_on_oom=True)
+        assert_same(python, core, f"{label} | {spec} | stop_on_oom")
+        assert python_addresses == core_addresses
+
+
+def test_replay_takes_the_core_and_allocsim_native_0_the_python_models(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cases.need_core()
+    trace = TRACES["default-training"]
+    device = resolve_device("t4-16g", "1GiB")
+    assert native.native_replay(trace, parse_policy("bfc"), device, stop_on_oom=False,
+                                progress=None, timeline_points=TIMELINE_POINTS,
+                                step=1 << 18) is not None
+    core = replay(trace, "bfc", device)
+    monkeypatch.setenv("ALLOCSIM_NATIVE", "0")
+    assert native.core() is None and native.implementation().startswith("Python models")
+    assert native.native_replay(trace, parse_policy("bfc"), device, stop_on_oom=False,
+                                progress=None, timeline_points=TIMELINE_POINTS,
+                                step=1 << 18) is None
+    assert_same(replay(trace, "bfc", device), core, "ALLOCSIM_NATIVE=0")
+
+
+def test_policies_the_core_lacks_run_in_python() -> None:
+    cases.need_core()
+    for spec in cases.NATIVE_SPECS:
+        assert native.is_native(parse_policy(spec)), spec
+    trace = TRACES["default-training"]
+    for spec in ("cupy", "cuda-async", "jax:allocator=cuda_async",
+                 "pytorch:expandable_segments=true",
+                 "pytorch:expandable_segments=true,garbage_collection_threshold=0.6"):
+        assert not native.is_native(parse_policy(spec)), spec
+        assert native.native_replay(trace, parse_policy(spec), resolve_device(None),
+                                    stop_on_oom=False, progress=None,
+                                    timeline_points=TIMELINE_POINTS, step=1 << 18) is None
+
+
+def test_progress_is_reported_as_the_python_engine_reports_it() -> None:
+    cases.need_core()
+    trace = TRACES["default-training"]
+    seen: list[tuple[int, int]] = []
+    replay(trace, "bfc", resolve_device(None), progress=lambda done, total: seen.append(
+        (done, total)))
+    assert seen and seen[-1] == (len(trace), len(trace))
+
+
+# -- random workloads, compared after every event ------------------------------------------
+def workload(steps: list[tuple[bool, int, int]]) -> Trace:
+    """A trace from (alloc?, size, which live buffer to free) steps."""
+    rows: list[tuple] = []
+    live: list[tuple[int, int, int]] = []
+    for number, (is_alloc, size, pick) in enumerate(steps):
+        if is_alloc or not live:
+            rows.append((number, "alloc", number, size, pick % 3))     # three streams
+            live.append((number, size, pick % 3))
+        else:
+            buffer, size, stream = live.pop(pick % len(live))
+            rows.append((number, "free", buffer, size, stream))
+    return Trace.from_events(rows, name="hypothesis")
+
+
+STEPS = st.lists(st.tuples(st.booleans(),
+                           st.one_of(st.integers(1, 4096), st.integers(4096, 1 << 20),
+                                     st.integers(1 << 20, 48 << 20)),
+                           st.integers(0, 10**6)), min_size=1, max_size=150)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=STEPS, spec=st.sampled_from(cases.NATIVE_SPECS),
+       capacity_mib=st.sampled_from([16, 40, 96, 81920]))
+def test_random_workloads_match_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
+                                                  capacity_mib: int) -> None:
+    cases.need_core()
+    trace = workload(steps)
+    profile = resolve_device("a100-80g").with_capacity(capacity_mib << 20)
+    python = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(profile))
+    core = native.open_run(trace, parse_policy(spec), profile, stop_on_oom=False,
+                           timeline_points=TIMELINE_POINTS)
+    assert core is not None
+    for event in range(len(trace)):
+        python.advance(event + 1)
+        core.advance(event + 1)
+        state = core.state()
+        where = f"event {event} of {spec} at {capacity_mib} MiB"
+        assert state["device"]["reserved"] == python.view.reserved, where
+        assert state["device"]["calls"] == python.view.calls, where
+        assert state["device"]["cost_s"] == python.view.cost_s, where
+        assert state["allocated"] == python.allocated, where
+        assert state["ooms"] == python.ooms, where
+        assert state["policy_stats"] == python.policy.stats().as_dict(), where
+    python_result = python.result(profile.name)
+    core_result, _ = cases.native_run(trace, spec, profile)
+    assert_same(python_result, core_result, f"{spec} at {capacity_mib} MiB")
+
+
+def test_what_allocsim_policies_says_is_native_is_native(capsys: pytest.CaptureFixture) -> None:
+    cases.need_core()
+    for name in native.NATIVE_SETTINGS:
+        assert native.is_native(parse_policy(name)), name
+    from allocsim.sim.cli import main
+    assert main(["policies"]) == 0
+    printed = capsys.readouterr().out
+    assert "native core (native core in use here) replays:" in printed
+    assert all(f"    {name:12s} " in printed for name in native.NATIVE_SETTINGS)
