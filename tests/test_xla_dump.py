@@ -231,6 +231,20 @@ def test_a_folder_with_no_dump_files(tmp_path: Path) -> None:
     assert_one_line_exit_2(tmp_path, expect="is a directory that holds no trace")
 
 
+def test_a_dump_with_crlf_line_ends_reads_as_the_one_xla_wrote(tmp_path: Path) -> None:
+    """Issue 25 item 9: a dump copied through Windows (CRLF line ends) was refused as having
+    no header; it says the same as the LF files, so it reads to the same trace."""
+    folder = tmp_path / "crlf"
+    folder.mkdir()
+    for path in DUMP.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    assert b"\r\n" in next(folder.iterdir()).read_bytes()
+    for module in MODULES:
+        want, got = load(module), load(module, folder)
+        assert got.equals(want, metadata=False)
+        assert got.metadata["xla"] == want.metadata["xla"]
+
+
 def test_a_cut_live_range_file(tmp_path: Path) -> None:
     files = copy_module(tmp_path)
     cut_ranges(files["live-range"])
