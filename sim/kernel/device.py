@@ -183,6 +183,7 @@ PROFILES: dict[str, DeviceProfile] = {
         _profile("a100-80g", 81920, "A100-SXM4-80GB"),
         _profile("h100-80g", 81559, "H100 80GB HBM3"),
         _profile("h200-141g", 143771, "H200 141GB HBM3e"),
+        _profile("l4-24g", 23034, "L4"),
         _profile("rtx4090-24g", 24564, "GeForce RTX 4090"),
         _profile("t4-16g", 15360, "Tesla T4"),
     )
