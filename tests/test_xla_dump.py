@@ -46,7 +46,9 @@ def cli(*args: object) -> tuple[int, str, str]:
 
 
 def load(module: str | None = None, path: Path = DUMP):
-    return formats.load(path, module=module)
+    """A module's logical buffers (the ``buffers`` view these tests are about; the runtime
+    view, the default, is tests/test_xla_runtime.py's)."""
+    return formats.load(path, module=module, view="buffers")
 
 
 def files_of(module: str, folder: Path = DUMP) -> dict[str, Path]:
@@ -195,7 +197,7 @@ def test_values_sharing_bytes_at_other_offsets_are_merged(tmp_path: Path) -> Non
         "allocation 1: size 1024, maybe-live-out:\n"
         " value: <1 a @0> (size=1024,offset=0): f32[256]{0}\n"
         " value: <2 b @0> (size=512,offset=256): f32[128]{0}\n")
-    trace = formats.load(folder)
+    trace = formats.load(folder, view="buffers")
     xla = trace.metadata["xla"]
     assert xla["overlap_merges"] == 1 and xla["buffers"] == 2
     assert trace.peak_live()[0] == 1280 and xla["alignment"] == 256

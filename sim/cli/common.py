@@ -42,6 +42,14 @@ def add_reading_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--module", metavar="NAME",
                         help="which compiled module of an XLA dump folder (default: the one "
                              "with the largest temp allocation; `allocsim info DIR` lists them)")
+    parser.add_argument("--xla-view", choices=["runtime", "buffers"],
+                        help="how an XLA dump becomes a trace: 'runtime' (default; `fidelity` "
+                             "uses 'buffers'): the arguments, then per execution the temp and "
+                             "the new outputs, as JAX's runtime asks its allocator; 'buffers': "
+                             "one execution's logical buffers over their live ranges")
+    parser.add_argument("--steps", metavar="N",
+                        help="executions of an XLA dump's module in the runtime view "
+                             "(default 1)")
     parser.add_argument("--allocator", metavar="NAME",
                         help="which allocator of a profiler trace (.xplane.pb) (default: the "
                              "one with the most records; `allocsim info FILE` lists them)")
@@ -55,6 +63,8 @@ def load_trace(path: str, args: argparse.Namespace | None = None) -> Trace:
         device_index = int(device_index)  # "1" means device 1; "cpu" / "cuda:1" stay text
     return formats.load(path, strict=strict, device_index=device_index,
                         module=getattr(args, "module", None),
+                        view=getattr(args, "xla_view", None),
+                        steps=getattr(args, "steps", None),
                         allocator=getattr(args, "allocator", None),
                         start_state=getattr(args, "start_state", None))
 
