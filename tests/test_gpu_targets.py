@@ -58,3 +58,32 @@ def test_a_target_file_of_ones_own_reads(tmp_path: Path) -> None:
     path.write_text(target_config("h100-80g").text.replace("core_count: 132", "core_count: 114"))
     target = target_config(path)
     assert target.name == "my-h100" and "core_count: 114" in target.text
+
+
+def compiled_trace(tmp_path: Path, target: str) -> Path:
+    """A trace as compile_for writes it (its target in the metadata), made by hand."""
+    from allocsim.traces import Trace, formats
+    trace = Trace.from_events([(0, "alloc", 1, 1 << 20), (1, "free", 1, None)],
+                              xla_gpu={"target": target, "device_memory_size":
+                                       PROFILES[target].capacity})
+    path = tmp_path / "step.npz"
+    formats.save(trace, path)
+    return path
+
+
+def test_a_compiled_trace_runs_on_its_target_by_default(tmp_path: Path, capsys) -> None:
+    import json
+
+    from allocsim.sim.cli.main import main
+    path = compiled_trace(tmp_path, "l4-24g")
+    assert main(["min-capacity", str(path), "--policies", "bfc", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["device"] == "l4-24g"
+
+
+def test_a_device_that_disagrees_with_the_target_is_one_line(tmp_path: Path, capsys) -> None:
+    from allocsim.sim.cli.main import main
+    path = compiled_trace(tmp_path, "h100-80g")
+    assert main(["compare", str(path), "--policies", "bfc", "--device", "a100-40g"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "compiled for h100-80g" in err and "--device h100-80g" in err
+    assert main(["compare", str(path), "--policies", "bfc", "--device", "h100-80g"]) == 0

@@ -11,7 +11,7 @@ from allocsim.sim.cli.common import (
     add_device_options,
     add_output_option,
     add_reading_options,
-    device_from_args,
+    device_for_traces,
     plain_progress,
     print_json,
     trace_or_default,
@@ -41,8 +41,8 @@ def _searching(policy: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    device = device_from_args(args)
     trace = trace_or_default(args.trace, args)
+    device = device_for_traces(args, [trace])
     policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
     resolution = parse_size(args.resolution)
     with plain_progress("min-capacity") as log:   # stderr not a terminal: a line every 10 s
