@@ -3,9 +3,9 @@
 
 Compiles a few jitted JAX programs with ``XLA_FLAGS=--xla_dump_to=...`` in a child process
 (the flag must be set before jax is imported) — for XLA:CPU into ``cpu/``, or (``gpu``, which
-needs ``jax[cuda12]`` and no GPU) for XLA:GPU with the h100-80g target into ``gpu/`` — and keeps
-``memory_analysis.json`` (each module's ``argument``, ``output``, ``alias`` and ``temp`` bytes as
-``compile().memory_analysis()`` gives them) and, for each program's module,
+needs jax's CUDA plugin and no GPU) for XLA:GPU with the h100-80g target into ``gpu/`` —
+and keeps ``memory_analysis.json`` (each module's ``argument``, ``output``, ``alias`` and
+``temp`` bytes as ``compile().memory_analysis()`` gives them) and, for each program's module,
 only the four text files the importer reads (``*-live-range.txt``, ``*-buffer-assignment.txt``,
 ``*-buffer-assignment-values.txt``, ``*-memory-usage-report.txt``):
 
@@ -136,8 +136,8 @@ def gpu_environment() -> dict[str, str]:
 
 def make(out: Path, mode: str = "cpu") -> list[Path]:
     """Compile the programs with jax (``mode`` ``cpu``, or ``gpu``: for the h100-80g target,
-    deviceless; needs jax[cuda12]) and write the kept dump files and memory_analysis.json (each
-    module's argument, output, alias and temp bytes) into ``out`` (replaced)."""
+    deviceless; needs allocsim[jax-gpu]) and write the kept dump files and memory_analysis.json
+    (each module's argument, output, alias and temp bytes) into ``out`` (replaced)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, XLA_FLAGS=f"--xla_dump_to={tmp}", JAX_PLATFORMS="cpu")
         argv = [sys.executable, "-c", PROGRAM, mode, str(Path(tmp) / ANALYSIS_FILE)]

@@ -1,7 +1,7 @@
 """Issue 26 item 1: JAX programs compiled for a named GPU without one
 (:func:`allocsim.traces.record.xla_gpu.compile_for`), replayed as JAX's runtime would.
 
-Needs jax's CUDA plugin (``pip install '.[jax-gpu]'``, about 5 GB; CI installs only
+Needs jax's CUDA plugin (``pip install '.[jax-gpu]'``, ~0.6 GB; CI installs only
 ``.[jax,tensorflow]``): every test here skips, saying so, without it. The compiles run in one
 child process (the plugin must load with no device visible, before anything else imports jax)
 that prints its findings as JSON; the tests read them.
@@ -24,8 +24,9 @@ from allocsim.sim.cli.main import main
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("jax") is None
     or importlib.util.find_spec("jax_plugins.xla_cuda12") is None,
-    reason="the CUDA plugin of jax is not installed (pip install '.[jax-gpu]': jax[cuda12], "
-           "about 5 GB; it compiles for a GPU without one)")
+    reason="the CUDA plugin of jax is not installed (pip install '.[jax-gpu]': "
+           "jax[cuda12-local] + nvidia-cuda-nvcc-cu12, ~0.6 GB; it compiles for a GPU "
+           "without one)")
 
 TARGETS = ["a100-40g", "a100-80g", "h100-80g", "h200-141g", "l4-24g", "rtx4090-24g", "t4-16g"]
 

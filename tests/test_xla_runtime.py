@@ -172,7 +172,7 @@ def test_a_fresh_cpu_compile_matches_its_memory_analysis(tmp_path: Path) -> None
 
 @pytest.mark.skipif(not HAVE_CUDA_PLUGIN,
                     reason="the CUDA plugin of jax is not installed (pip install '.[jax-gpu]': "
-                           "jax[cuda12], about 5 GB; compiles for a GPU without one)")
+                           "~0.6 GB; compiles for a GPU without one)")
 def test_a_fresh_gpu_compile_matches_its_memory_analysis(tmp_path: Path) -> None:
     import make_xla_dumps
 

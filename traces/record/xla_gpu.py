@@ -9,10 +9,11 @@ call the preallocated temp and the outputs no donated argument aliases
 (:mod:`allocsim.traces.formats.xla_runtime`). ``args`` are abstract: ``jax.ShapeDtypeStruct``
 pytrees (what ``jax.eval_shape(init, ...)`` gives) or arrays, whose shapes and dtypes are read.
 
-Needs ``jax[cuda12]`` (``pip install 'allocsim[jax-gpu]'``). The CUDA plugin must be loaded with
-no device visible and its version check (which calls ``cuInit``) skipped:
-:func:`prepare` sets ``CUDA_VISIBLE_DEVICES=-1``, ``JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1`` and
-``JAX_PLATFORMS=cpu`` — call it (or import this module) before importing jax.
+Needs jax's CUDA plugin and ptxas (``pip install 'allocsim[jax-gpu]'``: ``jax[cuda12-local]`` and
+``nvidia-cuda-nvcc-cu12``, ~0.6 GB; the other NVIDIA wheels of ``jax[cuda12]`` are not needed).
+The CUDA plugin must be loaded with no device visible and its version check (which calls
+``cuInit``) skipped: :func:`prepare` sets ``CUDA_VISIBLE_DEVICES=-1``,
+``JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1`` and ``JAX_PLATFORMS=cpu`` — call it before importing jax.
 
 **Schedule** (:class:`Schedule`): ``steps`` calls of the train step; an eval step every
 ``eval_every`` steps; ``buckets``, other argument tuples of the train step (one executable per
@@ -51,8 +52,8 @@ __all__ = ["ENVIRONMENT", "CompiledStep", "Schedule", "compile_for", "compile_st
 
 ENVIRONMENT = {"CUDA_VISIBLE_DEVICES": "-1", "JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1",
                "JAX_PLATFORMS": "cpu"}
-_PLUGIN_HINT = ("pip install 'allocsim[jax-gpu]' (jax[cuda12]: the CUDA plugin compiles for a "
-                "GPU without one)")
+_PLUGIN_HINT = ("pip install 'allocsim[jax-gpu]' (jax[cuda12-local] and nvidia-cuda-nvcc-cu12: "
+                "the CUDA plugin compiles for a GPU without one)")
 
 
 def prepare() -> None:
@@ -172,8 +173,10 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
             raise
         except Exception as err:
             text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            hint = ("; XLA:GPU needs ptxas: pip install nvidia-cuda-nvcc-cu12"
+                    if "ptxas" in text else "")
             raise UserInputError(f"{getattr(step, '__name__', 'step')} does not compile for "
-                                 f"{config.name}: {text[:300]}") from None
+                                 f"{config.name}: {text[:300]}{hint}") from None
         memory = compiled.memory_analysis()
         stats = {key: int(getattr(memory, f"{key}_size_in_bytes"))
                  for key in ("argument", "output", "alias", "temp")}
