@@ -100,10 +100,8 @@ def test_with_on_demand_growth_the_outcome_is_a_race_decided_by_timing() -> None
 def test_share_cli_writes_json_and_a_figure_and_exits_1_on_oom(capsys, tmp_path: Path) -> None:
     path = tmp_path / "w.npz"
     formats.save(steps([100, 200, 100], repeat=4), path)
-    # --context 0: a 1 GiB device of processes alone (the device's own share, issue 26.3, is
-    # tests/test_device_context.py's; these numbers are the processes').
     code = main(["share", f"{path}:jax", f"{path}:jax@0.5ms", "--capacity", "1GiB",
-                 "--context", "0", "--out", str(tmp_path / "out")])
+                 "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert code == 1 and "cannot share" in out and "p0 held 768.00MiB" in out
     data = json.loads((tmp_path / "out" / "share.json").read_text())
@@ -135,7 +133,7 @@ def test_check_reports_a_new_oom_whatever_the_tolerance(capsys, tmp_path: Path) 
     formats.save(steps([10, 20, 30]), trace_path)
     baseline = tmp_path / "b.json"
     main(["baseline", str(trace_path), "--policies", "on-demand", "--capacity", "100MiB",
-          "--context", "0", "-o", str(baseline)])
+          "-o", str(baseline)])
     document = json.loads(baseline.read_text())
     document["device"]["capacity"] = 50 * MiB         # re-run on a smaller device: OOMs
     baseline.write_text(json.dumps(document))
@@ -150,8 +148,7 @@ def test_share_runs_each_recorded_process_of_a_multi_process_trace(capsys, tmp_p
                              (10_000_000, "free", 2, None, 0, 1)])
     path = tmp_path / "two.npz"
     formats.save(two, path)
-    assert main(["share", f"{path}:on-demand", "--capacity", "1GiB", "--context", "0",
-                 "--json"]) == 1
+    assert main(["share", f"{path}:on-demand", "--capacity", "1GiB", "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert [p["trace"] for p in data["processes"]] == [f"{path}[process 0]", f"{path}[process 1]"]
     assert [p["completed"] for p in data["processes"]] == [True, False]

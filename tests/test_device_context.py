@@ -124,11 +124,19 @@ def test_the_command_line_sets_it_and_min_capacity_moves_by_it(tmp_path: Path, c
     assert answers["0"] == 300 * MiB
 
 
-def test_a_capacity_the_context_fills_is_one_line(capsys, tmp_path: Path) -> None:
+def test_an_explicit_capacity_comes_without_a_share_unless_one_is_given(capsys,
+                                                                        tmp_path: Path) -> None:
+    """--capacity is the memory the allocators may use (a 256 MiB device for a small trace
+    keeps meaning that); --context adds a share; one that fills the device is one line."""
     path = tmp_path / "t.npz"
-    formats.save(Trace.from_events([(0, "alloc", 1, MiB), (1, "free", 1, None)]), path)
-    assert main(["compare", str(path), "--policies", "bfc", "--capacity", "256MiB"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "device's own share" in err and "--context" in err
+    formats.save(Trace.from_events([(0, "alloc", 1, 200 * MiB), (1, "free", 1, None)]), path)
+    assert main(["compare", str(path), "--policies", "on-demand", "--capacity", "256MiB",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"][0]["completed"]
+    assert main(["compare", str(path), "--policies", "on-demand", "--capacity", "256MiB",
+                 "--context", "100MiB", "--json"]) == 0
+    assert not json.loads(capsys.readouterr().out)["results"][0]["completed"]
     assert main(["compare", str(path), "--policies", "bfc", "--capacity", "256MiB",
-                 "--context", "0"]) == 0
+                 "--context", "256MiB"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nothing is left for the allocators" in err

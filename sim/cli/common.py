@@ -106,7 +106,7 @@ def add_device_options(parser: argparse.ArgumentParser, *, capacity: bool = True
     parser.add_argument("--context", metavar="SIZE",
                         help="the device's own share: memory the CUDA context and libraries "
                              "hold before any allocator starts (default: the profile's, "
-                             "`allocsim devices` shows it; 0 for none)")
+                             "`allocsim devices` shows it; none with --capacity)")
 
 
 def capacity_option(text: str, option: str = "--capacity") -> int:
@@ -129,11 +129,6 @@ def device_from_args(args: argparse.Namespace) -> DeviceProfile:
     context = getattr(args, "context", None)
     if context is not None:
         return with_context(profile, context_option(context))
-    if profile.context_bytes >= profile.capacity:
-        raise UserError(f"--capacity: {format_size(profile.capacity)} is no more than the "
-                        f"device's own share ({format_size(profile.context_bytes)} for the "
-                        "CUDA context and libraries): nothing is left for the allocators; "
-                        "give --context SIZE (0 for none)")
     return profile
 
 
@@ -183,8 +178,8 @@ def context_option(text: str, option: str = "--context") -> int:
 def with_context(profile: DeviceProfile, nbytes: int) -> DeviceProfile:
     """``profile`` with the device's own share set to ``nbytes`` (at most its capacity)."""
     if nbytes >= profile.capacity:
-        raise UserError(f"--context: {nbytes} bytes leave nothing of the device's "
-                        f"{profile.capacity} for the allocators")
+        raise UserError(f"--context: {format_size(nbytes)} is no less than the device's "
+                        f"{format_size(profile.capacity)}: nothing is left for the allocators")
     return replace(profile, context_bytes=nbytes)
 
 

@@ -215,7 +215,11 @@ DEFAULT_PROFILE = "a100-80g"
 def resolve_device(name: str | None = None, capacity: str | int | None = None,
                    profile_file: str | Path | None = None) -> DeviceProfile:
     """The profile for ``--device NAME`` / ``--device-profile FILE``, with ``--capacity``
-    applied. A name, file or capacity that does not work raises :class:`UserInputError`."""
+    applied. A name, file or capacity that does not work raises :class:`UserInputError`.
+
+    An explicit capacity is the memory the allocators may use: it comes with no device share
+    (``context_bytes`` 0; ``--context`` sets one). A named profile at its own capacity keeps
+    its share, and so does every capacity min-capacity tries (``with_capacity``)."""
     if profile_file is not None:
         try:
             data = json.loads(Path(profile_file).read_text())
@@ -236,7 +240,7 @@ def resolve_device(name: str | None = None, capacity: str | int | None = None,
         nbytes = parse_size(capacity)
         if nbytes <= 0:
             raise UserInputError(f"capacity must be positive, got {capacity!r}")
-        profile = profile.with_capacity(nbytes)
+        profile = replace(profile.with_capacity(nbytes), context_bytes=0)
     return profile
 
 
