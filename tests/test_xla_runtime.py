@@ -186,3 +186,24 @@ def test_a_fresh_gpu_compile_matches_its_memory_analysis(tmp_path: Path) -> None
         assert trace.metadata["xla"]["platform"] == "gpu"
         assert trace.metadata["xla"]["compute_capability"] == "9.0a"
     assert np.all(np.asarray([m["temp"] for m in modules.values()]) >= 0)
+
+
+@pytest.mark.parametrize("module", ["jit_train_step", "jit_train_step_donated", "jit_rnn_scan"])
+def test_min_capacity_under_jax_is_the_peak_over_its_fraction(module: str) -> None:
+    """JAX's default preallocates 75% of the card as one BFC region: the smallest card holds
+    the runtime view's peak in 0.75 of itself, up to BFC's rounding — each chunk to 256 bytes,
+    and a free chunk under twice the request handed out whole (bfc_allocator.cc FindChunkPtr:
+    split only when chunk >= 2 × rounded or the rest >= 128 MiB), which can waste up to the
+    largest request at the region's end. No device share here (the fraction alone binds)."""
+    from dataclasses import replace
+
+    from allocsim.sim.kernel.device import PROFILES
+    from allocsim.sim.questions.capacity import min_capacity
+    trace = formats.load(DATA / "gpu", module=module, steps=3)
+    peak = trace.peak_live()[0]
+    resolution = 64 << 10
+    device = replace(PROFILES["h100-80g"], context_bytes=0)
+    answer = min_capacity(trace, "jax", device, resolution=resolution).min_capacity
+    assert answer is not None
+    rounding = 256 * trace.n_allocs + int(trace.size.max())
+    assert peak / 0.75 <= answer <= (peak + rounding) / 0.75 + resolution
