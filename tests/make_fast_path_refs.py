@@ -17,6 +17,7 @@ import hashlib
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from reference_files import write_or_check
@@ -64,7 +65,10 @@ def trace_digest(trace: Trace) -> str:
 
 
 def result_digest(trace: Trace, policy: str, device: str, capacity: str | None) -> str:
-    result = replay(trace, policy, resolve_device(device, capacity))
+    # With no device share (context_bytes 0): the references were recorded before the device
+    # profiles gained one (issue 26.3), and they hold the replay's code, not the profiles.
+    profile = replace(resolve_device(device, capacity), context_bytes=0)
+    result = replay(trace, policy, profile)
     text = json.dumps(result.to_json_dict(timeline=True), sort_keys=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -19,13 +19,14 @@ import hashlib
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from reference_files import write_or_check
 
 from allocsim.policies import parse_policy
-from allocsim.sim.kernel.device import SimulatedDevice, resolve_device
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice, resolve_device
 from allocsim.sim.kernel.engine import ProcessReplay, SharedProcess, replay, run_shared
 from allocsim.traces import synth
 from allocsim.traces.bundled import load_bundled_traces
@@ -80,9 +81,15 @@ def _json(value: object) -> str:
     return json.dumps(value, sort_keys=False)
 
 
+def reference_device(device: str, capacity: str | None) -> DeviceProfile:
+    """The device of a case, with no device share (context_bytes 0): the references were
+    recorded before the profiles gained one (issue 26.3) and hold the replay's code."""
+    return replace(resolve_device(device, capacity), context_bytes=0)
+
+
 def case(trace: Trace, policy: str, device: str, capacity: str | None) -> dict[str, str]:
     """The digests of one (trace, policy, device) case."""
-    profile = resolve_device(device, capacity)
+    profile = reference_device(device, capacity)
     out = {"replay": _digest(_json(replay(trace, policy, profile).to_json_dict(timeline=True))),
            "stopped": _digest(_json(replay(trace, policy, profile, stop_on_oom=True)
                                     .to_json_dict(timeline=True)))}
@@ -98,7 +105,7 @@ def case(trace: Trace, policy: str, device: str, capacity: str | None) -> dict[s
 
 def shared_case(trace: Trace, policy: str, device: str, capacity: str | None) -> str:
     """Two copies of ``trace`` sharing the device, the second starting later."""
-    profile = resolve_device(device, capacity)
+    profile = reference_device(device, capacity)
     later = max(1, int(trace.time_ns[-1] - trace.time_ns[0]) // 3) if len(trace) else 1
     run = run_shared([SharedProcess(trace, policy), SharedProcess(trace, policy, later)], profile)
     return _digest(_json([r.to_json_dict(timeline=True) for r in run.results])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import pickle
 import sys
 from pathlib import Path
@@ -96,3 +97,28 @@ def test_a_saved_lenient_snapshot_reloads_strictly(tmp_path):
     from allocsim.traces.formats import save
     save(trace, tmp_path / "s.npz")
     assert load(tmp_path / "s.npz", strict=True).equals(trace)
+
+
+# ------------------------------------------------ record: what the user is told (issue 26.4)
+def test_another_interpreter_named_is_said_to_be_replaced() -> None:
+    """``-- /usr/bin/python3 x.py`` ran under allocsim's interpreter silently."""
+    from allocsim.traces.record.script_args import interpreter_note
+    other = "/opt/elsewhere/bin/python3.9"
+    note = interpreter_note([other, "x.py"])
+    assert note is not None and other in note and sys.executable in note
+    assert interpreter_note([sys.executable, "x.py"]) is None
+    assert interpreter_note(["python", "x.py"]) is None
+    assert interpreter_note(["x.py"]) is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
+def test_a_program_that_holds_no_jax_array_is_warned_about(tmp_path, capsys) -> None:
+    """It wrote a 0-event trace with no word."""
+    script = tmp_path / "plain.py"
+    script.write_text("print(sum(range(10)))\n")
+    out = tmp_path / "run.npz"
+    assert main(["record", "--framework", "jax", "-o", str(out), "--", "/opt/elsewhere/python3",
+                 str(script)]) == 0
+    err = capsys.readouterr().err
+    assert "the trace is empty" in err and "not the interpreter recording" in err
+    assert len(load(out)) == 0

@@ -557,6 +557,14 @@ def test_an_xla_dump_folder_file_over_the_limit_is_refused(tmp_path: Path) -> No
     for part in XLA_DATA.glob("module_0000.*"):   # ~36 KB of real dump, over the 10 KB limit
         (folder / part.name).write_bytes(part.read_bytes())
     assert max(p.stat().st_size for p in folder.iterdir()) > LIMIT
+    # The values file (op names, ~17 KB) is over the limit: the buffers view reads it; the
+    # runtime view (the default) reads only the allocations, so a buffer-assignment file made
+    # larger than the limit is refused there.
+    with pytest.raises(TraceError, match="input limit"):
+        formats.load(folder, view="buffers")
+    assignment = next(folder.glob("*-buffer-assignment.txt"))
+    assignment.write_bytes(assignment.read_bytes() * 2)
+    assert assignment.stat().st_size > LIMIT
     with pytest.raises(TraceError, match="input limit"):
         formats.load(folder)
 

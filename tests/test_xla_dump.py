@@ -46,7 +46,9 @@ def cli(*args: object) -> tuple[int, str, str]:
 
 
 def load(module: str | None = None, path: Path = DUMP):
-    return formats.load(path, module=module)
+    """A module's logical buffers (the ``buffers`` view these tests are about; the runtime
+    view, the default, is tests/test_xla_runtime.py's)."""
+    return formats.load(path, module=module, view="buffers")
 
 
 def files_of(module: str, folder: Path = DUMP) -> dict[str, Path]:
@@ -195,7 +197,7 @@ def test_values_sharing_bytes_at_other_offsets_are_merged(tmp_path: Path) -> Non
         "allocation 1: size 1024, maybe-live-out:\n"
         " value: <1 a @0> (size=1024,offset=0): f32[256]{0}\n"
         " value: <2 b @0> (size=512,offset=256): f32[128]{0}\n")
-    trace = formats.load(folder)
+    trace = formats.load(folder, view="buffers")
     xla = trace.metadata["xla"]
     assert xla["overlap_merges"] == 1 and xla["buffers"] == 2
     assert trace.peak_live()[0] == 1280 and xla["alignment"] == 256
@@ -229,6 +231,20 @@ def assert_one_line_exit_2(folder: Path, *args: object, expect: str) -> None:
 def test_a_folder_with_no_dump_files(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello\n")
     assert_one_line_exit_2(tmp_path, expect="is a directory that holds no trace")
+
+
+def test_a_dump_with_crlf_line_ends_reads_as_the_one_xla_wrote(tmp_path: Path) -> None:
+    """Issue 25 item 9: a dump copied through Windows (CRLF line ends) was refused as having
+    no header; it says the same as the LF files, so it reads to the same trace."""
+    folder = tmp_path / "crlf"
+    folder.mkdir()
+    for path in DUMP.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    assert b"\r\n" in next(folder.iterdir()).read_bytes()
+    for module in MODULES:
+        want, got = load(module), load(module, folder)
+        assert got.equals(want, metadata=False)
+        assert got.metadata["xla"] == want.metadata["xla"]
 
 
 def test_a_cut_live_range_file(tmp_path: Path) -> None:

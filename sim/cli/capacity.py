@@ -12,7 +12,7 @@ from allocsim.sim.cli.common import (
     add_device_options,
     add_output_option,
     add_reading_options,
-    device_from_args,
+    device_for_traces,
     load_trace,
     plain_progress,
     print_json,
@@ -45,8 +45,8 @@ def _searching(policy: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.out:    # refused before the search, not after it
         guard(Path(args.out) / "min_capacity.json", "min-capacity")
-    device = device_from_args(args)
     trace = load_trace(args.trace, args)
+    device = device_for_traces(args, [trace])
     policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
     resolution = parse_size(args.resolution)
     if trace.peak_live()[0] <= 0:

@@ -13,13 +13,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
 from allocsim.errors import UserInputError
+from allocsim.policies import format_size, parse_size
 from allocsim.policies.units import parse_size_floor
-from allocsim.sim.kernel.device import DEFAULT_PROFILE, DeviceProfile, resolve_device
+from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, DeviceProfile, resolve_device
 from allocsim.traces import Trace, formats
 from allocsim.traces.bundled import resolve_trace_name
 
@@ -42,6 +44,14 @@ def add_reading_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--module", metavar="NAME",
                         help="which compiled module of an XLA dump folder (default: the one "
                              "with the largest temp allocation; `allocsim info DIR` lists them)")
+    parser.add_argument("--xla-view", choices=["runtime", "buffers"],
+                        help="how an XLA dump becomes a trace: 'runtime' (default; `fidelity` "
+                             "uses 'buffers'): the arguments, then per execution the temp and "
+                             "the new outputs, as JAX's runtime asks its allocator; 'buffers': "
+                             "one execution's logical buffers over their live ranges")
+    parser.add_argument("--steps", metavar="N",
+                        help="executions of an XLA dump's module in the runtime view "
+                             "(default 1)")
     parser.add_argument("--allocator", metavar="NAME",
                         help="which allocator of a profiler trace (.xplane.pb) (default: the "
                              "one with the most records; `allocsim info FILE` lists them)")
@@ -57,6 +67,8 @@ def load_trace(path: str, args: argparse.Namespace | None = None) -> Trace:
         device_index = int(device_index)  # "1" means device 1; "cpu" / "cuda:1" stay text
     return formats.load(path, strict=strict, device_index=device_index,
                         module=getattr(args, "module", None),
+                        view=getattr(args, "xla_view", None),
+                        steps=getattr(args, "steps", None),
                         allocator=getattr(args, "allocator", None),
                         start_state=getattr(args, "start_state", None))
 
@@ -89,6 +101,10 @@ def add_device_options(parser: argparse.ArgumentParser, *, capacity: bool = True
                             help="device capacity, e.g. 24GiB (overrides the profile's)")
     parser.add_argument("--device-profile", metavar="FILE",
                         help="a device-profile JSON file (from `allocsim calibrate`)")
+    parser.add_argument("--context", metavar="SIZE",
+                        help="the device's own share: memory the CUDA context and libraries "
+                             "hold before any allocator starts (default: the profile's, "
+                             "`allocsim devices` shows it; none with --capacity)")
 
 
 def capacity_option(text: str, option: str = "--capacity") -> int:
@@ -111,7 +127,62 @@ def device_from_args(args: argparse.Namespace) -> DeviceProfile:
     """The device the options of :func:`add_device_options` name."""
     capacity = getattr(args, "capacity", None)
     nbytes = None if capacity is None else capacity_option(capacity)
-    return resolve_device(args.device, nbytes, args.device_profile)
+    profile = resolve_device(args.device, nbytes, args.device_profile)
+    context = getattr(args, "context", None)
+    if context is not None:
+        return with_context(profile, context_option(context))
+    return profile
+
+
+def compiled_target(trace: Trace) -> tuple[str, int] | None:
+    """``(target, device_memory_size)`` of a trace compiled for a GPU (compile_for), else
+    None."""
+    facts = trace.metadata.get("xla_gpu")
+    if not isinstance(facts, dict) or not isinstance(facts.get("target"), str):
+        return None
+    return facts["target"], int(facts.get("device_memory_size") or 0)
+
+
+def device_for_traces(args: argparse.Namespace, traces: list[Trace]) -> DeviceProfile:
+    """The device of the options, for traces compiled for a GPU too: with no ``--device`` (or
+    profile file) the target they were compiled for; a device whose memory disagrees with
+    that target is one line (the compile assumed the target's memory: its schedulers read
+    it)."""
+    targets = {t for t in (compiled_target(trace) for trace in traces) if t is not None}
+    if (len(targets) == 1 and args.device is None and getattr(args, "device_profile", None)
+            is None):
+        (name, _), = targets
+        if name in PROFILES:
+            args = argparse.Namespace(**{**vars(args), "device": name})
+    device = device_from_args(args)
+    for name, memory in sorted(targets):
+        base = device.name.split("@")[0]
+        profile_memory = PROFILES[base].capacity if base in PROFILES else device.capacity
+        if memory and memory != profile_memory:
+            raise UserError(f"--device {base}: the trace was compiled for {name} "
+                            f"({format_size(memory)}), not this device "
+                            f"({format_size(profile_memory)}); compile for {base} or give "
+                            f"--device {name}")
+    return device
+
+
+def context_option(text: str, option: str = "--context") -> int:
+    """Bytes in a ``--context`` value (0 allowed: no share)."""
+    try:
+        nbytes = parse_size(text)
+    except UserInputError as err:
+        raise UserError(f"{option}: {err}") from None
+    if nbytes < 0:
+        raise UserError(f"{option}: must be a size >= 0, e.g. 512MiB or 0; got {text!r}")
+    return nbytes
+
+
+def with_context(profile: DeviceProfile, nbytes: int) -> DeviceProfile:
+    """``profile`` with the device's own share set to ``nbytes`` (at most its capacity)."""
+    if nbytes >= profile.capacity:
+        raise UserError(f"--context: {format_size(nbytes)} is no less than the device's "
+                        f"{format_size(profile.capacity)}: nothing is left for the allocators")
+    return replace(profile, context_bytes=nbytes)
 
 
 def tolerance_option(text: str, option: str = "--tolerance") -> float:

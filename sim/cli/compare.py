@@ -12,7 +12,7 @@ from allocsim.sim.cli.common import (
     add_device_options,
     add_output_option,
     add_reading_options,
-    device_from_args,
+    device_for_traces,
     load_trace,
     max_slowdown_option,
     print_json,
@@ -61,11 +61,11 @@ def _traces_after_policies(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     _traces_after_policies(args)
     budget = max_slowdown_option(args.max_slowdown)
-    device = device_from_args(args)
     policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
     policies += [str(alloc_conf_spec(text)) for text in args.alloc_conf or []]
     traces = ([load_trace(p, args) for p in args.traces] if args.traces
               else load_bundled_traces())
+    device = device_for_traces(args, traces)
     progress = progress_printer(sys.stderr.isatty() and not args.json)
     comparisons: list[Comparison] = [
         compare(trace, policies, device, progress=progress, max_slowdown=budget)

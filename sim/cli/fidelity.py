@@ -43,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``allocsim fidelity SNAPSHOT``: exit 0 when everything matched, 1 on divergence."""
+    from allocsim.traces.formats.xla_dump import is_dump_path
+    if getattr(args, "xla_view", None) is None and is_dump_path(args.snapshot):
+        args.xla_view = "buffers"  # a dump is judged by its logical buffers against XLA's plan
     trace = load_trace(args.snapshot, args)
     from allocsim.sim.questions.bfc_fidelity import bfc_fidelity, is_bfc_recording
     if is_bfc_recording(trace):   # a TF/JAX profile (.xplane.pb): the bfc model, not pytorch

@@ -37,5 +37,6 @@ def run_policies(args: argparse.Namespace) -> int:
 def run_devices(args: argparse.Namespace) -> int:
     for name, profile in PROFILES.items():
         mark = " (default)" if name == DEFAULT_PROFILE else ""
-        print(f"{name:12s} {format_size(profile.capacity):>10s}{mark}  — {profile.source}")
+        print(f"{name:12s} {format_size(profile.capacity):>10s}  context "
+              f"{format_size(profile.context_bytes):>8s}{mark}  — {profile.source}")
     return 0

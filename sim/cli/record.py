@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
     refuse_unless_ours(args.output, "a trace", is_allocsim_trace)
     if args.log:
         refuse_unless_ours(args.log, "a CuPy hook log", is_allocsim_hook_log)
+    from allocsim.traces.record.script_args import interpreter_note
+    note = interpreter_note(command)
+    if note:
+        print(f"allocsim: record: {note}", file=sys.stderr)
     if args.framework == "jax":
         if args.log:
             raise UserError("record: --log is for --framework cupy (CuPy's hook calls)")
@@ -66,6 +70,9 @@ def _run_jax(command: list[str], output: str) -> int:
     if result.error is None:
         print(f"wrote {output}: {len(trace):,} events, peak live {format_size(peak)}",
               file=sys.stderr)
+        if not len(trace):
+            print("allocsim: record: warning: the program held no JAX array on the recorded "
+                  "device: the trace is empty (does it use jax?)", file=sys.stderr)
         return 0
     error = result.error
     if isinstance(error, SystemExit):

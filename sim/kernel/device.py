@@ -93,6 +93,13 @@ class DeviceProfile:
     map_granularity: int = 2 * MiB  # cuMemGetAllocationGranularity, minimum, on current GPUs
     costs: CostModel = field(default_factory=CostModel)
     source: str = ""
+    # The device's own share: what the CUDA context and the libraries (module images, cuBLAS
+    # and cuDNN handles) hold before any allocator starts. The allocators' fractions are of
+    # ``capacity`` (XLA's CreateBFCAllocator: total_memory × memory_fraction; PyTorch's
+    # set_per_process_memory_fraction: fraction × total), but a cudaMalloc gets only what is
+    # left: capacity − context_bytes − what is in use. 0 for a profile from a file unless it
+    # says; the built-in profiles carry a documented default (DEFAULT_CONTEXT_NOTE).
+    context_bytes: int = 0
 
     def with_capacity(self, capacity: int) -> DeviceProfile:
         return replace(self, name=f"{self.name}@{format_size(capacity)}", capacity=capacity)
@@ -119,6 +126,11 @@ class DeviceProfile:
             if key in values and not isinstance(values[key], str):
                 raise UserInputError(f"field {key!r} must be a string, "
                                      f"got {_json_type(values[key])}")
+        if "context_bytes" in values:
+            value = values["context_bytes"]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UserInputError("field 'context_bytes' must be a whole number of bytes "
+                                     f">= 0, got {_json_type(value)} {value!r}")
         for key in ("capacity", "granularity", "map_granularity"):
             if key in values:
                 value = values[key]
@@ -191,20 +203,30 @@ _GRANULARITY_NOTE = ("granularity 512 B: cudaMalloc pointers are at least 256-by
                      "(CUDA Programming Guide); 512 B rounding is assumed, driver sub-allocation "
                      "of small requests is not modelled")
 
-def _profile(name: str, mib: int, card: str) -> DeviceProfile:
-    return DeviceProfile(name, mib * MiB,
-                         source=f"{card}: nvidia-smi reports {mib} MiB total; " + _GRANULARITY_NOTE)
+# The device's own share on the built-in profiles: assumed, not measured here (no GPU). A CUDA
+# 12 process with lazy module loading (the default since CUDA 12.2) holds a few hundred MiB
+# before its first allocation (context, module images, library handles), more on cards with
+# more SMs. `--context SIZE` or a device-profile file's context_bytes sets it.
+DEFAULT_CONTEXT_NOTE = ("context (CUDA context and libraries) assumed, not measured; --context "
+                        "sets it")
+
+
+def _profile(name: str, mib: int, card: str, context_mib: int) -> DeviceProfile:
+    return DeviceProfile(name, mib * MiB, context_bytes=context_mib * MiB,
+                         source=f"{card}: nvidia-smi reports {mib} MiB total; " + _GRANULARITY_NOTE
+                         + f"; {context_mib} MiB {DEFAULT_CONTEXT_NOTE}")
 
 
 PROFILES: dict[str, DeviceProfile] = {
     profile.name: profile
     for profile in (
-        _profile("a100-40g", 40960, "A100-SXM4-40GB"),
-        _profile("a100-80g", 81920, "A100-SXM4-80GB"),
-        _profile("h100-80g", 81559, "H100 80GB HBM3"),
-        _profile("h200-141g", 143771, "H200 141GB HBM3e"),
-        _profile("rtx4090-24g", 24564, "GeForce RTX 4090"),
-        _profile("t4-16g", 15360, "Tesla T4"),
+        _profile("a100-40g", 40960, "A100-SXM4-40GB", 512),
+        _profile("a100-80g", 81920, "A100-SXM4-80GB", 512),
+        _profile("h100-80g", 81559, "H100 80GB HBM3", 512),
+        _profile("h200-141g", 143771, "H200 141GB HBM3e", 512),
+        _profile("l4-24g", 23034, "L4", 384),
+        _profile("rtx4090-24g", 24564, "GeForce RTX 4090", 384),
+        _profile("t4-16g", 15360, "Tesla T4", 256),
     )
 }
 DEFAULT_PROFILE = "a100-80g"
@@ -213,7 +235,11 @@ DEFAULT_PROFILE = "a100-80g"
 def resolve_device(name: str | None = None, capacity: str | int | None = None,
                    profile_file: str | Path | None = None) -> DeviceProfile:
     """The profile for ``--device NAME`` / ``--device-profile FILE``, with ``--capacity``
-    applied. A name, file or capacity that does not work raises :class:`UserInputError`."""
+    applied. A name, file or capacity that does not work raises :class:`UserInputError`.
+
+    An explicit capacity is the memory the allocators may use: it comes with no device share
+    (``context_bytes`` 0; ``--context`` sets one). A named profile at its own capacity keeps
+    its share, and so does every capacity min-capacity tries (``with_capacity``)."""
     if profile_file is not None:
         try:
             data = json.loads(read_input_text(profile_file, what="a device profile"))
@@ -242,7 +268,7 @@ def resolve_device(name: str | None = None, capacity: str | int | None = None,
         nbytes = parse_size(capacity)
         if nbytes <= 0:
             raise UserInputError(f"capacity must be positive, got {capacity!r}")
-        profile = profile.with_capacity(nbytes)
+        profile = replace(profile.with_capacity(nbytes), context_bytes=0)
     return profile
 
 
@@ -267,8 +293,10 @@ class SimulatedDevice:
         # would count toward a policy's fraction × capacity (BFC's last region then refused by
         # its rounding, issue 16.12). A real GPU's memory is whole pages.
         self.capacity = profile.capacity // profile.granularity * profile.granularity
-        self.used = 0                       # bytes taken by all processes together
-        self.peak_used = 0
+        # The device's own share is taken before any process allocates (whole granules).
+        self.context = min(round_up(profile.context_bytes, profile.granularity), self.capacity)
+        self.used = self.context            # bytes taken: the context and every process
+        self.peak_used = self.context
         self._next_address = ADDRESS_BASE
         self.views: dict[int, ProcessDevice] = {}
 

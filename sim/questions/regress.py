@@ -74,7 +74,8 @@ _CELL_FIELDS = (("trace", "string", None), ("fingerprint", "string", None),
                 ("device_calls", "integer", 0), ("alloc_time_s", "number", 0))
 _DEVICE_FIELDS = (("name", "string", None), ("capacity", "integer", 1),
                   ("granularity", "integer", 1), ("map_granularity", "integer", 1),
-                  ("costs", "object", None), ("source", "string", None))
+                  ("costs", "object", None), ("source", "string", None),
+                  ("context_bytes", "integer", 0))
 _DEVICE_REQUIRED = ("name", "capacity")
 _COST_FIELDS = (*((key, "number", 0) for key in (
     "malloc_base_s", "malloc_per_gib_s", "free_base_s", "free_per_gib_s", "map_base_s",

@@ -155,7 +155,10 @@ def validate(trace: Trace | str | Path, policy_spec: str | PolicySpec | None = N
         raise ValidatorError(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}")
     chosen = BACKENDS[backend]
     spec = _resolve_spec(chosen, policy_spec)
-    profile = _resolve_profile(device_profile)
+    # The simulated device is the memory the real backend has (given, or free on the GPU at
+    # the start): a CUDA context there is already outside it, so the profile's share is not
+    # taken again (issue 26.3).
+    profile = replace(_resolve_profile(device_profile), context_bytes=0)
     size = None if capacity is None else parse_size(capacity)
     if size is not None and size != profile.capacity:
         profile = profile.with_capacity(size)

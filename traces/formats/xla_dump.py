@@ -6,7 +6,18 @@ Follows ``shared/reference/trace-formats.md`` ("JAX / XLA"); the files are read 
 ``module_NNNN.NAME.*-buffer-assignment.txt`` / ``*-live-range.txt`` files; ``load(FILE)`` on one
 of a module's four text files reads that module from the file's folder.
 
-How a module becomes a :class:`~allocsim.traces.model.Trace`:
+Two views (option ``view``; ``--xla-view`` on the command line):
+
+- ``runtime`` (the default of every command but ``fidelity``): the module's executions as
+  JAX's runtime asks its allocator — the parameters allocated as arrays before the first
+  execution, then per execution the temp and each output allocation no donated parameter
+  aliases (the temp freed at the end of the execution; the outputs held until the next call);
+  option ``steps`` (``--steps N``) executions. Peak live is ``argument + temp + output - alias``
+  of ``memory_analysis()``. The rules and their source: :mod:`allocsim.traces.formats.xla_runtime`.
+- ``buffers`` (``fidelity``'s, and for the offline plan against XLA's own packing): one
+  execution's logical buffers, each over its live range, as below.
+
+How a module becomes a :class:`~allocsim.traces.model.Trace` in the ``buffers`` view:
 
 - **Which module.** Option ``module``: ``module_0000.jit_step``, ``jit_step``, ``step`` or
   ``0000``; by default the module with the largest temp allocation (first on ties). An unknown
@@ -63,7 +74,11 @@ import numpy as np
 
 from allocsim.traces.formats.native_common import file_metadata
 from allocsim.traces.formats.registry import register_folder_format, register_format
-from allocsim.traces.formats.xla_dump_buffers import Buffers, module_buffers
+from allocsim.traces.formats.xla_dump_buffers import (
+    Buffers,
+    check_same_compilation,
+    module_buffers,
+)
 from allocsim.traces.formats.xla_dump_files import (
     Allocation,
     allocation_headers,
@@ -73,10 +88,11 @@ from allocsim.traces.formats.xla_dump_files import (
     read_text,
     total_bytes,
 )
+from allocsim.traces.formats.xla_runtime import executable_of, replay_steps
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace, TraceError
 
-__all__ = ["FORMAT_NAME", "ROLES", "ModuleFiles", "detect_xla_dump", "list_modules",
-           "read_xla_dump", "role_trace"]
+__all__ = ["FORMAT_NAME", "OPTIONS", "ROLES", "VIEWS", "ModuleFiles", "detect_xla_dump",
+           "is_dump_path", "list_modules", "read_xla_dump", "role_trace"]
 
 FORMAT_NAME = "xla-dump"
 ROLES = ("argument", "output", "temp", "constant")
@@ -84,11 +100,18 @@ STEP_NS = 1000  # one position of the instruction sequence
 TIME_UNIT = ("position p of the instruction sequence is p µs; a buffer is allocated at its "
              "start position and freed 0.5 µs after its end position")
 _KINDS = ("live-range", "buffer-assignment", "buffer-assignment-values", "memory-usage-report")
-_FILE = re.compile(r"^module_(\d+)\.(.+)\.([a-z0-9_]*after_optimizations)-"
+# The stage is ``cpu_after_optimizations`` on the CPU and ``sm_9.0a_gpu_after_optimizations``
+# (the CUDA compute capability first) on XLA:GPU: the capability's dot is part of the stage.
+_FILE = re.compile(r"^module_(\d+)\.(.+?)\.((?:sm_\d+\.\d+a?_)?[a-z0-9_]*after_optimizations)-"
                    r"(live-range|buffer-assignment|buffer-assignment-values|"
                    r"memory-usage-report)\.txt$")
 _EXTENSIONS = tuple(f"-{kind}.txt" for kind in _KINDS)
 _ALIGNMENT = {"cpu": 64, "gpu": 256}
+VIEWS = ("runtime", "buffers")
+OPTIONS = ("module", "view", "steps")
+MAX_STEPS = 1_000_000
+RUNTIME_TIME_UNIT = ("synthetic: the arguments at 0; each execution takes as many µs as its "
+                     "schedule has positions, one µs between event groups")
 _DEFAULT_ALIGNMENT = 256
 
 
@@ -106,7 +129,16 @@ class ModuleFiles:
 
     @property
     def platform(self) -> str:
+        """``cpu``, ``gpu`` (an ``sm_X.Y_gpu_...`` stage) or what the stage starts with."""
+        if self.stage.startswith("sm_") or "_gpu_" in self.stage:
+            return "gpu"
         return self.stage.split("_")[0] if "_" in self.stage else "unknown"
+
+    @property
+    def compute_capability(self) -> str | None:
+        """``9.0a`` for a stage ``sm_9.0a_gpu_after_optimizations``, else None."""
+        m = re.match(r"sm_(\d+\.\d+a?)_", self.stage)
+        return m.group(1) if m else None
 
     def bytes_of(self, role: str) -> int:
         return sum(a.size for a in self.allocations if a.role == role)
@@ -151,6 +183,12 @@ def detect_xla_dump(folder: Path) -> bool:
                    for p in folder.iterdir())
     except OSError:
         return False
+
+
+def is_dump_path(path: str | Path) -> bool:
+    """True for a dump folder or one of a module's dump files (by name)."""
+    p = Path(path)
+    return detect_xla_dump(p) if p.is_dir() else bool(_FILE.match(p.name))
 
 
 def _check_module(module: ModuleFiles) -> None:
@@ -267,8 +305,66 @@ def _roles(buffers: Buffers, allocs: list[Allocation], length: int) -> tuple[np.
     return classes, marks
 
 
-def read_module(module: ModuleFiles, source: str, listing: list[str]) -> Trace:
-    """The trace of one module (see the module docstring)."""
+def read_module(module: ModuleFiles, source: str, listing: list[str], *,
+                view: str | None = None, steps: object = None) -> Trace:
+    """The trace of one module in the view asked for (see the module docstring)."""
+    chosen_view = _view_option(view, source)
+    count = _steps_option(steps, source)
+    if chosen_view == "buffers":
+        if steps is not None:
+            raise TraceError("option 'steps' applies to the runtime view only (the buffers "
+                             "view is one execution's logical buffers)", source=source)
+        return _buffers_trace(module, source, listing)
+    return _runtime_trace(module, source, listing, count)
+
+
+def _view_option(view: str | None, source: str) -> str:
+    text = "runtime" if view is None else str(view).strip()
+    if text not in VIEWS:
+        raise TraceError(f"view {text!r} is not one of {', '.join(VIEWS)}", source=source)
+    return text
+
+
+def _steps_option(steps: object, source: str) -> int:
+    if steps is None:
+        return 1
+    text = str(steps).strip()
+    if not text.isdigit() or not 1 <= int(text) <= MAX_STEPS:
+        raise TraceError(f"steps must be a whole number of executions from 1 to {MAX_STEPS:,}; "
+                         f"got {text!r}", source=source)
+    return int(text)
+
+
+def _runtime_trace(module: ModuleFiles, source: str, listing: list[str], steps: int) -> Trace:
+    """The module's executions as the runtime asks its allocator (xla_runtime)."""
+    assign_path = module.paths["buffer-assignment"]
+    assignment = parse_assignment(read_text(assign_path), assign_path)
+    live = parse_live_range(read_text(module.paths["live-range"]), module.paths["live-range"])
+    check_same_compilation(live, assignment, assign_path)
+    executable = executable_of(module.name, assignment, live.length)
+    replay = replay_steps(executable, steps)
+    xla: dict[str, Any] = {
+        "module": module.key, "platform": module.platform, "stage": module.stage,
+        "compute_capability": module.compute_capability, "sequence_length": live.length,
+        "alignment": _ALIGNMENT.get(module.platform, _DEFAULT_ALIGNMENT),
+        **module.facts(),
+        "view": "runtime", "steps": steps,
+        "runtime": {"parameters": len(executable.parameters),
+                    "temp_allocations": len(executable.temps),
+                    "new_outputs": len(executable.outputs),
+                    "per_execution_bytes": executable.temp_bytes + executable.new_output_bytes,
+                    "peak_bytes": executable.peak_bytes,
+                    "constant_bytes_outside_allocator": executable.constant_bytes},
+        "files": {kind: path.name for kind, path in module.paths.items()},
+    }
+    meta = file_metadata({}, source, module.key)
+    meta.update(format=FORMAT_NAME, synthetic_times=True, time_unit=RUNTIME_TIME_UNIT,
+                listing=listing, xla=xla)
+    return replay.trace(**meta)
+
+
+def _buffers_trace(module: ModuleFiles, source: str, listing: list[str]) -> Trace:
+    """The module's logical buffers over their live ranges (the ``buffers`` view)."""
     live_path, assign_path = module.paths["live-range"], module.paths["buffer-assignment"]
     live = parse_live_range(read_text(live_path), live_path)
     assignment = parse_assignment(read_text(assign_path), assign_path)
@@ -310,9 +406,9 @@ def read_module(module: ModuleFiles, source: str, listing: list[str]) -> Trace:
                                    minlength=len(assignment.allocations))
     xla: dict[str, Any] = {
         "module": module.key, "platform": module.platform, "stage": module.stage,
-        "sequence_length": live.length,
+        "compute_capability": module.compute_capability, "sequence_length": live.length,
         "alignment": _ALIGNMENT.get(module.platform, _DEFAULT_ALIGNMENT),
-        **module.facts(),
+        **module.facts(), "view": "buffers",
         "values": len(assignment.names), "buffers": n,
         "shared_values": int(buffers.n_values.sum() - n) if n else 0,
         "overlap_merges": buffers.overlap_merges, "left_out": left_out,
@@ -330,13 +426,14 @@ def read_module(module: ModuleFiles, source: str, listing: list[str]) -> Trace:
                               tag=event_tags[events], tags=tags, **meta)
 
 
-def read_xla_dump(folder: Path, source: str, name: str, *, module: str | None = None) -> Trace:
+def read_xla_dump(folder: Path, source: str, name: str, *, module: str | None = None,
+                  view: str | None = None, steps: object = None) -> Trace:
     """Read one module of the dump folder ``folder`` (the folder reader of the registry)."""
     modules = list_modules(folder)
     if not modules:
         raise TraceError("holds no XLA dump module files", source=source)
     chosen = _choose(modules, module, source)
-    return read_module(chosen, source, _listing(modules, chosen))
+    return read_module(chosen, source, _listing(modules, chosen), view=view, steps=steps)
 
 
 def detect_xla_file(path: str, head: bytes) -> bool:
@@ -345,7 +442,8 @@ def detect_xla_file(path: str, head: bytes) -> bool:
                                         or name.endswith(_EXTENSIONS[2:]))
 
 
-def read_xla_file(data: bytes, source: str, name: str, *, module: str | None = None) -> Trace:
+def read_xla_file(data: bytes, source: str, name: str, *, module: str | None = None,
+                  view: str | None = None, steps: object = None) -> Trace:
     """One of a module's files: read that module from the file's folder."""
     path = Path(source)
     m = _FILE.match(path.name)
@@ -360,7 +458,7 @@ def read_xla_file(data: bytes, source: str, name: str, *, module: str | None = N
     chosen = next(x for x in modules if x.key == key)
     if chosen.problem:
         raise chosen.problem
-    return read_module(chosen, source, _listing(modules, chosen))
+    return read_module(chosen, source, _listing(modules, chosen), view=view, steps=steps)
 
 
 def role_trace(trace: Trace, roles: tuple[str, ...] | list[str]) -> Trace:
@@ -378,6 +476,6 @@ def role_trace(trace: Trace, roles: tuple[str, ...] | list[str]) -> Trace:
 
 
 register_folder_format(FORMAT_NAME, read_xla_dump, detect_xla_dump, recorded=True,
-                       options=("module",))
+                       options=OPTIONS)
 register_format(FORMAT_NAME, _EXTENSIONS, read_xla_file, detect=detect_xla_file, recorded=True,
-                options=("module",))
+                options=OPTIONS)

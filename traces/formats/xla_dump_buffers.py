@@ -107,13 +107,19 @@ def _merge_overlaps(buffers: Buffers, over: np.ndarray) -> Buffers:
                     buffers.first_value[heads], n_values, merges)
 
 
-def module_buffers(live: LiveRanges, assignment: Assignment,
-                    assign_path: Path) -> tuple[Buffers, dict[str, int]]:
+def check_same_compilation(live: LiveRanges, assignment: Assignment, assign_path: Path) -> None:
+    """Every value of the live-range file is in an allocation (else the buffer-assignment file
+    is cut short or from another compilation)."""
     assigned = set(assignment.names)
     missing = next((name for name in live.names if name not in assigned), None)
     if missing is not None:
         raise TraceError(f"value {missing} of the live-range file is in no allocation: the "
                          "file is cut short or from another compilation", source=str(assign_path))
+
+
+def module_buffers(live: LiveRanges, assignment: Assignment,
+                    assign_path: Path) -> tuple[Buffers, dict[str, int]]:
+    check_same_compilation(live, assignment, assign_path)
     index = {name: i for i, name in enumerate(live.names)}
     at = np.fromiter((index.get(name, -1) for name in assignment.names), np.int64,
                      len(assignment.names))

@@ -66,10 +66,13 @@ _TOTAL_LINE = re.compile(r"^Total bytes(?: used)?: (\d+)", re.M)
 def read_text(path: Path) -> str:
     data = read_input(path)   # the one guard and input limit of every reader
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise TraceError(f"not an XLA dump text file (not UTF-8 at byte {err.start})",
                          source=str(path)) from None
+    # A dump copied through Windows (or a git checkout with autocrlf) has CRLF line ends;
+    # XLA writes LF. The files say the same either way, so read them as XLA wrote them.
+    return text.replace("\r\n", "\n") if "\r" in text else text
 
 
 def _line_of(text: str, position: int) -> int:

@@ -9,7 +9,7 @@ import sys
 
 from allocsim.errors import UserInputError
 
-__all__ = ["split_argv"]
+__all__ = ["interpreter_note", "split_argv"]
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$", re.IGNORECASE)
 
@@ -26,3 +26,17 @@ def split_argv(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
             raise UserInputError("-m needs a module name")
         return None, args[1], args[2:]
     return args[0], None, args[1:]
+
+
+def interpreter_note(argv: list[str]) -> str | None:
+    """A line saying so when ``argv`` names another Python than the one recording: the
+    script runs in this interpreter (the recorder's hooks live here), not in that one."""
+    if not argv:
+        return None
+    first = argv[0]
+    if not _PYTHON.match(os.path.basename(first)) or first == sys.executable:
+        return None
+    if os.path.sep not in first and first.lower().startswith("python"):
+        return None  # a bare "python": whichever is first on PATH, taken to mean this one
+    return (f"note: {first} is not the interpreter recording; the script runs in "
+            f"{sys.executable} (the recorder's hooks live in its process)")
