@@ -50,12 +50,16 @@ class ScriptRun:
 
 
 def _no_meta_kernel(error: BaseException) -> str | None:
-    """The op named by "Could not run 'ns::op' with arguments from the 'Meta' backend"."""
+    """The op an error says has no meta kernel: "Could not run 'ns::op' with arguments from
+    the 'Meta' backend" (an ATen-registered op) or "ns::op: attempted to run this operator
+    with Meta tensors, but there was no fake impl or Meta kernel" (a torch.library op)."""
     text = str(error)
-    if "'Meta' backend" not in text or "Could not run" not in text:
-        return None
-    start = text.find("'") + 1
-    return text[start:text.find("'", start)]
+    if "'Meta' backend" in text and "Could not run" in text:
+        start = text.find("'") + 1
+        return text[start:text.find("'", start)]
+    if "attempted to run this operator with Meta tensors" in text:
+        return text.split(": attempted to run", 1)[0].strip()
+    return None
 
 
 def _script_line(error: BaseException) -> str:
