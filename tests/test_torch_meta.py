@@ -57,7 +57,7 @@ def _record(tmp_path: Path, program: str, *args: str, **options: object) -> Trac
 
 
 @pytest.mark.parametrize("program", ["gpt_adamw", "encoder_adamw", "cnn_sgd", "kv_cache",
-                                     "checkpointed"])
+                                     "checkpointed", "autocast_mlp"])
 def test_meta_recording_equals_a_cpu_recording_event_for_event(tmp_path, program):
     meta = _record(tmp_path, program, backing="meta", kernels="cpu")
     cpu = _record(tmp_path, program, backing="cpu")
@@ -65,6 +65,42 @@ def test_meta_recording_equals_a_cpu_recording_event_for_event(tmp_path, program
     assert _events(meta) == _events(cpu)
     assert meta.peak_live() == cpu.peak_live()
     assert [meta.tags[t] for t in meta.tag] == [cpu.tags[t] for t in cpu.tag]
+
+
+def _frees_together_as_sets(rows: list[tuple[int, int, int, int]]) -> list[tuple[int, ...]]:
+    """``rows`` with each run of consecutive frees sorted: frees that happen at one release
+    (autocast's cache, a C++ hash map cleared in its own order) compared as a set."""
+    out: list[tuple[int, ...]] = []
+    run: list[tuple[int, ...]] = []
+    for row in rows:
+        if row[0] == OP_ALLOC:
+            out.extend(sorted(run))
+            run = []
+            out.append(row)
+        else:
+            run.append(row)
+    return out + sorted(run)
+
+
+def test_meta_autocast_equals_real_cpu_autocast(tmp_path, monkeypatch):
+    # the mechanism (casts above autograd, last argument first, the weight-cast cache, the
+    # policies) held to PyTorch's own AutocastCPU kernels, with the CPU's op lists
+    monkeypatch.setenv("AUTOCAST_DEVICE", "cpu")
+    meta = _record(tmp_path, "autocast_mlp", backing="meta", kernels="cpu")
+    cpu = _record(tmp_path, "autocast_mlp", backing="cpu")
+    assert meta.metadata["autocast_casts"] > 10
+    assert _frees_together_as_sets(_events(meta)) == _frees_together_as_sets(_events(cpu))
+    assert meta.peak_live() == cpu.peak_live()
+
+
+def test_autocast_cuda_casts_on_the_target_and_sdpa_sees_the_cast(tmp_path):
+    plain = _record(tmp_path, "gpt_adamw", target="a100-40g")
+    mixed = _record(tmp_path, "autocast_mlp", target="a100-40g")
+    assert mixed.metadata["sdpa_backends"] == {"flash": 2}  # bf16 after the cast: flash
+    assert mixed.metadata["autocast_casts"] > 10
+    assert "autocast_casts" not in plain.metadata
+    bf16_copies = [t for t in mixed.tags if t.endswith(":aten._to_copy")]
+    assert bf16_copies
 
 
 def test_tags_name_module_backward_node_and_optimizer(tmp_path):

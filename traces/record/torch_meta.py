@@ -22,6 +22,8 @@ names CUDA, ``Tensor.to("cuda")``, ``.cuda()`` and ``Module.to/.cuda`` go to the
 ``tensor.device`` and ``tensor.is_cuda`` answer ``cuda:0`` / True for recorded tensors, so code
 that builds tensors "on the input's device" or picks a CUDA path by the device (the optimizers'
 ``foreach`` default, ``torch.autocast(x.device.type)``) takes the path it takes on a GPU;
+``torch.autocast("cuda")`` casts as CUDA's autocast does
+(:mod:`~allocsim.traces.record.torch_meta_autocast`);
 ``torch.cuda`` answers as a GPU of the target would (:class:`FakeCuda`). Where CUDA chooses
 another kernel than the meta device (scaled-dot-product attention, the cuBLAS workspace) the
 recording follows CUDA's choice for the target
@@ -51,7 +53,6 @@ import os
 import platform
 import sys
 import time
-import warnings
 import weakref
 from array import array
 from pathlib import Path
@@ -83,12 +84,14 @@ NOT_MODELLED = (
     "meta kernels do not (cuDNN convolution workspaces, flash/efficient attention backward "
     "accumulators, sort and topk temporaries, NCCL buffers)",
     "cuBLASLt's own workspace (recent PyTorch shares the cuBLAS workspace with it when it fits)",
-    "torch.autocast('cuda'): the meta device has no autocast kernels, so ops run in the dtypes "
-    "the program gives (a warning and metadata['autocast_regions'] say when a program "
-    "enabled it)",
+    "autocast's fp32_append_dtype overloads of norm (left to PyTorch's kernel, which casts "
+    "nothing on meta)",
     "Tensor.record_stream: a storage's free is recorded when its last tensor goes, not when "
     "the streams that used it are done",
     "torch.compile and CUDA graphs (private memory pools)",
+    "an output whose kernel makes it a view of a larger temporary: F.mse_loss with a "
+    "reduction returns, on the CPU, a scalar whose storage is the whole unreduced buffer; its "
+    "meta kernel allocates the scalar alone",
 )
 
 
@@ -165,7 +168,7 @@ class TorchMetaRecorder:
         self._module_names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._workspaces: set[int] = set()
         self._sdpa_choices: dict[str, int] = {}
-        self._autocast_regions = 0
+        self._autocast: Any = None
         self._paused = 0
         self._redirecting = 0
         self._t0 = time.perf_counter_ns()
@@ -199,6 +202,12 @@ class TorchMetaRecorder:
                        optim.register_optimizer_step_pre_hook(self._enter_optimizer),
                        optim.register_optimizer_step_post_hook(self._leave_optimizer)):
             self._installed.append(handle.remove)
+        if self.backing == "meta":
+            from allocsim.traces.record.torch_meta_autocast import MetaAutocast
+            self._autocast = MetaAutocast("cuda" if self.kernels == "target" else "cpu",
+                                          self.is_device)
+            self._autocast.install()
+            self._installed.append(self._autocast.uninstall)
         redirect, record = Redirect(self), Record(self)
         redirect.__enter__()
         self._installed.append(lambda: redirect.__exit__(None, None, None))
@@ -350,6 +359,14 @@ class TorchMetaRecorder:
                        "efficient": backends.mem_efficient_sdp_enabled(),
                        "math": backends.math_sdp_enabled(),
                        "cudnn": backends.cudnn_sdp_enabled()}
+            autocast_type = "cuda" if self.cuda_choices else "cpu"
+            if self._autocast is not None and torch.is_autocast_enabled(autocast_type):
+                # scaled_dot_product_attention is on autocast's lower-precision list: the
+                # inputs are cast before the backend is chosen
+                lower = torch.get_autocast_dtype(autocast_type)
+                query, key, value, attn_mask = (
+                    self._autocast._cast(t, lower, lower) if t is not None else None
+                    for t in (query, key, value, attn_mask))
             same_heads = query.dim() == 4 and query.size(1) == key.size(1) == value.size(1)
             backend = "math"
             on_device = all(self.is_device(t) for t in (query, key, value))
@@ -395,14 +412,6 @@ class TorchMetaRecorder:
     def peak_bytes(self) -> int:
         return self._peak_bytes
 
-    def note_autocast(self) -> None:
-        """The program enabled ``torch.autocast('cuda')``, which the meta device ignores."""
-        if not self._autocast_regions:
-            warnings.warn("torch.autocast('cuda') is not modelled on the meta device: ops are "
-                          "recorded in the dtypes the program gives them", RuntimeWarning,
-                          stacklevel=4)
-        self._autocast_regions += 1
-
     def build_trace(self) -> Trace:
         """The trace so far (validated leniently; times never go backwards)."""
         import torch
@@ -427,8 +436,8 @@ class TorchMetaRecorder:
             meta["cublas_workspace_bytes"] = cublas_workspace_bytes(target)
             meta["cublas_workspaces"] = len(self._workspaces)
             meta["sdpa_prefer_cudnn"] = self.prefer_cudnn
-        if self._autocast_regions:
-            meta["autocast_regions"] = self._autocast_regions
+        if self._autocast is not None and self._autocast.casts:
+            meta["autocast_casts"] = self._autocast.casts
         meta["not_modelled"] = list(NOT_MODELLED)
         meta["peak_live_bytes"] = self._peak_bytes
         meta.update(self.metadata)

@@ -30,7 +30,6 @@ _VALUE_METHODS = {getattr(_Tensor, name): name for name in (
     "__array__", "__format__")}
 _TO, _CUDA, _CPU = _Tensor.to, _Tensor.cuda, _Tensor.cpu
 _PIN, _RECORD_STREAM = _Tensor.pin_memory, _Tensor.record_stream
-_AUTOCAST_SET = torch.set_autocast_enabled
 
 
 def _device_kind(device: Any) -> str | None:
@@ -82,8 +81,6 @@ class Redirect(TorchFunctionMode):
             return self._to_host(args[0], func, args, kwargs)
         if func is _PIN or func is _RECORD_STREAM:
             return args[0] if func is _PIN else None
-        if func is _AUTOCAST_SET and len(args) >= 2 and args[0] == "cuda" and args[1]:
-            rec.note_autocast()
         device = kwargs.get("device")
         if device is not None and _device_kind(device) == "cuda":
             kwargs = dict(kwargs, device=self.backing)
