@@ -300,3 +300,28 @@ def test_recorder_memory_is_per_live_storage_not_per_byte():
             del x
     assert sizes == [1, 1]
     assert rec.trace is not None and rec.trace.size.tolist() == [1 << 30, 1 << 30]
+
+
+def test_cpu_recording_is_an_ordered_part_of_the_cpu_allocators_own_stream(tmp_path):
+    # Independent of the recorder's dispatch mode: torch.profiler's [memory] events are the
+    # CPU allocator's own calls. Every recorded event appears in them, in order; what the
+    # profiler sees besides is kernel-internal scratch (mkldnn convolution, batch norm),
+    # which no dispatch-level recorder — and no meta kernel — sees.
+    import runpy
+    import sys
+
+    from allocsim.traces.record.torch_profiler import record_torch
+
+    program = str(PROGRAMS / "cnn_sgd.py")
+    saved = sys.argv
+    namespace: dict[str, object] = {}
+    try:
+        sys.argv = [program]
+        profiled = record_torch(lambda: namespace.update(runpy.run_path(program)), output=None)
+    finally:
+        sys.argv = saved
+    recorded = _record(tmp_path, "cnn_sgd", backing="cpu")
+    theirs = iter(zip(profiled.op.tolist(), profiled.size.tolist()))
+    assert all(event in theirs for event in zip(recorded.op.tolist(), recorded.size.tolist()))
+    assert len(profiled) > len(recorded)
+    assert abs(profiled.peak_live()[0] - recorded.peak_live()[0]) < 4096
