@@ -1,6 +1,8 @@
 """A small GPT (causal self-attention through F.scaled_dot_product_attention), two AdamW steps.
 
-Sizes from argv: width layers heads batch length vocab (defaults: a tiny model)."""
+Sizes from argv: width layers heads batch length vocab (defaults: a tiny model); MIXED=bf16
+runs the forward pass under torch.autocast."""
+import os
 import sys
 
 import torch
@@ -9,7 +11,8 @@ import torch.nn.functional as F
 
 width, layers, heads, batch, length, vocab = (
     [int(a) for a in sys.argv[1:7]] if len(sys.argv) >= 7 else [64, 2, 4, 2, 32, 100])
-device = "cuda" if torch.cuda.is_available() else "cpu"
+# TORCH_PROGRAM_DEVICE=meta runs it on the meta device without a recorder (a benchmark's floor)
+device = os.environ.get("TORCH_PROGRAM_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 class Block(nn.Module):
@@ -49,8 +52,10 @@ with torch.device(device):
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 for _step in range(2):
     idx = torch.randint(0, vocab, (batch, length), device=device)
-    logits = model(idx)
-    loss = F.cross_entropy(logits.view(-1, vocab), idx.view(-1))
+    # MIXED=bf16: forward and loss under torch.autocast (bf16), as mixed-precision training runs
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=os.environ.get("MIXED") == "bf16"):
+        logits = model(idx)
+        loss = F.cross_entropy(logits.view(-1, vocab), idx.view(-1))
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
