@@ -325,3 +325,32 @@ def test_cpu_recording_is_an_ordered_part_of_the_cpu_allocators_own_stream(tmp_p
     assert all(event in theirs for event in zip(recorded.op.tolist(), recorded.size.tolist()))
     assert len(profiled) > len(recorded)
     assert abs(profiled.peak_live()[0] - recorded.peak_live()[0]) < 4096
+
+
+def test_a_gradscaler_loop_with_a_dataloader_and_a_side_stream(tmp_path):
+    prog = _script(tmp_path, """\
+        import torch, torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+        model = nn.Linear(16, 4).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cuda")
+        data = DataLoader(TensorDataset(torch.randn(32, 16), torch.randint(0, 4, (32,))),
+                          batch_size=8)
+        for x, y in data:
+            x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        with torch.cuda.stream(torch.cuda.Stream()):
+            z = torch.empty(1000, device="cuda")
+        """)
+    stopped = record_script(["python", str(prog)], tmp_path / "a.npz")
+    assert f"{prog}:13: Tensor.item()" in stopped.explanation  # GradScaler.step reads found_inf
+    run = record_script(["python", str(prog)], tmp_path / "b.npz", values="placeholder")
+    assert run.error is None
+    assert run.trace.streams() == [0, 1]
+    assert run.trace.size[run.trace.stream == 1].tolist() == [4000]
+    assert run.trace.metadata["autocast_casts"] > 0
