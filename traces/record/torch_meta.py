@@ -43,6 +43,11 @@ hold the meta recording to a run that computes (:mod:`tests.test_torch_meta`).
 
 Memory: the recorder keeps one weak reference per live storage and ``6 x 8`` bytes per event,
 never a tensor's data.
+
+Why meta and not fake CUDA tensors: on the CPU build, a ``FakeTensor`` whose device is CUDA
+constructs, but the first op that needs a device guard aborts the process ("PyTorch is not
+linked with support for cuda devices"); on a CUDA build without a driver PyTorch's threads
+report fake CUDA as partial (pytorch/pytorch#122109, #157869). Meta tensors need no device.
 """
 
 from __future__ import annotations
