@@ -83,7 +83,7 @@ __all__ = ["RECORDER", "TorchMetaRecorder", "ValueReadError", "record_cuda"]
 RECORDER = "allocsim TorchMetaRecorder (meta device, TorchDispatchMode)"
 _FIELDS = 6  # time, op, storage id, size, stream, tag
 _CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot",
-                         "vdot", "_addmm_activation", "addr", "linear"})
+                         "vdot", "_addmm_activation"})
 NOT_MODELLED = (
     "kernel-internal scratch that CUDA kernels allocate through the caching allocator and the "
     "meta kernels do not (cuDNN convolution workspaces, flash/efficient attention backward "
@@ -171,7 +171,7 @@ class TorchMetaRecorder:
         self._peak_bytes = 0
         self._scope: list[str] = []
         self._module_names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-        self._workspaces: set[int] = set()
+        self._workspaces: set[tuple[str, int]] = set()
         self._sdpa_choices: dict[str, int] = {}
         self._autocast: Any = None
         self._paused = 0
@@ -270,7 +270,10 @@ class TorchMetaRecorder:
         """Whether ``tensor`` is one of the program's "cuda" tensors."""
         if self.backing == "meta":
             return bool(tensor.is_meta)
-        return tensor.untyped_storage()._cdata in self._live
+        try:
+            return tensor.untyped_storage()._cdata in self._live
+        except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+            return False
 
     def track(self, storage: Any, op: str, stream: int) -> None:
         """Record ``storage`` (an op's output) unless it is already recorded."""
@@ -295,13 +298,19 @@ class TorchMetaRecorder:
         """CUDA's own allocations after an op: the cuBLAS workspace of a stream's first GEMM."""
         if not self.cuda_choices or op not in _CUBLAS_OPS:
             return
+        # The workspace map is keyed by (cuBLAS handle, stream), and a handle belongs to a
+        # thread: CUDA's backward pass runs on the autograd engine's device thread, whose
+        # handle takes a workspace of its own.
         stream = self.fake_cuda.current.stream_id
-        if stream in self._workspaces:
+        thread = "autograd thread" if self._torch._C._current_autograd_node() is not None \
+            else "main thread"
+        if (thread, stream) in self._workspaces:
             return
-        self._workspaces.add(stream)
+        self._workspaces.add((thread, stream))
         size = cublas_workspace_bytes(self.target)
         self._emit(OP_ALLOC, next(self._ids), size, stream,
-                   self._tag(f"cuBLAS workspace (stream {stream}, kept until empty_cache)"))
+                   self._tag(f"cuBLAS workspace ({thread}, stream {stream}, kept until "
+                             "empty_cache)"))
 
     # ------------------------------------------------------------------ module scopes
     def _enter_module(self, module: Any, args: Any) -> None:

@@ -70,7 +70,9 @@ class Redirect(TorchFunctionMode):
         method = _VALUE_METHODS.get(func)
         if method is not None:
             tensor = args[0]
-            if rec.backing == "meta" and isinstance(tensor, _Tensor) and tensor.is_meta:
+            printing = method == "__format__" and (tensor.dim() or not (args[1:] and args[1]))
+            if rec.backing == "meta" and isinstance(tensor, _Tensor) and tensor.is_meta \
+                    and not printing:  # f"{t}" prints the tensor; f"{loss:.3f}" reads it
                 return rec.read_value(method, tensor, args[1:], kwargs)
             return func(*args, **kwargs)
         if func is _TO:

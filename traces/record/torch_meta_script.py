@@ -133,8 +133,8 @@ def record_script(argv: list[str], output: str | os.PathLike[str], **options: An
             recorder.stop()
             del namespace
     finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
+        if in_main:  # None: the handler was not set from Python; the default then
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
         sys.argv = saved_argv
         sys.path[:] = saved_path
     trace = recorder.trace

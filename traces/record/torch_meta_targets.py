@@ -18,8 +18,10 @@ target cards and the rules of those two choices, each followed from PyTorch's so
   (``check_prefer_cudnn_attention``), is not chosen unless asked (``prefer_cudnn``):
   which cuDNN a user's wheel loads is not known here.
 - **the cuBLAS workspace** (``aten/src/ATen/cuda/CublasHandlePool.cpp``,
-  ``parseChosenWorkspaceSize`` / ``getNewWorkspace``): the first cuBLAS call on a stream
-  takes a workspace from the caching allocator and keeps it (until ``empty_cache``): 32 MiB
+  ``parseChosenWorkspaceSize`` / ``getNewWorkspace``): the first cuBLAS call of a handle on a
+  stream takes a workspace from the caching allocator and keeps it (until ``empty_cache``);
+  handles are per thread, and CUDA's backward pass runs on the autograd engine's device
+  thread, so a training step takes two per stream (the recorder's ``after_op``): 32 MiB
   on sm90 (``:4096:8``), else 8 MiB + 128 KiB (``:4096:2:16:8``); ``CUBLAS_WORKSPACE_CONFIG``
   (``:SIZE_KiB:COUNT`` pairs) overrides both. The meta device runs no cuBLAS.
 
