@@ -1,4 +1,5 @@
-"""``allocsim record``: run a Python program and record its allocations (CuPy or JAX)."""
+"""``allocsim record``: run a Python program and record its allocations (CuPy, JAX, or PyTorch
+on the meta device)."""
 
 from __future__ import annotations
 
@@ -21,14 +22,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "the script and writes a native trace. --framework cupy "
                                    "(default) installs a CuPy memory hook (time, size, stream, "
                                    "call site); --framework jax records the device buffers "
-                                   "JAX holds (arrays, each execution's temp buffer, donation). "
+                                   "JAX holds (arrays, each execution's temp buffer, donation); "
+                                   "--framework torch runs a PyTorch program's 'cuda' tensors "
+                                   "on the meta device (no GPU, no memory) and records every "
+                                   "storage they would hold on --target. "
                                    "From your own code: `with allocsim.traces.record.cupy("
                                    "'run.npz'): ...` or `with allocsim.traces.record.jax("
                                    "'run.npz'): ...`.")
     add_output_option(p, dest="output", metavar="FILE", required=True,
                       help="trace file to write (.npz, .csv, ...)")
-    p.add_argument("--framework", choices=("cupy", "jax"), default="cupy",
+    p.add_argument("--framework", choices=("cupy", "jax", "torch"), default="cupy",
                    help="whose allocations to record (default: cupy)")
+    p.add_argument("--target", metavar="DEVICE",
+                   help="--framework torch: the GPU the recording stands for (allocsim "
+                        "devices; default a100-80g): its SDPA kernel and cuBLAS workspace")
+    p.add_argument("--placeholder-values", action="store_true",
+                   help="--framework torch: value reads (loss.item(), if x.any():) answer "
+                        "zeros instead of stopping the program")
+    p.add_argument("--prefer-cudnn-attention", action="store_true",
+                   help="--framework torch: cuDNN attention first, as PyTorch does on "
+                        "sm90/sm100 with cuDNN newer than 9.15.0")
     p.add_argument("--log", help="also write the raw hook calls as a CuPy JSON-lines log "
                                  "(--framework cupy)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- python script.py args")
@@ -49,6 +62,17 @@ def run(args: argparse.Namespace) -> int:
     note = interpreter_note(command)
     if note:
         print(f"allocsim: record: {note}", file=sys.stderr)
+
+    torch_only = [flag for flag, given in (("--target", args.target is not None),
+                                           ("--placeholder-values", args.placeholder_values),
+                                           ("--prefer-cudnn-attention",
+                                            args.prefer_cudnn_attention)) if given]
+    if torch_only and args.framework != "torch":
+        raise UserError(f"record: {torch_only[0]} is for --framework torch")
+    if args.framework == "torch":
+        if args.log:
+            raise UserError("record: --log is for --framework cupy (CuPy's hook calls)")
+        return _run_torch(command, args)
     if args.framework == "jax":
         if args.log:
             raise UserError("record: --log is for --framework cupy (CuPy's hook calls)")
@@ -88,4 +112,37 @@ def _run_jax(command: list[str], output: str) -> int:
     print(f"allocsim: record: the script exited with status {result.exit_status}; partial "
           f"trace written to {output} ({len(trace):,} events, peak live "
           f"{format_size(peak)})", file=sys.stderr)
+    return result.exit_status
+
+
+def _run_torch(command: list[str], args: argparse.Namespace) -> int:
+    """Record a PyTorch script on the meta device; a failure keeps its partial trace."""
+    from allocsim.traces.record.torch_meta_script import Terminated, record_script
+    from allocsim.traces.record.torch_meta_targets import resolve_target
+    resolve_target(args.target)  # an unknown target is refused before the script runs
+    result = record_script(command, args.output, target=args.target,
+                           values="placeholder" if args.placeholder_values else "error",
+                           prefer_cudnn=args.prefer_cudnn_attention)
+    trace = result.trace
+    peak, _ = trace.peak_live()
+    summary = (f"{len(trace):,} events, peak live {format_size(peak)} on "
+               f"{trace.metadata.get('target')}")
+    if result.error is None:
+        print(f"wrote {args.output}: {summary}", file=sys.stderr)
+        return 0
+    error = result.error
+    if result.explanation is not None:
+        print(f"allocsim: record: {result.explanation}", file=sys.stderr)
+    elif isinstance(error, SystemExit):
+        if not isinstance(error.code, int) and error.code is not None:
+            print(error.code, file=sys.stderr)
+    elif not isinstance(error, Terminated):
+        tb = error.__traceback__
+        while tb is not None and tb.tb_next is not None and (
+                "allocsim" in tb.tb_frame.f_code.co_filename
+                or "runpy" in tb.tb_frame.f_code.co_filename):
+            tb = tb.tb_next
+        traceback.print_exception(type(error), error, tb, file=sys.stderr)
+    print(f"allocsim: record: the script exited with status {result.exit_status}; partial "
+          f"trace written to {args.output} ({summary})", file=sys.stderr)
     return result.exit_status

@@ -115,6 +115,19 @@ def run_info(args: argparse.Namespace) -> int:
         # what the file holds besides the replayed part: an XLA dump's modules, a profile's
         # allocators (each importer writes its lines; the chosen one is marked)
         print(f"  holds       {line}")
+    if meta.get("target") and meta.get("backing"):  # the PyTorch meta recorder
+        choices = [f"SDPA {', '.join(f'{k} {v}' for k, v in meta['sdpa_backends'].items())}"
+                   ] if meta.get("sdpa_backends") else []
+        if meta.get("cublas_workspaces"):
+            choices.append(f"cuBLAS workspace {format_size(meta['cublas_workspace_bytes'])} x "
+                           f"{meta['cublas_workspaces']}")
+        print(f"  recorded    on {meta['backing']} for {meta['target']} "
+              f"({meta.get('target_capability', '?')}), kernels {meta.get('kernels')}"
+              + (f": {'; '.join(choices)}" if choices else ""))
+        if meta.get("partial"):
+            print(f"  partial     {meta['partial']}")
+        for line in meta.get("not_modelled") or []:
+            print(f"  not modelled {line}")
     print(f"  peak live   {format_size(facts['peak_live'])} after event {facts['peak_event']:,}")
     print(f"  still live  {facts['leaks']:,} buffers ({format_size(facts['leaked_bytes'])}) "
           "at the end")

@@ -1,0 +1,152 @@
+"""Run a PyTorch script under the meta recorder (``allocsim record --framework torch``).
+
+:func:`record_script` runs ``[python] script.py args`` (or ``-m module``) as ``__main__``
+inside a :class:`~allocsim.traces.record.torch_meta.TorchMetaRecorder` and saves the trace
+whatever happens: the script's own failure (an exception, ``sys.exit(n)``), a value read on
+the meta device (:class:`~allocsim.traces.record.torch_meta.ValueReadError`), an op with no
+meta kernel (a CUDA-only extension), Ctrl-C, or SIGTERM (a handler turns it into an
+exception at the next bytecode, so the recorder's exit runs and the partial trace is written;
+the exit status is then 143, as a process killed by SIGTERM reports it to a shell). A script
+that puts nothing on "cuda" is refused after it ran (nothing is written): a recording of
+nothing answers no question, and it usually means the script chose its device some other way.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import runpy
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from allocsim.errors import UserInputError
+from allocsim.traces.model import Trace
+from allocsim.traces.record.script_args import split_argv
+from allocsim.traces.record.torch_meta import TorchMetaRecorder, ValueReadError
+
+__all__ = ["ScriptRun", "Terminated", "record_script"]
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived while the script ran (a BaseException: ``except Exception`` in the
+    script does not swallow it)."""
+
+
+@dataclass
+class ScriptRun:
+    """What :func:`record_script` ran: the trace (saved), the exit status, and the error the
+    script ended with (None when it finished), with a one-line explanation when allocsim has
+    one (a value read, an op without a meta kernel, SIGTERM)."""
+
+    trace: Trace
+    exit_status: int
+    error: BaseException | None
+    explanation: str | None = None
+
+
+def _no_meta_kernel(error: BaseException) -> str | None:
+    """The op an error says has no meta kernel: "Could not run 'ns::op' with arguments from
+    the 'Meta' backend" (an ATen-registered op) or "ns::op: attempted to run this operator
+    with Meta tensors, but there was no fake impl or Meta kernel" (a torch.library op)."""
+    text = str(error)
+    if "'Meta' backend" in text and "Could not run" in text:
+        start = text.find("'") + 1
+        return text[start:text.find("'", start)]
+    if "attempted to run this operator with Meta tensors" in text:
+        return text.split(": attempted to run", 1)[0].strip()
+    return None
+
+
+def _script_line(error: BaseException) -> str:
+    """``file:line`` of the innermost traceback frame in the script (not torch, not allocsim)."""
+    where = "<script>"
+    tb = error.__traceback__
+    here = os.path.dirname(os.path.abspath(__file__))
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if os.sep + "torch" + os.sep not in name and not name.startswith(here) \
+                and "runpy" not in name and "<frozen" not in name:
+            where = f"{name}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
+
+
+def record_script(argv: list[str], output: str | os.PathLike[str], **options: Any) -> ScriptRun:
+    """Run a script under a :class:`TorchMetaRecorder` (``options`` go to it) and save its
+    trace to ``output``, whether or not the script fails (see the module docstring).
+
+    Refused before anything runs (one line): no script, torch not installed.
+    """
+    script, module, args = split_argv(argv)
+    if script is not None and not Path(script).is_file():
+        raise FileNotFoundError(errno.ENOENT, "no such script", script)
+    try:
+        import torch  # noqa: F401  (imported here so a missing torch is refused up front)
+    except ImportError:
+        raise UserInputError("record --framework torch needs PyTorch: pip install "
+                             "torch==2.13.0 (the CPU wheel is enough)") from None
+    meta = {"script": script if script is not None else f"-m {module}", "argv": list(argv)}
+    meta.update(options.pop("metadata", None) or {})
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [script if script is not None else str(module), *args]
+    sys.path.insert(0, str(Path(script).resolve().parent) if script is not None else os.getcwd())
+    recorder = TorchMetaRecorder(None, metadata=meta, **options)
+    status = 0
+    error: BaseException | None = None
+    explanation: str | None = None
+    namespace: dict[str, Any] | None = None  # kept to the end: its tensors are not freed early
+
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        raise Terminated()
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, terminate) if in_main else None
+    try:
+        with recorder:
+            try:
+                if script is not None:
+                    namespace = runpy.run_path(script, run_name="__main__")
+                else:
+                    namespace = runpy.run_module(str(module), run_name="__main__",
+                                                 alter_sys=True)
+            except SystemExit as stop:
+                if stop.code not in (None, 0):
+                    status = stop.code if isinstance(stop.code, int) else 1
+                    error = stop
+            except Terminated as stop:
+                status, error = 128 + signal.SIGTERM, stop
+                explanation = "terminated by SIGTERM"
+            except ValueReadError as failure:
+                status, error, explanation = 1, failure, str(failure)
+            except Exception as failure:  # the script's own error, reported by the caller
+                status, error = 1, failure
+                op = _no_meta_kernel(failure)
+                if op is not None:
+                    explanation = (f"{_script_line(failure)}: op '{op}' has no meta kernel (a "
+                                   "CUDA-only extension?): register one with "
+                                   "torch.library.register_fake, or record on a GPU")
+            recorder.stop()
+            del namespace
+    finally:
+        if in_main:  # None: the handler was not set from Python; the default then
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+    trace = recorder.trace
+    assert trace is not None
+    if error is None and len(trace) == 0:
+        raise UserInputError(f"{meta['script']}: the program put nothing on 'cuda' (0 "
+                             "allocations recorded); it must create its tensors on \"cuda\" "
+                             "(nothing was written)")
+    from allocsim.traces.formats import save
+    trace.metadata["source"] = os.fspath(output)
+    trace.metadata["name"] = Path(output).name.split(".")[0]
+    if error is not None:
+        trace.metadata["partial"] = explanation or f"the script failed: {type(error).__name__}"
+    save(trace, output)
+    return ScriptRun(trace, status, error, explanation)
