@@ -51,6 +51,7 @@ JSON_KINDS: dict[str, tuple[str, ...]] = {
     "validate": ("schema", "kind", "backend", "policy", "passed"),
     "device-profile": ("name", "capacity"),
     "calibrate-measurements": ("date", "latencies", "footprints", "packing", "profile"),
+    "tune": ("framework", "device"),    # tune.json and tune-share.json (one schema)
     # experiments/NAME/results.json (python -m experiments.run; no schema: not a user format)
     "experiment": ("experiment", "title", "device", "comparisons", "capacities"),
 }
