@@ -96,7 +96,8 @@ def text(result: TuneResult) -> str:
         lines.append(f"  re-checked from the recorded start state (fidelity's seeded replay, "
                      f"{rc['seeded_segments']} segments): "
                      + ("completes" if rc["completed"] else f"{rc['ooms']} OOMs")
-                     + f", peak reserved {_mib(rc['peak_reserved'])}")
+                     + f", peak reserved {_mib(rc['peak_reserved'])}"
+                     + "".join(f"; {note}" for note in rc["notes"]))
     lines += [f"  assumed: {a}" for a in ev.assumptions]
     lines += [f"  a GPU run would confirm: {g}" for g in ev.gpu_would_confirm]
     lines.append("  not modelled (not searched): " + "; ".join(r.not_modelled))

@@ -95,8 +95,13 @@ class TuneResult:
     def headline(self) -> str:
         """The answer in one sentence: the prediction against the defaults."""
         if self.best is None:
-            return (f"no {self.framework} setting searched completes within the budget"
-                    + (f" on {format_size(self.device.capacity)}" if self.card else ""))
+            where = f" on {format_size(self.device.capacity)}" if self.card else ""
+            done = sorted((t for t in self.trials if t.completed), key=lambda t: t.slowdown)
+            if done:
+                return (f"{len(done)} {self.framework} settings complete{where} but none within "
+                        f"the {self.max_slowdown:.2f}x slowdown budget; the least slow is "
+                        f"{done[0].setting.label} ({done[0].slowdown:.3f}x)")
+            return f"no {self.framework} setting searched completes{where}"
         d, b = self.defaults, self.best
         what = "peak reserved" if self.card else "smallest card"
         mine, theirs = _memory(b, self.card), _memory(d, self.card)
