@@ -10,11 +10,14 @@ What it is for
 
 The question and the answer
     - With a card (``device`` as given, ``card=True``): the setting must complete the trace
-      without an OOM and keep the run within the slowdown budget (compare's rule and default,
-      1.10); among those, the lowest peak reserved wins, then the lowest modelled allocator
-      time, then the fewest changes from the defaults.
-    - Without a card (``card=False``): the same with the smallest card each setting runs on
-      (min-capacity's search) in place of peak reserved.
+      without an OOM and keep the run within the slowdown budget (compare's default, 1.10).
+      Fitting the card is then met, so the answer is the fastest: the least modelled
+      allocator time (within 2%, closer than the cost model tells apart, counts as a tie),
+      then the fewest changes from the defaults, then the lowest peak reserved
+      (:func:`~allocsim.sim.questions.tune_search.answer_order`). When the defaults fit and
+      nothing is faster, the answer is "nothing to set".
+    - Without a card (``card=False``): the smallest card each setting runs on (min-capacity's
+      search) wins, then the modelled time, then the fewest changes.
     The result also holds the Pareto front of memory against modelled time (the settings no
     other beats on both), every setting that fails and why (OOM, over the budget), the
     fractions' answers and any non-monotone region the checks found

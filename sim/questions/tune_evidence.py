@@ -94,8 +94,13 @@ def gather(trace: Trace, fw: Framework, best: Trial | None, *, card: bool,
                              "final_segments_match": report.final_segments_match}
         if best is not None and best.spec.startswith("pytorch"):
             capacity = best.capacity if card or best.min_capacity else device_capacity
-            evidence.recheck = recheck_snapshot(trace, best.spec, capacity)
-            if best.completed and not evidence.recheck["completed"]:
+            try:
+                evidence.recheck = recheck_snapshot(trace, best.spec, capacity)
+            except FidelityError as err:
+                evidence.assumptions.append(f"not re-checked from the recorded start state: "
+                                            f"{err}")
+            if (evidence.recheck is not None and best.completed
+                    and not evidence.recheck["completed"]):
                 evidence.assumptions.append(
                     "from the recorded start state the setting does NOT complete on this card "
                     "(the plain replay allocated the start blocks afresh): treat it with care")

@@ -153,6 +153,12 @@ def why(trace: Trace, best: Trial, defaults: Trial, device: DeviceProfile, *,
         verdict = oom_verdict(trace, default_spec, device)
         if verdict:
             lines.append("the defaults run out of memory: " + verdict)
+        share = _default_share(best.setting.framework)
+        peak = trace.peak_live()[0]
+        if share and share * device.capacity < peak:
+            lines.append(f"the defaults' limit, {share:g} × the card = "
+                         f"{exact_size(int(share * device.capacity))}, is below the trace's peak "
+                         f"live {exact_size(peak)}: no allocator completes inside it")
     if not best.setting.values:
         lines.append("the defaults are already the best setting found within the budget")
         return lines
@@ -171,6 +177,11 @@ def why(trace: Trace, best: Trial, defaults: Trial, device: DeviceProfile, *,
     else:
         lines.append(f"overall: smallest card {_card(defaults)} → {_card(best)}")
     return lines
+
+
+def _default_share(name: str) -> float:
+    """The share of the card a framework's defaults limit themselves to (JAX: 0.75)."""
+    return 0.75 if name == "jax" else 0.0
 
 
 def _card(trial: Trial) -> str:
