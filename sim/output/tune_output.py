@@ -133,14 +133,19 @@ def figure(result: TuneResult, path: str | Path) -> Path:
                        s=140 if marker == "*" else 60, color=color, zorder=5,
                        label=f"{name}: {describe(trial.setting, result.capacity)[:60]}")
         elif trial is not None and name != "answer":
-            ax.plot([], [], " ", label=f"{name}: {trial.failure(None) or 'not drawn'}"[:70])
+            ax.plot([], [], " ", label=f"{name}: out of memory (not drawn)")
     duration = float(result.trace.get("duration_s") or 0)
     if result.max_slowdown is not None and duration > 0:
         ax.axhline((result.max_slowdown - 1) * duration * 1e3, color="red", ls="--", lw=1,
                    label=f"budget {result.max_slowdown:.2f}x")
+    ax.axvline(result.trace["peak_live"] / scale, color="#777777", ls="--", lw=1,
+               label="peak live (lower bound)")
     if card:
         ax.axvline(result.device.capacity / scale, color="black", ls=":", lw=1,
                    label=f"card {format_size(result.device.capacity)}")
+    times = [t.alloc_time_s for t in done if t.alloc_time_s > 0]
+    if times and max(times) > 30 * min(times):
+        ax.set_yscale("log")        # caching and not caching differ by orders of magnitude
     ooms = sum(1 for t in result.trials if not t.completed)
     ax.set_xlabel(f"{'peak reserved' if card else 'smallest card'} ({unit})")
     ax.set_ylabel("modelled allocator time (ms)")

@@ -150,15 +150,17 @@ def why(trace: Trace, best: Trial, defaults: Trial, device: DeviceProfile, *,
     base, mine = defaults.result, best.result
     lines: list[str] = []
     if card and not defaults.completed:
-        verdict = oom_verdict(trace, default_spec, device)
-        if verdict:
-            lines.append("the defaults run out of memory: " + verdict)
         share = _default_share(best.setting.framework)
         peak = trace.peak_live()[0]
         if share and share * device.capacity < peak:
-            lines.append(f"the defaults' limit, {share:g} × the card = "
+            # explain-oom's verdict weighs the whole card; the defaults never use it all.
+            lines.append(f"the defaults run out of memory: their limit, {share:g} × the card = "
                          f"{exact_size(int(share * device.capacity))}, is below the trace's peak "
                          f"live {exact_size(peak)}: no allocator completes inside it")
+        else:
+            verdict = oom_verdict(trace, default_spec, device)
+            if verdict:
+                lines.append("the defaults run out of memory: " + verdict)
     if not best.setting.values:
         lines.append("the defaults are already the best setting found within the budget")
         return lines

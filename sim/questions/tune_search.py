@@ -6,7 +6,8 @@ Stages, on a fixed card (capacity ``C``):
 1. *Discrete*: every combination of the framework's discrete settings
    (:meth:`~allocsim.sim.questions.tune_space.Framework.discrete`), each replayed once.
 2. *Fraction*: for the best :data:`FRACTION_COMBOS` discrete choices the fraction applies to
-   (and the framework's defaults), the smallest fraction on a grid of :data:`STEP` that
+   (and the framework's defaults; every choice where the defaults hold themselves to a share
+   of the card below 1, JAX's 0.75, since a larger share may rescue a failing one), the smallest fraction on a grid of :data:`STEP` that
    completes: bisection between a fraction known to fail (``fraction × C`` below peak live:
    no allocator keeps the data in less) and 1, then — allocators are not monotone in their
    settings, as min-capacity found for capacities — :data:`VERIFY_ABOVE` grid steps above the
@@ -356,7 +357,13 @@ def search(trace: Trace, fw: Framework, device: DeviceProfile, *, card: bool,
         return s
     ranked = [t.setting for t in s.best(trials) if fw.fraction_applies(t.setting)
               and not t.setting.get(fw.fraction_key)]
-    bases = list(dict.fromkeys([fw.default(), *ranked[:FRACTION_COMBOS]]))
+    bases = [fw.default(), *ranked[:FRACTION_COMBOS]]
+    if 0 < fw.defaults[fw.fraction_key] < 1:
+        # The defaults hold themselves to a share of the card (JAX's 0.75): a choice that
+        # fails there may complete with a larger share, so each one's fraction is searched.
+        bases += [t.setting for t in trials if fw.fraction_applies(t.setting)
+                  and not t.setting.get(fw.fraction_key)]
+    bases = list(dict.fromkeys(bases))
     answers = [(base, s.fraction(base)) for base in bases if fw.fraction_applies(base)]
     if fw.name == "pytorch":
         found = sorted((a for a in answers if a[1].answer is not None),
