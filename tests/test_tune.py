@@ -232,6 +232,13 @@ def test_the_local_pool_gives_the_in_process_answer(tmp_path: Path) -> None:
         there = tune(trace, "pytorch", device, evaluate=pool).to_json_dict()
     finally:
         pool.close()
+    # A sweep cell replays past the first OOM (the in-process search stops there): the
+    # failing settings' figures differ, who fails and where does not.
+    for data in (here, there):
+        data["failing"] = [(f["label"], f["first_oom_event"]) for f in data["failing"]]
+        data["trials"] = [t for t in data["trials"] if t["completed"]]
+        data["defaults"] = data["defaults"]["completed"], data["defaults"]["first_oom_event"]
+        data["answer"].pop("why")
     assert here == there
 
 

@@ -110,7 +110,7 @@ class TuneResult:
         mine, theirs = _memory(b, self.card), _memory(d, self.card)
         verdict = ("completes" if b.completed else "fails")
         state = ("the defaults " + ("complete" if d.completed else
-                                    f"run out of memory ({d.result['ooms']:,} OOMs)")
+                                    f"run out of memory at event {d.result['first_oom_event']:,}")
                  if self.card else "the defaults")
         return (f"{verdict} with {what} {mine} and {b.alloc_time_s * 1e3:.3g} ms modelled "
                 f"allocator time ({b.slowdown:.3f}x); {state}: {what} {theirs}, "

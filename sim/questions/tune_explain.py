@@ -6,7 +6,8 @@ device calls, internal and external fragmentation at the peaks, the first OOM) a
 trace's request sizes (how many requests a max_split_size makes oversize, how many distinct
 block sizes a rounding table leaves). Where the defaults ran out of memory, the verdict of
 :func:`~allocsim.sim.questions.explain.explain_oom` at that request says whether it was a real
-shortage or fragmentation, and where the fragmentation was.
+shortage or fragmentation, and where the fragmentation was (its verdict rule, on a replay
+stopped at that request).
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from allocsim.errors import UserInputError
-from allocsim.policies import format_size
-from allocsim.policies.pytorch_caching import parse_roundup_power2_divisions, round_size
-from allocsim.sim.kernel.device import DeviceProfile
-from allocsim.sim.questions.explain import explain_oom
+from allocsim.policies import format_size, parse_policy
+from allocsim.policies.pytorch_caching import (
+    PyTorchCachingAllocator,
+    get_allocation_size,
+    parse_roundup_power2_divisions,
+    round_size,
+)
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
+from allocsim.sim.kernel.engine import ProcessReplay
+from allocsim.sim.questions.explain import verdict
 from allocsim.sim.questions.tune_search import Trial
 from allocsim.sim.questions.tune_space import distinct_sizes, exact_size, fraction_text
 from allocsim.traces.model import OP_ALLOC, Trace
@@ -37,12 +43,22 @@ def _fragmentation(r: dict[str, Any]) -> str:
 
 
 def oom_verdict(trace: Trace, spec: str, device: DeviceProfile) -> str | None:
-    """explain-oom's verdict and reason for the first request ``spec`` fails on ``device``."""
-    try:
-        explanation = explain_oom(trace, spec, device, max_split_sizes_mb=())
-    except UserInputError:
+    """explain-oom's verdict (:func:`~allocsim.sim.questions.explain.verdict`) and reason for
+    the first request ``spec`` fails on ``device``: the replay stops there. (Not
+    :func:`~allocsim.sim.questions.explain.explain_oom` itself: its what-if replays and the
+    offline plan would cost more than the whole search on a long trace.)"""
+    run = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(device), stop_on_oom=True,
+                        call_log=False)
+    run.advance(len(trace))
+    oom = run.first_oom
+    if oom is None:
         return None
-    return f"{explanation.verdict}: {explanation.reason}"
+    policy = run.policy
+    needed = (get_allocation_size(round_size(oom.size, policy._divisions))
+              if isinstance(policy, PyTorchCachingAllocator) else None)
+    kind, reason = verdict(device.capacity, oom.allocated, oom.size, policy.bytes_in_use,
+                           oom.reserved, oom.largest_free, needed)
+    return f"{kind}: {reason}"
 
 
 def _pytorch(key: str, value: Any, trace: Trace, best: dict[str, Any], base: dict[str, Any],

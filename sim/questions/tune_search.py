@@ -7,7 +7,8 @@ Stages, on a fixed card (capacity ``C``):
    (:meth:`~allocsim.sim.questions.tune_space.Framework.discrete`), each replayed once.
 2. *Fraction*: for the best :data:`FRACTION_COMBOS` discrete choices the fraction applies to
    (and the framework's defaults; every choice where the defaults hold themselves to a share
-   of the card below 1, JAX's 0.75, since a larger share may rescue a failing one), the smallest fraction on a grid of :data:`STEP` that
+   of the card below 1, JAX's 0.75: a larger share may rescue a failing one), the smallest
+   fraction on a grid of :data:`STEP` that
    completes: bisection between a fraction known to fail (``fraction × C`` below peak live:
    no allocator keeps the data in less) and 1, then — allocators are not monotone in their
    settings, as min-capacity found for capacities — :data:`VERIFY_ABOVE` grid steps above the
@@ -63,9 +64,13 @@ Progress = Callable[[int, str], None]        # (replays so far, what is being se
 
 
 def local_evaluator(trace: Trace) -> Evaluator:
-    """Replay each ``(spec, device)`` in this process, in order."""
+    """Replay each ``(spec, device)`` in this process, in order, each stopped at its first OOM
+    (a setting that runs out of memory fails whatever follows; the rest of its replay would
+    cost as much as a passing one's, and on a tight card most settings fail). A failing
+    setting's figures are therefore those up to its first OOM."""
     def evaluate(batch: Sequence[tuple[str, DeviceProfile]]) -> list[dict[str, Any]]:
-        return [replay(trace, spec, device).to_json_dict() for spec, device in batch]
+        return [replay(trace, spec, device, stop_on_oom=True).to_json_dict()
+                for spec, device in batch]
     return evaluate
 
 
@@ -114,8 +119,7 @@ class Trial:
             if r.get("first_oom_event") is None:
                 return "never completes (not even on the largest card tried)"
             return (f"OOM at event {r['first_oom_event']:,} (a {format_size(r['first_oom_size'])}"
-                    f" request, {format_size(r['first_oom_reserved'])} reserved, "
-                    f"{r['ooms']:,} OOMs in all)")
+                    f" request, {format_size(r['first_oom_reserved'])} reserved)")
         if budget is not None and self.slowdown > budget + 1e-12:
             return (f"over the slowdown budget: {self.slowdown:.3f}x > {budget:.2f}x "
                     f"({self.alloc_time_s * 1e3:.3g} ms modelled allocator time)")

@@ -8,6 +8,11 @@ the later ones; each worker loads the trace once (the cells carry only its path)
 client is opened once and each batch is handed to a runner on it, so the file's bytes travel
 once per batch. A cell that fails is a bug (tune sends only specs it built), reported with
 the cell's own one-line error.
+
+One difference from the in-process evaluator: a sweep cell replays the whole trace, so a
+setting that runs out of memory reports the figures of its whole run (OOM count, peak,
+time), where the in-process search stops at the first OOM. Which settings pass, their
+figures, the answer and the front are the same.
 """
 
 from __future__ import annotations
