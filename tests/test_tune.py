@@ -221,7 +221,17 @@ def test_the_search_is_reproducible() -> None:
     assert json.dumps(first) == json.dumps(second)
 
 
-def test_the_local_pool_gives_the_in_process_answer(tmp_path: Path) -> None:
+def _comparable(data: dict[str, Any]) -> dict[str, Any]:
+    """A sweep cell replays past the first OOM (the in-process search stops there): the
+    failing settings' figures differ, who fails and where does not."""
+    data["failing"] = [(f["label"], f["first_oom_event"]) for f in data["failing"]]
+    data["trials"] = [t for t in data["trials"] if t["completed"]]
+    data["defaults"] = data["defaults"]["completed"], data["defaults"]["first_oom_event"]
+    data["answer"].pop("why")
+    return data
+
+
+def test_the_local_pool_gives_the_in_process_answer() -> None:
     from allocsim.sim.sweeps.tune_runner import sweep_evaluator
     path = DATA / "sample-torch-cpu-mlp.npz"
     trace = formats.load(path)
@@ -232,14 +242,27 @@ def test_the_local_pool_gives_the_in_process_answer(tmp_path: Path) -> None:
         there = tune(trace, "pytorch", device, evaluate=pool).to_json_dict()
     finally:
         pool.close()
-    # A sweep cell replays past the first OOM (the in-process search stops there): the
-    # failing settings' figures differ, who fails and where does not.
-    for data in (here, there):
-        data["failing"] = [(f["label"], f["first_oom_event"]) for f in data["failing"]]
-        data["trials"] = [t for t in data["trials"] if t["completed"]]
-        data["defaults"] = data["defaults"]["completed"], data["defaults"]["first_oom_event"]
-        data["answer"].pop("why")
-    assert here == there
+    assert _comparable(here) == _comparable(there)
+
+
+def test_a_dask_cluster_gives_the_in_process_answer() -> None:
+    pytest.importorskip("distributed")
+    from distributed import LocalCluster
+
+    from allocsim.sim.sweeps.tune_runner import sweep_evaluator
+    path = DATA / "sample-jax-cpu-train.npz"
+    trace = formats.load(path)
+    device = resolve_device(None, "32MiB")
+    here = tune(trace, "jax", device).to_json_dict()
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster:
+        remote = sweep_evaluator(str(path), cluster.scheduler_address.replace("tcp://", "dask://"),
+                                 None)
+        try:
+            there = tune(trace, "jax", device, evaluate=remote).to_json_dict()
+        finally:
+            remote.close()
+    assert _comparable(here) == _comparable(there)
 
 
 def test_without_a_card_the_smallest_card_is_searched() -> None:
