@@ -12,7 +12,8 @@ The question and the answer
     - With a card (``device`` as given, ``card=True``): the setting must complete the trace
       without an OOM and keep the run within the slowdown budget (compare's default, 1.10).
       Fitting the card is then met, so the answer is the fastest: the least modelled
-      allocator time (within 2%, closer than the cost model tells apart, counts as a tie),
+      allocator time (within 2%, closer than the cost model tells apart, or within 0.1% of
+      the job's duration, a difference the job cannot feel, counts as a tie),
       then the fewest changes from the defaults, then the lowest peak reserved
       (:func:`~allocsim.sim.questions.tune_search.answer_order`). When the defaults fit and
       nothing is faster, the answer is "nothing to set".

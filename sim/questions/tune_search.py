@@ -143,23 +143,25 @@ def rank_key(trial: Trial) -> tuple:
     return (trial.memory, trial.alloc_time_s, len(trial.setting.values), trial.setting.label)
 
 
-TIME_TIE = 0.02      # modelled times this close to the fastest count as equally fast
+TIME_TIE = 0.02          # modelled times this close to the fastest count as equally fast,
+TIME_TIE_OF_RUN = 0.001  # as do times within this share of the job's own duration
 
 
-def answer_order(passing: Sequence[Trial], card: bool) -> list[Trial]:
+def answer_order(passing: Sequence[Trial], card: bool, duration_s: float = 0.0) -> list[Trial]:
     """The passing settings, best answer first.
 
     Without a card the question is the smallest card: :func:`rank_key`. With a card, fitting
     it is the constraint the passing settings all meet, so the answer is the fastest: the
     settings within :data:`TIME_TIE` of the least modelled allocator time (closer than the
-    cost model can tell apart) come first, the fewest changes from the defaults among them,
-    then the lowest peak reserved; the rest follow by time. What less memory would cost is
-    the Pareto front's to show.
+    cost model can tell apart) or within :data:`TIME_TIE_OF_RUN` of the job's duration
+    (``duration_s``: a difference the job cannot feel) come first, the fewest changes from
+    the defaults among them, then the lowest peak reserved; the rest follow by time. What
+    less memory would cost is the Pareto front's to show.
     """
     if not card or not passing:
         return sorted(passing, key=rank_key)
     fastest = min(t.alloc_time_s for t in passing)
-    limit = fastest * (1 + TIME_TIE) + 1e-12
+    limit = max(fastest * (1 + TIME_TIE), fastest + TIME_TIE_OF_RUN * duration_s) + 1e-12
 
     def key(t: Trial) -> tuple:
         tied = t.alloc_time_s <= limit
@@ -287,7 +289,8 @@ class Search:
 
     def best(self, trials: Sequence[Trial]) -> list[Trial]:
         """The passing trials, best answer first (:func:`answer_order`)."""
-        return answer_order([t for t in trials if self.ok(t)], self.card)
+        return answer_order([t for t in trials if self.ok(t)], self.card,
+                            self.trace.duration_ns / 1e9)
 
     # -- the fraction ------------------------------------------------------------------
     def fraction(self, base: Setting) -> FractionAnswer:
