@@ -368,3 +368,23 @@ def test_the_readme_shows_what_tune_prints(command: str, capsys, monkeypatch) ->
     status, out, _ = run_cli(command.split()[1:], capsys)
     assert status == 0
     assert out.rstrip() == block.group(1).rstrip()
+
+
+def test_a_threshold_grid_that_flips_twice_is_a_non_monotone_region() -> None:
+    trace = Trace.from_events([(0, "alloc", 1, MiB), (1, "free", 1, 0)])
+    pytorch = framework("pytorch")
+
+    def evaluate(batch):
+        return [_fake_result("threshold=0.6" in spec or "threshold=0.65" in spec
+                             or "threshold=0.9" in spec) for spec, _ in batch]
+
+    search = Search(trace, pytorch, resolve_device(None, "1GiB"), card=True,
+                    max_slowdown=None, seed=0, evaluate=evaluate)
+    base = pytorch.default()
+    grid = search.run([base.with_values(per_process_memory_fraction=0.5,
+                                        garbage_collection_threshold=t)
+                       for t in (0.5, 0.55, 0.6, 0.65, 0.7, 0.9)], "threshold")
+    search.threshold_region(base, grid)
+    [region] = search.non_monotone
+    assert region.key == "garbage_collection_threshold" and region.answer == 0.6
+    assert len(region.exceptions) == 3

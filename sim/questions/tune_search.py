@@ -16,7 +16,9 @@ Stages, on a fixed card (capacity ``C``):
    points drawn with the seed) must fail. Each exception is a *non-monotone region*,
    reported, and the smallest completing fraction found becomes the answer.
 3. *Threshold* (PyTorch): garbage_collection_threshold on a grid, at the fraction found for
-   the best :data:`GC_COMBOS` choices (PyTorch collects only when a fraction is set).
+   the best :data:`GC_COMBOS` choices (PyTorch collects only when a fraction is set); the grid
+   is searched whole, and completion flipping more than once along it is a non-monotone
+   region (:meth:`Search.threshold_region`).
 
 Without a card the question is the smallest card per setting:
 :func:`~allocsim.sim.questions.capacity.min_capacity` for each discrete choice (and JAX's
@@ -292,6 +294,20 @@ class Search:
         return answer_order([t for t in trials if self.ok(t)], self.card,
                             self.trace.duration_ns / 1e9)
 
+    def threshold_region(self, base: Setting, grid: Sequence[Trial]) -> None:
+        """Record a non-monotone region where completion along the threshold grid changes
+        more than once (a grid searched whole, so nothing between its points is claimed)."""
+        done = [t.completed for t in grid]
+        flips = [k for k in range(1, len(done)) if done[k] != done[k - 1]]
+        if len(flips) < 2:
+            return
+        key = "garbage_collection_threshold"
+        passing = [t.setting.get(key) for t in grid if t.completed]
+        self.non_monotone.append(NonMonotone(
+            base.label, key, passing[0], passing[0],
+            [f"{'completes' if done[k] else 'fails'} from {grid[k].setting.get(key):g}"
+             for k in flips]))
+
     # -- the fraction ------------------------------------------------------------------
     def fraction(self, base: Setting) -> FractionAnswer:
         """The smallest completing fraction (grid :data:`STEP`) under ``base``'s other
@@ -376,8 +392,9 @@ def search(trace: Trace, fw: Framework, device: DeviceProfile, *, card: bool,
         found = sorted((a for a in answers if a[1].answer is not None),
                        key=lambda a: rank_key(s._by_label[a[0].with_values(
                            per_process_memory_fraction=a[1].answer).label]))
-        gc = [base.with_values(per_process_memory_fraction=answer.answer,
-                               garbage_collection_threshold=threshold)
-              for base, answer in found[:GC_COMBOS] for threshold in GC_THRESHOLDS]
-        s.run(gc, "threshold")
+        for base, answer in found[:GC_COMBOS]:
+            grid = [base.with_values(per_process_memory_fraction=answer.answer,
+                                     garbage_collection_threshold=threshold)
+                    for threshold in GC_THRESHOLDS]
+            s.threshold_region(base, s.run(grid, "threshold"))
     return s
