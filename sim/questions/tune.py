@@ -166,6 +166,10 @@ def check_trace(trace: Trace, fw: Framework, device: DeviceProfile, *, card: boo
     """Refuse what tune cannot answer; the framework the trace says it came from."""
     recorded = trace_framework(trace)
     name = trace.metadata.get("source") or trace.name
+    if len(trace.processes()) > 1:
+        raise TuneInputError(f"{name}: the trace holds {len(trace.processes())} processes; "
+                             "tune one at a time (each as its own trace: several traces are "
+                             "jobs sharing the card)")
     if recorded is not None and recorded != fw.name and not any_trace:
         raise TuneInputError(
             f"{name}: a {recorded} recording, tuned as {fw.name}: that assumes {fw.name} would "
