@@ -119,6 +119,11 @@ def figure(result: TuneResult, path: str | Path) -> Path:
     over = [t for t in done if not t.within(result.max_slowdown)]
     ax.scatter([t.memory / scale for t in inside], [t.alloc_time_s * 1e3 for t in inside], s=14,
                color="#1f77b4", alpha=0.6, label=f"within budget ({len(inside)})")
+    stacked = Counter((t.memory, round(t.alloc_time_s, 12)) for t in inside)
+    for (memory, seconds), count in stacked.items():
+        if count > 1:   # settings with the same outcome draw on one point: say how many
+            ax.annotate(f"×{count}", (memory / scale, seconds * 1e3), fontsize=7,
+                        xytext=(4, 4), textcoords="offset points", color="#1f77b4")
     if over:
         ax.scatter([t.memory / scale for t in over], [t.alloc_time_s * 1e3 for t in over], s=14,
                    color="#aaaaaa", label=f"over budget ({len(over)})")
@@ -136,8 +141,14 @@ def figure(result: TuneResult, path: str | Path) -> Path:
             ax.plot([], [], " ", label=f"{name}: out of memory (not drawn)")
     duration = float(result.trace.get("duration_s") or 0)
     if result.max_slowdown is not None and duration > 0:
-        ax.axhline((result.max_slowdown - 1) * duration * 1e3, color="red", ls="--", lw=1,
-                   label=f"budget {result.max_slowdown:.2f}x")
+        budget_ms = (result.max_slowdown - 1) * duration * 1e3
+        drawn = max([t.alloc_time_s * 1e3 for t in done] + [0.0])
+        if budget_ms <= 5 * drawn:
+            ax.axhline(budget_ms, color="red", ls="--", lw=1,
+                       label=f"budget {result.max_slowdown:.2f}x")
+        else:   # a line far above every point would squash them all onto the axis
+            ax.plot([], [], " ", label=f"budget {result.max_slowdown:.2f}x = {budget_ms:.3g} ms "
+                                       "(off the scale)")
     ax.axvline(result.trace["peak_live"] / scale, color="#777777", ls="--", lw=1,
                label="peak live (lower bound)")
     if card:
