@@ -336,7 +336,10 @@ def test_the_output_folder_holds_json_figure_and_report(tmp_path: Path, capsys) 
     assert (out / "tune.png").read_bytes().startswith(b"\x89PNG")
     assert "allocsim tune" in (out / "report.html").read_text()
     results = json.loads((out / "tune-results.json").read_text())
-    assert results["results"][0]["policy"] == "pytorch defaults"
+    assert results["results"][0]["policy"] == "pytorch"      # the defaults, as a spec
+    winner = [r for r in results["results"] if r["policy"] == results["winner"]]
+    assert len(winner) == 1 and winner[0]["peak_reserved"] == (
+        data["answer"]["setting"]["peak_reserved"])
 
 
 @pytest.mark.skipif(not EOR.is_file(), reason=f"{EOR} not present")

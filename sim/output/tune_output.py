@@ -172,22 +172,24 @@ def comparison_document(result: TuneResult, trace: Trace) -> dict[str, Any]:
     timelines, shaped as a compare results document (the HTML report's comparison)."""
     chosen: list[Trial] = []
     for trial in [result.defaults, result.current, result.best, *result.front]:
-        if trial is not None and all(trial is not c for c in chosen):
+        if trial is not None and trial not in chosen:
             chosen.append(trial)
     runs = []
     for trial in chosen:
         device = result.device.with_capacity(trial.capacity)
-        data = replay(trace, trial.spec, device).to_json_dict(timeline=True)
-        data["policy"] = describe(trial.setting, result.capacity)
-        runs.append(data)
+        # Named by the registry spec each ran as (what `export-snapshot --policy` takes);
+        # the lines to paste are in the reason.
+        runs.append(replay(trace, trial.spec, device).to_json_dict(timeline=True))
     best = result.best
+    paste = "; ".join(result.paste) or "nothing to set"
     return {"schema": SCHEMA_VERSION, "trace": result.trace,
             "device": {"name": result.device.name, "capacity": result.device.capacity,
                        "granularity": result.device.granularity,
                        "map_granularity": result.device.map_granularity},
             "results": runs,
-            "winner": None if best is None else describe(best.setting, result.capacity),
-            "reason": "tune: " + result.headline(), "max_slowdown": result.max_slowdown}
+            "winner": None if best is None else runs[chosen.index(best)]["policy"],
+            "reason": f"tune: paste {paste} — {result.headline()}",
+            "max_slowdown": result.max_slowdown}
 
 
 def write_files(result: TuneResult, trace: Trace, folder: str | Path) -> list[Path]:
