@@ -205,7 +205,7 @@ def test_every_command_with_json_output_has_a_schema() -> None:
     with_json = sorted(name for name, p in sub.choices.items()
                        if any("--json" in a.option_strings for a in p._actions))
     assert with_json == sorted(["compare", "min-capacity", "share", "info", "validate",
-                                "explain-oom", "fidelity"])
+                                "explain-oom", "fidelity", "tune"])
     assert set(with_json) <= set(schema_names())
 
 
@@ -472,6 +472,8 @@ def samples(folder: Path, snapshot: Path) -> dict[str, Any]:
                   "wall_s": 0.01, "trace_loaded": True, "worker": "host:1"},
         "device-profile": profile,
         "calibrate-measurements": calibration.measurements_json(),
+        "tune": cli_json("tune", small, "--framework", "pytorch", "--capacity", "8MiB",
+                         "--json"),
     }
 
 

@@ -18,6 +18,7 @@ Every user mistake (bad file, bad spec, bad size) ends in ONE line on stderr sta
     allocsim validate TRACE --policy P [--backend B] ; allocsim calibrate [-o FILE]
     allocsim record -o run.npz -- python train.py ; allocsim report RESULTS... -o report.html
     allocsim export-snapshot TRACE --policy P -o run.pickle   (open in pytorch.org/memory_viz)
+    allocsim tune TRACE --framework pytorch|jax|tensorflow|cupy [--device NAME | --capacity SIZE]
     allocsim policies | allocsim devices
 """
 
@@ -46,6 +47,7 @@ from allocsim.sim.cli import (
     share,
     sweep,
     trace_files,
+    tune,
     validate,
 )
 from allocsim.sim.kernel.native import implementation
@@ -84,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.register(sub)
     validate.register(sub)
     calibrate.register(sub)
+    tune.register(sub)
     listing.register_policies(sub)
     listing.register_devices(sub)
     return parser

@@ -131,6 +131,11 @@ JSON_KINDS: dict[str, JsonKind] = {
                                             "profile"),
         lambda d: _has(d, "date", "latencies", "footprints", "packing", "profile")
         and _has(d["profile"], "name", "capacity")),                          # type: ignore[index]
+    # tune.json and tune-share.json (one schema): the framework searched and the device, with
+    # the answer (one job) or the jobs (several on one card)
+    "tune": JsonKind("tune's answer", ("framework", "device"),
+                     lambda d: _has(d, "framework", "device")
+                     and (_has(d, "answer", "front") or _has(d, "jobs", "fits"))),
     # experiments/NAME/results.json (python -m experiments.run; no schema: not a user format)
     "experiment": JsonKind("an experiment's results", ("experiment", "title", "device",
                                                       "comparisons", "capacities"),

@@ -1,0 +1,82 @@
+"""Benchmark: ``allocsim tune``'s time against the replays it stands for (issue 28: a
+200-setting search over a 1M-event trace within 200 replays' time).
+
+    python -m experiments.bench_tune [--events 1000000] [--framework pytorch] [--headroom 0.04]
+
+Generates the trace once, then, in this one process, in CPU time (wall-clock time on a
+shared machine measures the neighbours; both are printed): the whole tune search on a card
+(every stage, the explanation and the evidence included), then one full replay of the
+setting it answers with and one of the framework's defaults — the floors, measured in the
+same run. Prints the settings searched, the replays run (fewer where settings share one),
+and the ratio of tune's time to (settings × one replay of the answer, a replay that
+completes): the target is ≤ 1. The card is the trace's peak live bytes plus ``--headroom``
+(tight enough that the defaults' fragmentation matters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES
+from allocsim.sim.kernel.engine import replay
+from allocsim.sim.questions.tune import tune
+from allocsim.sim.questions.tune_space import framework
+from allocsim.traces.formats import load
+from allocsim.traces.model import Trace
+
+TARGET = 1.0
+
+
+def _trace(kind: str, events: int, seed: int) -> Trace:
+    from allocsim.sim.cli.main import main
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.npz"
+        main(["gen", kind, f"events={events}", "--seed", str(seed), "-o", str(path)])
+        return load(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--kind", default="training")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--framework", default="pytorch")
+    parser.add_argument("--headroom", type=float, default=0.04)
+    args = parser.parse_args(argv)
+    trace = _trace(args.kind, args.events, args.seed)
+    peak = trace.peak_live()[0]
+    device = PROFILES[DEFAULT_PROFILE].with_capacity(int(peak * (1 + args.headroom)))
+    fw = framework(args.framework)
+    started, wall = time.process_time(), time.perf_counter()
+    result = tune(trace, args.framework, device)
+    tune_s, tune_wall = time.process_time() - started, time.perf_counter() - wall
+    floors = {}
+    for name, setting in (("answer", result.best.setting if result.best else fw.default()),
+                          ("defaults", fw.default())):
+        started = time.process_time()
+        run = replay(trace, fw.spec(setting, device.capacity), device)
+        floors[name] = (time.process_time() - started, run.completed)
+    settings = len(result.trials)
+    replay_s = floors["answer"][0]
+    ratio = tune_s / (settings * replay_s)
+    print(f"trace: {args.kind}, {len(trace):,} events, peak live {peak / (1 << 20):,.0f} MiB; "
+          f"card {device.capacity / (1 << 20):,.0f} MiB; framework {args.framework}")
+    for name, (seconds, completed) in floors.items():
+        print(f"one replay of the {name}: {seconds:.2f} s CPU ({len(trace) / seconds:,.0f} "
+              f"events/s, {'completes' if completed else 'runs out of memory'})")
+    print(f"tune: {tune_s:.1f} s CPU, {tune_wall:.1f} s wall, for {settings} settings, "
+          f"{result.replays} replays ({result.shared} shared)")
+    print(f"ratio tune / (settings x one replay of the answer) = {ratio:.2f} (target <= "
+          f"{TARGET:.1f}); against the defaults' replay "
+          f"{tune_s / (settings * floors['defaults'][0]):.2f}; "
+          f"replays per setting {result.replays / settings:.2f}")
+    print(f"answer: {' ; '.join(result.paste) or 'defaults'} — {result.headline()}")
+    return 0 if ratio <= TARGET else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
