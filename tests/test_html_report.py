@@ -17,10 +17,10 @@ from allocsim.sim.kernel.device import resolve_device
 from allocsim.sim.output.figures import POLICY_COLORS, policy_colors, size_unit
 from allocsim.sim.output.html_report import (
     MEMORY_VIZ_URL,
-    load_results,
     render_report,
 )
 from allocsim.sim.output.ownership import REPORT_MARK
+from allocsim.sim.output.report_input import load_results
 from allocsim.sim.output.results_dir import holders_at_peak, write_comparisons
 from allocsim.sim.questions.compare import compare
 from allocsim.traces.bundled import bundled_path, load_default_trace

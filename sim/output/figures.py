@@ -23,6 +23,7 @@ for every figure:
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from allocsim.policies.units import format_size
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.engine import SharedRun
 from allocsim.sim.kernel.results import RunResult
+from allocsim.sim.output.files import write_bytes
 from allocsim.sim.output.ownership import figure_metadata, guard
 from allocsim.sim.questions.share import ShareSpec
 
@@ -44,6 +46,9 @@ def pyplot() -> Any:
     commands printing tables never pay for matplotlib)."""
     import matplotlib
     matplotlib.use("Agg")
+    # Names come from traces and users (a file called ``a$x$.csv``): never read them as
+    # maths. allocsim's figures hold no maths, so mathtext is off for every text they draw.
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
     return plt
 
@@ -352,12 +357,22 @@ def peaks_alt(runs: Sequence[Any], title: str) -> str:
 
 
 # -- the PNG files ---------------------------------------------------------------------------------
+def png_bytes(fig: Any, dpi: int = 110) -> bytes:
+    """The figure as allocsim's own PNG (its ``Software`` chunk says so), and closed: the one
+    place a figure is rendered, so that a figure that fails to draw fails before any file of
+    its folder is written."""
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=dpi, metadata=figure_metadata())
+    finally:
+        pyplot().close(fig)
+    return buffer.getvalue()
+
+
 def save(fig: Any, path: str | Path, dpi: int = 110) -> Path:
-    """Save a figure as allocsim's own (its PNG says so), never over a file it did not write."""
+    """Save a figure as allocsim's own, atomically, never over a file it did not write."""
     guard(path)
-    fig.savefig(path, dpi=dpi, metadata=figure_metadata())
-    pyplot().close(fig)
-    return Path(path)
+    return write_bytes(png_bytes(fig, dpi), path)
 
 
 def plot_timelines(results: Sequence[RunResult], path: str | Path, title: str = "") -> Path:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
-import json
 import shlex
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -23,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from allocsim import __version__
-from allocsim.errors import UserInputError
 from allocsim.policies.units import format_size
 from allocsim.sim.output.figures import (
     FRAGMENTATION_TITLE,
@@ -31,12 +28,14 @@ from allocsim.sim.output.figures import (
     fragmentation_fig,
     peaks_alt,
     peaks_fig,
+    png_bytes,
     policy_colors,
     pyplot,
     size_unit,
     timeline_alt,
     timeline_fig,
 )
+from allocsim.sim.output.files import write_bytes
 from allocsim.sim.output.ownership import REPORT_MARK, guard
 from allocsim.traces.bundled import DEFAULT_TRACE_NAME
 
@@ -55,7 +54,18 @@ img { max-width: 100%; display: block; margin: 0.5em 0; }
 code { background: #f3f3f3; padding: 0 0.2em; }
 """
 
+# First in <head>: any uncaught error later counts on <html data-js-errors=N> (what a
+# headless browser test reads back from the DOM).
+_ERROR_FLAG_SCRIPT = """
+document.documentElement.setAttribute('data-js-errors', '0');
+window.addEventListener('error', function () {
+  var root = document.documentElement;
+  root.setAttribute('data-js-errors', String(Number(root.getAttribute('data-js-errors')) + 1));
+});
+"""
+
 _CHECK_SCRIPT = """
+document.documentElement.setAttribute('data-report-ready', '1');
 window.addEventListener('load', function () {
   var images = document.querySelectorAll('img');
   var loaded = 0;
@@ -67,11 +77,7 @@ window.addEventListener('load', function () {
 
 
 def _png(fig: Any) -> str:
-    plt = pyplot()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    return "data:image/png;base64," + base64.b64encode(png_bytes(fig, dpi=100)).decode("ascii")
 
 
 def timeline_figure(results: Sequence[dict[str, Any]], title: str) -> str:
@@ -161,8 +167,8 @@ def _comparison_section(data: dict[str, Any], holders: str = "") -> str:
             f"<tr{winner}><td>{html.escape(r['policy'])}</td>"
             f"<td{' class=fail' if not r['completed'] else ''}>{done}</td>"
             f"<td>{format_size(r['peak_reserved'])}</td><td>{format_size(r['peak_allocated'])}</td>"
-            f"<td>{r['utilization']:.1%}</td><td>{r['fragmentation']:.1%}</td><td>{r['ooms']}</td>"
-            f"<td>{r['device_mallocs']:,}</td><td>{r['device_frees']:,}</td>"
+            f"<td>{r['utilization']:.1%}</td><td>{r['fragmentation']:.1%}</td><td>{int(r['ooms']):,}</td>"
+            f"<td>{int(r['device_mallocs']):,}</td><td>{int(r['device_frees']):,}</td>"
             f"<td>{r['alloc_time_s'] * 1e3:.3g} ms</td><td>{r.get('slowdown', 1):.3f}×</td></tr>")
     title = f"{trace['name']} on {device['name']}"
     results = data["results"]
@@ -217,22 +223,6 @@ def _capacity_section(data: dict[str, Any]) -> str:
             f'<img alt="{html.escape(capacity_alt(data))}" src="{capacity_figure(data)}">')
 
 
-def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Result documents from files: compare results.json (object or array), min_capacity.json."""
-    documents: list[dict[str, Any]] = []
-    for path in paths:
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as err:
-            raise UserInputError(f"{path}: cannot read results: {err}") from None
-        for item in data if isinstance(data, list) else [data]:
-            if not isinstance(item, dict) or not ("results" in item or "answers" in item):
-                raise UserInputError(f"{path}: not an allocsim results file "
-                                     "(no 'results' or 'answers')")
-            documents.append(item)
-    return documents
-
-
 def render_report(documents: Sequence[dict[str, Any]], title: str = "allocsim report",
                   holders: Sequence[str] | None = None) -> str:
     """The page. ``holders``, one per document when given, is HTML (:func:`holders_section`)
@@ -242,7 +232,8 @@ def render_report(documents: Sequence[dict[str, Any]], title: str = "allocsim re
                 for i, d in enumerate(documents)]
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
-            f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
+            f"<title>{html.escape(title)}</title><script>{_ERROR_FLAG_SCRIPT}</script>"
+            f"<style>{_STYLE}</style></head><body>"
             f"<h1>{html.escape(title)}</h1>{REPORT_MARK} {html.escape(__version__)}"
             f", {stamp}</p>"
             + "".join(sections) + f"<script>{_CHECK_SCRIPT}</script></body></html>")
@@ -252,8 +243,6 @@ def write_report(documents: Sequence[dict[str, Any]], path: str | Path,
                  title: str = "allocsim report", holders: Sequence[str] | None = None) -> Path:
     path = Path(path)
     guard(path)     # replaces only an allocsim report
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(documents, title, holders), encoding="utf-8")
-    return path
+    return write_bytes(render_report(documents, title, holders).encode("utf-8"), path)
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from allocsim.sim.output.figures import plot_fragmentation, plot_peaks, plot_timelines
-from allocsim.sim.output.files import write_json
-from allocsim.sim.output.html_report import holders_section, write_report
+from allocsim.sim.output.figures import fragmentation_fig, peaks_fig, png_bytes, timeline_fig
+from allocsim.sim.output.files import write_bytes, write_json
+from allocsim.sim.output.html_report import holders_section, render_report
 from allocsim.sim.output.ownership import guard
 from allocsim.sim.questions.compare import Comparison
 from allocsim.traces.model import OP_ALLOC, Trace
@@ -59,23 +59,26 @@ def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path,
                for index, c in enumerate(comparisons)]
     for path in [json_path, out / "report.html", *(p for paths in figures for p in paths)]:
         guard(path)     # all refused before any is written: a folder is never half replaced
-    out.mkdir(parents=True, exist_ok=True)
     documents = [c.to_json_dict(timeline=True) for c in comparisons]
-    write_json(documents[0] if len(documents) == 1 else documents, json_path)
     title = ("allocsim: " + documents[0]["trace"]["name"]) if len(documents) == 1 \
         else f"allocsim: {len(documents)} traces"
     holders = None
     if traces is not None and len(traces) == len(comparisons):
         holders = [holders_section(holders_at_peak(t), t.peak_live()[0])
                    if t.name == c.trace["name"] else "" for t, c in zip(traces, comparisons)]
-    written = [json_path, write_report(documents, out / "report.html", title, holders)]
-    for comparison, (timeline, peaks, fragmentation) in zip(comparisons, figures):
+    # Everything drawn before anything is written: a figure that fails to draw leaves the
+    # folder as it was.
+    page = render_report(documents, title, holders)
+    pngs = []
+    for comparison, paths in zip(comparisons, figures):
         title = f"trace {comparison.trace['name']}"
-        written += [
-            plot_timelines(comparison.results, timeline, title),
-            plot_peaks(comparison.results, peaks, title),
-            plot_fragmentation(comparison.results, fragmentation, title),
-        ]
+        drawn = (timeline_fig(comparison.results, title),
+                 peaks_fig(comparison.results, title or "peak reserved vs peak allocated"),
+                 fragmentation_fig(comparison.results, title))
+        pngs += [(path, png_bytes(fig)) for path, fig in zip(paths, drawn)]
+    write_json(documents[0] if len(documents) == 1 else documents, json_path)
+    written = [json_path, write_bytes(page.encode("utf-8"), out / "report.html")]
+    written += [write_bytes(data, path) for path, data in pngs]
     return written
 
 
