@@ -12,7 +12,7 @@ from report_browser import chromium, dump_dom
 
 from allocsim.sim.cli import main
 from allocsim.sim.kernel.device import resolve_device
-from allocsim.sim.output import results_dir
+from allocsim.sim.output import html_report, results_dir
 from allocsim.sim.output.html_report import render_report
 from allocsim.sim.output.report_input import load_results
 from allocsim.sim.questions.compare import compare
@@ -139,7 +139,7 @@ def test_a_figure_that_fails_leaves_the_folder_as_it_was(tmp_path, monkeypatch) 
 
     def broken(*_args, **_kwargs):
         raise ValueError("the figure failed")
-    monkeypatch.setattr(results_dir, "fragmentation_fig", broken)
+    monkeypatch.setattr(html_report, "fragmentation_fig", broken)
     with pytest.raises(ValueError):
         results_dir.write_comparisons([compare(trace, ["on-demand"], resolve_device())], out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -131,6 +131,8 @@ window.addEventListener('load', function () {
   images.forEach(function (img) { if (img.complete && img.naturalWidth > 0) { loaded += 1; } });
   document.body.setAttribute('data-figures-loaded', String(loaded));
   document.body.setAttribute('data-figures-total', String(images.length));
+  // milliseconds from the start of navigation to the end of the load event's work
+  document.documentElement.setAttribute('data-load-ms', String(Math.round(performance.now())));
 });
 """
 
@@ -152,12 +154,12 @@ COLUMN_LEGEND = (
 MEMORY_VIZ_URL = "https://pytorch.org/memory_viz"
 
 
-def _png(fig: Any) -> str:
-    return "data:image/png;base64," + base64.b64encode(png_bytes(fig, dpi=100)).decode("ascii")
-
-
-def _img(fig: Any, alt: str) -> str:
-    return f'<img alt="{html.escape(alt)}" src="{_png(fig)}">'
+def _img(figure: Any, alt: str) -> str:
+    """An embedded PNG: ``figure`` a matplotlib figure, or the PNG's bytes when the caller
+    rendered it already (``compare --out`` writes the same figures as files)."""
+    data = figure if isinstance(figure, bytes) else png_bytes(figure)
+    source = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="{source}">'
 
 
 def slug(text: str) -> str:
@@ -217,8 +219,18 @@ def _heading(level: int, text: str, anchor: str) -> str:
             f'<a class=anchor href="#{anchor}" title="link to this section">#</a></h{level}>')
 
 
+def comparison_figures(data: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The three figures of a comparison, in the page's order: memory over time, peak
+    reserved, free share of reserved memory."""
+    trace, device, results = data["trace"], data["device"], data["results"]
+    title = f"{trace['name']} on {device['name']}"
+    return (timeline_fig(results, f"memory over time — {title}"),
+            peaks_fig(results, f"peak reserved — {title}"), fragmentation_fig(results, title))
+
+
 def _comparison_section(data: dict[str, Any], anchor: str,
-                        details: TraceDetails | None = None) -> str:
+                        details: TraceDetails | None = None,
+                        pngs: Sequence[bytes] | None = None) -> str:
     trace, device = data["trace"], data["device"]
     results = data["results"]
     title = f"{trace['name']} on {device['name']}"
@@ -241,9 +253,10 @@ def _comparison_section(data: dict[str, Any], anchor: str,
         + f"<p class=verdict>{verdict_html(data)}</p>"
         + chart + holders
         + _heading(3, "Figures", f"{anchor}-figures")
-        + _img(timeline_fig(results, names[0]), timeline_alt(results, names[0]))
-        + _img(peaks_fig(results, names[2]), peaks_alt(results, names[2]))
-        + _img(fragmentation_fig(results, title), fragmentation_alt(results, names[1]))
+        + "".join(_img(figure, alt) for figure, alt in zip(
+            pngs if pngs is not None else comparison_figures(data),
+            (timeline_alt(results, names[0]), peaks_alt(results, names[2]),
+             fragmentation_alt(results, names[1]))))
         + _memory_viz_line(trace, [r["policy"] for r in results if r["policy"] != "offline"]))
 
 
@@ -265,15 +278,18 @@ def _capacity_section(data: dict[str, Any], anchor: str) -> str:
 def render_report(documents: Sequence[dict[str, Any]], title: str = "allocsim report",
                   details: Sequence[TraceDetails | None] | None = None,
                   sections: Sequence[ReportSection] = (),
-                  settings: Mapping[str, str] | None = None) -> str:
+                  settings: Mapping[str, str] | None = None,
+                  pngs: Sequence[Sequence[bytes] | None] | None = None) -> str:
     """The page. ``details``, one per document when given, is what results.json cannot
     supply (who holds memory, the blocks behind the hover), from the trace where it is at
     hand. ``sections`` come after the details; ``settings`` maps a trace name to the line to
-    paste shown in its summary (``tune`` fills both)."""
+    paste shown in its summary (``tune`` fills both). ``pngs``, per document, its three
+    figures (:func:`comparison_figures`) already rendered."""
     extra = list(details or []) + [None] * len(documents)
+    drawn = list(pngs or []) + [None] * len(documents)
     anchors = [f"{'trace' if 'results' in d else 'capacity'}-{i + 1}-{slug(d['trace']['name'])}"
                for i, d in enumerate(documents)]
-    bodies = [(_comparison_section(d, anchors[i], extra[i]) if "results" in d
+    bodies = [(_comparison_section(d, anchors[i], extra[i], drawn[i]) if "results" in d
                else _capacity_section(d, anchors[i])) for i, d in enumerate(documents)]
     comparisons = [(d, anchors[i]) for i, d in enumerate(documents) if "results" in d]
     summary = summary_section(comparisons, documents, settings) if comparisons else ""

@@ -136,6 +136,7 @@
   });
   charts.forEach(function (c) { c.chart = build(c.box, c.data); });
   document.documentElement.setAttribute('data-charts', String(charts.length));
+  document.documentElement.setAttribute('data-charts-ms', String(Math.round(performance.now())));
 
   /* #selftest: work every control of the first chart and record what responded, so a
      headless browser test reads it back from the DOM (tests/test_report_browser.py). */

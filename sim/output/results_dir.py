@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from allocsim.sim.output.figure_data import as_series
-from allocsim.sim.output.figures import fragmentation_fig, peaks_fig, png_bytes, timeline_fig
+from allocsim.sim.output.figures import png_bytes
 from allocsim.sim.output.files import write_bytes, write_json
 from allocsim.sim.output.holders import live_at_peak
-from allocsim.sim.output.html_report import TraceDetails, render_report
+from allocsim.sim.output.html_report import TraceDetails, comparison_figures, render_report
 from allocsim.sim.output.interactive import largest_allocs, reference_series
 from allocsim.sim.output.ownership import guard
 from allocsim.sim.questions.compare import Comparison
@@ -53,15 +53,11 @@ def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path,
         details = [trace_details(t, c) if t.name == c.trace["name"] else None
                    for t, c in zip(traces, comparisons)]
     # Everything drawn before anything is written: a figure that fails to draw leaves the
-    # folder as it was.
-    page = render_report(documents, title, details)
-    pngs = []
-    for comparison, paths in zip(comparisons, figures):
-        title = f"trace {comparison.trace['name']}"
-        drawn = (timeline_fig(comparison.results, title),
-                 peaks_fig(comparison.results, title or "peak reserved vs peak allocated"),
-                 fragmentation_fig(comparison.results, title))
-        pngs += [(path, png_bytes(fig)) for path, fig in zip(paths, drawn)]
+    # folder as it was. Each figure is rendered once, for its file and the page alike.
+    drawn = [[png_bytes(fig) for fig in comparison_figures(doc)] for doc in documents]
+    page = render_report(documents, title, details, pngs=drawn)
+    pngs = [(path, data) for paths, datas in zip(figures, drawn)
+            for path, data in zip(paths, datas)]
     write_json(documents[0] if len(documents) == 1 else documents, json_path)
     written = [json_path, write_bytes(page.encode("utf-8"), out / "report.html")]
     written += [write_bytes(data, path) for path, data in pngs]
