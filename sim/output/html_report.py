@@ -94,7 +94,7 @@ a.anchor { color: #bbb; text-decoration: none; margin-left: 0.3em; font-size: 0.
 .tl-controls button { font-size: 0.95em; margin-right: 0.3em; }
 .tl-hint { color: #777; margin-left: 0.6em; }
 .tl-info { font-size: 0.82em; min-height: 3.2em; margin-top: 0.3em; }
-.tl-info pre { margin: 0.2em 0; font-size: 0.9em; color: #444; }
+.tl-info pre { margin: 0.2em 0; font-size: 0.9em; color: #444; overflow-x: auto; }
 .kinds { font-size: 0.88em; }
 .khead, details.kind > summary { display: grid; align-items: center; column-gap: 0.8em;
   grid-template-columns: minmax(12em, 2fr) 6em 4.5em 4.5em minmax(6em, 1fr) minmax(9em, 1.4fr); }
