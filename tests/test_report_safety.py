@@ -153,3 +153,12 @@ def test_load_results_reads_what_compare_writes(tmp_path) -> None:
     path = tmp_path / "r.json"
     path.write_text(json.dumps(_hostile_document(tmp_path)))
     assert load_results([path])[0]["results"][1]["policy"] == "on-demand"
+
+
+def test_tags_and_stack_frames_are_escaped_in_who_holds_memory() -> None:
+    from allocsim.sim.output.holders import Holding, holders_section
+    hostile = Holding(PAYLOADS[0], 1 << 20, 1, [0], frames=[PAYLOADS[1], PAYLOADS[2]])
+    page = holders_section([hostile, Holding("layer3/" + PAYLOADS[2], 1 << 10, 1, [1])], 1 << 21)
+    for payload in PAYLOADS[:3]:
+        assert payload not in page
+    assert "&lt;img src=x" in page and "&lt;/script&gt;" in page

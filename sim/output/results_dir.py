@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +11,12 @@ from allocsim.sim.output.figure_data import as_series
 from allocsim.sim.output.figures import png_bytes
 from allocsim.sim.output.files import write_bytes, write_json
 from allocsim.sim.output.holders import live_at_peak
-from allocsim.sim.output.html_report import TraceDetails, comparison_figures, render_report
+from allocsim.sim.output.html_report import (
+    ReportSection,
+    TraceDetails,
+    comparison_figures,
+    render_report,
+)
 from allocsim.sim.output.interactive import largest_allocs, reference_series
 from allocsim.sim.output.ownership import guard
 from allocsim.sim.questions.compare import Comparison
@@ -32,12 +37,15 @@ def trace_details(trace: Trace, comparison: Comparison) -> TraceDetails:
 
 
 def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path,
-                      traces: Sequence[Trace] | None = None) -> list[Path]:
+                      traces: Sequence[Trace] | None = None,
+                      sections: Sequence[ReportSection] = (),
+                      settings: Mapping[str, str] | None = None) -> list[Path]:
     """Into ``out_dir``: ``results.json`` (one object, or an array for several traces, as
     ``--json`` prints), ``report.html`` with every trace, and the three figures per trace
     (prefixed ``NN-NAME-`` when there are several). ``traces``, the replayed traces in the
     order of ``comparisons`` when the caller has them, add to the report who holds memory at
     the peak and the blocks behind the timeline's hover (results.json has no per-block data).
+    ``sections`` and ``settings`` go to the report as :func:`render_report` takes them.
     Returns the paths written."""
     out = Path(out_dir)
     json_path = out / "results.json"
@@ -55,7 +63,7 @@ def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path,
     # Everything drawn before anything is written: a figure that fails to draw leaves the
     # folder as it was. Each figure is rendered once, for its file and the page alike.
     drawn = [[png_bytes(fig) for fig in comparison_figures(doc)] for doc in documents]
-    page = render_report(documents, title, details, pngs=drawn)
+    page = render_report(documents, title, details, sections, settings, pngs=drawn)
     pngs = [(path, data) for paths, datas in zip(figures, drawn)
             for path, data in zip(paths, datas)]
     write_json(documents[0] if len(documents) == 1 else documents, json_path)
