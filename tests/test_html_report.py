@@ -233,3 +233,18 @@ def test_the_static_figures_share_one_time_axis_and_one_size_scale(results_dir: 
     assert not any(ax.yaxis.get_offset_text().get_text() for ax in axes)
     end = max(r["timeline"]["trace_time_ns"][-1] for r in doc["results"]) / 1e6   # ms
     assert np.isclose(axes[0].get_xlim()[1], end)
+
+
+def test_a_comparison_without_timelines_still_makes_a_page(results_dir: Path) -> None:
+    doc = json.loads((results_dir / "results.json").read_text())
+    for result in doc["results"]:
+        del result["timeline"]              # as `compare --json` prints it
+    page = render_report(load_results_from(doc, results_dir))
+    assert "class=tl " not in page and page.count("<img") == 3
+    assert "<section id=summary>" in page
+
+
+def load_results_from(doc: dict, folder: Path) -> list[dict]:
+    path = folder / "no-timelines.json"
+    path.write_text(json.dumps(doc))
+    return load_results([path])

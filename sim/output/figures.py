@@ -222,7 +222,7 @@ def peaks_fig(runs: Sequence[Any], title: str = "") -> Any:
     live = max([s.peak_allocated for s in series] + [0])
     ax.axvline(live / scale, color=CAPACITY_COLOUR, ls="--", lw=1,
                label=f"peak live {format_size(live)}")
-    ax.legend(fontsize=7.5, loc="lower right", frameon=True)
+    ax.legend(fontsize=7.5, loc="best", frameon=True)
     ax.set_title(title or "peak reserved", fontsize=9.5, loc="left")
     return fig
 
@@ -242,7 +242,7 @@ def capacity_fig(answers: Sequence[dict[str, Any]], trace_name: str) -> Any:
         bound = answers[0]["lower_bound"]
         ax.axvline(bound / scale, color=CAPACITY_COLOUR, ls="--", lw=1,
                    label=f"peak live {format_size(bound)} (the lower bound)")
-        ax.legend(fontsize=7.5, loc="lower right", frameon=True)
+        ax.legend(fontsize=7.5, loc="best", frameon=True)
     ax.set_title(f"smallest device that runs {trace_name}", fontsize=9.5, loc="left")
     return fig
 
