@@ -4,9 +4,10 @@ long it takes a browser to open.
     python -m experiments.bench_report [--events 1000000]
 
 Replays a synthetic training trace of about ``--events`` events through the default policies
-(not the offline plan: its planner, not the report, would dominate the run), writes ``compare --out``'s folder (the trace at hand, so the page carries
-who holds memory and the blocks behind the chart's hover), and opens report.html in headless
-Chromium without virtual time: the page itself records, from the start of navigation, when its
+(not the offline plan: its planner, not the report, would dominate the run), writes
+``compare --out``'s folder (the trace at hand, so the page carries who holds memory and the
+blocks behind the chart's hover), and opens report.html in headless Chromium without virtual
+time: the page itself records, from the start of navigation, when its
 charts were drawn (``data-charts-ms``) and when its load event finished with every figure
 decoded (``data-load-ms``). A blank page opened the same way is the floor. Targets (issue 29):
 opens in under 2 s, under 10 MB.
