@@ -70,7 +70,12 @@ def test_the_wheel_holds_the_rooms_the_data_and_the_type_marker(wheel: zipfile.Z
                      "allocsim/errors.py", "allocsim/sim/kernel/engine.py",
                      "allocsim/sim/cli/main.py", "allocsim/policies/bfc.py",
                      "allocsim/traces/formats/__init__.py",
-                     "allocsim/traces/data/default-training.npz"):
+                     "allocsim/traces/data/default-training.npz",
+                     # the report's chart library, its licence and the page's script
+                     "allocsim/sim/output/vendor/uPlot.iife.min.js",
+                     "allocsim/sim/output/vendor/uPlot.min.css",
+                     "allocsim/sim/output/vendor/uPlot.LICENSE",
+                     "allocsim/sim/output/report_charts.js"):
         assert expected in names, expected
     assert not any(name.startswith(("allocsim/experiments", "experiments/", "tests/"))
                    for name in names)

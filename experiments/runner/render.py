@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from allocsim.policies import format_size
-from allocsim.sim.output.figures import policy_colors, pyplot
+from allocsim.sim.output.colours import policy_colours
+from allocsim.sim.output.figures import pyplot
 from allocsim.sim.output.files import atomic_savefig, write_text
 from allocsim.sim.output.tables import format_table
 
@@ -31,14 +32,14 @@ def figures(results: dict[str, Any], folder: Path) -> list[str]:
     comparisons = results["comparisons"]
     if comparisons:
         policies = [r["policy"] for r in comparisons[0]["results"]]
-        colors = policy_colors(policies)
+        colours = policy_colours(policies)
         fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(comparisons) + 3), 3.8))
         width = 0.8 / (len(policies) + 1)
         x = np.arange(len(comparisons))
         for k, policy in enumerate(policies):
             values = [next((r["peak_reserved"] for r in c["results"] if r["policy"] == policy), 0)
                       / max(c["trace"]["peak_live"], 1) for c in comparisons]
-            ax.bar(x + k * width, values, width, label=policy, color=colors[policy])
+            ax.bar(x + k * width, values, width, label=policy, color=colours[policy])
         ax.axhline(1.0, color="black", lw=1, ls="--", label="peak live")
         ax.set_xticks(x + width * (len(policies) - 1) / 2,
                       [c["trace"]["name"] for c in comparisons],
@@ -56,7 +57,7 @@ def figures(results: dict[str, Any], folder: Path) -> list[str]:
         labels = sorted({c["trace"] for c in results["capacities"]},
                         key=[c["trace"] for c in results["capacities"]].index)
         policies = list(dict.fromkeys(c["policy"] for c in results["capacities"]))
-        colors = policy_colors(policies)
+        colours = policy_colours(policies)
         fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(labels) + 3), 3.8))
         width = 0.8 / (len(policies) + 1)
         for k, policy in enumerate(policies):
@@ -66,7 +67,7 @@ def figures(results: dict[str, Any], folder: Path) -> list[str]:
                               if c["trace"] == label and c["policy"] == policy)
                 values.append((answer["min_capacity"] or 0) / max(answer["lower_bound"], 1))
             ax.bar(np.arange(len(labels)) + k * width, values, width, label=policy,
-                   color=colors[policy])
+                   color=colours[policy])
         ax.axhline(1.0, color="black", lw=1, ls="--", label="peak live")
         ax.set_xticks(np.arange(len(labels)) + width * (len(policies) - 1) / 2, labels, fontsize=8,
                       rotation=15, ha="right")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from allocsim.sim.cli.common import add_output_option
-from allocsim.sim.output.html_report import load_results, write_report
+from allocsim.sim.output.html_report import write_report
+from allocsim.sim.output.report_input import load_results
 
 
 def register(sub: argparse._SubParsersAction) -> None:

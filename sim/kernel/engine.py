@@ -381,7 +381,8 @@ class ProcessReplay:
         time_ns = self.trace.column("time_ns")
         t0 = int(time_ns[0]) if n else 0
         delay_ns = np.rint(cost * 1e9).astype(np.int64)
-        times = time_ns[last].astype(np.int64) - t0 + self.start_ns + delay_ns
+        trace_times = time_ns[last].astype(np.int64) - t0 + self.start_ns
+        times = trace_times + delay_ns
         sample_events = np.asarray([s[0] for s in self.samples], dtype=np.int64)
         sample_values = np.asarray([s[1] for s in self.samples], dtype=np.int64)
         if len(sample_values):
@@ -390,7 +391,7 @@ class ProcessReplay:
         else:
             in_use = np.zeros(len(last), dtype=np.int64)
         return Timeline(event=last, time_ns=times, allocated=allocated, reserved=reserved,
-                        in_use=in_use)
+                        in_use=in_use, trace_time_ns=trace_times)
 
     def _allocated_per_bucket(self, starts: np.ndarray, last: np.ndarray,
                               bucket: int) -> np.ndarray:

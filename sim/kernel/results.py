@@ -47,10 +47,16 @@ class Timeline:
     allocated: np.ndarray
     reserved: np.ndarray
     in_use: np.ndarray
+    # The trace's own time at ``event`` (no allocator time added): the same for every policy,
+    # so the figures of one trace share it as their time axis.
+    trace_time_ns: np.ndarray | None = None
 
     def to_json_dict(self) -> dict[str, list[int]]:
-        return {name: getattr(self, name).tolist()
-                for name in ("event", "time_ns", "allocated", "reserved", "in_use")}
+        names = ("event", "time_ns", "allocated", "reserved", "in_use")
+        data = {name: getattr(self, name).tolist() for name in names}
+        if self.trace_time_ns is not None:
+            data["trace_time_ns"] = self.trace_time_ns.tolist()
+        return data
 
 
 @dataclass

@@ -1,130 +1,149 @@
 """One self-contained HTML page of results: ``allocsim report RESULTS... -o report.html``.
 
-No network: figures are PNGs embedded as data URIs, styles inline. For each compared trace the
-page shows the comparison table, the verdict, the memory timeline per policy (allocated vs
-reserved, OOM marked), fragmentation over time and peak reserved vs allocated; min-capacity
-results (``min_capacity.json``) add a capacity chart. A few lines of script count the figures
-that decoded and record it on ``<body data-figures-loaded=N>`` so a headless browser test can
-check the page rendered whole.
+The answer first: a summary per trace (sim/output/report_summary.py), then each trace's
+details, each with an anchor to link to — the comparison table, the interactive timeline
+(uPlot, bundled into the page: sim/output/interactive.py), the static figures, who holds
+memory at the peak (sim/output/holders.py) — then min-capacity answers and any section a
+caller adds (:class:`ReportSection`: ``tune`` adds its own). Works offline: the library, the
+styles and the PNG figures are in the page. Every field from a results file is checked
+(sim/output/report_input.py) and escaped. A few lines of script record on ``<html>`` that
+the page ran (``data-report-ready``), its uncaught errors (``data-js-errors``) and, on
+``<body>``, how many figures decoded, so a headless browser test can check it whole.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import io
-import json
+import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from allocsim import __version__
-from allocsim.errors import UserInputError
 from allocsim.policies.units import format_size
+from allocsim.sim.output.figure_data import FRAGMENTATION_NAME, as_series, free_at_peak
 from allocsim.sim.output.figures import (
     FRAGMENTATION_TITLE,
+    capacity_alt,
+    capacity_fig,
     fragmentation_alt,
     fragmentation_fig,
     peaks_alt,
     peaks_fig,
-    policy_colors,
-    pyplot,
-    size_unit,
+    png_bytes,
     timeline_alt,
     timeline_fig,
 )
-from allocsim.sim.output.files import write_text
+from allocsim.sim.output.files import write_bytes
+from allocsim.sim.output.holders import Holding, holders_section
+from allocsim.sim.output.interactive import BucketBlocks, chart_block, page_assets, timeline_payload
 from allocsim.sim.output.ownership import REPORT_MARK, guard
+from allocsim.sim.output.report_summary import summary_section, verdict_html
 from allocsim.traces.bundled import DEFAULT_TRACE_NAME
-from allocsim.traces.formats.limits import read_input_text
-from allocsim.traces.model import TraceError
+
+
+@dataclass
+class TraceDetails:
+    """What a results file cannot hold, from the trace itself when the caller has it."""
+
+    holdings: list[Holding]
+    peak_live: int
+    blocks: BucketBlocks | None = None
+
+
+@dataclass
+class ReportSection:
+    """A section a caller adds after the details (``tune``'s results): ``body`` is HTML the
+    caller built with every field escaped; ``anchor`` a name for links (letters, digits,
+    ``-``)."""
+
+    anchor: str
+    title: str
+    body: str
+
 
 _STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
-table { border-collapse: collapse; font-size: 0.9em; margin: 1em 0; }
-th, td { padding: 0.25em 0.7em; border-bottom: 1px solid #eee; text-align: right; }
+body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1150px; color: #222;
+       padding: 0 1em; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; }
+h2 { font-size: 1.25em; margin-top: 2em; border-bottom: 1px solid #ccc; }
+h3 { font-size: 1.05em; margin: 1.2em 0 0.3em; }
+nav { font-size: 0.9em; margin: 0.6em 0 1em; } nav a { margin-right: 1em; }
+table { border-collapse: collapse; font-size: 0.88em; margin: 0.6em 0; }
+th, td { padding: 0.25em 0.7em; border-bottom: 1px solid #eee; text-align: right;
+         white-space: nowrap; }
+th { background: #f6f6f6; }
 th:first-child, td:first-child { text-align: left; }
+.scroll { overflow-x: auto; }
 tr.winner td { font-weight: 600; background: #eef7ee; }
-td.fail { color: #b00; font-weight: 600; }
-.verdict { background: #f6f6f6; padding: 0.6em 1em; border-left: 4px solid #4a4; }
-img { max-width: 100%; display: block; margin: 0.5em 0; }
-.meta { color: #666; font-size: 0.85em; }
-.legend { color: #555; font-size: 0.8em; margin-top: -0.6em; }
+td.fail { color: #b00; font-weight: 600; } .muted { color: #888; }
+.verdict { background: #f6f6f6; padding: 0.5em 0.9em; border-left: 4px solid #4a4;
+           margin: 0.4em 0; }
+.paste { background: #fffbe6; padding: 0.4em 0.9em; border-left: 4px solid #d9a400; }
+img { max-width: 100%; display: block; margin: 0.6em 0; }
+.meta { color: #666; font-size: 0.85em; font-weight: normal; }
+.legend { color: #555; font-size: 0.8em; margin-top: -0.3em; }
 code { background: #f3f3f3; padding: 0 0.2em; }
+a.anchor { color: #bbb; text-decoration: none; margin-left: 0.3em; font-size: 0.8em; }
+.tl { border: 1px solid #e3e3e3; padding: 0.5em; margin: 0.8em 0; }
+.tl-controls { font-size: 0.82em; margin-bottom: 0.3em; }
+.tl-controls button { font-size: 0.95em; margin-right: 0.3em; }
+.tl-hint { color: #777; margin-left: 0.6em; }
+.tl-info { font-size: 0.82em; min-height: 3.2em; margin-top: 0.3em; }
+.tl-info pre { margin: 0.2em 0; font-size: 0.9em; color: #444; overflow-x: auto; }
+.kinds { font-size: 0.88em; }
+.khead, details.kind > summary { display: grid; align-items: center; column-gap: 0.8em;
+  grid-template-columns: minmax(12em, 2fr) 6em 4.5em 4.5em minmax(6em, 1fr) minmax(9em, 1.4fr); }
+.khead { font-weight: 600; background: #f6f6f6; padding: 0.25em 0.5em 0.25em 1.4em; }
+details.kind > summary { padding: 0.25em 0.5em; border-bottom: 1px solid #eee; cursor: pointer; }
+details.kind > summary .kname::before { content: "▸ "; color: #888; }
+details.kind[open] > summary .kname::before { content: "▾ "; }
+.kname { overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.num { text-align: right; white-space: nowrap; }
+.kwhat { color: #666; white-space: nowrap; }
+.hbar { display: block; height: 0.7em; background: #f0f0f0; }
+.hbar span { display: block; height: 100%; background: #888; }
+table.members { margin: 0.3em 0 0.6em 1.6em; }
+td.tagcell { text-align: left; color: #555; }
+details.frames summary { display: inline; cursor: pointer; color: #06c; margin-left: 0.5em; }
+details.frames pre { text-align: left; white-space: pre; font-size: 0.9em; }
+"""
+
+# First in <head>: any uncaught error later counts on <html data-js-errors=N> (what a
+# headless browser test reads back from the DOM).
+_ERROR_FLAG_SCRIPT = """
+document.documentElement.setAttribute('data-js-errors', '0');
+window.addEventListener('error', function () {
+  var root = document.documentElement;
+  root.setAttribute('data-js-errors', String(Number(root.getAttribute('data-js-errors')) + 1));
+});
 """
 
 _CHECK_SCRIPT = """
+document.documentElement.setAttribute('data-report-ready', '1');
 window.addEventListener('load', function () {
   var images = document.querySelectorAll('img');
   var loaded = 0;
   images.forEach(function (img) { if (img.complete && img.naturalWidth > 0) { loaded += 1; } });
   document.body.setAttribute('data-figures-loaded', String(loaded));
   document.body.setAttribute('data-figures-total', String(images.length));
+  // milliseconds from the start of navigation to the end of the load event's work
+  document.documentElement.setAttribute('data-load-ms', String(Math.round(performance.now())));
 });
 """
-
-
-def _png(fig: Any) -> str:
-    plt = pyplot()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def timeline_figure(results: Sequence[dict[str, Any]], title: str) -> str:
-    return _png(timeline_fig(results, title))
-
-
-def fragmentation_figure(results: Sequence[dict[str, Any]], title: str) -> str:
-    return _png(fragmentation_fig(results, title))
-
-
-def peaks_figure(results: Sequence[dict[str, Any]], title: str) -> str:
-    return _png(peaks_fig(results, title))
-
-
-def capacity_figure(data: dict[str, Any]) -> str:
-    answers = [a for a in data["answers"] if a.get("min_capacity")]
-    colors = policy_colors([a["policy"] for a in answers])
-    fig = pyplot().figure(figsize=(max(6, 1.2 * len(answers) + 3.5), 3.3), layout="constrained")
-    ax = fig.subplots()
-    x = np.arange(len(answers))
-    top = max([a["min_capacity"] for a in answers] + [1])
-    unit, scale = size_unit(top)
-    ax.bar(x, [a["min_capacity"] / scale for a in answers], 0.6,
-           color=[colors[a["policy"]] for a in answers], label="minimum capacity")
-    if answers:
-        ax.axhline(answers[0]["lower_bound"] / scale, color="black", ls="--", lw=1,
-                   label="peak live (lower bound)")
-    ax.set_xticks(x, [a["policy"] for a in answers], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel(unit)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    ax.set_title(f"smallest device that runs {data['trace']['name']}", fontsize=10)
-    return _png(fig)
-
-
-def capacity_alt(data: dict[str, Any]) -> str:
-    answers = data["answers"]
-    return (f"Bar chart: the smallest device capacity on which each policy runs "
-            f"{data['trace']['name']} without running out of memory, against peak live (the lower "
-            "bound). " + "; ".join(
-                f"{a['policy']} " + ("never fits" if a.get("min_capacity") is None
-                                     else format_size(a["min_capacity"]))
-                for a in answers) + ".")
-
 
 # What each column of the comparison table means (README, "The JSON schema").
 COLUMN_LEGEND = (
     ("peak reserved", "most bytes held from the device at once (counted by the device)"),
     ("peak allocated", "peak live requested bytes (counted from the trace)"),
     ("util", "utilization = peak allocated / peak reserved"),
-    ("frag", "fragmentation = 1 − utilization"),
+    (FRAGMENTATION_NAME, "the report's one fragmentation figure: the free share of reserved "
+                         "memory, (reserved − in use) / reserved, at the moment of peak "
+                         "reserved; the fragmentation panels plot it over the run"),
     ("OOMs", "allocations that ran out of memory"),
     ("dev mallocs / dev frees", "calls to the device's malloc and free (cudaMalloc/cudaFree)"),
     ("alloc time", "modelled time spent in the allocator over the run"),
@@ -135,133 +154,168 @@ COLUMN_LEGEND = (
 MEMORY_VIZ_URL = "https://pytorch.org/memory_viz"
 
 
+def _img(figure: Any, alt: str) -> str:
+    """An embedded PNG: ``figure`` a matplotlib figure, or the PNG's bytes when the caller
+    rendered it already (``compare --out`` writes the same figures as files)."""
+    data = figure if isinstance(figure, bytes) else png_bytes(figure)
+    source = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="{source}">'
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "x"
+
+
 def _column_legend() -> str:
     return ("<p class=legend>" + "; ".join(
         f"<b>{html.escape(name)}</b>: {html.escape(text)}" for name, text in COLUMN_LEGEND)
         + ".</p>")
 
 
-def _memory_viz_line(trace: dict[str, Any], policies: Sequence[str]) -> str:
+def suggested_trace_argument(trace: dict[str, Any]) -> str:
+    """How a suggested command names the trace: its file name (never a machine's absolute
+    path), ``default`` for the bundled default trace, else ``TRACE``."""
     source = str(trace.get("source", ""))
-    shown = source if source and Path(source).suffix else (
-        "default" if trace.get("name") == Path(DEFAULT_TRACE_NAME).stem else "TRACE")
+    if trace.get("name") == Path(DEFAULT_TRACE_NAME).stem:
+        return "default"
+    name = Path(source).name if source and not source.startswith("synth:") else ""
+    return name if name and Path(name).suffix else "TRACE"
+
+
+def _memory_viz_line(trace: dict[str, Any], policies: Sequence[str]) -> str:
     policy = policies[0] if policies else "P"
-    command = (f"allocsim export-snapshot {shlex.quote(shown)} --policy {shlex.quote(policy)} "
-               "-o run.pickle")
+    command = (f"allocsim export-snapshot {shlex.quote(suggested_trace_argument(trace))} "
+               f"--policy {shlex.quote(policy)} -o run.pickle")
     return ("<p class=meta>To see a policy's run block by block in PyTorch's memory viewer: "
             f"<code>{html.escape(command)}</code> (any policy of the table for "
             f"<code>--policy</code>), then drop <code>run.pickle</code> onto "
             f'<a href="{MEMORY_VIZ_URL}">{MEMORY_VIZ_URL}</a>.</p>')
 
 
-def _comparison_section(data: dict[str, Any], holders: str = "") -> str:
-    trace, device = data["trace"], data["device"]
+def _table(data: dict[str, Any]) -> str:
     rows = []
-    for r in data["results"]:
+    for r, s in zip(data["results"], as_series(data["results"])):
         winner = ' class="winner"' if r["policy"] == data.get("winner") else ""
         done = "yes" if r["completed"] else "NO"
+        utilization = r["peak_allocated"] / r["peak_reserved"] if r["peak_reserved"] else 1.0
         rows.append(
             f"<tr{winner}><td>{html.escape(r['policy'])}</td>"
             f"<td{' class=fail' if not r['completed'] else ''}>{done}</td>"
             f"<td>{format_size(r['peak_reserved'])}</td><td>{format_size(r['peak_allocated'])}</td>"
-            f"<td>{r['utilization']:.1%}</td><td>{r['fragmentation']:.1%}</td><td>{r['ooms']}</td>"
-            f"<td>{r['device_mallocs']:,}</td><td>{r['device_frees']:,}</td>"
-            f"<td>{r['alloc_time_s'] * 1e3:.3g} ms</td><td>{r.get('slowdown', 1):.3f}×</td></tr>")
+            f"<td>{utilization:.1%}</td><td>{free_at_peak(s):.1%}</td>"
+            f"<td>{int(r['ooms']):,}</td>"
+            f"<td>{int(r['device_mallocs']):,}</td><td>{int(r['device_frees']):,}</td>"
+            f"<td>{float(r['alloc_time_s']) * 1e3:.3g} ms</td>"
+            f"<td>{float(r.get('slowdown', 1)):.3f}×</td></tr>")
+    return ("<div class=scroll><table><tr><th>policy</th><th>done</th><th>peak reserved</th>"
+            "<th>peak allocated</th><th>util</th>"
+            f"<th>{html.escape(FRAGMENTATION_NAME)}</th><th>OOMs</th><th>dev mallocs</th>"
+            "<th>dev frees</th><th>alloc time</th><th>slowdown</th></tr>" + "".join(rows)
+            + "</table></div>")
+
+
+def _heading(level: int, text: str, anchor: str) -> str:
+    return (f"<h{level} id={anchor}>{html.escape(text)}"
+            f'<a class=anchor href="#{anchor}" title="link to this section">#</a></h{level}>')
+
+
+def comparison_figures(data: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The three figures of a comparison, in the page's order: memory over time, peak
+    reserved, free share of reserved memory."""
+    trace, device, results = data["trace"], data["device"], data["results"]
     title = f"{trace['name']} on {device['name']}"
+    return (timeline_fig(results, f"memory over time — {title}"),
+            peaks_fig(results, f"peak reserved — {title}"), fragmentation_fig(results, title))
+
+
+def _comparison_section(data: dict[str, Any], anchor: str,
+                        details: TraceDetails | None = None,
+                        pngs: Sequence[bytes] | None = None) -> str:
+    trace, device = data["trace"], data["device"]
     results = data["results"]
+    title = f"{trace['name']} on {device['name']}"
     names = (f"memory over time — {title}", f"{FRAGMENTATION_TITLE} — {title}",
-             f"peak reserved vs allocated — {title}")
-    figures = [(timeline_figure(results, names[0]), timeline_alt(results, names[0])),
-               (fragmentation_figure(results, title), fragmentation_alt(results, names[1])),
-               (peaks_figure(results, names[2]), peaks_alt(results, names[2]))]
-    verdict = (f"<b>winner: {html.escape(data['winner'])}</b> — " if data.get("winner")
-               else "<b>no winner</b> — ") + html.escape(data.get("reason", ""))
+             f"peak reserved — {title}")
+    payload = timeline_payload(data, f"{anchor}-timeline",
+                               details.blocks if details is not None else None)
+    chart = ("" if payload is None else
+             _heading(3, "Timeline (interactive)", f"{anchor}-timeline-h") + chart_block(payload))
+    holders = ("" if details is None else
+               holders_section(details.holdings, details.peak_live, f"{anchor}-holders"))
     return (
-        f"<h2>{html.escape(trace['name'])}</h2>"
-        f"<p class=meta>{trace['events']:,} events, {trace['allocs']:,} allocations, "
+        _heading(2, trace["name"], anchor)
+        + f"<p class=meta>{int(trace.get('events', 0)):,} events, "
+        f"{int(trace.get('allocs', 0)):,} allocations, "
         f"peak live {format_size(trace['peak_live'])}; device {html.escape(device['name'])} "
         f"({format_size(device['capacity'])}); "
-        f"source {html.escape(str(trace.get('source', '')))}</p>"
-        "<table><tr><th>policy</th><th>done</th><th>peak reserved</th><th>peak allocated</th>"
-        "<th>util</th><th>frag</th><th>OOMs</th><th>dev mallocs</th><th>dev frees</th>"
-        "<th>alloc time</th><th>slowdown</th></tr>" + "".join(rows) + "</table>"
-        + _column_legend()
-        + f"<p class=verdict>{verdict}</p>"
-        + _memory_viz_line(trace, [r["policy"] for r in results if r["policy"] != "offline"])
-        + holders
-        + "".join(f'<img alt="{html.escape(alt)}" src="{src}">' for src, alt in figures))
+        f"source {html.escape(suggested_trace_argument(trace))}</p>"
+        + _table(data) + _column_legend()
+        + f"<p class=verdict>{verdict_html(data)}</p>"
+        + chart + holders
+        + _heading(3, "Figures", f"{anchor}-figures")
+        + "".join(_img(figure, alt) for figure, alt in zip(
+            pngs if pngs is not None else comparison_figures(data),
+            (timeline_alt(results, names[0]), peaks_alt(results, names[2]),
+             fragmentation_alt(results, names[1]))))
+        + _memory_viz_line(trace, [r["policy"] for r in results if r["policy"] != "offline"]))
 
 
-def holders_section(holders: Sequence[tuple[str, int, int]], peak_live: int) -> str:
-    """Who holds memory at the trace's peak live bytes, by tag (call site / op): rows of
-    ``(tag, live bytes, live blocks)``, largest first. Empty rows give an empty string."""
-    if not holders:
-        return ""
-    rows = "".join(
-        f"<tr><td>{html.escape(tag)}</td><td>{format_size(size)}</td>"
-        f"<td>{size / peak_live if peak_live else 0:.1%}</td><td>{count:,}</td></tr>"
-        for tag, size, count in holders)
-    return ("<p class=meta>Who holds memory at the trace's peak live "
-            f"({format_size(peak_live)}; the same requests under every policy), by tag:</p>"
-            "<table><tr><th>tag</th><th>live bytes</th><th>share</th><th>blocks</th></tr>"
-            + rows + "</table>")
-
-
-def _capacity_section(data: dict[str, Any]) -> str:
+def _capacity_section(data: dict[str, Any], anchor: str) -> str:
     rows = "".join(
         f"<tr><td>{html.escape(a['policy'])}</td>"
         f"<td>{'never' if a['min_capacity'] is None else format_size(a['min_capacity'])}</td>"
         f"<td>{format_size(a['lower_bound'])}</td>"
-        f"<td>{'-' if a['headroom'] is None else format_size(a['headroom'])}</td>"
-        f"<td>{'yes' if a['monotone'] else 'no'}</td></tr>" for a in data["answers"])
-    return (f"<h2>minimum capacity — {html.escape(data['trace']['name'])}</h2>"
-            "<table><tr><th>policy</th><th>min capacity</th><th>lower bound</th>"
-            "<th>headroom</th><th>monotone</th></tr>" + rows + "</table>"
-            f'<img alt="{html.escape(capacity_alt(data))}" src="{capacity_figure(data)}">')
-
-
-def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Result documents from files: compare results.json (object or array), min_capacity.json."""
-    documents: list[dict[str, Any]] = []
-    for path in paths:
-        try:
-            data = json.loads(read_input_text(path, what="a results file"))
-        except TraceError:  # not a regular file, too large, not UTF-8: one line already
-            raise
-        except (OSError, ValueError) as err:
-            raise UserInputError(f"{path}: cannot read results: {err}") from None
-        except RecursionError:
-            raise UserInputError(f"{path}: cannot read results: JSON nested too "
-                                 "deeply") from None
-        for item in data if isinstance(data, list) else [data]:
-            if not isinstance(item, dict) or not ("results" in item or "answers" in item):
-                raise UserInputError(f"{path}: not an allocsim results file "
-                                     "(no 'results' or 'answers')")
-            documents.append(item)
-    return documents
+        f"<td>{'-' if a.get('headroom') is None else format_size(a['headroom'])}</td>"
+        f"<td>{'yes' if a.get('monotone', True) else 'no'}</td></tr>" for a in data["answers"])
+    name = data["trace"]["name"]
+    answers = list(data["answers"])
+    return (_heading(2, f"minimum capacity — {name}", anchor)
+            + "<div class=scroll><table><tr><th>policy</th><th>min capacity</th>"
+            "<th>lower bound</th><th>headroom</th><th>monotone</th></tr>" + rows
+            + "</table></div>" + _img(capacity_fig(answers, name), capacity_alt(answers, name)))
 
 
 def render_report(documents: Sequence[dict[str, Any]], title: str = "allocsim report",
-                  holders: Sequence[str] | None = None) -> str:
-    """The page. ``holders``, one per document when given, is HTML (:func:`holders_section`)
-    that results.json cannot supply: it is computed from the trace where the trace is at hand."""
-    extra = list(holders or []) + [""] * len(documents)
-    sections = [(_comparison_section(d, extra[i]) if "results" in d else _capacity_section(d))
-                for i, d in enumerate(documents)]
+                  details: Sequence[TraceDetails | None] | None = None,
+                  sections: Sequence[ReportSection] = (),
+                  settings: Mapping[str, str] | None = None,
+                  pngs: Sequence[Sequence[bytes] | None] | None = None) -> str:
+    """The page. ``details``, one per document when given, is what results.json cannot
+    supply (who holds memory, the blocks behind the hover), from the trace where it is at
+    hand. ``sections`` come after the details; ``settings`` maps a trace name to the line to
+    paste shown in its summary (``tune`` fills both). ``pngs``, per document, its three
+    figures (:func:`comparison_figures`) already rendered."""
+    extra = list(details or []) + [None] * len(documents)
+    drawn = list(pngs or []) + [None] * len(documents)
+    anchors = [f"{'trace' if 'results' in d else 'capacity'}-{i + 1}-{slug(d['trace']['name'])}"
+               for i, d in enumerate(documents)]
+    bodies = [(_comparison_section(d, anchors[i], extra[i], drawn[i]) if "results" in d
+               else _capacity_section(d, anchors[i])) for i, d in enumerate(documents)]
+    comparisons = [(d, anchors[i]) for i, d in enumerate(documents) if "results" in d]
+    summary = summary_section(comparisons, documents, settings) if comparisons else ""
+    added = "".join(_heading(2, s.title, slug(s.anchor)) + s.body for s in sections)
+    links = ([("summary", "Summary")] if summary else []) + [
+        (anchors[i], d["trace"]["name"] + ("" if "results" in d else " (capacity)"))
+        for i, d in enumerate(documents)] + [(slug(s.anchor), s.title) for s in sections]
+    nav = "<nav>" + "".join(f'<a href="#{a}">{html.escape(t)}</a>' for a, t in links) + "</nav>"
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    css, script = page_assets() if "class=tl " in "".join(bodies) else ("", "")
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
-            f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
+            "<meta name=viewport content=\"width=device-width, initial-scale=1\">"
+            f"<title>{html.escape(title)}</title><script>{_ERROR_FLAG_SCRIPT}</script>"
+            f"<style>{css}{_STYLE}</style></head><body>"
             f"<h1>{html.escape(title)}</h1>{REPORT_MARK} {html.escape(__version__)}"
-            f", {stamp}</p>"
-            + "".join(sections) + f"<script>{_CHECK_SCRIPT}</script></body></html>")
+            f", {stamp}</p>" + nav + summary + "".join(bodies) + added
+            + (f"<script>{script}</script>" if script else "")
+            + f"<script>{_CHECK_SCRIPT}</script></body></html>")
 
 
 def write_report(documents: Sequence[dict[str, Any]], path: str | Path,
-                 title: str = "allocsim report", holders: Sequence[str] | None = None) -> Path:
+                 title: str = "allocsim report",
+                 details: Sequence[TraceDetails | None] | None = None,
+                 sections: Sequence[ReportSection] = (),
+                 settings: Mapping[str, str] | None = None) -> Path:
     path = Path(path)
     guard(path)     # replaces only an allocsim report
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, render_report(documents, title, holders))
-    return path
-
-
+    page = render_report(documents, title, details, sections, settings)
+    return write_bytes(path, page.encode("utf-8"))

@@ -2,81 +2,73 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from allocsim.sim.output.figures import plot_fragmentation, plot_peaks, plot_timelines
-from allocsim.sim.output.files import safe_stem, write_json
-from allocsim.sim.output.html_report import holders_section, write_report
+import numpy as np
+
+from allocsim.sim.output.figure_data import as_series
+from allocsim.sim.output.figures import png_bytes
+from allocsim.sim.output.files import safe_stem, write_bytes, write_json
+from allocsim.sim.output.holders import live_at_peak
+from allocsim.sim.output.html_report import (
+    ReportSection,
+    TraceDetails,
+    comparison_figures,
+    render_report,
+)
+from allocsim.sim.output.interactive import largest_allocs, reference_series
 from allocsim.sim.output.ownership import guard
 from allocsim.sim.questions.compare import Comparison
-from allocsim.traces.model import OP_ALLOC, Trace
-
-NO_TAG_LABEL = "(no tag)"
+from allocsim.traces.model import Trace
 
 
-def holders_at_peak(trace: Trace, top: int = 10) -> list[tuple[str, int, int]]:
-    """``(tag, live bytes, live blocks)`` at the trace's peak live bytes, largest first; past
-    ``top`` tags the rest are summed as one row. Requested bytes, so the same under every
-    policy: what PyTorch's memory_viz shows first."""
-    peak, index = trace.peak_live()
-    if index < 0 or peak <= 0:
-        return []
-    live: dict[int, tuple[int, int]] = {}
-    ops = trace.op[: index + 1].tolist()
-    ids = trace.id[: index + 1].tolist()
-    sizes = trace.size[: index + 1].tolist()
-    tags = trace.tag[: index + 1].tolist()
-    for op, block, size, tag in zip(ops, ids, sizes, tags):
-        if op == OP_ALLOC:
-            live[block] = (int(size), int(tag))
-        else:
-            live.pop(block, None)
-    by_tag: dict[str, list[int]] = {}
-    for size, tag in live.values():
-        name = trace.tag_name(tag) or NO_TAG_LABEL
-        entry = by_tag.setdefault(name, [0, 0])
-        entry[0] += size
-        entry[1] += 1
-    rows = sorted(((t, b, n) for t, (b, n) in by_tag.items()), key=lambda r: (-r[1], r[0]))
-    if len(rows) > top:
-        rest = rows[top - 1:]
-        other = (f"{len(rest)} other tags", sum(r[1] for r in rest), sum(r[2] for r in rest))
-        rows = [*rows[: top - 1], other]
-    return rows
+def trace_details(trace: Trace, comparison: Comparison) -> TraceDetails:
+    """What the report shows of the trace itself: who holds memory at its peak and, per
+    timeline bucket, the largest allocation (for the chart's hover)."""
+    peak = trace.peak_live()[0]
+    series = [s for s in as_series(comparison.results) if s.has_timeline]
+    blocks = None
+    if series:
+        reference = reference_series(series)
+        assert reference.event is not None
+        blocks = largest_allocs(trace, np.asarray(reference.event))
+    return TraceDetails(live_at_peak(trace), peak, blocks)
 
 
 def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path,
-                      traces: Sequence[Trace] | None = None) -> list[Path]:
+                      traces: Sequence[Trace] | None = None,
+                      sections: Sequence[ReportSection] = (),
+                      settings: Mapping[str, str] | None = None) -> list[Path]:
     """Into ``out_dir``: ``results.json`` (one object, or an array for several traces, as
     ``--json`` prints), ``report.html`` with every trace, and the three figures per trace
     (prefixed ``NN-NAME-`` when there are several). ``traces``, the replayed traces in the
     order of ``comparisons`` when the caller has them, add to the report who holds memory at
-    the peak, by tag (results.json has no per-tag data). Returns the paths written."""
+    the peak and the blocks behind the timeline's hover (results.json has no per-block data).
+    ``sections`` and ``settings`` go to the report as :func:`render_report` takes them.
+    Returns the paths written."""
     out = Path(out_dir)
     json_path = out / "results.json"
     figures = [[out / f"{_prefix(index, c, len(comparisons))}{kind}.png" for kind in FIGURE_KINDS]
                for index, c in enumerate(comparisons)]
-    guard(json_path, "results")     # all refused before any is written: a folder is never
-    for path in [out / "report.html", *(p for paths in figures for p in paths)]:
-        guard(path)                 # half replaced
-    out.mkdir(parents=True, exist_ok=True)
+    for path in [json_path, out / "report.html", *(p for paths in figures for p in paths)]:
+        guard(path)     # all refused before any is written: a folder is never half replaced
     documents = [c.to_json_dict(timeline=True) for c in comparisons]
-    write_json(documents[0] if len(documents) == 1 else documents, json_path, kind="results")
     title = ("allocsim: " + documents[0]["trace"]["name"]) if len(documents) == 1 \
         else f"allocsim: {len(documents)} traces"
-    holders = None
+    details = None
     if traces is not None and len(traces) == len(comparisons):
-        holders = [holders_section(holders_at_peak(t), t.peak_live()[0])
-                   if t.name == c.trace["name"] else "" for t, c in zip(traces, comparisons)]
-    written = [json_path, write_report(documents, out / "report.html", title, holders)]
-    for comparison, (timeline, peaks, fragmentation) in zip(comparisons, figures):
-        title = f"trace {comparison.trace['name']}"
-        written += [
-            plot_timelines(comparison.results, timeline, title),
-            plot_peaks(comparison.results, peaks, title),
-            plot_fragmentation(comparison.results, fragmentation, title),
-        ]
+        details = [trace_details(t, c) if t.name == c.trace["name"] else None
+                   for t, c in zip(traces, comparisons)]
+    # Everything drawn before anything is written: a figure that fails to draw leaves the
+    # folder as it was. Each figure is rendered once, for its file and the page alike.
+    drawn = [[png_bytes(fig) for fig in comparison_figures(doc)] for doc in documents]
+    page = render_report(documents, title, details, sections, settings, pngs=drawn)
+    pngs = [(path, data) for paths, datas in zip(figures, drawn)
+            for path, data in zip(paths, datas)]
+    write_json(documents[0] if len(documents) == 1 else documents, json_path)
+    written = [json_path, write_bytes(out / "report.html", page.encode("utf-8"))]
+    written += [write_bytes(path, data) for path, data in pngs]
     return written
 
 

@@ -102,8 +102,9 @@ def offline_result(trace: Trace, device: DeviceProfile, alignment: int = 256) ->
     last = edges[1:] - 1
     allocated = np.maximum.reduceat(live, starts_b) if n else np.zeros(0, np.int64)
     reserved = np.full(len(last), region if completed else 0, dtype=np.int64)
-    timeline = Timeline(event=last, time_ns=trace.time_ns[last] - (trace.time_ns[0] if n else 0),
-                        allocated=allocated, reserved=reserved, in_use=allocated.copy())
+    times = trace.time_ns[last] - (trace.time_ns[0] if n else 0)
+    timeline = Timeline(event=last, time_ns=times, allocated=allocated, reserved=reserved,
+                        in_use=allocated.copy(), trace_time_ns=times.copy())
     cost = device.costs.malloc(region) if completed and region else 0.0
     return RunResult(
         policy=OFFLINE_NAME, trace=trace.name, device=device.name, process=0, events=n,
