@@ -14,10 +14,10 @@ from allocsim.sim.cli.common import (
     add_reading_options,
     capacity_option,
     device_from_args,
+    load_trace,
     max_slowdown_option,
     plain_progress,
     print_json,
-    trace_or_default,
     workers_option,
 )
 from allocsim.sim.kernel.device import DeviceProfile, resolve_device
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.capacity is not None:
         capacity_option(args.capacity)
     device = device_from_args(args) if card else resolve_device(None, None, args.device_profile)
-    traces = [trace_or_default(path, args) for path in args.traces]
+    traces = [load_trace(path, args) for path in args.traces]
     if len(traces) > 1:
         return _run_share(args, traces, device, card, budget)
     trace = traces[0]

@@ -51,8 +51,10 @@ def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path,
     json_path = out / "results.json"
     figures = [[out / f"{_prefix(index, c, len(comparisons))}{kind}.png" for kind in FIGURE_KINDS]
                for index, c in enumerate(comparisons)]
-    for path in [json_path, out / "report.html", *(p for paths in figures for p in paths)]:
-        guard(path)     # all refused before any is written: a folder is never half replaced
+    # all refused before any is written: a folder is never half replaced
+    guard(json_path, "results")
+    for path in [out / "report.html", *(p for paths in figures for p in paths)]:
+        guard(path)
     documents = [c.to_json_dict(timeline=True) for c in comparisons]
     title = ("allocsim: " + documents[0]["trace"]["name"]) if len(documents) == 1 \
         else f"allocsim: {len(documents)} traces"
@@ -66,7 +68,7 @@ def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path,
     page = render_report(documents, title, details, sections, settings, pngs=drawn)
     pngs = [(path, data) for paths, datas in zip(figures, drawn)
             for path, data in zip(paths, datas)]
-    write_json(documents[0] if len(documents) == 1 else documents, json_path)
+    write_json(documents[0] if len(documents) == 1 else documents, json_path, kind="results")
     written = [json_path, write_bytes(out / "report.html", page.encode("utf-8"))]
     written += [write_bytes(path, data) for path, data in pngs]
     return written
