@@ -78,7 +78,19 @@ def _digest(text: str | bytes) -> str:
 
 
 def _json(value: object) -> str:
-    return json.dumps(value, sort_keys=False)
+    return json.dumps(_without_trace_times(value), sort_keys=False)
+
+
+def _without_trace_times(value: object) -> object:
+    """A result (or a list of them) without its timeline's ``trace_time_ns``: the trace's own
+    time at each bucket (the report's shared axis) joined the timeline after the references
+    were recorded; it is the trace's time column, not the replay's doing."""
+    if isinstance(value, list):
+        return [_without_trace_times(item) for item in value]
+    if isinstance(value, dict) and isinstance(value.get("timeline"), dict):
+        timeline = {k: v for k, v in value["timeline"].items() if k != "trace_time_ns"}
+        return {**value, "timeline": timeline}
+    return value
 
 
 def reference_device(device: str, capacity: str | None) -> DeviceProfile:

@@ -23,7 +23,8 @@ from allocsim.sim.cli.main import main
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("jax") is None
-    or importlib.util.find_spec("jax_plugins.xla_cuda12") is None,
+    or importlib.util.find_spec("jax_plugins") is None      # find_spec of a child raises
+    or importlib.util.find_spec("jax_plugins.xla_cuda12") is None,   # without its parent
     reason="the CUDA plugin of jax is not installed (pip install '.[jax-gpu]': "
            "jax[cuda12-local] + nvidia-cuda-nvcc-cu12, ~0.6 GB; it compiles for a GPU "
            "without one)")

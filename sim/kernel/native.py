@@ -123,7 +123,9 @@ def device_config(profile: DeviceProfile, device: SimulatedDevice) -> dict[str, 
     if type(costs) is not CostModel or type(device) is not SimulatedDevice:
         return None
     return {
-        "capacity": device.capacity, "granularity": profile.granularity,
+        # The core's device starts empty: what the context holds (SimulatedDevice starts its
+        # `used` at it) is taken off the bytes a process can have, the same refusals either way.
+        "capacity": device.capacity - device.context, "granularity": profile.granularity,
         "map_granularity": profile.map_granularity, "range_align": RANGE_ALIGN, "gib": GiB,
         "next_address": device._next_address,
         "malloc_base_s": costs.malloc_base_s, "malloc_per_gib_s": costs.malloc_per_gib_s,
@@ -316,7 +318,8 @@ def _timeline(trace: Trace, state: dict[str, Any]) -> Timeline:
     time_ns = trace.column("time_ns")
     t0 = int(time_ns[0]) if n else 0
     delay_ns = np.rint(cost * 1e9).astype(np.int64)
-    times = time_ns[last].astype(np.int64) - t0 + delay_ns
+    trace_times = time_ns[last].astype(np.int64) - t0     # the core runs from start 0
+    times = trace_times + delay_ns
     sample_events, sample_values = state["sample_events"], state["sample_values"]
     if len(sample_values):
         at = np.clip(np.searchsorted(sample_events, last, side="right") - 1, 0, None)
@@ -324,4 +327,4 @@ def _timeline(trace: Trace, state: dict[str, Any]) -> Timeline:
     else:
         in_use = np.zeros(len(last), dtype=np.int64)
     return Timeline(event=last, time_ns=times, allocated=state["bucket_allocated"],
-                    reserved=state["bucket_reserved"], in_use=in_use)
+                    reserved=state["bucket_reserved"], in_use=in_use, trace_time_ns=trace_times)
