@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from dataclasses import replace
+
 import native_cases as cases
 
 from allocsim.policies import parse_policy
@@ -114,7 +116,8 @@ def test_policies_the_core_lacks_run_in_python() -> None:
                  "pytorch:expandable_segments=true",
                  "pytorch:expandable_segments=true,garbage_collection_threshold=0.6"):
         assert not native.is_native(parse_policy(spec)), spec
-        assert native.native_replay(trace, parse_policy(spec), resolve_device(None),
+        assert native.native_replay(trace, parse_policy(spec),
+                                   replace(resolve_device(None), context_bytes=0),
                                     stop_on_oom=False, progress=None,
                                     timeline_points=TIMELINE_POINTS, step=1 << 18) is None
 
@@ -156,7 +159,8 @@ def test_random_workloads_match_after_every_event(steps: list[tuple[bool, int, i
                                                   capacity_mib: int) -> None:
     cases.need_core()
     trace = workload(steps)
-    profile = resolve_device("a100-80g").with_capacity(capacity_mib << 20)
+    profile = replace(resolve_device("a100-80g").with_capacity(capacity_mib << 20),
+                      context_bytes=0)     # the core runs where the context holds nothing
     python = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(profile))
     core = native.open_run(trace, parse_policy(spec), profile, stop_on_oom=False,
                            timeline_points=TIMELINE_POINTS)
