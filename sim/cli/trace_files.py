@@ -27,7 +27,8 @@ def register_gen(sub: argparse._SubParsersAction) -> None:
                        epilog=_generator_parameters())
     p.add_argument("kind", help=f"one of: {', '.join(synth.GENERATORS)}")
     p.add_argument("params", nargs="*", metavar="key=value", help="generator parameters")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="random seed (default 0; the same as the parameter seed=N)")
     add_output_option(p, dest="output", metavar="FILE", required=True,
                       help="file to write (.npz, .csv, .csv.gz, .jsonl)")
     p.set_defaults(func=run_gen)
@@ -65,8 +66,15 @@ def register_convert(sub: argparse._SubParsersAction) -> None:
 
 def run_gen(args: argparse.Namespace) -> int:
     params = synth.parse_params(args.kind, args.params)
+    # seed=N is one of every generator's parameters (gen --help lists it) and --seed N says
+    # the same: either is the seed; both only when they agree.
+    seed = params.pop("seed", None)
+    if seed is not None and args.seed is not None and seed != args.seed:
+        raise UserInputError(f"gen {args.kind}: the seed is given twice (seed={seed} and "
+                             f"--seed {args.seed}); give one")
+    seed = seed if seed is not None else (args.seed if args.seed is not None else 0)
     refuse_unless_ours(args.output, "a trace", is_allocsim_trace)
-    trace = synth.generate(args.kind, seed=args.seed, **params)
+    trace = synth.generate(args.kind, seed=seed, **params)
     ensure_parent(args.output)
     formats.save(trace, args.output)
     peak, _ = trace.peak_live()
