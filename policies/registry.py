@@ -21,7 +21,7 @@ from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.policies.cupy_pool import CuPyPoolAllocator
 from allocsim.policies.on_demand import OnDemandAllocator
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
-from allocsim.policies.units import format_size, parse_size
+from allocsim.policies.units import parse_size
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
@@ -106,7 +106,8 @@ def _show(param: Param, value: Any) -> str:
     if param.kind == "bool":
         return "true" if value else "false"
     if param.kind == "size" and value and value % (1 << 20) == 0:
-        return format_size(value, 0) if value % (1 << 30) else f"{value >> 30}GiB"
+        # Exact, so that a printed spec parses back to the same spec (1597MiB is not "2GiB").
+        return f"{value >> 30}GiB" if value % (1 << 30) == 0 else f"{value >> 20}MiB"
     return str(value)
 
 

@@ -101,6 +101,20 @@ def test_spec_strings_parse_with_types_and_print_back_canonically() -> None:
     assert str(parse_policy("bfc:allow_growth=true")) == "bfc"      # defaults are dropped
 
 
+@pytest.mark.parametrize("limit, printed", [
+    (1597 * MiB, "1597MiB"), (2048 * MiB, "2GiB"), (1536 * MiB, "1536MiB"),
+    (3 * 1024 * MiB, "3GiB"), (1 * MiB + 256, str(1 * MiB + 256)), (4097, "4097"),
+    (80 * 1024 * MiB + MiB, "81921MiB")])
+def test_a_printed_spec_holds_its_sizes_exactly_and_parses_back_to_the_same_spec(
+        limit: int, printed: str) -> None:
+    # str() used to round sizes to whole units (1597MiB printed as "2GiB"), so a spec copied
+    # from a report ran with another limit.
+    spec = parse_policy(f"bfc:memory_limit={limit}")
+    assert str(spec) == f"bfc:memory_limit={printed}"
+    assert parse_policy(str(spec)) == spec
+    assert dict(parse_policy(str(spec)).params)["memory_limit"] == limit
+
+
 @pytest.mark.parametrize("spec, message", [
     ("nope", "unknown policy 'nope'; known policies: on-demand, preallocate, best-fit, bfc"),
     ("bfc:colour=red", "policy 'bfc' has no parameter 'colour'; its parameters: memory_limit, "
