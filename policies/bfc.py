@@ -32,6 +32,7 @@ chunks (freed_by_count), spatial partitioning, and alignment above 256 bytes.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import ClassVar
 
 from allocsim.policies.base import (
@@ -168,6 +169,50 @@ class BFCAllocator(ChunkPolicy):
         self.pool_bytes += nbytes
         self.peak_pool_bytes = max(self.peak_pool_bytes, self.pool_bytes)
         return nbytes
+
+    def seed(self, regions: Sequence[tuple[int, int]],
+             live: Sequence[tuple[int, int, int]],
+             curr_region_allocation_bytes: int | None = None) -> None:
+        """Start from a state the allocator was in (a profile that begins mid-run) instead of
+        from nothing: ``regions`` ``(base, size)`` are taken from the device in the order given
+        (each must come back at its base: a device that places ranges as told), ``live``
+        chunks ``(address, size, requested)`` are carved out of them, and every other byte is
+        free, one chunk per free run, as coalescing keeps BFC's chunks (no two free
+        neighbours). ``curr_region_allocation_bytes``: Extend's next region size (default:
+        left as construction set it). Only on an allocator that holds nothing yet; counters
+        (allocations, peaks) start from this state."""
+        chunks = self.chunks
+        if chunks.regions:
+            raise ValueError("BFC seed: the allocator already holds regions")
+        for base, nbytes in regions:
+            if nbytes <= 0 or nbytes % MIN_ALLOCATION or self.pool_bytes + nbytes > \
+                    self.memory_limit:
+                raise ValueError(f"BFC seed: region {base:#x} of {nbytes} bytes is not a "
+                                 "multiple of 256 within memory_limit")
+            got = self.device.reserve(nbytes)
+            if got != base:
+                raise ValueError(f"BFC seed: the device put region {base:#x} at "
+                                 f"{got if got is None else hex(got)}")
+            chunks.add_region(base, nbytes)
+            self.pool_bytes += nbytes
+        for address, nbytes, requested in sorted(live):
+            free = chunks.free_chunk_holding(address, nbytes)
+            if free is None:
+                raise ValueError(f"BFC seed: live chunk {address:#x} of {nbytes} bytes is not "
+                                 "inside free space of a region")
+            start, size = free
+            if start < address:     # keep [start, address) aside while the chunk is carved
+                chunks.take(start, size, address - start, split=True)
+            chunks.take(address, chunks.size[address], nbytes, split=True,
+                        requested=max(int(requested), 1))
+            if start < address:
+                chunks.give_back(start)
+            self.bytes_in_use += nbytes
+            self.num_allocs += 1
+        self.peak_bytes_in_use = self.bytes_in_use
+        self.peak_pool_bytes = self.pool_bytes
+        if curr_region_allocation_bytes is not None:
+            self.curr_region_allocation_bytes = int(curr_region_allocation_bytes)
 
     def _deallocate_free_regions(self, rounded: int) -> bool:
         """BFC's DeallocateFreeRegions (only with garbage_collection)."""

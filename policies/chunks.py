@@ -329,6 +329,21 @@ class ChunkMap:
         ties; None when nothing fits. O(log k) bisection + an O(1) jump between bins."""
         return self.free_index.best_fit(rounded)
 
+    def free_chunk_holding(self, address: int, nbytes: int) -> tuple[int, int] | None:
+        """``(start, size)`` of the free chunk that holds ``[address, address + nbytes)``,
+        or None. O(chunks of its region)."""
+        base = self.region_of(address)
+        if base is None:
+            return None
+        ring = self.ring[base]
+        chunk = ring[NEXT]
+        while chunk is not ring:
+            start, size = chunk[ADDRESS], chunk[SIZE]
+            if chunk[KEY] and start <= address and address + nbytes <= start + size:
+                return start, size
+            chunk = chunk[NEXT]
+        return None
+
     def take(self, address: int, chunk_size: int, rounded: int, split: bool,
              requested: int = 0) -> int:
         """Hand out free chunk ``address`` (still in the free index) to a caller who asked for

@@ -185,3 +185,45 @@ def test_a_real_gzipped_trace_and_concatenated_members_still_read(tmp_path: Path
     cut.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(formats.TraceError, match="corrupt gzip data"):
         formats.load(cut)
+
+
+def long_distinct_rows(path: Path, megabytes: int, *, slow: bool) -> int:
+    """A ``.csv.gz`` of rows just under the 128 KiB line limit, each with its own tag (about
+    27x compressed, so neither the line nor the ratio guard stops it); ``slow``: a space before
+    an id sends it to the csv-module path. Returns its decompressed size."""
+    block = bytes(range(97, 123)) * 157                      # 4 KiB of letters
+    rows = megabytes * 8                                      # 8 rows a MiB
+    total = 0
+    with gzip.open(path, "wb", compresslevel=1) as out:
+        out.write(b"time_ns,op,id,size,tag\n")
+        for i in range(rows):
+            tag = (b"%012d" % i + block) * 31                 # ~124 KiB, distinct
+            line = b"%d,alloc,%s%d,256,%s\n" % (i, b" " if slow else b"", i, tag)
+            out.write(line)
+            total += len(line)
+    return total + 23
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["fast-path", "csv-module-path"])
+def test_long_distinct_tags_are_refused_at_their_budget_in_bounded_memory(
+        tmp_path: Path, monkeypatch, slow: bool) -> None:
+    """Both CSV paths built a table of every row's tag (and the csv path a copy of the whole
+    text, then a StringIO of it) before the tag budget was checked: a 64 MiB file peaked at
+    5.5x its size (fast path) and 7.8x (csv path). Now the budget is kept as rows come and the
+    body is read in place: the peak is the file once (its decompression's slack included) and
+    the distinct tags' table, a few times the budget (raw and decoded copies), not a multiple
+    of the file. The budget is made 4 MiB here so that a small file shows it."""
+    import tracemalloc
+
+    from allocsim.traces.formats import native_csv
+    monkeypatch.setattr(native_csv, "MAX_TAG_TEXT", 4 << 20)
+    path = tmp_path / "long.csv.gz"
+    size = long_distinct_rows(path, 48, slow=slow)
+    tracemalloc.start()
+    try:
+        with pytest.raises(formats.TraceError, match="distinct tags hold more than"):
+            formats.load(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.25 * size + 3 * (4 << 20), (peak, size)

@@ -40,8 +40,9 @@ from typing import Any
 
 from allocsim.errors import UserInputError
 from allocsim.policies import format_size
-from allocsim.policies.bfc import MIN_ALLOCATION, BFCAllocator
+from allocsim.policies.bfc import MIN_ALLOCATION, BFCAllocator, round_bytes
 from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.questions.bfc_start_state import StartState, start_states
 from allocsim.sim.questions.fidelity_device import RecordedAddressDevice, address_floor
 from allocsim.traces.model import OP_ALLOC, Trace
 
@@ -75,8 +76,13 @@ class PlacedDevice(RecordedAddressDevice):
     def __init__(self, profile: DeviceProfile, floor: int) -> None:
         super().__init__(profile, floor)
         self.place: int | None = None
+        self.places: list[int] = []     # a rebuilt start's regions, in the order asked for
 
     def _address_range(self, nbytes: int) -> int:
+        if self.places and self._unused(self.places[0], nbytes):
+            base = self.places.pop(0)
+            self._hold(base, nbytes)
+            return base
         if self.place is not None and self._unused(self.place, nbytes):
             base, self.place = self.place, None
             self._hold(base, nbytes)
@@ -101,6 +107,7 @@ class Replay:
     divergence: dict[str, Any] | None = None
     regions: int = 0
     prologue_bytes: int = 0     # bytes in use before the first record (mid-run start)
+    start: StartState | None = None   # the rebuilt state before the first record, if any
 
     def run(self) -> Replay:
         trace, meta = self.trace, self.trace.metadata
@@ -113,6 +120,10 @@ class Replay:
                               allow_growth=self.allow_growth,
                               garbage_collection=self.garbage_collection)
         prologue = int(meta.get("prologue_events", 0))
+        start = self.start
+        if start is not None:
+            device.places = [base for base, _ in start.regions]
+            policy.seed(start.regions, start.live, start.curr_region_allocation_bytes)
         first = min(refs) if refs else 0
         start_in_use = 0
         if refs:
@@ -127,6 +138,9 @@ class Replay:
         for index in range(len(trace)):
             if index == prologue:
                 offset = start_in_use - policy.bytes_in_use
+            if start is not None and index < prologue:   # live in the seeded state already
+                address_of[ids[index]] = start.prologue_address[ids[index]]
+                continue
             ref = refs.get(index)
             if ops[index] == OP_ALLOC:
                 if ref is not None:
@@ -243,6 +257,7 @@ class BFCFidelityReport:
     model_regions: int
     first_divergence: dict[str, Any] | None
     notes: list[str]
+    start_state: dict[str, Any] | None = None    # the rebuilt state at the first record
     elapsed_s: float = 0.0
 
     @property
@@ -258,7 +273,7 @@ class BFCFidelityReport:
                 "total": self.total, "unknowable": self.unknowable, "by_field": self.by_field,
                 "matched_until": self.matched_until, "started_mid_run": self.started_mid_run,
                 "bytes_in_use_at_start": self.bytes_in_use_at_start,
-                "model_regions": self.model_regions,
+                "model_regions": self.model_regions, "start_state": self.start_state,
                 "first_divergence": self.first_divergence, "notes": self.notes,
                 "exit_status": self.exit_status}
 
@@ -281,6 +296,14 @@ class BFCFidelityReport:
             lines.append(f"recording started mid-run: "
                          f"{format_size(self.bytes_in_use_at_start)} in use before the first "
                          "record")
+            state = self.start_state
+            if state is not None:
+                lines.append("  state at the first record rebuilt from the records: regions "
+                             + ", ".join(f"{format_size(size)} at {base:#x}"
+                                         for base, size in state["regions"])
+                             + f"; {state['live_chunks']} live chunks "
+                             f"({format_size(state['live_bytes'])})"
+                             + "".join(f"; {g}" for g in state["guesses"][1:]))
         div = self.first_divergence
         if div is None:
             lines.append("every compared record matched")
@@ -320,9 +343,16 @@ def bfc_fidelity(trace: Trace, *, allow_growth: bool | None = None,
     limit = int(meta["bfc_memory_limit"])
     tried = [s for s in SETTINGS if (allow_growth is None or s[0] == allow_growth)
              and (garbage_collection is None or s[1] == garbage_collection)]
-    replays = [Replay(trace, limit, growth, gc).run() for growth, gc in tried]
+    states, why_not = _start_states(trace, limit)
+    replays = [_best_replay(trace, limit, growth, gc, states.get(growth, []))
+               for growth, gc in tried]
     best = max(replays, key=lambda r: (r.matched, r.matched_until))   # first wins ties
     notes = []
+    if best.prologue_bytes and best.start is None:
+        reason = why_not.get(best.allow_growth, "")
+        notes.append("the allocator's state at the first record was not rebuilt"
+                     + (f": {reason}" if reason else "") + "; the replay starts from nothing, "
+                     "so places and chunk sizes after the start may differ for that alone")
     if meta.get("time_ties"):
         notes.append(f"{meta['time_ties']} groups of records share a timestamp; ordered by "
                      "the bytes_allocated chain")
@@ -339,4 +369,62 @@ def bfc_fidelity(trace: Trace, *, allow_growth: bool | None = None,
         by_field=best.by_field, matched_until=best.matched_until,
         started_mid_run=best.prologue_bytes > 0, bytes_in_use_at_start=best.prologue_bytes,
         model_regions=best.regions, first_divergence=best.divergence, notes=notes,
-        elapsed_s=time.perf_counter() - started)
+        start_state=_describe(best), elapsed_s=time.perf_counter() - started)
+
+
+def _start_in_use(refs: list[dict[str, Any]]) -> int:
+    if not refs:
+        return 0
+    r0 = refs[0]
+    return int(r0["in_use"]) - (int(r0["chunk"]) if r0["action"] == "alloc"
+                                else -int(r0["chunk"]))
+
+
+def _start_states(trace: Trace, limit: int) -> tuple[dict[bool, list[StartState]],
+                                                     dict[bool, str]]:
+    """For each allow_growth, the start states a mid-run recording allows
+    (sim/questions/bfc_start_state.py), or why there are none."""
+    refs = sorted(trace.metadata["reference_events"], key=lambda r: int(r["event"]))
+    start_in_use = _start_in_use(refs)
+    if start_in_use <= 0:
+        return {}, {}
+    prologue_ids = set(trace.id[:int(trace.metadata.get("prologue_events", 0))].tolist())
+    prologue = {}
+    for k, ref in enumerate(refs):
+        buffer = int(trace.id[int(ref["event"])])
+        if ref["action"] == "free" and buffer in prologue_ids and buffer not in prologue:
+            prologue[buffer] = k
+    states, why = {}, {}
+    for growth in (True, False):
+        first = round_bytes(min(limit, 2 << 20)) if growth else round_bytes(limit)
+        states[growth], why[growth] = start_states(refs, prologue, start_in_use, limit, first)
+    return states, why
+
+
+def _best_replay(trace: Trace, limit: int, growth: bool, gc: bool,
+                 states: list[StartState]) -> Replay:
+    """The replay from each rebuilt start state (the best of them), or from nothing."""
+    if not states:
+        return Replay(trace, limit, growth, gc).run()
+    best: Replay | None = None
+    for state in states:
+        try:
+            replay = Replay(trace, limit, growth, gc, start=state).run()
+        except ValueError:      # a state the allocator cannot be seeded with (overlaps)
+            continue
+        if best is None or (replay.matched, replay.matched_until) > (best.matched,
+                                                                     best.matched_until):
+            best = replay
+            if best.matched == best.total:
+                break
+    return best if best is not None else Replay(trace, limit, growth, gc).run()
+
+
+def _describe(replay: Replay) -> dict[str, Any] | None:
+    state = replay.start
+    if state is None:
+        return None
+    return {"regions": [[base, size] for base, size in state.regions],
+            "live_chunks": len(state.live), "live_bytes": sum(c for _, c, _ in state.live),
+            "curr_region_allocation_bytes": state.curr_region_allocation_bytes,
+            "guesses": state.guesses}

@@ -8,9 +8,9 @@ field by field (:func:`_csv_slow`), which finds the exact line of an error.
 from __future__ import annotations
 
 import csv
-import io
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -52,6 +52,8 @@ from allocsim.traces.model import (
 __all__ = ["detect_csv", "read_csv", "write_csv"]
 
 _CSV_METADATA = f"# {METADATA_KEY}:"
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_SCAN_BLOCK = 1 << 20   # bytes scanned for separators at a time (its masks: 2 bytes a byte)
 _CSV_TAGS = f"# {TAGS_KEY}:"
 
 
@@ -117,7 +119,7 @@ def read_csv(data: bytes, source: str, name: str) -> Trace:
     """Read the documented CSV (see the module docstring)."""
     if data.startswith(BOM):
         data = data[len(BOM):]
-    if not data.strip():
+    if not data or data.isspace():   # strip() would copy the whole file
         raise TraceError("empty file (no header / no events)", source=source)
 
     # Preamble: comments and blank lines, then the header.
@@ -147,12 +149,11 @@ def read_csv(data: bytes, source: str, name: str) -> Trace:
                          source=source)
     names = _csv_header(header_line, source, line_no)
     check_line_lengths(memoryview(data)[pos:], source, line_no)  # before any copy is made
-    body = data[pos:]
 
     try:
-        columns = _csv_fast(body, names)
+        columns = _csv_fast(data, names, pos)     # the body in place: no copy of it
         if columns is None:
-            columns = _csv_slow(body, names, source, line_no)
+            columns = _csv_slow(data, names, source, line_no, pos)
         n = len(columns["time_ns"])
         raw_tags = columns.pop("tag", None)
         table = TagTable(tags)
@@ -195,56 +196,61 @@ def _csv_header(line: str, source: str, line_no: int) -> list[str]:
     return names
 
 
-def _csv_fast(body: bytes, names: list[str]) -> dict[str, Any] | None:
-    """Vectorised parse of a plain, well-formed body; ``None`` if anything is unusual.
+def _csv_fast(body: bytes, names: list[str], start: int = 0) -> dict[str, Any] | None:
+    """Vectorised parse of a plain, well-formed body (``body[start:]``: the caller's buffer is
+    not copied); ``None`` if anything is unusual.
 
     Works on the bytes with numpy: separators give every field's span, integers are built
     digit by digit across all rows at once. Anything it does not expect (quotes outside a
     last ``tag`` column, spaces, blank lines, bad values, 19+ digit numbers) sends the caller
     to :func:`_csv_slow`, which parses the same grammar field by field and finds the exact
     error; so this path only has to be right on files it accepts.
+
+    Memory: besides the buffer, the separators' positions (8 bytes each) and a block's masks;
+    tags are checked against their text budget as each distinct one is met.
     """
-    if b"\r" in body:
-        body = body.replace(b"\r\n", b"\n")
-    if not body:
+    if body.find(b"\r", start) >= 0:
+        body, start = body[start:].replace(b"\r\n", b"\n"), 0
+    if start >= len(body):
         return {name: [] if name == "tag" else np.zeros(0, dtype=COLUMN_DTYPES[name])
                 for name in names}
     tag_last = names[-1] == "tag"
-    if (b"\r" in body or b"\n\n" in body or body.startswith(b"\n")
-            or (b'"' in body and not tag_last)):
+    if (body.find(b"\r", start) >= 0 or body.find(b"\n\n", start) >= 0
+            or body.startswith(b"\n", start) or (body.find(b'"', start) >= 0 and not tag_last)):
         return None
-    if not body.endswith(b"\n"):
-        body += b"\n"
     b = np.frombuffer(body, dtype=np.uint8)
     width = len(names)
-    is_newline = b == ord("\n")
-    is_comma = b == ord(",")
-    rows = int(np.count_nonzero(is_newline))
-    if np.count_nonzero(is_comma) == rows * (width - 1):
-        # Every line must then have exactly width-1 commas: each width-th separator ends a line.
-        seps = np.flatnonzero(is_comma | is_newline).reshape(rows, width)
-        if not np.all(is_newline[seps[:, -1]]):
+    newline_parts, comma_parts = [], []
+    for at in range(start, len(b), _SCAN_BLOCK):
+        block = b[at:at + _SCAN_BLOCK]
+        newline_parts.append(np.flatnonzero(block == ord("\n")) + at)
+        comma_parts.append(np.flatnonzero(block == ord(",")) + at)
+    if not body.endswith(b"\n"):       # the last line's end, as if the newline were there
+        newline_parts.append(np.array([len(b)], dtype=np.int64))
+    newlines = np.concatenate(newline_parts).astype(np.int64, copy=False)
+    commas = np.concatenate(comma_parts).astype(np.int64, copy=False)
+    del newline_parts, comma_parts
+    rows = len(newlines)
+    # A comma's line: the number of newlines before it. Keep each line's first width-1 commas
+    # (a last tag column may hold quoted commas); every line must have at least that many.
+    line = np.searchsorted(newlines, commas)
+    if len(commas) != rows * (width - 1):
+        if not tag_last:
             return None
-        commas, newlines = seps[:, :-1], seps[:, -1]
-    elif tag_last:
-        # A last tag column may hold (quoted) commas: keep each line's first width-1 commas.
-        newlines = np.flatnonzero(is_newline)
-        commas = np.flatnonzero(is_comma)
-        line = np.searchsorted(newlines, commas)
         rank = np.arange(len(commas)) - np.searchsorted(line, line)
         keep = rank < width - 1
         commas, line = commas[keep], line[keep]
-        if len(commas) != rows * (width - 1) or np.any(
-                np.bincount(line, minlength=rows) != width - 1):
+        if len(commas) != rows * (width - 1):
             return None
-    else:
+    if np.any(np.bincount(line, minlength=rows) != width - 1):
         return None
+    del line
     ends = np.empty((rows, width), dtype=np.int64)
     ends[:, :-1] = commas.reshape(rows, width - 1)
     ends[:, -1] = newlines
     starts = np.empty_like(ends)
     starts[:, 1:] = ends[:, :-1] + 1
-    starts[0, 0] = 0
+    starts[0, 0] = start
     starts[1:, 0] = newlines[:-1] + 1
     columns: dict[str, Any] = {}
     for j, name in enumerate(names):
@@ -263,28 +269,35 @@ def _csv_fast(body: bytes, names: list[str]) -> dict[str, Any] | None:
 
 
 def _fast_tags(body: bytes, s: np.ndarray, e: np.ndarray) -> list[str] | None:
-    """Tag fields as strings; each distinct raw field is unquoted and decoded once."""
-    raw = [body[x:y] for x, y in zip(s.tolist(), e.tolist())]
+    """Tag fields as strings; each distinct raw field is unquoted and decoded once, and the
+    distinct text is held to its budget as it is met (no table of every row's field is built
+    first: a file of long distinct tags stops at the budget, not at its own size)."""
     decoded: dict[bytes, str] = {}
+    out: list[str] = []
     text = 0
-    for field in dict.fromkeys(raw):
-        text += len(field)
-        if text > MAX_TAG_TEXT:
-            raise BadValue(raw.index(field), tag_text_problem())
-        if field.startswith(b'"'):
-            inner = field[1:-1]
-            if len(field) < 2 or not field.endswith(b'"') or b'"' in inner.replace(b'""', b""):
+    for row, (x, y) in enumerate(zip(s.tolist(), e.tolist())):
+        field = body[x:y]
+        value = decoded.get(field)
+        if value is None:
+            text += len(field)
+            if text > MAX_TAG_TEXT:
+                raise BadValue(row, tag_text_problem())
+            if field.startswith(b'"'):
+                inner = field[1:-1]
+                if (len(field) < 2 or not field.endswith(b'"')
+                        or b'"' in inner.replace(b'""', b"")):
+                    return None
+                field_value = inner.replace(b'""', b'"')
+            elif b'"' in field or b"," in field:
                 return None
-            field_value = inner.replace(b'""', b'"')
-        elif b'"' in field or b"," in field:
-            return None
-        else:
-            field_value = field
-        try:
-            decoded[field] = field_value.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            return None
-    return list(map(decoded.__getitem__, raw))
+            else:
+                field_value = field
+            try:
+                value = decoded[field] = field_value.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                return None
+        out.append(value)
+    return out
 
 
 def _fast_ops(b: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray | None:
@@ -327,19 +340,38 @@ def _fast_ints(b: np.ndarray, s: np.ndarray, e: np.ndarray, dtype: type,
     return value.astype(dtype)
 
 
-def _csv_slow(body: bytes, names: list[str], source: str, header_line_no: int
-              ) -> dict[str, Any]:
-    """Field-by-field parse with the csv module; finds the exact event and line of an error."""
-    text = decode_text(body, source)
-    reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        rows = [row for row in reader if not _blank(row)]
-    except csv.Error as err:  # a field over the csv module's limit, a stray quote
-        raise TraceError(f"line {header_line_no + reader.line_num}: unreadable CSV: {err}",
-                         source=source) from None
+def _text_lines(body: bytes, start: int, source: str) -> Iterator[str]:
+    """``body[start:]`` as decoded lines (line ends kept), one at a time: the csv module reads
+    them as it would a file, and no copy of the whole text is made."""
+    at = start
+    while at < len(body):
+        # Lines end as io.StringIO(newline="") ends them: at \n, \r\n or a lone \r.
+        found = _LINE_END.search(body, at)
+        end = len(body) if found is None else found.end()
+        try:
+            yield body[at:end].decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise TraceError(f"not UTF-8 text (bad byte at offset {at - start + err.start})",
+                             source=source) from None
+        at = end
+
+
+def _csv_slow(body: bytes, names: list[str], source: str, header_line_no: int,
+              start: int = 0) -> dict[str, Any]:
+    """Field-by-field parse with the csv module (``body[start:]``, read a line at a time);
+    finds the exact event and line of an error. The tags' text budget is kept as rows come, so
+    a file of long distinct tags stops at the budget, not at its own size."""
+    if body.startswith(BOM, start):
+        start += len(BOM)
+    width = len(names)
+    cells: list[list[str]] = [[] for _ in names]
+    tag_at = names.index("tag") if "tag" in names else -1
+    distinct: dict[str, str] = {}
+    text = 0
+    reader = csv.reader(_text_lines(body, start, source))
 
     def line_of(event: int) -> int:
-        again = csv.reader(io.StringIO(text, newline=""))
+        again = csv.reader(_text_lines(body, start, source))
         seen = -1
         for row in again:
             if not _blank(row):
@@ -351,19 +383,37 @@ def _csv_slow(body: bytes, names: list[str], source: str, header_line_no: int
     def fail(event: int, problem: str) -> TraceError:
         return TraceError(f"line {line_of(event)}: {problem}", source=source, event=event)
 
-    width = len(names)
-    if set(map(len, rows)) - {width}:
-        event = next(i for i, row in enumerate(rows) if len(row) != width)
-        raise fail(event, f"expected {width} fields ({','.join(names)}), "
-                          f"found {len(rows[event])}")
-    cells = list(zip(*rows)) if rows else [()] * width
+    event = 0
+    try:
+        for row in reader:
+            if _blank(row):
+                continue
+            if len(row) != width:
+                raise TraceError(f"line {header_line_no + reader.line_num}: expected {width} "
+                                 f"fields ({','.join(names)}), found {len(row)}",
+                                 source=source, event=event)
+            if tag_at >= 0:
+                tag = row[tag_at].strip()
+                kept = distinct.get(tag)
+                if kept is None:
+                    text += len(tag)
+                    if text > MAX_TAG_TEXT:
+                        raise BadValue(event, tag_text_problem())
+                    kept = distinct[tag] = tag
+                row[tag_at] = kept
+            for column, value in zip(cells, row):
+                column.append(value)
+            event += 1
+    except csv.Error as err:  # a field over the csv module's limit, a stray quote
+        raise TraceError(f"line {header_line_no + reader.line_num}: unreadable CSV: {err}",
+                         source=source) from None
     columns: dict[str, Any] = {}
     try:
         for name, values in zip(names, cells):
             if name == "op":
                 columns[name] = _slow_ops(values)
             elif name == "tag":
-                columns[name] = [value.strip() for value in values]
+                columns[name] = values
             else:
                 columns[name] = _slow_ints(values, name, COLUMN_DTYPES[name],
                                            empty=SIZE_UNKNOWN if name == "size" else None)
