@@ -40,15 +40,18 @@ What cannot be known, and is searched
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 __all__ = ["StartState", "pool_bytes_from_records", "region_sequences", "start_states"]
 
 UNIT = 256                     # BFC's kMinAllocationSize: chunk sizes and offsets
 MAX_STATES = 4000              # arrangements tried at most (each is one replay)
-MAX_GAPS_FOR_SUBSETS = 14
+MAX_POOLS = 8                  # pool sizes the stat may leave open, each tried
 
 
 @dataclass
@@ -64,36 +67,46 @@ class StartState:
 
 def pool_bytes_from_records(refs: list[dict[str, Any]], step: int, limit: int,
                             records: int = 64) -> tuple[list[int], str]:
-    """The pool sizes (multiples of ``step``, at most ``limit``; best first, at most three)
-    that make each of the first ``records`` records' largest free chunk, ``(1 −
-    fragmentation)·(pool − in_use)``, a multiple of 256 within 8 bytes on average (the stat's
-    six digits); none (and why) when no size does."""
-    usable = [(float(r["fragmentation"]), int(r["in_use"])) for r in refs[:records]
-              if r.get("fragmentation") is not None]
+    """The pool sizes the first record may have had (multiples of ``step``, at most
+    ``limit``, smallest first, at most :data:`MAX_POOLS`): those that make the largest free
+    chunk, ``(1 − fragmentation)·(pool − in_use)``, a multiple of 256 — within what the stat's
+    six digits allow — on the records from the first up to two that tell sizes apart (a
+    fragmentation above 0). None (and why) when the stat cannot tell pools apart: at a pool −
+    in_use of ~64 MiB its rounding reaches a quarter of a chunk unit."""
     if step >= limit:               # no growth: the one region is the whole limit
         return [limit], ""
-    if len(usable) < 2:
+    usable = [(float(r["fragmentation"]), int(r["in_use"])) for r in refs[:records]]
+    if not usable or any(math.isnan(f) for f, _ in usable[:1]):
         return [], "the records carry no fragmentation stat"
-    low = max(u for _, u in usable)
-    best: list[tuple[float, int]] = []
-    top = min(limit, 1 << 40)
-    pool = -(-max(low, step) // step) * step
-    count = 0
-    while pool <= top and count < 1 << 17:
-        error = 0.0
-        for f, used in usable:
-            largest = (1.0 - f) * (pool - used)
-            error += abs(largest - round(largest / UNIT) * UNIT)
-        best.append((error / len(usable), pool))
-        pool += step
-        count += 1
-    best.sort()
-    pools = [pool for error, pool in best[:3] if error <= 8.0]
-    if not pools:
-        error, pool = best[0] if best else (float("inf"), 0)
-        return [], (f"the fragmentation stat does not pin the pool size (the best, {pool:,} "
-                    f"B, leaves {error:.1f} B a record off a 256-byte chunk)")
-    return pools, ""
+    cut = next((k for k, (f, _) in enumerate(usable) if math.isnan(f)), len(usable))
+    frag = np.array([f for f, _ in usable[:cut]])
+    used = np.array([u for _, u in usable[:cut]], dtype=np.float64)
+    if not np.any(frag > 0):
+        return [], "every record's fragmentation stat is 0 (it tells no pool size apart)"
+    top = min(limit, 1 << 30)
+    pools = np.arange(-(-int(used[0]) // step) * step, top + 1, step, dtype=np.float64)
+    if not len(pools):
+        return [], "no pool size fits the bytes in use"
+    free = pools[:, None] - used[None, :]
+    largest = (1.0 - frag)[None, :] * free
+    error = np.abs(largest - np.round(largest / UNIT) * UNIT)
+    tolerance = 2.0 + 1e-6 * np.abs(free)
+    ok = (error <= tolerance) & (free >= 0) & (tolerance < UNIT / 4)
+    run = np.where(ok.all(axis=1), ok.shape[1], np.argmin(ok, axis=1))
+    informative = np.cumsum(frag > 0)       # records in a run that can tell pools apart
+    telling = np.where(run > 0, informative[np.maximum(run - 1, 0)], 0)
+    # The pool at the first record holds until the first Extend; a later (larger) pool may
+    # fit the early records too, by the stat's rounding. Every size that fits the first two
+    # records that can tell sizes apart is a candidate; the replay decides between them.
+    need = min(2, int(informative[-1]))
+    fits = np.flatnonzero(telling >= need)
+    if not len(fits):
+        return [], ("the fragmentation stat does not pin the pool size (no size of up to "
+                    f"{top:,} B fits the first records)")
+    if len(fits) > MAX_POOLS:
+        return [], (f"the fragmentation stat does not pin the pool size ({len(fits)} sizes "
+                    "fit the first records)")
+    return [int(pools[i]) for i in fits], ""
 
 
 def region_sequences(pool: int, first: int, limit: int, most: int = 12) -> list[list[int]]:
@@ -110,7 +123,7 @@ def region_sequences(pool: int, first: int, limit: int, most: int = 12) -> list[
             return
         size, doubled = curr, False
         while size <= left and size <= limit:
-            walk(size if doubled else size * 2, left - size, sizes + [size])
+            walk(size if doubled else size * 2, left - size, [*sizes, size])
             size, doubled = size * 2, True
     walk(first, pool, [])
     return out
@@ -174,13 +187,13 @@ def _free_arrangements(gaps: list[tuple[int, int]], edges: list[int], extra: int
             start, size = gaps[k]
             if size == left:
                 yield [gaps[j] for j in rest if j != k], "; ".join(
-                    said + [f"the gap at {start:#x} ({size:,} B) free"])
+                    [*said, f"the gap at {start:#x} ({size:,} B) free"])
             elif size > left:
                 others = [gaps[j] for j in rest if j != k]
-                yield others + [(start + left, size - left)], "; ".join(
-                    said + [f"{left:,} B free at the low end of the gap at {start:#x}"])
-                yield others + [(start, size - left)], "; ".join(
-                    said + [f"{left:,} B free at the high end of the gap at {start:#x}"])
+                yield [*others, (start + left, size - left)], "; ".join(
+                    [*said, f"{left:,} B free at the low end of the gap at {start:#x}"])
+                yield [*others, (start, size - left)], "; ".join(
+                    [*said, f"{left:,} B free at the high end of the gap at {start:#x}"])
 
 
 def _next_curr(sizes: list[int], first: int) -> int:
