@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_bfc_fidelity import DATA, recording, run_cli, write  # noqa: E402
+from test_bfc_fidelity import DATA, recording, run_cli, write
 
-from allocsim.policies.bfc import BFCAllocator  # noqa: E402
-from allocsim.sim.kernel.device import DeviceProfile  # noqa: E402
-from allocsim.sim.questions.bfc_fidelity import PlacedDevice, Replay, bfc_fidelity  # noqa: E402
-from allocsim.sim.questions.bfc_start_state import (  # noqa: E402
+from allocsim.policies.bfc import BFCAllocator
+from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.questions.bfc_fidelity import PlacedDevice, Replay, bfc_fidelity
+from allocsim.sim.questions.bfc_start_state import (
     pool_bytes_from_records,
     region_sequences,
 )
-from allocsim.sim.questions.fidelity_device import address_floor  # noqa: E402
-from allocsim.traces import formats  # noqa: E402
+from allocsim.sim.questions.fidelity_device import address_floor
+from allocsim.traces import formats
 
 MiB = 1 << 20
 
