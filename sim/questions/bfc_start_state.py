@@ -21,7 +21,9 @@ What the records show (xla/tsl/framework/bfc_allocator.cc, ``AddTraceMe``, ``Get
       sequences of sizes that add up to the pool are :func:`region_sequences`.
     - Every recorded chunk (address, allocation_bytes) lies in a region; a region holds the
       address range of its recorded chunks (a far gap parts regions). Each chunk address is
-      base + a multiple of 256.
+      base + a multiple of 256. A gap wider than the biggest region parts two regions; regions
+      side by side (the host's allocator may put them 4 KiB apart) are parted at the widest
+      gaps first (:func:`_groupings`).
     - Live at the start: the buffers freed in the recording but not allocated in it (address
       and chunk from their free records), and buffers never freed in it: ``in_use`` before
       the first record minus the former, their bytes only. Those lie where no recorded chunk
@@ -140,15 +142,26 @@ def _spans(chunks: list[tuple[int, int]]) -> list[list[int]]:
     return spans
 
 
-def _clusters(spans: list[list[int]], biggest: int) -> list[list[list[int]]]:
-    """Spans grouped into regions: a gap wider than the biggest region parts two regions."""
-    groups: list[list[list[int]]] = []
-    for span in spans:
-        if groups and span[0] - groups[-1][-1][1] < biggest:
-            groups[-1].append(span)
-        else:
-            groups.append([span])
-    return groups
+def _groupings(spans: list[list[int]], regions: int, biggest: int
+               ) -> Iterator[list[list[list[int]]]]:
+    """Ways to part the spans, in address order, into at most ``regions`` groups, one region
+    each: a cut falls between two spans (a chunk never crosses a region's end) and no group
+    is wider than ``biggest``. A gap wider than ``biggest`` is always cut; the other cuts are
+    tried fewest first, the widest gaps first (adjacent regions, 4 KiB apart where the host's
+    allocator put them side by side, come after far ones)."""
+    gaps = [spans[k + 1][0] - spans[k][1] for k in range(len(spans) - 1)]
+    forced = [k for k, g in enumerate(gaps) if g >= biggest]
+    optional = sorted((k for k, g in enumerate(gaps) if g < biggest), key=lambda k: -gaps[k])
+    for extra in range(max(regions - len(forced) - 1, -1) + 1):
+        for chosen in itertools.combinations(optional, extra):
+            cuts = sorted(forced + list(chosen))
+            groups, at = [], 0
+            for cut in cuts:
+                groups.append(spans[at:cut + 1])
+                at = cut + 1
+            groups.append(spans[at:])
+            if all(g[-1][1] - g[0][0] <= biggest for g in groups):
+                yield groups
 
 
 def _bases(low: int, high: int, size: int) -> list[int]:
@@ -225,10 +238,8 @@ def start_states(refs: list[dict[str, Any]], prologue: dict[int, int], start_in_
     recorded = [(int(r["addr"]), int(r["chunk"])) for r in refs]
     spans = _spans(recorded)
     states: list[StartState] = []
-    for sizes in sequences:
-        clusters = _clusters(spans, max(sizes))
-        if len(clusters) > len(sizes):
-            continue
+    for sizes, clusters in ((seq, groups) for seq in sequences
+                            for groups in _groupings(spans, len(seq), max(seq))):
         for order in itertools.permutations(range(len(sizes)), len(clusters)):
             fitting = [(c, sizes[i]) for c, i in zip(clusters, order)
                        if c[-1][1] - c[0][0] <= sizes[i]]
