@@ -11,7 +11,10 @@ later, on purpose):
 - ``tf-cpu-midrun.xplane.pb``: the MLP with the profiler started at step 3 of 5 (mid-run:
   parameters, data and the allocator's regions exist before the first record);
 - ``tf-cpu-keras-midrun.xplane.pb``: a Keras CNN profiled as ``TensorBoard(profile_batch=(3,
-  5))`` does it (the profiler starts at training batch 3, stops after batch 5).
+  5))`` does it (the profiler starts at training batch 3, stops after batch 5);
+- ``tf-cpu-100mb-midrun.xplane.pb``: the mid-run MLP at ``TF_CPU_BFC_MEM_LIMIT_IN_MB=100``;
+- ``tf-cpu-keras-midrun-2.xplane.pb``: the mid-run Keras CNN again, another process (its
+  regions at other addresses: in the kept file a 16 MiB and a 4 MiB region lie 4 KiB apart).
 
 ``record("keras", ...)`` (a small Keras CNN, ``fit`` for 2 epochs) is not kept as a file: the
 tests run it live where TensorFlow is installed (tests/test_bfc_fidelity.py).
@@ -165,7 +168,9 @@ def main() -> None:
             ("tf-cpu-100mb", "mlp", {"TF_CPU_BFC_MEM_LIMIT_IN_MB": "100"}),
             ("tf-cpu-oom", "oom", {"TF_CPU_BFC_MEM_LIMIT_IN_MB": "4"}),
             ("tf-cpu-midrun", "mlp-midrun", {}),
-            ("tf-cpu-keras-midrun", "keras-batches", {})]
+            ("tf-cpu-keras-midrun", "keras-batches", {}),
+            ("tf-cpu-100mb-midrun", "mlp-midrun", {"TF_CPU_BFC_MEM_LIMIT_IN_MB": "100"}),
+            ("tf-cpu-keras-midrun-2", "keras-batches", {})]
     for name, kind, extra in runs:
         with tempfile.TemporaryDirectory() as logdir:
             found = record(kind, extra, logdir)

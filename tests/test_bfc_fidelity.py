@@ -127,17 +127,37 @@ def test_synthetic_gpu_recording_matches_and_divergence_is_named(tmp_path: Path)
 
 
 def test_recording_that_starts_mid_run(tmp_path: Path) -> None:
-    """Drop the first two calls: the frees of allocs 0 and 1 are not knowable, the rest is
-    compared with bytes in use net of what was live at the start."""
+    """Drop the first two calls: the allocator's state before the third is rebuilt from the
+    records (sim/questions/bfc_start_state.py) and every record matches, the frees of the two
+    buffers allocated before recording included. The 8 MiB region Extend makes during the
+    recording is taken as there from the start: wholly free until its first chunk, at the
+    address recorded, it changes no decision, and the records cannot tell the two apart."""
     events = recording(CALLS)[2:]
     report = bfc_fidelity(formats.load(write(tmp_path, events, "mid")))
-    assert report.started_mid_run and report.unknowable == 2
+    assert report.started_mid_run and report.unknowable == 0
     assert report.bytes_in_use_at_start > 0
+    assert report.total == len(events) and report.matched == report.total
+    assert report.start_state is not None
+    assert report.start_state["live_bytes"] == report.bytes_in_use_at_start
+    assert "recording started mid-run" in report.text()
+
+
+def test_a_start_the_records_cannot_pin_is_said_and_replayed_from_nothing(
+        tmp_path: Path) -> None:
+    """Without a fragmentation above 0 the pool size is open: the state is not rebuilt, the
+    report says why, and the buffers from before recording are left out of the comparison."""
+    events = recording(CALLS)[2:]
+    for event in events:
+        event["stats"]["fragmentation"] = 0.0
+    report = bfc_fidelity(formats.load(write(tmp_path, events, "flat")))
+    assert report.started_mid_run and report.start_state is None and report.unknowable == 2
     assert report.total == len(events) - 2
     # regions made before recording are unknown, so places diverge; sizes and in-use do not
     assert report.by_field["chunk"] == report.by_field["in_use"] == report.total
     assert report.first_divergence is not None and report.first_divergence["rule"] == "extend"
-    assert "recording started mid-run" in report.text()
+    said = [n for n in report.notes if "was not rebuilt" in n]
+    assert said and "every record's fragmentation stat is 0" in said[0]
+    assert "note: the allocator's state at the first record was not rebuilt" in report.text()
 
 
 def test_not_a_bfc_recording() -> None:

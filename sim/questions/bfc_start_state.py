@@ -36,7 +36,9 @@ What cannot be known, and is searched
     free memory never handed out in the recording), a region's base when its recorded chunks
     do not span it, the place of a region no record touches. :func:`start_states` proposes
     each arrangement (whole gaps free, or one gap's free part at its low or high end); the
-    replay decides.
+    replay decides. A region Extend makes during the recording may be taken as there from the
+    start: wholly free until its first chunk and placed where the records show it, it changes
+    no decision, and the records cannot tell the two apart.
 """
 
 from __future__ import annotations
