@@ -49,6 +49,8 @@ from allocsim.traces.model import OP_ALLOC, Trace
 __all__ = ["BFCFidelityError", "BFCFidelityReport", "bfc_fidelity", "is_bfc_recording"]
 
 SETTINGS = [(True, False), (True, True), (False, False), (False, True)]
+SCREEN_KEEP = 16        # rebuilt start states replayed whole at most (after screening)
+SCREEN_CAP = 256        # states kept from one screening round
 RULES = {
     "split": "ShouldSplitChunk (split when chunk >= 2*rounded or chunk - rounded >= "
              "max_internal_fragmentation), bfc_allocator.cc SplitChunk / FindChunkPtr",
@@ -108,6 +110,7 @@ class Replay:
     regions: int = 0
     prologue_bytes: int = 0     # bytes in use before the first record (mid-run start)
     start: StartState | None = None   # the rebuilt state before the first record, if any
+    events: int | None = None         # replay only this many trace events (a screening run)
 
     def run(self) -> Replay:
         trace, meta = self.trace, self.trace.metadata
@@ -135,7 +138,8 @@ class Replay:
         ops, ids, sizes = trace.op.tolist(), trace.id.tolist(), trace.size.tolist()
         broken = False
         offset = start_in_use   # bytes in use the model does not hold (set after the prologue)
-        for index in range(len(trace)):
+        for index in range(len(trace) if self.events is None else min(self.events,
+                                                                        len(trace))):
             if index == prologue:
                 offset = start_in_use - policy.bytes_in_use
             if start is not None and index < prologue:   # live in the seeded state already
@@ -403,17 +407,34 @@ def _start_states(trace: Trace, limit: int) -> tuple[dict[bool, list[StartState]
 
 def _best_replay(trace: Trace, limit: int, growth: bool, gc: bool,
                  states: list[StartState]) -> Replay:
-    """The replay from each rebuilt start state (the best of them), or from nothing."""
-    if not states:
-        return Replay(trace, limit, growth, gc).run()
-    best: Replay | None = None
-    for state in states:
+    """The replay from the rebuilt start state that matches most, or from nothing when there
+    is none. States are screened on a growing prefix of the trace (64 events, then 4x), each
+    round keeping those that match most of it, so that thousands of arrangements cost a few
+    full replays; the survivors are replayed whole."""
+
+    def run(state: StartState, events: int | None) -> Replay | None:
         try:
-            replay = Replay(trace, limit, growth, gc, start=state).run()
+            return Replay(trace, limit, growth, gc, start=state, events=events).run()
         except ValueError:      # a state the allocator cannot be seeded with (overlaps)
-            continue
-        if best is None or (replay.matched, replay.matched_until) > (best.matched,
-                                                                     best.matched_until):
+            return None
+
+    for state in states[:SCREEN_KEEP]:      # the likeliest arrangements come first
+        replay = run(state, None)
+        if replay is not None and replay.matched == replay.total:
+            return replay
+    survivors = list(states)
+    events = 64
+    while len(survivors) > SCREEN_KEEP and events < len(trace):
+        scored = [(replay.matched, k) for k, state in enumerate(survivors)
+                  if (replay := run(state, events)) is not None]
+        top = max((m for m, _ in scored), default=0)
+        survivors = [survivors[k] for m, k in scored if m == top][:SCREEN_CAP]
+        events *= 4
+    best: Replay | None = None
+    for state in survivors:
+        replay = run(state, None)
+        if replay is not None and (best is None or (replay.matched, replay.matched_until)
+                                   > (best.matched, best.matched_until)):
             best = replay
             if best.matched == best.total:
                 break
