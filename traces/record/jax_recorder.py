@@ -41,13 +41,10 @@ runs them whenever an array's last reference goes) cannot tear a row.
 from __future__ import annotations
 
 import datetime
-import errno
 import itertools
 import math
 import os
 import platform
-import runpy
-import sys
 import threading
 import time
 import warnings
@@ -64,11 +61,10 @@ from allocsim.errors import UserInputError
 from allocsim.traces.formats import save
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 from allocsim.traces.record import jax_internals
-from allocsim.traces.record.script_args import split_argv
+from allocsim.traces.record.abrupt_end import AbruptEnd, partial_reason
 from allocsim.traces.validate import validate_recording
 
-__all__ = ["PROLOGUE_TAG", "RECORDER", "JaxRecorder", "ScriptRun", "active_recorder",
-           "record_script", "run_script"]
+__all__ = ["PROLOGUE_TAG", "RECORDER", "JaxRecorder", "active_recorder"]
 
 RECORDER = "allocsim JaxRecorder (JAX dispatch hooks)"
 PROLOGUE_TAG = "<allocated before recording>"
@@ -107,10 +103,17 @@ class JaxRecorder:
     ``output``: the trace file written on exit (format from the extension; None: keep in
     memory, see :attr:`trace`); ``device``: index into ``jax.devices()`` of the device to
     record (default 0); ``metadata``: added to the trace's. One recorder records at a time.
+
+    The trace is written however the block ends: normally, by an exception (Ctrl-C
+    included), by ``os._exit`` or by SIGTERM under its default action
+    (:mod:`~allocsim.traces.record.abrupt_end`; not by SIGKILL). A trace of a block that did
+    not end normally says why in its metadata, ``partial``. ``on_abrupt_end(trace, reason)``
+    is called after saving on ``os._exit`` or SIGTERM, just before the process ends.
     """
 
     def __init__(self, output: str | os.PathLike[str] | None = None, *, device: int = 0,
-                 metadata: dict[str, Any] | None = None) -> None:
+                 metadata: dict[str, Any] | None = None,
+                 on_abrupt_end: Callable[[Trace, str], None] | None = None) -> None:
         self.output = None if output is None else os.fspath(output)
         self.device_index = device
         self.metadata = dict(metadata or {})
@@ -131,6 +134,8 @@ class JaxRecorder:
         self._versions: dict[str, Any] = {}
         self._end_check: dict[str, Any] = {}
         self._closed = False
+        self._on_abrupt_end = on_abrupt_end
+        self._abrupt: AbruptEnd | None = None
 
     # ------------------------------------------------------------------ with-block
     def __enter__(self) -> JaxRecorder:
@@ -157,10 +162,28 @@ class JaxRecorder:
                                           self._on_delete)
         self._hooks.install()
         _ACTIVE.append(self)
+        if self.output is not None:
+            self._abrupt = AbruptEnd(self._end_abruptly)
+            self._abrupt.install()
         return self
 
+    def _end_abruptly(self, reason: str) -> None:
+        """``os._exit`` or SIGTERM: the block will not be left; save what it recorded."""
+        self.metadata["partial"] = reason
+        self.__exit__(None, None, None)
+        if self._on_abrupt_end is not None and self.trace is not None:
+            self._on_abrupt_end(self.trace, reason)
+
     def __exit__(self, *exc_info: Any) -> None:
+        error = exc_info[1] if len(exc_info) > 1 else None
+        if error is not None and "partial" not in self.metadata:
+            reason = partial_reason(error)
+            if reason is not None:
+                self.metadata["partial"] = reason
         try:
+            if self._abrupt is not None:
+                self._abrupt.uninstall()
+                self._abrupt = None
             if self._hooks is not None:
                 self._hooks.uninstall()
                 self._hooks = None
@@ -595,65 +618,3 @@ def _holds(ref: _Ref) -> bool:
         return not array_.is_deleted()
     except Exception:
         return False
-
-
-# ====================================================================== run a script
-@dataclass
-class ScriptRun:
-    """What :func:`record_script` ran: the trace (saved), the script's exit status and, when
-    it failed, the exception it ended with."""
-
-    trace: Trace
-    exit_status: int
-    error: BaseException | None
-
-
-def record_script(argv: list[str], output: str | os.PathLike[str], *, device: int = 0,
-                  metadata: dict[str, Any] | None = None) -> ScriptRun:
-    """Run a Python script (``runpy``, as ``__main__``, with ``sys.argv`` set) under a
-    :class:`JaxRecorder` and save its trace to ``output``, whether or not it fails.
-
-    Refused before anything runs or is written (:class:`UserInputError`, one line): no
-    script, JAX not installed, a JAX version the hooks were not tested against. A
-    ``KeyboardInterrupt`` is re-raised after the trace is saved.
-    """
-    script, module, args = split_argv(argv)
-    if script is not None and not Path(script).is_file():
-        raise FileNotFoundError(errno.ENOENT, "no such script", script)
-    jax_internals.check_version()
-    meta = {"script": script if script is not None else f"-m {module}", "argv": list(argv)}
-    meta.update(metadata or {})
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [script if script is not None else str(module), *args]
-    sys.path.insert(0, str(Path(script).resolve().parent) if script is not None else os.getcwd())
-    recorder = JaxRecorder(output, device=device, metadata=meta)
-    status: int = 0
-    error: BaseException | None = None
-    try:
-        with recorder:
-            try:
-                if script is not None:
-                    runpy.run_path(script, run_name="__main__")
-                else:
-                    runpy.run_module(str(module), run_name="__main__", alter_sys=True)
-            except SystemExit as stop:
-                if stop.code not in (None, 0):
-                    status = stop.code if isinstance(stop.code, int) else 1
-                    error = stop
-            except Exception as failure:  # the script's own error, reported by the caller
-                status, error = 1, failure
-    finally:
-        sys.argv = saved_argv
-        sys.path[:] = saved_path
-    assert recorder.trace is not None
-    return ScriptRun(recorder.trace, status, error)
-
-
-def run_script(argv: list[str], output: str | os.PathLike[str], *, device: int = 0,
-               metadata: dict[str, Any] | None = None) -> Trace:
-    """:func:`record_script`, then, as the CuPy recorder's ``run_script`` does, re-raise the
-    script's failure (an exception, or ``SystemExit`` with a nonzero code) after saving."""
-    run = record_script(argv, output, device=device, metadata=metadata)
-    if run.error is not None:
-        raise run.error
-    return run.trace
