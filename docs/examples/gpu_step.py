@@ -14,7 +14,9 @@ devices``) by :func:`allocsim.traces.record.xla_gpu.compile_for`: no GPU, no arr
 from __future__ import annotations
 
 import argparse
+import sys
 
+from allocsim.errors import UserInputError
 from allocsim.traces.record import xla_gpu
 
 
@@ -47,10 +49,14 @@ def main(argv: list[str] | None = None) -> int:
         momentum = [0.9 * m + g for m, g in zip(momentum, grads)]
         return ([w - 0.01 * m for w, m in zip(ws, momentum)], momentum)
 
-    trace = xla_gpu.compile_for(train_step, ((params, params), batch), donate_argnums=0,
-                                target=args.target, output=args.output,
-                                schedule=xla_gpu.Schedule(steps=args.steps,
-                                                          batch_argnums=(1,)))
+    try:
+        trace = xla_gpu.compile_for(train_step, ((params, params), batch), donate_argnums=0,
+                                    target=args.target, output=args.output,
+                                    schedule=xla_gpu.Schedule(steps=args.steps,
+                                                              batch_argnums=(1,)))
+    except UserInputError as err:  # an unknown target, the plugin missing, ...: one line
+        print(f"gpu_step: error: {err}", file=sys.stderr)
+        return 2
     peak, _ = trace.peak_live()
     print(f"wrote {args.output}: {len(trace):,} events, peak live {peak:,} B on {args.target}")
     return 0
