@@ -236,3 +236,5 @@ def test_info_of_several_modules_lists_them() -> None:
     holds = [line for line in out.splitlines() if line.strip().startswith("holds")]
     assert len(holds) == len(list_modules(DATA / "cpu"))
     assert "--module NAME" in out
+    status, out, err = cli("info", DATA / "cpu", "--json")  # its JSON describes one trace
+    assert status == 2 and out == "" and "--module NAME" in err and err.count("\n") == 1

@@ -78,9 +78,8 @@ def run_gen(args: argparse.Namespace) -> int:
 def _list_modules(args: argparse.Namespace, several: SeveralModules) -> int:
     """``info DIR`` of a dump of several modules: each one's sizes; one is chosen by name."""
     lines = several.listing
-    if args.json:
-        print_json({"source": several.source, "modules": lines})
-        return 0
+    if args.json:  # info's JSON describes one trace (info.schema.json): the error lists them
+        raise several
     print(f"{args.trace}: an XLA dump of {len(lines)} modules; choose one with --module NAME")
     for line in lines:
         print(f"  holds       {line}")
