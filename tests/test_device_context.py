@@ -140,3 +140,25 @@ def test_an_explicit_capacity_comes_without_a_share_unless_one_is_given(capsys,
                  "--context", "256MiB"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nothing is left for the allocators" in err
+
+
+def test_compare_states_the_share_in_its_json_device_and_its_header(tmp_path: Path,
+                                                                     capsys) -> None:
+    """The share a run assumed is in results.json's device section and the text's device line
+    (it was in neither: a reader could not tell the card's memory was not all the policies')."""
+    path = tmp_path / "t.npz"
+    formats.save(Trace.from_events([(0, "alloc", 1, 200 * MiB), (1, "free", 1, None)]), path)
+    shares = {}
+    for run, extra in enumerate(((), ("--context", "1GiB"), ("--capacity", "4GiB"))):
+        out = tmp_path / f"run{run}"
+        assert main(["compare", str(path), "--policies", "on-demand", "--device", "a100-80g",
+                     *extra, "-o", str(out)]) == 0
+        text = capsys.readouterr().out
+        device_line = next(line for line in text.splitlines() if line.startswith("device "))
+        results = json.loads((out / "results.json").read_text())
+        shares[extra] = (results["device"]["context_bytes"], device_line)
+    assert shares[()][0] == PROFILES["a100-80g"].context_bytes == 512 * MiB
+    assert "of which 512.00MiB the CUDA context and libraries hold (assumed" in shares[()][1]
+    assert shares[("--context", "1GiB")][0] == GiB
+    assert "of which 1.00GiB the CUDA context" in shares[("--context", "1GiB")][1]
+    assert shares[("--capacity", "4GiB")] == (0, "device a100-80g@4.00GiB: 4.00GiB")

@@ -8,7 +8,9 @@ bound (issue 16.15) — only the "reason" strings of the all-policies file chang
 JAX recording joined the bundled traces (sample-jax-cpu-train, issue 13), and a winner that
 ties the next policy on memory and on time is said to be first by name instead of "spends less
 time" (two reasons changed; no number did); the offline plan follows XLA's heap simulator
-(offsets aligned, sizes unpadded), which changed only its diagnostic heap_size.
+(offsets aligned, sizes unpadded), which changed only its diagnostic heap_size; the device
+section names the device's own share, context_bytes (issue 26; a key added, no number
+changed).
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ simulated card agree. A damaged or unknown target is one line.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +91,27 @@ def test_a_device_that_disagrees_with_the_target_is_one_line(tmp_path: Path, cap
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "compiled for h100-80g" in err and "--device h100-80g" in err
     assert main(["compare", str(path), "--policies", "bfc", "--device", "h100-80g"]) == 0
+
+
+HIDE_THE_PLUGIN = """
+import sys
+sys.modules["jax_plugins.xla_cuda12"] = None  # as on a machine without allocsim[jax-gpu]
+import runpy
+sys.argv = ["gpu_step.py", *sys.argv[1:]]
+runpy.run_path(%r, run_name="__main__")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
+def test_the_plugin_missing_is_one_line(tmp_path: Path) -> None:
+    """Runs where the plugin is installed too: the child hides it before jax looks for it."""
+    program = Path(__file__).resolve().parents[1] / "docs" / "examples" / "gpu_step.py"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run([sys.executable, "-c", HIDE_THE_PLUGIN % str(program), "-o",
+                           str(tmp_path / "step.npz"), "--hidden", "64", "--layers", "1"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    ours = [line for line in done.stderr.splitlines() if line.startswith("gpu_step: error:")]
+    assert len(ours) == 1 and "XLA:GPU is not available" in ours[0], done.stderr[-2000:]
+    assert "pip install 'allocsim[jax-gpu]'" in ours[0] and "Traceback" not in done.stderr
+    assert not (tmp_path / "step.npz").exists()

@@ -349,7 +349,12 @@ def test_info_lists_the_modules() -> None:
     status, out, _ = cli("info", DUMP)
     assert status == 0
     holds = [line for line in out.splitlines() if line.strip().startswith("holds")]
-    assert len(holds) == len(MODULES) and sum("(read)" in h for h in holds) == 1
+    # None is read: the runtime view replays one module, named with --module (issue 26)
+    assert len(holds) == len(MODULES) and sum("(read)" in h for h in holds) == 0
+    assert "choose one with --module NAME" in out
+    status, out, _ = cli("info", DUMP, "--module", "rnn_scan")
+    holds = [line for line in out.splitlines() if line.strip().startswith("holds")]
+    assert status == 0 and len(holds) == len(MODULES) and sum("(read)" in h for h in holds) == 1
 
 
 # ============================================================================ with jax

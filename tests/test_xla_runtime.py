@@ -23,6 +23,7 @@ import pytest
 
 from allocsim.sim.cli.main import main
 from allocsim.traces import formats
+from allocsim.traces.formats.xla_dump import list_modules
 from allocsim.traces.model import OP_ALLOC, TraceError
 
 DATA = Path(__file__).resolve().parent / "data" / "xla"
@@ -209,3 +210,31 @@ def test_min_capacity_under_jax_is_the_peak_over_its_fraction(module: str) -> No
     assert answer is not None
     rounding = 256 * trace.n_allocs + int(trace.size.max())
     assert peak / 0.75 <= answer <= (peak + rounding) / 0.75 + resolution
+
+
+# ============================================================== several modules, no schedule
+def test_a_dump_of_several_modules_without_a_schedule_is_one_line() -> None:
+    """The runtime view replays one module's executions; a dump of several has no order of
+    them, so reading "the largest" answered for one module of a job that runs several."""
+    modules = [m.key for m in list_modules(DATA / "cpu")]
+    assert len(modules) > 1
+    for command in ("compare", "min-capacity"):
+        status, out, err = cli(command, DATA / "cpu", "--policies", "bfc")
+        assert status == 2 and out == "" and err.count("\n") == 1, err
+        assert err.startswith(f"allocsim: error: {DATA / 'cpu'}: {len(modules)} modules")
+        assert "--module NAME" in err and all(m in err for m in modules)
+    with pytest.raises(TraceError, match="no schedule"):
+        formats.load(DATA / "cpu")
+    status, _, _ = cli("compare", DATA / "cpu", "--module", "rnn_scan", "--policies", "bfc")
+    assert status == 0  # one module named: its executions
+    assert formats.load(DATA / "cpu", view="buffers").name  # fidelity's view reads the largest
+
+
+def test_info_of_several_modules_lists_them() -> None:
+    status, out, err = cli("info", DATA / "cpu")
+    assert status == 0, err
+    holds = [line for line in out.splitlines() if line.strip().startswith("holds")]
+    assert len(holds) == len(list_modules(DATA / "cpu"))
+    assert "--module NAME" in out
+    status, out, err = cli("info", DATA / "cpu", "--json")  # its JSON describes one trace
+    assert status == 2 and out == "" and "--module NAME" in err and err.count("\n") == 1

@@ -42,8 +42,9 @@ def add_reading_options(parser: argparse.ArgumentParser) -> None:
                              "before recording started (the file's Total Allocated minus the "
                              "trace's live bytes) as one buffer at time 0")
     parser.add_argument("--module", metavar="NAME",
-                        help="which compiled module of an XLA dump folder (default: the one "
-                             "with the largest temp allocation; `allocsim info DIR` lists them)")
+                        help="which compiled module of an XLA dump folder (needed when it "
+                             "holds several, in the runtime view; the buffers view defaults to "
+                             "the one with the largest temp; `allocsim info DIR` lists them)")
     parser.add_argument("--xla-view", choices=["runtime", "buffers"],
                         help="how an XLA dump becomes a trace: 'runtime' (default; `fidelity` "
                              "uses 'buffers'): the arguments, then per execution the temp and "

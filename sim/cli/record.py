@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+from typing import TYPE_CHECKING
 
 from allocsim.policies import format_size
 from allocsim.sim.cli.common import UserError, add_output_option
@@ -14,6 +15,9 @@ from allocsim.sim.output.ownership import (
     is_allocsim_trace,
     refuse_unless_ours,
 )
+
+if TYPE_CHECKING:  # pragma: no cover - the trace type, for annotations only
+    from allocsim.traces.model import Trace
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -86,32 +90,44 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_jax(command: list[str], output: str) -> int:
-    """Record a JAX script; its failure's exit status is returned, its partial trace kept."""
-    from allocsim.traces.record.jax_recorder import record_script
-    result = record_script(command, output)
+    """Record a JAX script; its failure's exit status is returned, its partial trace kept
+    (a Ctrl-C or SIGTERM: 130 or 143; ``os._exit(n)``: n, said before the process ends)."""
+    from allocsim.traces.record.jax_recorder_script import record_script
+
+    def summary(trace: Trace) -> str:
+        return f"{len(trace):,} events, peak live {format_size(trace.peak_live()[0])}"
+
+    def on_abrupt_end(trace: Trace, reason: str) -> None:
+        print(f"allocsim: record: the script ended by {reason}; partial trace written to "
+              f"{output} ({summary(trace)})", file=sys.stderr, flush=True)
+
+    result = record_script(command, output, on_abrupt_end=on_abrupt_end)
     trace = result.trace
-    peak, _ = trace.peak_live()
     if result.error is None:
-        print(f"wrote {output}: {len(trace):,} events, peak live {format_size(peak)}",
-              file=sys.stderr)
         if not len(trace):
-            print("allocsim: record: warning: the program held no JAX array on the recorded "
-                  "device: the trace is empty (does it use jax?)", file=sys.stderr)
+            print(f"allocsim: record: warning: wrote {output} with 0 events: the program held "
+                  "no JAX array on the recorded device (does it import jax?)", file=sys.stderr)
+        else:
+            print(f"wrote {output}: {summary(trace)}", file=sys.stderr)
         return 0
     error = result.error
+    if isinstance(error, KeyboardInterrupt):
+        print(f"allocsim: record: {result.partial}; partial trace written to {output} "
+              f"({summary(trace)})", file=sys.stderr)
+        return result.exit_status
     if isinstance(error, SystemExit):
         if not isinstance(error.code, int) and error.code is not None:
             print(error.code, file=sys.stderr)  # as Python prints sys.exit("message")
     else:  # the script's own traceback, as Python would print it (the recorder's frames out)
         tb = error.__traceback__
         while tb is not None and tb.tb_next is not None and (
-                tb.tb_frame.f_code.co_filename.endswith("jax_recorder.py")
+                tb.tb_frame.f_code.co_filename.endswith(("jax_recorder.py",
+                                                         "jax_recorder_script.py"))
                 or "runpy" in tb.tb_frame.f_code.co_filename):
             tb = tb.tb_next
         traceback.print_exception(type(error), error, tb, file=sys.stderr)
     print(f"allocsim: record: the script exited with status {result.exit_status}; partial "
-          f"trace written to {output} ({len(trace):,} events, peak live "
-          f"{format_size(peak)})", file=sys.stderr)
+          f"trace written to {output} ({summary(trace)})", file=sys.stderr)
     return result.exit_status
 
 

@@ -18,6 +18,7 @@ from allocsim.sim.cli.common import (
 from allocsim.sim.output.ownership import is_allocsim_trace, refuse_unless_ours
 from allocsim.sim.output.tables import format_table
 from allocsim.traces import formats, synth
+from allocsim.traces.formats.xla_dump import SeveralModules
 from allocsim.traces.summary import summarize
 
 
@@ -82,10 +83,24 @@ def run_gen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _list_modules(args: argparse.Namespace, several: SeveralModules) -> int:
+    """``info DIR`` of a dump of several modules: each one's sizes; one is chosen by name."""
+    lines = several.listing
+    if args.json:  # info's JSON describes one trace (info.schema.json): the error lists them
+        raise several
+    print(f"{args.trace}: an XLA dump of {len(lines)} modules; choose one with --module NAME")
+    for line in lines:
+        print(f"  holds       {line}")
+    return 0
+
+
 def run_info(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise UserInputError(f"--top: the number of tags to list must be >= 0, got {args.top}")
-    trace = load_trace(args.trace, args)
+    try:
+        trace = load_trace(args.trace, args)
+    except SeveralModules as several:  # info lists them, the way to choose one
+        return _list_modules(args, several)
     facts = summarize(trace, top=args.top)
     if args.json:
         print_json(facts)

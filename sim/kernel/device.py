@@ -206,7 +206,9 @@ _GRANULARITY_NOTE = ("granularity 512 B: cudaMalloc pointers are at least 256-by
 # The device's own share on the built-in profiles: assumed, not measured here (no GPU). A CUDA
 # 12 process with lazy module loading (the default since CUDA 12.2) holds a few hundred MiB
 # before its first allocation (context, module images, library handles), more on cards with
-# more SMs. `--context SIZE` or a device-profile file's context_bytes sets it.
+# more SMs (pytorch/pytorch PR #86509 measured a PyTorch process's context at 287,047,680 B
+# with lazy loading, 666,632,192 B without). `--context SIZE` or a profile file's
+# context_bytes sets it.
 DEFAULT_CONTEXT_NOTE = ("context (CUDA context and libraries) assumed, not measured; --context "
                         "sets it")
 

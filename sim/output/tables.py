@@ -53,6 +53,14 @@ def _before_recording(trace: dict[str, Any]) -> str:
             "not hold; --start-state unrecorded adds it)")
 
 
+def _context(device: DeviceProfile) -> str:
+    """The device's own share, where it has one (its size assumed unless --context set it)."""
+    if not device.context_bytes:
+        return ""
+    return (f", of which {format_size(device.context_bytes)} the CUDA context and libraries "
+            "hold (assumed; --context sets it)")
+
+
 def comparison_text(comparison: Comparison) -> str:
     """The table ``allocsim compare`` prints, with the trace, the device and the verdict."""
     trace = comparison.trace
@@ -60,7 +68,7 @@ def comparison_text(comparison: Comparison) -> str:
     head = (f"trace  {trace['name']}: {trace['events']:,} events, {trace['allocs']:,} allocs, "
             f"{trace['duration_s']:.3g} s, peak live {format_size(trace['peak_live'])}"
             f"{_before_recording(trace)}\n"
-            f"device {device.name}: {format_size(device.capacity)}\n")
+            f"device {device.name}: {format_size(device.capacity)}{_context(device)}\n")
     table = format_table([_row(r) for r in comparison.results], COLUMNS)
     verdict = (f"winner: {comparison.winner} — {comparison.reason}" if comparison.winner
                else f"winner: none — {comparison.reason}")

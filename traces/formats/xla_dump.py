@@ -20,10 +20,12 @@ Two views (option ``view``; ``--xla-view`` on the command line):
 How a module becomes a :class:`~allocsim.traces.model.Trace` in the ``buffers`` view:
 
 - **Which module.** Option ``module``: ``module_0000.jit_step``, ``jit_step``, ``step`` or
-  ``0000``; by default the module with the largest temp allocation (first on ties). An unknown
-  or ambiguous name is one line listing the known ones. ``metadata["listing"]`` has one line
-  per module (argument, output and temp bytes; the one read marked ``(read)``) —
-  ``allocsim info DIR`` prints them.
+  ``0000``; by default the module with the largest temp allocation (first on ties) in the
+  ``buffers`` view — the ``runtime`` view of a dump of several modules needs one named
+  (:class:`SeveralModules`: it replays one module's executions, and a dump has no schedule).
+  An unknown or ambiguous name is one line listing the known ones. ``metadata["listing"]``
+  has one line per module (argument, output and temp bytes; the one read marked ``(read)``)
+  — ``allocsim info DIR`` prints them.
 - **Buffers, shared bytes counted once.** Every value of the buffer assignment with a live
   range (``-live-range.txt``) lives ``[start, end]`` (positions in the instruction sequence,
   both ends inclusive). XLA puts values that share memory — an in-place update
@@ -91,8 +93,8 @@ from allocsim.traces.formats.xla_dump_files import (
 from allocsim.traces.formats.xla_runtime import executable_of, replay_steps
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace, TraceError
 
-__all__ = ["FORMAT_NAME", "OPTIONS", "ROLES", "VIEWS", "ModuleFiles", "detect_xla_dump",
-           "is_dump_path", "list_modules", "read_xla_dump", "role_trace"]
+__all__ = ["FORMAT_NAME", "OPTIONS", "ROLES", "VIEWS", "ModuleFiles", "SeveralModules",
+           "detect_xla_dump", "is_dump_path", "list_modules", "read_xla_dump", "role_trace"]
 
 FORMAT_NAME = "xla-dump"
 ROLES = ("argument", "output", "temp", "constant")
@@ -271,7 +273,7 @@ def _size_text(n: int) -> str:
     return f"{n}B"
 
 
-def _listing(modules: list[ModuleFiles], chosen: ModuleFiles) -> list[str]:
+def _listing(modules: list[ModuleFiles], chosen: ModuleFiles | None) -> list[str]:
     lines = []
     for m in modules:
         if m.problem:
@@ -433,7 +435,23 @@ def read_xla_dump(folder: Path, source: str, name: str, *, module: str | None = 
     if not modules:
         raise TraceError("holds no XLA dump module files", source=source)
     chosen = _choose(modules, module, source)
+    if module is None and len(modules) > 1 and _view_option(view, source) == "runtime":
+        _steps_option(steps, source)  # a bad --steps is named first
+        raise SeveralModules(modules, source)
     return read_module(chosen, source, _listing(modules, chosen), view=view, steps=steps)
+
+
+class SeveralModules(TraceError):
+    """A dump of several modules read in the runtime view with no module named: the runtime
+    replays one module's executions, and a dump says nothing of their order or counts."""
+
+    def __init__(self, modules: list[ModuleFiles], source: str) -> None:
+        self.listing = _listing(modules, None)  # one line per module, as info prints them
+        known = ", ".join(m.key for m in modules)
+        super().__init__(f"{len(modules)} modules in the dump and no schedule of their "
+                         f"executions: name the one to replay with --module NAME (modules: "
+                         f"{known}); for several, compile with xla_gpu.compile_for and a "
+                         "Schedule", source=source)
 
 
 def detect_xla_file(path: str, head: bytes) -> bool:

@@ -51,8 +51,9 @@ ExecuteHook = Callable[[Any, Sequence[Any], Callable[..., Any]], Any]
 InputsHook = Callable[[Sequence[Any], Callable[[], Any]], Any]
 # on_device_put(xs, call) -> outputs ; call() runs the real transfer.
 DevicePutHook = Callable[[Sequence[Any], Callable[[], Any]], Any]
-# on_assemble(call) -> one array ; call() builds it.
-AssembleHook = Callable[[Callable[[], Any]], Any]
+# on_assemble(shards, call) -> one array ; call() builds it from ``shards`` (host data or
+# single-device Arrays, one per device).
+AssembleHook = Callable[[Sequence[Any], Callable[[], Any]], Any]
 DeleteHook = Callable[[Any], None]
 
 
@@ -111,7 +112,8 @@ class Hooks:
             return on_inputs(args, lambda: inputs(handler, args))
 
         def recorded_assemble(*args: Any, **kwargs: Any) -> Any:
-            return on_assemble(lambda: assemble(*args, **kwargs))
+            shards = args[2] if len(args) > 2 else kwargs.get("xs", ())
+            return on_assemble(shards, lambda: assemble(*args, **kwargs))
 
         def recorded_device_put(*xs: Any, **params: Any) -> Any:
             return on_device_put(xs, lambda: device_put(*xs, **params))

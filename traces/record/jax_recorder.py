@@ -16,6 +16,15 @@ device; the CPU on a machine without an accelerator):
   nothing, a donated buffer no output reuses is freed;
 - an array is freed when the program drops it (a weak reference's callback) or deletes it.
 
+Buffers, not Array objects, are counted: two Arrays can hold one device buffer (``jax.device_put``
+to the device an array is already on commits it without a copy; ``x.addressable_data(0)``,
+``device_put_sharded`` of arrays already in place). An array whose buffer on the recorded
+device (its shard there, when it spans several) has the device pointer of a tracked buffer
+joins it and allocates nothing; the buffer is freed when its last Array goes, or at once when
+one of them is deleted or donated (JAX deletes the shared buffer under all of them). A
+pointer whose Arrays are all deleted is stale (a deletion the hooks did not see) and is freed
+before a new buffer takes its address.
+
 Arrays alive when recording starts (``jax.live_arrays()``) open the trace, tagged
 ``<allocated before recording>``. Tags name the executable and, where the optimized HLO says,
 the op that produced the output (``jit(update)/sub``, ``jit(update)/temp``); an eager op is
@@ -32,13 +41,10 @@ runs them whenever an array's last reference goes) cannot tear a row.
 from __future__ import annotations
 
 import datetime
-import errno
 import itertools
 import math
 import os
 import platform
-import runpy
-import sys
 import threading
 import time
 import warnings
@@ -55,11 +61,10 @@ from allocsim.errors import UserInputError
 from allocsim.traces.formats import save
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 from allocsim.traces.record import jax_internals
-from allocsim.traces.record.script_args import split_argv
+from allocsim.traces.record.abrupt_end import AbruptEnd, partial_reason
 from allocsim.traces.validate import validate_recording
 
-__all__ = ["PROLOGUE_TAG", "RECORDER", "JaxRecorder", "ScriptRun", "active_recorder",
-           "record_script", "run_script"]
+__all__ = ["PROLOGUE_TAG", "RECORDER", "JaxRecorder", "active_recorder"]
 
 RECORDER = "allocsim JaxRecorder (JAX dispatch hooks)"
 PROLOGUE_TAG = "<allocated before recording>"
@@ -73,11 +78,13 @@ def active_recorder() -> JaxRecorder | None:
 
 
 class _Ref(weakref.ref):
-    """A tracked array: the buffer id and size its free will carry."""
+    """A tracked array: the buffer id and size its free will carry, and the device pointer
+    of that buffer on the recorded device (-1: unknown; the buffer is then its own)."""
 
-    __slots__ = ("bid", "key", "size", "tag")
+    __slots__ = ("bid", "key", "pointer", "size", "tag")
     bid: int
     key: int
+    pointer: int
     size: int
     tag: int
 
@@ -96,10 +103,17 @@ class JaxRecorder:
     ``output``: the trace file written on exit (format from the extension; None: keep in
     memory, see :attr:`trace`); ``device``: index into ``jax.devices()`` of the device to
     record (default 0); ``metadata``: added to the trace's. One recorder records at a time.
+
+    The trace is written however the block ends: normally, by an exception (Ctrl-C
+    included), by ``os._exit`` or by SIGTERM under its default action
+    (:mod:`~allocsim.traces.record.abrupt_end`; not by SIGKILL). A trace of a block that did
+    not end normally says why in its metadata, ``partial``. ``on_abrupt_end(trace, reason)``
+    is called after saving on ``os._exit`` or SIGTERM, just before the process ends.
     """
 
     def __init__(self, output: str | os.PathLike[str] | None = None, *, device: int = 0,
-                 metadata: dict[str, Any] | None = None) -> None:
+                 metadata: dict[str, Any] | None = None,
+                 on_abrupt_end: Callable[[Trace, str], None] | None = None) -> None:
         self.output = None if output is None else os.fspath(output)
         self.device_index = device
         self.metadata = dict(metadata or {})
@@ -108,8 +122,9 @@ class JaxRecorder:
         self._tags: list[str] = []
         self._tag_ids: dict[str, int] = {}
         self._live: dict[int, _Ref] = {}
+        self._holders: dict[int, list[_Ref]] = {}  # device pointer -> the Arrays on it
         self._executables: dict[Any, _Executable] = {}
-        self._placement: dict[Any, int] = {}
+        self._placement: dict[Any, tuple[int, int]] = {}  # sharding -> (mode, shard index)
         self._ids = itertools.count()
         self._local = threading.local()
         self._t0 = time.perf_counter_ns()
@@ -119,6 +134,8 @@ class JaxRecorder:
         self._versions: dict[str, Any] = {}
         self._end_check: dict[str, Any] = {}
         self._closed = False
+        self._on_abrupt_end = on_abrupt_end
+        self._abrupt: AbruptEnd | None = None
 
     # ------------------------------------------------------------------ with-block
     def __enter__(self) -> JaxRecorder:
@@ -139,16 +156,34 @@ class JaxRecorder:
         self._t0 = time.perf_counter_ns()
         prologue = self._tag(PROLOGUE_TAG)
         for array_ in jax.live_arrays(self._device.platform):
-            self._track(array_, prologue)
+            self._track(array_, prologue, view_of=True)
         self._hooks = jax_internals.Hooks(self._on_execute, self._on_inputs,
                                           self._on_device_put, self._on_assemble,
                                           self._on_delete)
         self._hooks.install()
         _ACTIVE.append(self)
+        if self.output is not None:
+            self._abrupt = AbruptEnd(self._end_abruptly)
+            self._abrupt.install()
         return self
 
+    def _end_abruptly(self, reason: str) -> None:
+        """``os._exit`` or SIGTERM: the block will not be left; save what it recorded."""
+        self.metadata["partial"] = reason
+        self.__exit__(None, None, None)
+        if self._on_abrupt_end is not None and self.trace is not None:
+            self._on_abrupt_end(self.trace, reason)
+
     def __exit__(self, *exc_info: Any) -> None:
+        error = exc_info[1] if len(exc_info) > 1 else None
+        if error is not None and "partial" not in self.metadata:
+            reason = partial_reason(error)
+            if reason is not None:
+                self.metadata["partial"] = reason
         try:
+            if self._abrupt is not None:
+                self._abrupt.uninstall()
+                self._abrupt = None
             if self._hooks is not None:
                 self._hooks.uninstall()
                 self._hooks = None
@@ -173,24 +208,59 @@ class JaxRecorder:
 
     def _dead(self, ref: _Ref) -> None:
         """Weak-reference callback: the program dropped a tracked array."""
-        if self._live.get(ref.key) is ref:
+        holders = self._holders.get(ref.pointer) if ref.pointer >= 0 else None
+        if holders is not None and any(r is ref for r in holders):
+            self._forget([ref])
+            holders[:] = [r for r in holders if r is not ref]
+            if any(_holds(r) for r in holders):
+                return  # another Array still holds the buffer
+            self._forget(holders)
+            del self._holders[ref.pointer]
+        elif self._live.get(ref.key) is ref:
             del self._live[ref.key]
+        else:
+            return  # released already (deleted, donated): freed then
         self._emit(OP_FREE, ref.bid, ref.size, ref.tag)
+
+    def _placement_of(self, sharding: Any) -> tuple[int, int]:
+        """``(mode, index)``: mode 0 the array has nothing on the recorded device, 1 it lives
+        there alone, 2 it has a shard there, ``addressable_data(index)``."""
+        placement = self._placement.get(sharding)
+        if placement is None:
+            devices = sharding.device_set
+            if self._device not in devices:
+                placement = (0, -1)
+            elif len(devices) == 1:
+                placement = (1, 0)
+            else:
+                order = list(sharding._addressable_device_assignment)
+                placement = (2, order.index(self._device))
+            self._placement[sharding] = placement
+        return placement
 
     def _device_bytes(self, array_: Any) -> int | None:
         """Bytes ``array_`` holds on the recorded device (None: it holds none there)."""
-        sharding = array_.sharding
-        mode = self._placement.get(sharding)
-        if mode is None:
-            devices = sharding.device_set
-            mode = 0 if self._device not in devices else 1 if len(devices) == 1 else 2
-            self._placement[sharding] = mode
+        mode = self._placement_of(array_.sharding)[0]
         if mode == 1:
             return int(array_.nbytes)
         if mode == 0:
             return None
-        shard = sharding.shard_shape(array_.shape)
+        shard = array_.sharding.shard_shape(array_.shape)
         return math.prod(shard) * array_.dtype.itemsize
+
+    def _pointer_here(self, array_: Any) -> int:
+        """The device pointer of ``array_``'s buffer on the recorded device (-1: none known:
+        deleted, or a backend without pointers)."""
+        try:
+            mode, index = self._placement_of(array_.sharding)
+            if mode == 1:
+                return int(array_.unsafe_buffer_pointer())
+            if mode == 2:
+                shard = array_.addressable_data(index)
+                return int(shard.unsafe_buffer_pointer())
+        except Exception:  # deleted under us, or no pointers on this backend
+            pass
+        return -1
 
     def _base(self, value: Any) -> Any:
         """The ArrayImpl holding ``value``'s buffer (a typed PRNG key wraps one), or None."""
@@ -203,9 +273,22 @@ class JaxRecorder:
         ref = self._live.get(id(array_))
         return ref if ref is not None and ref() is array_ else None
 
+    def _held(self, pointer: int, size: int) -> _Ref | None:
+        """A live, undeleted Array holding the tracked buffer of ``size`` bytes at
+        ``pointer``, or None."""
+        holders = self._holders.get(pointer) if pointer >= 0 else None
+        if holders:
+            for ref in holders:
+                if _holds(ref):
+                    return ref if ref.size == size else None
+        return None
+
     def _track(self, array_: Any, tag: int, bid: int | None = None,
-               size: int | None = None) -> None:
-        """Start following ``array_``; emits its alloc unless it takes over buffer ``bid``."""
+               size: int | None = None, view_of: _Ref | bool | None = None) -> None:
+        """Start following ``array_``; emits its alloc unless it takes over buffer ``bid``
+        or views a tracked buffer: that of ``view_of`` (the Array it was made from) when it
+        has its device pointer, any tracked buffer with its pointer when ``view_of`` is
+        True (the arrays alive when recording starts, whose origin is unknown)."""
         if size is None:
             try:
                 if array_.is_deleted():
@@ -217,18 +300,62 @@ class JaxRecorder:
                 return
         ref = _Ref(array_, self._dead)
         ref.key, ref.size, ref.tag = id(array_), size, tag
+        ref.pointer = pointer = self._pointer_here(array_)
         if bid is None:
+            if view_of is True:
+                source = self._held(pointer, size)
+            elif isinstance(view_of, _Ref) and view_of.pointer == pointer:
+                source = self._held(pointer, size)
+            else:
+                source = None
+            if source is not None:  # a second Array on a buffer already counted
+                ref.bid, ref.tag = source.bid, source.tag
+                self._holders[pointer].append(ref)
+                self._live[ref.key] = ref
+                return
             ref.bid = next(self._ids)
             self._emit(OP_ALLOC, ref.bid, size, tag)
         else:
             ref.bid = bid
         self._live[ref.key] = ref
+        if pointer < 0:
+            return
+        holders = self._holders.get(pointer)
+        if holders and any(_holds(r) for r in holders):
+            # Another buffer at this address, alive: XLA:CPU aliases a numpy array's memory
+            # (device_put of one numpy array twice); on a GPU these are two buffers.
+            ref.pointer = -1
+            return
+        if holders:  # all deleted, unseen by the hooks: that buffer went before this one
+            first = holders[0]
+            self._forget(holders)
+            self._emit(OP_FREE, first.bid, first.size, first.tag)
+        self._holders[pointer] = [ref]
+
+    def _forget(self, refs: list[_Ref]) -> None:
+        for ref in refs:
+            if self._live.get(ref.key) is ref:
+                del self._live[ref.key]
 
     def _release(self, ref: _Ref) -> None:
-        """A tracked array's buffer went (deleted, donated): free it now."""
-        if self._live.get(ref.key) is ref:
+        """A tracked array's buffer went (deleted, donated): free it now, for every Array on
+        it (JAX deletes a shared buffer under all of its Arrays)."""
+        holders = self._holders.get(ref.pointer) if ref.pointer >= 0 else None
+        if holders is not None and any(r is ref for r in holders):
+            self._forget(holders)
+            del self._holders[ref.pointer]
+        elif self._live.get(ref.key) is ref:
             del self._live[ref.key]
+        else:
+            return  # freed already (a stale pointer found, or a view released first)
         self._emit(OP_FREE, ref.bid, ref.size, ref.tag)
+
+    def _take_over(self, donated: _Ref, array_: Any) -> None:
+        """``array_`` holds the buffer of ``donated`` (donation: XLA's input-output alias,
+        or a donating device_put): it keeps that buffer's id, nothing is allocated."""
+        holders = self._holders.pop(donated.pointer, None) if donated.pointer >= 0 else None
+        self._forget(holders if holders is not None else [donated])
+        self._track(array_, donated.tag, bid=donated.bid, size=donated.size)
 
     # ------------------------------------------------------------------ executions
     def _describe(self, executable: Any) -> _Executable:
@@ -262,7 +389,7 @@ class JaxRecorder:
         if info.temp_bytes:
             temp_bid = next(self._ids)
             emit(OP_ALLOC, temp_bid, info.temp_bytes, described.temp_tag)
-        donated: list[tuple[Any, _Ref, int | None]] = []
+        donated: list[tuple[Any, _Ref]] = []
         if info.aliased_params:
             kept_args = [a for i, a in enumerate(args) if i in info.kept]
             for param in info.aliased_params:
@@ -271,7 +398,7 @@ class JaxRecorder:
                     arg = self._base(kept_args[position])
                     ref = self._tracked(arg) if arg is not None else None
                     if ref is not None:
-                        donated.append((arg, ref, _pointer(arg)))
+                        donated.append((arg, ref))
         local = self._local
         transfers: list[tuple[int, int]] = []
         stack = getattr(local, "transfers", None)
@@ -294,14 +421,14 @@ class JaxRecorder:
         return outputs
 
     def _outputs(self, outputs: Sequence[Any], described: _Executable,
-                 donated: list[tuple[Any, _Ref, int | None]]) -> None:
+                 donated: list[tuple[Any, _Ref]]) -> None:
         reusable: dict[int, _Ref] = {}
         gone: list[_Ref] = []
-        for arg, ref, pointer in donated:
+        for arg, ref in donated:
             if arg.is_deleted():
                 gone.append(ref)
-                if pointer is not None:
-                    reusable[pointer] = ref
+                if ref.pointer >= 0:
+                    reusable[ref.pointer] = ref
         tags = described.output_tags
         offset = len(tags) - len(outputs)
         for index, value in enumerate(outputs):
@@ -312,11 +439,10 @@ class JaxRecorder:
             tag = tags[position] if 0 <= position < len(tags) and offset >= 0 \
                 else self._tag(described.info.name)
             if reusable:
-                taken = reusable.pop(_pointer(out) or -1, None)
+                taken = reusable.pop(self._pointer_here(out), None)
                 if taken is not None and self._device_bytes(out) == taken.size:
                     gone.remove(taken)  # the donated buffer, now the output's
-                    del self._live[taken.key]
-                    self._track(out, taken.tag, bid=taken.bid, size=taken.size)
+                    self._take_over(taken, out)
                     continue
             self._track(out, tag)
         for ref in gone:
@@ -340,19 +466,37 @@ class JaxRecorder:
             if buf is arg or type(buf) is not self._array_type:
                 continue
             size = self._device_bytes(buf)
-            if size:
+            if size and not self._views(buf, arg, size):
                 bid = next(self._ids)
                 self._emit(OP_ALLOC, bid, size, self._tag(f"{described.info.name}/argument"))
                 transfers.append((bid, size))
         return bufs
 
-    def _on_assemble(self, call: Callable[[], Any]) -> Any:
+    def _on_assemble(self, shards: Sequence[Any], call: Callable[[], Any]) -> Any:
         out = call()
-        if not getattr(self._local, "inputs", 0):  # not an execution's argument
+        local = self._local
+        # Not an execution's argument, nor device_put's own step (its outputs are tracked
+        # when it returns: the array assembled here is rewrapped there and dropped).
+        if not getattr(local, "inputs", 0) and not getattr(local, "putting", 0):
             base = self._base(out)
             if base is not None and self._tracked(base) is None:
-                self._track(base, self._tag("device_put"))
+                # Assembled from Arrays already in place, it views the one on this device.
+                pointer = self._pointer_here(base)
+                source = None
+                for shard in shards:
+                    shard_base = self._base(shard)
+                    ref = self._tracked(shard_base) if shard_base is not None else None
+                    if ref is not None and ref.pointer == pointer >= 0:
+                        source = ref
+                self._track(base, self._tag("device_put"), view_of=source)
         return out
+
+    def _views(self, array_: Any, source: Any, size: int) -> bool:
+        """Whether ``array_``, made from ``source``, holds the buffer ``source`` holds."""
+        base = self._base(source)
+        ref = self._tracked(base) if base is not None else None
+        return ref is not None and ref.pointer >= 0 and ref.size == size \
+            and self._pointer_here(array_) == ref.pointer
 
     def _on_device_put(self, xs: Sequence[Any], call: Callable[[], Any]) -> Any:
         inputs = []
@@ -360,7 +504,12 @@ class JaxRecorder:
             base = self._base(x)
             ref = self._tracked(base) if base is not None else None
             inputs.append((base, ref))
-        ys = call()
+        local = self._local
+        local.putting = getattr(local, "putting", 0) + 1
+        try:
+            ys = call()
+        finally:
+            local.putting -= 1
         tag = self._tag("device_put")
         for index, y in enumerate(ys):
             out = self._base(y)
@@ -369,12 +518,11 @@ class JaxRecorder:
             source, ref = inputs[index] if index < len(inputs) else (None, None)
             if ref is not None and source is not None and source.is_deleted() \
                     and self._device_bytes(out) == ref.size:  # donated: the buffer moved
-                del self._live[ref.key]
-                self._track(out, ref.tag, bid=ref.bid, size=ref.size)
+                self._take_over(ref, out)
                 continue
-            self._track(out, tag)
+            self._track(out, tag, view_of=ref)  # a view of its source joins its buffer
         for source, ref in inputs:
-            if ref is not None and self._live.get(ref.key) is ref and source.is_deleted():
+            if ref is not None and source.is_deleted():
                 self._release(ref)
         return ys
 
@@ -402,9 +550,22 @@ class JaxRecorder:
         import jax
         arrays = jax.live_arrays(self._device.platform)
         expected = 0
+        # Each buffer once: the Arrays on one device pointer are one buffer (views), unless
+        # the recording told them apart (XLA:CPU aliasing one numpy array's memory twice).
+        groups: dict[int, dict[int, int]] = {}  # pointer -> {buffer id (-1: untracked): size}
         for array_ in arrays:
             size = self._device_bytes(array_)
-            expected += size or 0
+            if not size:
+                continue
+            pointer = self._pointer_here(array_)
+            if pointer < 0:
+                expected += size
+                continue
+            ref = self._tracked(array_)
+            groups.setdefault(pointer, {})[ref.bid if ref is not None else -1] = size
+        for buffers in groups.values():
+            tracked = [size for bid, size in buffers.items() if bid >= 0]
+            expected += sum(tracked) if tracked else buffers[-1]
         recorded = self.live_bytes()
         if recorded != expected:
             warnings.warn(f"JAX recording ends with {recorded:,} live bytes but "
@@ -448,70 +609,12 @@ class JaxRecorder:
         return self.trace
 
 
-def _pointer(array_: Any) -> int | None:
+def _holds(ref: _Ref) -> bool:
+    """Whether the Array ``ref`` follows is alive and not deleted."""
+    array_ = ref()
+    if array_ is None:
+        return False
     try:
-        return int(array_.unsafe_buffer_pointer())
-    except Exception:  # sharded over several devices, deleted, or a backend without pointers
-        return None
-
-
-# ====================================================================== run a script
-@dataclass
-class ScriptRun:
-    """What :func:`record_script` ran: the trace (saved), the script's exit status and, when
-    it failed, the exception it ended with."""
-
-    trace: Trace
-    exit_status: int
-    error: BaseException | None
-
-
-def record_script(argv: list[str], output: str | os.PathLike[str], *, device: int = 0,
-                  metadata: dict[str, Any] | None = None) -> ScriptRun:
-    """Run a Python script (``runpy``, as ``__main__``, with ``sys.argv`` set) under a
-    :class:`JaxRecorder` and save its trace to ``output``, whether or not it fails.
-
-    Refused before anything runs or is written (:class:`UserInputError`, one line): no
-    script, JAX not installed, a JAX version the hooks were not tested against. A
-    ``KeyboardInterrupt`` is re-raised after the trace is saved.
-    """
-    script, module, args = split_argv(argv)
-    if script is not None and not Path(script).is_file():
-        raise FileNotFoundError(errno.ENOENT, "no such script", script)
-    jax_internals.check_version()
-    meta = {"script": script if script is not None else f"-m {module}", "argv": list(argv)}
-    meta.update(metadata or {})
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [script if script is not None else str(module), *args]
-    sys.path.insert(0, str(Path(script).resolve().parent) if script is not None else os.getcwd())
-    recorder = JaxRecorder(output, device=device, metadata=meta)
-    status: int = 0
-    error: BaseException | None = None
-    try:
-        with recorder:
-            try:
-                if script is not None:
-                    runpy.run_path(script, run_name="__main__")
-                else:
-                    runpy.run_module(str(module), run_name="__main__", alter_sys=True)
-            except SystemExit as stop:
-                if stop.code not in (None, 0):
-                    status = stop.code if isinstance(stop.code, int) else 1
-                    error = stop
-            except Exception as failure:  # the script's own error, reported by the caller
-                status, error = 1, failure
-    finally:
-        sys.argv = saved_argv
-        sys.path[:] = saved_path
-    assert recorder.trace is not None
-    return ScriptRun(recorder.trace, status, error)
-
-
-def run_script(argv: list[str], output: str | os.PathLike[str], *, device: int = 0,
-               metadata: dict[str, Any] | None = None) -> Trace:
-    """:func:`record_script`, then, as the CuPy recorder's ``run_script`` does, re-raise the
-    script's failure (an exception, or ``SystemExit`` with a nonzero code) after saving."""
-    run = record_script(argv, output, device=device, metadata=metadata)
-    if run.error is not None:
-        raise run.error
-    return run.trace
+        return not array_.is_deleted()
+    except Exception:
+        return False

@@ -1,0 +1,99 @@
+"""Run a Python script under the JAX recorder (``allocsim record --framework jax``).
+
+:func:`record_script` runs ``[python] script.py args`` (or ``-m module``) as ``__main__`` inside
+a :class:`~allocsim.traces.record.jax_recorder.JaxRecorder` and saves the trace however the
+script ends: normally, by its own exception or ``sys.exit(n)``, by Ctrl-C or SIGTERM (the
+command line turns SIGTERM into an exception, :mod:`allocsim.interrupts`; without it the
+recorder's own handler saves, :mod:`~allocsim.traces.record.abrupt_end`), or by ``os._exit(n)``.
+A trace the script did not finish says why in its metadata, ``partial``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import runpy
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from allocsim.interrupts import exit_status
+from allocsim.traces.model import Trace
+from allocsim.traces.record import jax_internals
+from allocsim.traces.record.abrupt_end import partial_reason
+from allocsim.traces.record.jax_recorder import JaxRecorder
+from allocsim.traces.record.script_args import split_argv
+
+__all__ = ["ScriptRun", "record_script", "run_script"]
+
+
+@dataclass
+class ScriptRun:
+    """What :func:`record_script` ran: the trace (saved), the script's exit status and, when
+    it did not finish, the exception it ended with and why the trace is partial."""
+
+    trace: Trace
+    exit_status: int
+    error: BaseException | None
+    partial: str | None = None
+
+
+def record_script(argv: list[str], output: str | os.PathLike[str], *, device: int = 0,
+                  metadata: dict[str, Any] | None = None,
+                  on_abrupt_end: Callable[[Trace, str], None] | None = None) -> ScriptRun:
+    """Run a Python script (``runpy``, as ``__main__``, with ``sys.argv`` set) under a
+    :class:`JaxRecorder` and save its trace to ``output``, whether or not it finishes.
+
+    Refused before anything runs or is written (:class:`UserInputError`, one line): no
+    script, JAX not installed, a JAX version the hooks were not tested against. A Ctrl-C or
+    SIGTERM ends the run with status 130 or 143 and its error; ``os._exit(n)`` ends the
+    process after saving and calling ``on_abrupt_end(trace, reason)``.
+    """
+    script, module, args = split_argv(argv)
+    if script is not None and not Path(script).is_file():
+        raise FileNotFoundError(errno.ENOENT, "no such script", script)
+    jax_internals.check_version()
+    meta = {"script": script if script is not None else f"-m {module}", "argv": list(argv)}
+    meta.update(metadata or {})
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [script if script is not None else str(module), *args]
+    sys.path.insert(0, str(Path(script).resolve().parent) if script is not None else os.getcwd())
+    recorder = JaxRecorder(output, device=device, metadata=meta, on_abrupt_end=on_abrupt_end)
+    status: int = 0
+    error: BaseException | None = None
+    try:
+        with recorder:
+            try:
+                if script is not None:
+                    runpy.run_path(script, run_name="__main__")
+                else:
+                    runpy.run_module(str(module), run_name="__main__", alter_sys=True)
+            except SystemExit as stop:
+                if stop.code not in (None, 0):
+                    status = stop.code if isinstance(stop.code, int) else 1
+                    error = stop
+            except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (the command line)
+                status, error = exit_status(interrupt), interrupt
+            except Exception as failure:  # the script's own error, reported by the caller
+                status, error = 1, failure
+            if error is not None:
+                recorder.metadata["partial"] = partial_reason(error) or "ended early"
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+    assert recorder.trace is not None
+    return ScriptRun(recorder.trace, status, error, recorder.metadata.get("partial"))
+
+
+def run_script(argv: list[str], output: str | os.PathLike[str], *, device: int = 0,
+               metadata: dict[str, Any] | None = None) -> Trace:
+    """:func:`record_script`, then, as the CuPy recorder's ``run_script`` does, re-raise the
+    script's failure (an exception, ``SystemExit`` with a nonzero code, the interrupt) after
+    saving."""
+    run = record_script(argv, output, device=device, metadata=metadata)
+    if run.error is not None:
+        raise run.error
+    return run.trace
+
