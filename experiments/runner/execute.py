@@ -28,6 +28,9 @@ from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, compare, pick_w
 from allocsim.sim.questions.share import ShareSpec, parse_share_spec, share
 from allocsim.traces import formats, synth
 from allocsim.traces.model import Trace
+from experiments.runner.contrasts import contrast
+from experiments.runner.portable import machine_details
+from experiments.runner.sweeps import fraction_grid, offset_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "experiments"
@@ -51,6 +54,8 @@ def load_traces(definition: dict[str, Any]) -> tuple[dict[str, Trace], list[str]
                 skipped.append(f"{label}: {entry['file']} not present")
                 continue
             trace = formats.load(path, **entry.get("options", {}))
+            # As written (relative to the repository), so no result holds this machine's path.
+            trace.metadata["source"] = entry["file"]
         trace.metadata["name"] = label
         traces[label] = trace
     return traces, skipped
@@ -223,4 +228,17 @@ def execute(folder: Path, say: Callable[..., None] | None = None) -> dict[str, A
     if grid is not None:
         results["sensitivity"] = {"cost_scale": grid[0], "max_slowdown": grid[1],
                                   "traces": sensitivity}
+    # Added keys (issue 30): each appears only when the definition uses it.
+    if definition.get("contrasts"):
+        results["contrasts"] = [contrast(entry, traces, capacities)
+                                for entry in definition["contrasts"]]
+    for key, run in (("offset_sweeps", offset_sweep), ("fraction_grids", fraction_grid)):
+        if definition.get(key):
+            say(f"[{name}] {key}")
+            results[key] = [run(entry, traces, definition.get("device"))
+                            for entry in definition[key]]
+    found = machine_details(results)
+    if found:
+        raise DefinitionError(f"{name}: the results would hold a machine detail ({found[0]}); "
+                              "name files relative to the repository")
     return results

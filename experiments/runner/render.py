@@ -16,6 +16,7 @@ from allocsim.sim.output.colours import policy_colours
 from allocsim.sim.output.figures import pyplot
 from allocsim.sim.output.files import atomic_savefig, write_text
 from allocsim.sim.output.tables import format_table
+from experiments.runner import contrasts, sweeps
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
@@ -208,6 +209,13 @@ def markdown(results: dict[str, Any], figures: list[str] | None = None) -> str:
         parts += _capacities(results, facts)
     for s in results["scenarios"]:
         parts += _scenario(s, facts)
+    # Added sections (issue 30), present only when the definition asks for them.
+    for c in results.get("contrasts", []):
+        parts += contrasts.render(c)
+    for sweep in results.get("offset_sweeps", []):
+        parts += sweeps.render_sweep(sweep)
+    for grid in results.get("fraction_grids", []):
+        parts += sweeps.render_grid(grid)
     parts += [f"![{name}]({name})" for name in figures]
     return "\n".join(parts)
 
