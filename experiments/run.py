@@ -1,5 +1,7 @@
 """Run an experiment: ``python -m experiments.run NAME`` (or ``--all``; ``--check`` only holds
-the READMEs to their results.json, running nothing).
+the READMEs to their results.json, running nothing; ``--verify`` regenerates each in a
+temporary folder and diffs it against the committed results.json and README.md: the
+command that shows the committed results are what a clean clone produces).
 
 An experiment is a folder ``experiments/NAME/`` with ``experiment.toml`` (what to run) and
 ``README.md`` (the claim, the setup, the verdict — written by a person). Running it writes
@@ -71,6 +73,7 @@ from allocsim.sim.output.files import write_json
 from experiments.runner.execute import HERE, ROOT, execute, load_traces
 from experiments.runner.readme_check import readme_problems
 from experiments.runner.render import END, START, figures, markdown, update_readme
+from experiments.runner.verify import regenerate
 
 __all__ = ["END", "HERE", "ROOT", "START", "load_traces", "main", "run_experiment"]
 
@@ -92,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all", action="store_true")
     parser.add_argument("--check", action="store_true",
                         help="run nothing: hold each README to its results.json")
+    parser.add_argument("--verify", action="store_true",
+                        help="regenerate each experiment in a temporary folder and diff its "
+                             "results.json and README.md against the committed ones")
     args = parser.parse_args(argv)
     names = (sorted(p.parent.name for p in HERE.glob("*/experiment.toml")) if args.all
              else args.names)
@@ -102,6 +108,17 @@ def main(argv: list[str] | None = None) -> int:
             Path(name) if Path(name).is_dir() else HERE / name)]
         print("\n".join(problems) or f"{len(names)} README(s) agree with their results.json")
         return 1 if problems else 0
+    if args.verify:
+        differ = []
+        for name in names:
+            diff = regenerate(Path(name) if Path(name).is_dir() else HERE / name,
+                              lambda folder: run_experiment(folder, quiet=True))
+            if diff:
+                differ.append(name)
+                sys.stdout.write(diff)
+        print(f"{len(names) - len(differ)} of {len(names)} experiment(s) regenerate as "
+              "committed" + (f"; differ: {', '.join(differ)}" if differ else ""))
+        return 1 if differ else 0
     for name in names:
         run_experiment(name)
         print(f"experiments/{name}: results.json, figures and README tables updated")

@@ -89,3 +89,30 @@ def render(c: dict[str, Any]) -> list[str]:
             f"Over the {len(c['pairs'])} pairs:", "", "```",
             format_table(summary, ["quantity", "min", "median", "max", "direction"],
                          left=(0, 4)), "```", ""]
+
+
+def spread_of(entry: dict[str, Any], capacities: list[dict[str, Any]]) -> dict[str, Any]:
+    """``[[spreads]]``: per sized policy, its headroom (min capacity over peak live − 1) on
+    each of ``traces`` (label, traces = [...])."""
+    wanted = [t for t in entry["traces"] if any(c["trace"] == t for c in capacities)]
+    sized = list(dict.fromkeys(c["policy"] for c in capacities))
+    ratio = {(c["trace"], c["policy"]): c["headroom_ratio"] for c in capacities}
+    return {"label": entry["label"], "traces": wanted,
+            "headroom": {p: [ratio.get((t, p)) for t in wanted] for p in sized}}
+
+
+def render_spread(s: dict[str, Any]) -> list[str]:
+    rows = []
+    for policy, values in s["headroom"].items():
+        known = [v for v in values if v is not None]
+        fits = f"{len(known)} of {len(values)}"
+        if not known:
+            rows.append([policy, "-", "-", "-", fits, "-"])
+            continue
+        worst = s["traces"][values.index(max(known))]
+        rows.append([policy, f"+{min(known):.1%}", f"+{median(known):.1%}",
+                     f"+{max(known):.1%}", fits, worst])
+    return [f"**{s['label']}**: headroom (min capacity over peak live) over "
+            f"{len(s['traces'])} traces", "", "```",
+            format_table(rows, ["policy", "min", "median", "max", "sized", "max at"],
+                         left=(0, 5)), "```", ""]

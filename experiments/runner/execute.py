@@ -28,7 +28,7 @@ from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, compare, pick_w
 from allocsim.sim.questions.share import ShareSpec, parse_share_spec, share
 from allocsim.traces import formats, synth
 from allocsim.traces.model import Trace
-from experiments.runner.contrasts import contrast
+from experiments.runner.contrasts import contrast, spread_of
 from experiments.runner.portable import machine_details
 from experiments.runner.sweeps import fraction_grid, offset_sweep
 
@@ -202,7 +202,8 @@ def execute(folder: Path, say: Callable[..., None] | None = None) -> dict[str, A
     traces, skipped = load_traces(definition)
     comparisons, capacities, scenarios, sensitivity = [], [], [], []
     for label, trace in traces.items():
-        if policies:
+        entry = next(t for t in definition["traces"] if t["label"] == label)
+        if policies and entry.get("compare", True):
             say(f"[{name}] compare {label} ({len(trace):,} events)")
             comparison = compare(trace, policies, device)
             comparisons.append(comparison.to_json_dict())
@@ -232,6 +233,8 @@ def execute(folder: Path, say: Callable[..., None] | None = None) -> dict[str, A
     if definition.get("contrasts"):
         results["contrasts"] = [contrast(entry, traces, capacities)
                                 for entry in definition["contrasts"]]
+    if definition.get("spreads"):
+        results["spreads"] = [spread_of(entry, capacities) for entry in definition["spreads"]]
     for key, run in (("offset_sweeps", offset_sweep), ("fraction_grids", fraction_grid)):
         if definition.get(key):
             say(f"[{name}] {key}")

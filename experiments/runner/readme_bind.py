@@ -11,8 +11,8 @@ and line breaks, never inside a number) and each clause's mentions are read:
   PyTorch, BFC, best fit, no cache / platform, offline, on-demand growth, JAX's default
   (:data:`POLICY_NAMES`); a name stands for every spec of that family (BFC: ``bfc``, ``jax``,
   ``jax:fraction=…``, ``jax:preallocate=false``);
-- **traces**: a trace label written out, or a name the README declares for one in
-  ``<!-- traces: eager = jax eager (recorded, CPU); jitted = ... -->``;
+- **traces** (named once a sentence): a trace label written out, or a name the README
+  declares for one in ``<!-- traces: eager = jax eager (recorded, CPU); jitted = ... -->``;
 - **quantities**: peak live, reserved/holds, utilization, headroom, min capacity / smallest
   device (:data:`QUANTITY_NAMES`).
 
@@ -81,6 +81,7 @@ class Cell:
     quantity: Quantity
     policies: frozenset[str]   # the policy specs among the row's text cells
     text: str                  # lower-cased: row text cells, column header, table title
+    traced: bool = True        # whether the text names a trace (else no trace binds it)
 
 
 def _spans(dashes: str) -> list[tuple[int, int]]:
@@ -93,7 +94,7 @@ def _cells_of_row(line: str, spans: list[tuple[int, int]]) -> list[str]:
     return [line[start:end].strip() for start, end in spans]
 
 
-def cells(section: str, specs: set[str]) -> list[Cell]:
+def cells(section: str, specs: set[str], labels: list[str] | None = None) -> list[Cell]:
     """Every size or percentage of the rendered ``section`` with its subject."""
     out: list[Cell] = []
     lines = section.splitlines()
@@ -124,7 +125,9 @@ def cells(section: str, specs: set[str]) -> list[Cell]:
         for q in quantities(line):
             out.append(Cell(q, frozenset(), line.lower()))
         k += 1
-    return out
+    known = [label.lower() for label in labels or []]
+    return [Cell(c.quantity, c.policies, c.text, any(k in c.text for k in known))
+            for c in out]
 
 
 def declared_traces(text: str) -> dict[str, str]:
@@ -168,18 +171,20 @@ class Subject:
 
 
 def subjects(clause: str, specs: set[str], labels: list[str],
-             trace_names: dict[str, str]) -> list[tuple[list[Quantity], Subject]]:
+             trace_names: dict[str, str], sentence: str | None = None
+             ) -> list[tuple[list[Quantity], Subject]]:
     """Each number group of ``clause`` with the subject its clause names for it: the policy
     named nearest before it (else after it), the traces the clause names, the quantity written
     next to it (within a few words)."""
-    low = clause.lower()
     ticked = [(m.start(), m.end(), m.group(1)) for m in _TICKED.finditer(clause)
               if m.group(1) in specs]
     bare = _TICKED.sub(lambda m: " " * len(m.group(0)), clause)
     policy_mentions = sorted(ticked + _mentions(bare, list(POLICY_NAMES)))
     quantity_mentions = sorted(_mentions(bare, list(QUANTITY_NAMES)))
-    traces = [label.lower() for label in labels if label.lower() in low]
-    traces += [trace_names[m[2]] for m in _mentions(clause, list(trace_names))]
+    # Traces are named once a sentence ("On jax eager (recorded, CPU), PyTorch's ...").
+    whole = (sentence or clause)
+    traces = [label.lower() for label in labels if label.lower() in whole.lower()]
+    traces += [trace_names[m[2]] for m in _mentions(whole, list(trace_names))]
     groups = list(GROUP.finditer(clause))
     words_of: dict[int, list[tuple[str, ...]]] = {}
     for start, end, name in quantity_mentions:
@@ -206,27 +211,31 @@ def fits(cell: Cell, said: Quantity, who: Subject) -> bool:
     if who.policies and cell.policies and not any(
             family(spec) for family in who.policies for spec in cell.policies):
         return False
-    if who.traces and not any(label in cell.text for label in who.traces):
+    if who.traces and cell.traced and not any(label in cell.text for label in who.traces):
         return False
     return not who.quantities or any(word in cell.text for words in who.quantities
                                      for word in words)
 
 
-def clauses(verdict: str) -> list[str]:
-    """The verdict's clauses; a paragraph's or bullet's lines are joined first (a line break
-    inside a sentence is no clause boundary; a new bullet or a blank line is)."""
+_SENTENCE = re.compile(r"(?:\.\s|;|\n)")
+
+
+def clauses(verdict: str) -> list[tuple[str, str]]:
+    """The verdict's (clause, its sentence); a paragraph's or bullet's lines are joined first
+    (a line break inside a sentence is no boundary; a new bullet or a blank line is)."""
     joined = re.sub(r"[ \t]*\n(?![ \t]*(?:[-*] |\d+\. |\n))[ \t]*", " ", verdict)
-    return [c for c in _CLAUSE.split(joined) if c.strip()]
+    return [(c, sentence) for sentence in _SENTENCE.split(joined)
+            for c in _CLAUSE.split(sentence) if c.strip()]
 
 
 def unbound(verdict: str, section: str, specs: set[str], labels: list[str],
             trace_names: dict[str, str]) -> list[tuple[Quantity, str]]:
     """Each verdict number that is in the tables but not as the subject its clause names, with
     the clause."""
-    table = cells(section, specs)
+    table = cells(section, specs, labels)
     out = []
-    for clause in clauses(verdict):
-        for said, who in subjects(clause, specs, labels, trace_names):
+    for clause, sentence in clauses(verdict):
+        for said, who in subjects(clause, specs, labels, trace_names, sentence):
             for q in said:
                 anywhere = [c for c in table if q.matches(c.quantity)]
                 if anywhere and not any(fits(c, q, who) for c in anywhere):

@@ -212,6 +212,8 @@ def markdown(results: dict[str, Any], figures: list[str] | None = None) -> str:
     # Added sections (issue 30), present only when the definition asks for them.
     for c in results.get("contrasts", []):
         parts += contrasts.render(c)
+    for spread in results.get("spreads", []):
+        parts += contrasts.render_spread(spread)
     for sweep in results.get("offset_sweeps", []):
         parts += sweeps.render_sweep(sweep)
     for grid in results.get("fraction_grids", []):
