@@ -235,11 +235,15 @@ def execute(folder: Path, say: Callable[..., None] | None = None) -> dict[str, A
                                 for entry in definition["contrasts"]]
     if definition.get("spreads"):
         results["spreads"] = [spread_of(entry, capacities) for entry in definition["spreads"]]
-    for key, run in (("offset_sweeps", offset_sweep), ("fraction_grids", fraction_grid)):
-        if definition.get(key):
-            say(f"[{name}] {key}")
-            results[key] = [run(entry, traces, definition.get("device"))
-                            for entry in definition[key]]
+    if definition.get("offset_sweeps"):
+        say(f"[{name}] offset sweeps")
+        results["offset_sweeps"] = [offset_sweep(entry, traces, definition.get("device"),
+                                                 scaled_costs)
+                                    for entry in definition["offset_sweeps"]]
+    if definition.get("fraction_grids"):
+        say(f"[{name}] fraction grids")
+        results["fraction_grids"] = [fraction_grid(entry, traces, definition.get("device"))
+                                     for entry in definition["fraction_grids"]]
     found = machine_details(results)
     if found:
         raise DefinitionError(f"{name}: the results would hold a machine detail ({found[0]}); "

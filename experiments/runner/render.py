@@ -24,7 +24,8 @@ START, END = "<!-- results:start -->", "<!-- results:end -->"
 def figure_names(results: dict[str, Any]) -> list[str]:
     """The figures :func:`figures` writes for ``results``, in order."""
     return ((["peak_reserved.png"] if results["comparisons"] else [])
-            + (["min_capacity.png"] if results["capacities"] else []))
+            + (["min_capacity.png"] if results["capacities"] else [])
+            + (["offsets.png"] if results.get("offset_sweeps") else []))
 
 
 def figures(results: dict[str, Any], folder: Path) -> list[str]:
@@ -81,6 +82,9 @@ def figures(results: dict[str, Any], folder: Path) -> list[str]:
         atomic_savefig(fig, folder / "min_capacity.png", dpi=110)
         plt.close(fig)
         written.append("min_capacity.png")
+    if results.get("offset_sweeps"):
+        sweeps.figure(results["offset_sweeps"], folder / "offsets.png")
+        written.append("offsets.png")
     return written
 
 

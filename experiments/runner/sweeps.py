@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -82,21 +83,33 @@ def _run(traces: list[Trace], policies: list[str], starts: list[int],
             "device_peak": run.device_peak}
 
 
-def offset_sweep(sweep: dict[str, Any], loaded: dict[str, Trace],
-                 default_device: str | None) -> dict[str, Any]:
+Rescale = Callable[[DeviceProfile, float], DeviceProfile]
+
+
+def offset_sweep(sweep: dict[str, Any], loaded: dict[str, Trace], default_device: str | None,
+                 rescale: Rescale | None = None) -> dict[str, Any]:
+    """The sweep's outcomes; with ``cost_scales`` (and ``rescale``, execute.scaled_costs) each
+    cell is run at every device-call cost scale (the costs delay allocations, so they can move
+    who gets memory first) and holds one run per scale."""
     traces = [loaded[label] for label in sweep["traces"]]
     phases = [steady_phase(t) for t in traces]
+    scales = [float(x) for x in sweep.get("cost_scales", [1])]
     rows = []
     for offset in sweep["offsets"]:
         starts = _starts(phases, float(offset))
         for name, *policies in sweep["configs"]:
-            cells = [_run(traces, policies, starts,
-                          resolve_device(sweep.get("device", default_device), capacity))
-                     for capacity in sweep["capacities"]]
+            cells = []
+            for capacity in sweep["capacities"]:
+                device = resolve_device(sweep.get("device", default_device), capacity)
+                runs = [_run(traces, policies, starts,
+                             rescale(device, x) if rescale and x != 1 else device)
+                        for x in scales]
+                cells.append(runs[scales.index(1.0)] if scales == [1.0] else
+                             {**runs[0], "by_cost_scale": runs})
             rows.append({"offset_s": float(offset), "starts_ns": starts,
                          "overlap_s": overlap_s(phases, starts), "config": name,
                          "policies": policies, "cells": cells})
-    return {"label": sweep["label"], "traces": sweep["traces"],
+    return {"label": sweep["label"], "traces": sweep["traces"], "cost_scales": scales,
             "steady": [{"first_step_ns": p[0], "end_ns": p[1], "steps": p[2]} for p in phases],
             "capacities": [parse_size(c) for c in sweep["capacities"]], "rows": rows}
 
@@ -121,6 +134,10 @@ def fraction_grid(grid: dict[str, Any], loaded: dict[str, Trace],
 
 
 def _outcome(cell: dict[str, Any]) -> str:
+    """Who completes; "varies" where the device-call cost scales disagree."""
+    if "by_cost_scale" in cell:
+        seen = {_outcome(run) for run in cell["by_cost_scale"]}
+        return seen.pop() if len(seen) == 1 else "varies"
     done = cell["completed"]
     if all(done):
         return "both"
@@ -152,7 +169,10 @@ def render_sweep(s: dict[str, Any]) -> list[str]:
                             f" of {len(overlapping)}"])
     return [f"**{s['label']}** — first job `{first}`, second `{second}`; offset = the second's "
             f"first train step minus the first's (steady phases read off the recordings: "
-            f"{steady}). Cells: which jobs complete.", "", "```",
+            f"{steady}). Cells: which jobs complete"
+            + (f" at every device-call cost scale ({', '.join(f'×{x:g}' for x in s['cost_scales'])}"
+               "; `varies`: not the same at all)" if len(s.get("cost_scales", [1])) > 1 else "")
+            + ".", "", "```",
             format_table(rows, header, left=(2,)), "```", "",
             "Per configuration and capacity, over the offsets:", "", "```",
             format_table(summary, ["config", "capacity", "outcomes (offsets)",
@@ -176,3 +196,47 @@ def render_grid(g: dict[str, Any]) -> list[str]:
             f"Both complete at every offset for {sum(c == n for c in cells)} of {len(cells)} "
             f"pairs, at some offsets only for {sum(0 < c < n for c in cells)}, at none for "
             f"{sum(c == 0 for c in cells)}.", ""]
+
+
+OUTCOME_COLOURS = {"both": "#4daf4a", "1st only": "#ff7f00", "2nd only": "#377eb8",
+                   "neither": "#e41a1c", "varies": "#999999"}
+
+
+def figure(sweeps: list[dict[str, Any]], path: Any) -> None:
+    """One panel per sweep: a row per configuration × capacity, a column per offset, coloured
+    by who completes; the steady phases' overlap drawn above."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    from allocsim.policies import format_size
+    from allocsim.sim.output.figures import pyplot
+    from allocsim.sim.output.files import atomic_savefig
+
+    plt = pyplot()
+    names = list(OUTCOME_COLOURS)
+    fig, axes = plt.subplots(len(sweeps), 1, figsize=(9, 3.2 * len(sweeps) + 0.6),
+                             squeeze=False)
+    for ax, s in zip(axes[:, 0], sweeps):
+        offsets = list(dict.fromkeys(r["offset_s"] for r in s["rows"]))
+        configs = list(dict.fromkeys(r["config"] for r in s["rows"]))
+        labels, grid = [], []
+        for name in configs:
+            for k, capacity in enumerate(s["capacities"]):
+                labels.append(f"{name}, {format_size(capacity)}")
+                grid.append([names.index(_outcome(next(
+                    r for r in s["rows"] if r["config"] == name and r["offset_s"] == d
+                )["cells"][k])) for d in offsets])
+        ax.imshow(grid, aspect="auto", cmap=ListedColormap(list(OUTCOME_COLOURS.values())),
+                  vmin=0, vmax=len(names) - 1, interpolation="nearest")
+        overlap = {r["offset_s"]: r["overlap_s"] for r in s["rows"]}
+        ax.set_xticks(range(len(offsets)),
+                      [f"{d:+.1f}\n({overlap[d]:.2f})" for d in offsets], fontsize=7)
+        ax.set_yticks(range(len(labels)), labels, fontsize=6)
+        ax.set_xlabel("offset of the second job's first train step, s (steady overlap, s)",
+                      fontsize=8)
+        ax.set_title(s["label"], fontsize=9)
+    fig.legend(handles=[Patch(color=c, label=n) for n, c in OUTCOME_COLOURS.items()],
+               loc="upper right", fontsize=7, ncol=4, title="completes", title_fontsize=7)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    atomic_savefig(fig, path, dpi=110)
+    plt.close(fig)
