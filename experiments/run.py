@@ -60,6 +60,19 @@ Numbers that do not come from the tables — a ratio worked out by hand, the lit
 about real GPUs — are declared in the README, ``<!-- numbers: 22% (2.61 vs 3.36 GiB),
 59–82% (STAlloc) -->`` (the parenthesised text explains and is not parsed); a declared number
 the verdict no longer writes is an error too, so the list stays short and reviewable.
+A quoted number is also bound to its subject (experiments/runner/readme_bind.py): where its
+clause names a policy ("PyTorch's allocator", `bfc`), a trace (its label, or a name declared
+in ``<!-- traces: NAME = LABEL; ... -->``) or a quantity ("peak live", "utilization", "smallest
+device"), the number must be that subject's in the tables — swapping two policies' numbers
+fails although both are in the tables.
+
+Keys added for issue 30 (each changes nothing unless used): a trace's ``compare = false``
+(sized only) and ``kind`` ("compiled"); ``compiled_table = true`` (XLA:GPU's memory_analysis
+of each compiled trace); ``[[contrasts]]`` (pairs differing in one thing, min/median/max of
+each change: experiments/runner/contrasts.py); ``[[spreads]]`` (each policy's headroom over a
+set of traces); ``[[offset_sweeps]]`` and ``[[fraction_grids]]`` (two jobs whose steady phases
+overlap, start offsets swept; MEM_FRACTION pairs: experiments/runner/sweeps.py). Results never
+hold a machine detail (experiments/runner/portable.py): trace files are named as written.
 """
 
 from __future__ import annotations

@@ -113,3 +113,30 @@ def test_the_runner_refuses_results_that_would_hold_a_machine_detail(tmp_path: P
         '[[traces]]\nlabel = "t"\ngenerate = "training"\nparams = { steps = 1 }\n')
     with pytest.raises(DefinitionError, match="machine detail"):
         execute(folder, lambda *a: None)
+
+
+def test_the_compiled_traces_the_experiments_name_are_xla_gpu_steps() -> None:
+    """Every XLA:GPU trace a definition names is committed (the compile cache of
+    experiments/xla_gpu_sizes.py), carries XLA's memory_analysis for the H100 target, and
+    donation shows in it: a donated step's outputs alias its arguments, an undonated one's
+    do not."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    from allocsim.traces import formats
+
+    named = {t["file"] for name in ("compilation", "donation")
+             for t in tomllib.loads((ROOT / "experiments" / name / "experiment.toml")
+                                    .read_text())["traces"]
+             if t.get("kind") == "compiled"}
+    assert len(named) == 16
+    for file in sorted(named):
+        trace = formats.load(ROOT / file)
+        (step,) = trace.metadata["xla_gpu"]["executables"]
+        assert trace.metadata["xla_gpu"]["target"] == "h100-80g"
+        assert trace.metadata["xla_gpu"]["steps"] == 3
+        if "-donate-" in file:
+            assert step["alias"] > 0.99 * step["argument"] - 8 * 2**20, file
+        else:
+            assert step["alias"] == 0, file

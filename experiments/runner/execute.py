@@ -77,7 +77,9 @@ def trace_facts(definition: dict[str, Any], loaded: dict[str, Trace]) -> list[di
         if entry["label"] not in loaded:
             continue
         recorded = "generate" not in entry
-        out.append({"label": entry["label"], "kind": "recorded" if recorded else "generated",
+        # ``kind`` overrides what a file is called: "compiled" for XLA's own buffer assignment.
+        kind = entry.get("kind", "recorded" if recorded else "generated")
+        out.append({"label": entry["label"], "kind": kind,
                     "source": entry["file"] if recorded else entry["generate"],
                     "note": entry.get("note")})
     return out
@@ -230,6 +232,12 @@ def execute(folder: Path, say: Callable[..., None] | None = None) -> dict[str, A
         results["sensitivity"] = {"cost_scale": grid[0], "max_slowdown": grid[1],
                                   "traces": sensitivity}
     # Added keys (issue 30): each appears only when the definition uses it.
+    compiled = [{"trace": label, "target": t.metadata["xla_gpu"]["target"],
+                 **{k: e[k] for k in ("argument", "output", "alias", "temp", "peak_bytes")}}
+                for label, t in traces.items() if isinstance(t.metadata.get("xla_gpu"), dict)
+                for e in t.metadata["xla_gpu"].get("executables", [])[:1]]
+    if compiled and definition.get("compiled_table"):
+        results["compiled"] = compiled
     if definition.get("contrasts"):
         results["contrasts"] = [contrast(entry, traces, capacities)
                                 for entry in definition["contrasts"]]

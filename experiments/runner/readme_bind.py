@@ -3,7 +3,8 @@ clause names (the binding half of the README check; readme_check.py calls it).
 
 The rendered results section is read back into **cells**: every size or percentage with its
 subject text — the table row's text cells (policy, trace, config, quantity), the column's
-header and the bold label of the table's title line (the trace of a comparison) — or, for a
+header and the words of the line above the table up to its first number (the trace of a
+comparison) — or, for a
 number outside a table, its own line. The verdict is cut into **clauses** (at ``, ; : . — (``
 and line breaks, never inside a number) and each clause's mentions are read:
 
@@ -119,9 +120,10 @@ def cells(section: str, specs: set[str], labels: list[str] | None = None) -> lis
                 k += 1
             k += 1
             continue
-        bold = re.match(r"\*\*(.+?)\*\*", line)
-        if bold:
-            title = bold.group(1)
+        if line.strip():
+            # The line before a table names it: its words up to the first number (a
+            # comparison's trace label and kind, not its peak live).
+            title = re.split(r"\d", line, maxsplit=1)[0].replace("**", "").strip()
         for q in quantities(line):
             out.append(Cell(q, frozenset(), line.lower()))
         k += 1

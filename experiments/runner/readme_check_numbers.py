@@ -48,6 +48,8 @@ def quantities(text: str) -> list[Quantity]:
         unit = match.group(2)
         for number in re.findall(_NUM, match.group(1)):
             plain = number.replace(",", "")
+            if unit == "B" and "." in plain:
+                continue    # "1.3B", "6.7B": a model's parameters; bytes are whole
             decimals = len(plain.split(".")[1]) if "." in plain else 0
             out.append(Quantity(float(plain), decimals, unit, number))
     return out
