@@ -22,6 +22,11 @@ SHIPPED = sorted(p.parent.name for p in ROOT.glob("*/experiment.toml"))
 # run. The verdict rewrite of issue 15 declares (<!-- numbers: ... -->) or fixes them and takes
 # the experiment off this list; strict, so a README that passes must leave it.
 PENDING: set[str] = set()
+# The binding check (issue 30: a number must be the subject's its clause names) finds one
+# clause in fragmentation's verdict, "(+65.0% vs PyTorch's +0.9%)", whose first number is best
+# fit's but names only PyTorch. That folder is being reworked (exp-a); strict, so the entry
+# must go once its verdict names each number's subject.
+PENDING_BINDING: set[str] = {"fragmentation"}
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -33,7 +38,9 @@ def test_the_results_section_is_what_results_json_renders(name: str) -> None:
 
 @pytest.mark.parametrize("name", [pytest.param(
     name, marks=pytest.mark.xfail(strict=True, reason="verdict predates the number check"))
-    if name in PENDING else name for name in SHIPPED])
+    if name in PENDING else pytest.param(
+    name, marks=pytest.mark.xfail(strict=True, reason="a number not bound to its subject"))
+    if name in PENDING_BINDING else name for name in SHIPPED])
 def test_every_size_and_percentage_in_the_verdict_comes_from_the_results(name: str) -> None:
     assert readme_problems(ROOT / name) == []
 
@@ -173,3 +180,9 @@ def test_a_number_is_bound_to_the_trace_and_quantity_its_clause_names(tmp_path: 
     readme.write_text(text.replace("PyTorch's allocator reserves",
                                    "PyTorch's allocator's utilization is"))
     assert any("not as the number" in p for p in readme_problems(folder))
+
+
+def test_a_model_size_is_not_a_number_of_bytes() -> None:
+    """"6.7B parameters" is no size: bytes are whole, so a decimal before B is a count."""
+    assert [(q.text, q.unit) for q in quantities("the 6.7B step, 1.3B and 2351104B")] == [
+        ("2351104", "B")]
