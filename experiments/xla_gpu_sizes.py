@@ -6,8 +6,9 @@ and `donation` experiments replay.
 SGD-with-momentum step (f32; batch 8 × 1024 tokens; the model of experiments/jax_gpu_1b.py
 with its width and depth as named below) for the H100-80GB target with
 :func:`allocsim.traces.record.xla_gpu.compile_for` for each size × donate (parameters and
-momentum donated or not) × remat (each block ``jax.checkpoint``-ed or not), and writes
-``experiments/data/xla_gpu/SIZE-{donate,nodonate}-{remat,noremat}.npz``: what JAX's runtime
+momentum donated or not) × remat (each block ``jax.checkpoint``-ed or not), and the 1.3B step
+with remat at batch 2 and 32 and sharded over 4 GPUs (``VARIANTS``), and writes
+``experiments/data/xla_gpu/NAME-{donate,nodonate}-{remat,noremat}.npz``: what JAX's runtime
 asks its allocator over 3 steps (the state made before the first call; per call the batch, the
 temp and the outputs no donated argument aliases). A file that exists is kept (the compile
 cache: 16 compiles take minutes on 2 cores); ``--force`` compiles again. No array is allocated.
@@ -34,7 +35,13 @@ SIZES = {"125m": (768, 12, 12, 3072), "1.3b": (2048, 24, 16, 8192),
          "2.7b": (2560, 32, 32, 10240), "6.7b": (4096, 32, 32, 16384)}
 
 
-def build(d_model: int, layers: int, heads: int, mlp: int, remat: bool):  # jax types
+# Beside the sizes: the 1.3B step (remat on) at other batch sizes and sharded over 4 GPUs
+# (FSDP: each argument's largest dimension split; the trace is one device's), donated or not.
+VARIANTS = {"1.3b-b2": ("1.3b", 2, 1), "1.3b-b32": ("1.3b", 32, 1), "1.3b-4gpu": ("1.3b", 8, 4)}
+
+
+def build(d_model: int, layers: int, heads: int, mlp: int, remat: bool,
+          batch: int = BATCH):  # jax types
     import jax
     import jax.numpy as jnp
 
@@ -83,7 +90,7 @@ def build(d_model: int, layers: int, heads: int, mlp: int, remat: bool):  # jax 
     # Two pytrees of the same abstract leaves would be one array per leaf object; copy them so
     # the momentum is arrays of its own.
     momentum = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
-    tokens = jax.ShapeDtypeStruct((BATCH, LENGTH + 1), jnp.int32)
+    tokens = jax.ShapeDtypeStruct((batch, LENGTH + 1), jnp.int32)
     return train_step, (params, momentum), tokens
 
 
@@ -93,10 +100,27 @@ def file_name(size: str, donate: bool, remat: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--force", action="store_true", help="compile files that exist again")
     args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
+    for variant in args.variants:
+        size, batch, devices = VARIANTS[variant]
+        for donate in (True, False):
+            path = OUT / file_name(variant, donate, True)
+            if path.exists() and not args.force:
+                print(f"{path.name}: kept (--force compiles again)")
+                continue
+            step, state, tokens = build(*SIZES[size], remat=True, batch=batch)
+            started = time.perf_counter()
+            trace = xla_gpu.compile_for(step, (state, tokens),
+                                        donate_argnums=0 if donate else (), target=TARGET,
+                                        schedule=xla_gpu.Schedule(steps=STEPS,
+                                                                  batch_argnums=(1,)),
+                                        devices=devices, output=path)
+            print(f"{path.name}: {len(trace):,} events, peak live {trace.peak_live()[0]:,} B "
+                  f"({time.perf_counter() - started:.0f} s)", flush=True)
     for size in args.sizes:
         for remat in (True, False):
             for donate in (True, False):

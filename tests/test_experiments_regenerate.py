@@ -15,8 +15,17 @@ ROOT = Path(__file__).resolve().parents[1] / "experiments"
 SHIPPED = sorted(p.parent.name for p in ROOT.glob("*/experiment.toml"))
 
 
+# Committed before the runner named trace files relative to the repository and sized without
+# the named device's context share: their results.json hold absolute paths and old minimum
+# capacities until they are rerun (`python -m experiments.run NAME`; being reworked on the
+# exp-a branch). Strict: an entry must go once its folder regenerates as committed.
+PENDING: set[str] = {"preallocate_vs_grow", "fragmentation", "arena_vs_growth"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", [pytest.param(
+    name, marks=pytest.mark.xfail(strict=True, reason="results predate the runner's fixes"))
+    if name in PENDING else name for name in SHIPPED])
 def test_the_committed_results_are_what_the_definition_regenerates(name: str) -> None:
     diff = regenerate(ROOT / name, lambda folder: run_experiment(folder, quiet=True))
     assert diff == "", diff[:4000]
