@@ -140,3 +140,27 @@ def test_the_compiled_traces_the_experiments_name_are_xla_gpu_steps() -> None:
             assert step["alias"] > 0.99 * step["argument"] - 8 * 2**20, file
         else:
             assert step["alias"] == 0, file
+
+
+def test_a_spread_gives_each_policys_headroom_over_the_traces() -> None:
+    capacities = [{"trace": t, "policy": p, "headroom_ratio": r}
+                  for t, p, r in (("a", "bfc", 0.1), ("b", "bfc", 0.3), ("c", "bfc", 0.2),
+                                  ("a", "offline", 0.0), ("b", "offline", None))]
+    spread = contrasts.spread_of({"label": "x", "traces": ["a", "b", "c", "missing"]},
+                                 capacities)
+    assert spread["traces"] == ["a", "b", "c"]
+    text = "\n".join(contrasts.render_spread(spread))
+    # bfc: min +10.0%, median +20.0%, max +30.0% at b; offline sized on 1 of 2 traces listed
+    assert "+10.0%  +20.0%  +30.0%  3 of 3  b" in text
+    assert "offline" in text and "1 of 3" in text
+
+
+def test_a_fraction_grid_counts_the_offsets_at_which_both_complete() -> None:
+    a = _job(10_000_000, 5, 10_000_000, 30 * MiB, "a")
+    b = _job(10_000_000, 5, 10_000_000, 30 * MiB, "b")
+    grid = sweeps.fraction_grid({"label": "g", "traces": ["a", "b"], "capacity": "100MiB",
+                                 "fractions": [0.2, 0.5], "offsets": [0.0, 1.0]},
+                                {"a": a, "b": b}, "a100-40g")
+    # 0.2 × 100 MiB holds no 30 MiB temp; 0.5 each holds both at any offset
+    assert grid["both_complete"][0][0] == 0 and grid["both_complete"][1][1] == 2
+    assert "2/2" in "\n".join(sweeps.render_grid(grid))
