@@ -1,5 +1,7 @@
 """Run an experiment: ``python -m experiments.run NAME`` (or ``--all``; ``--check`` only holds
-the READMEs to their results.json, running nothing).
+the READMEs to their results.json, running nothing; ``--verify`` regenerates each in a
+temporary folder and diffs it against the committed results.json and README.md: the
+command that shows the committed results are what a clean clone produces).
 
 An experiment is a folder ``experiments/NAME/`` with ``experiment.toml`` (what to run) and
 ``README.md`` (the claim, the setup, the verdict — written by a person). Running it writes
@@ -58,6 +60,19 @@ Numbers that do not come from the tables — a ratio worked out by hand, the lit
 about real GPUs — are declared in the README, ``<!-- numbers: 22% (2.61 vs 3.36 GiB),
 59–82% (STAlloc) -->`` (the parenthesised text explains and is not parsed); a declared number
 the verdict no longer writes is an error too, so the list stays short and reviewable.
+A quoted number is also bound to its subject (experiments/runner/readme_bind.py): where its
+clause names a policy ("PyTorch's allocator", `bfc`), a trace (its label, or a name declared
+in ``<!-- traces: NAME = LABEL; ... -->``) or a quantity ("peak live", "utilization", "smallest
+device"), the number must be that subject's in the tables — swapping two policies' numbers
+fails although both are in the tables.
+
+Keys added for issue 30 (each changes nothing unless used): a trace's ``compare = false``
+(sized only) and ``kind`` ("compiled"); ``compiled_table = true`` (XLA:GPU's memory_analysis
+of each compiled trace); ``[[contrasts]]`` (pairs differing in one thing, min/median/max of
+each change: experiments/runner/contrasts.py); ``[[spreads]]`` (each policy's headroom over a
+set of traces); ``[[offset_sweeps]]`` and ``[[fraction_grids]]`` (two jobs whose steady phases
+overlap, start offsets swept; MEM_FRACTION pairs: experiments/runner/sweeps.py). Results never
+hold a machine detail (experiments/runner/portable.py): trace files are named as written.
 """
 
 from __future__ import annotations
@@ -71,6 +86,7 @@ from allocsim.sim.output.files import write_json
 from experiments.runner.execute import HERE, ROOT, execute, load_traces
 from experiments.runner.readme_check import readme_problems
 from experiments.runner.render import END, START, figures, markdown, update_readme
+from experiments.runner.verify import regenerate
 
 __all__ = ["END", "HERE", "ROOT", "START", "load_traces", "main", "run_experiment"]
 
@@ -92,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all", action="store_true")
     parser.add_argument("--check", action="store_true",
                         help="run nothing: hold each README to its results.json")
+    parser.add_argument("--verify", action="store_true",
+                        help="regenerate each experiment in a temporary folder and diff its "
+                             "results.json and README.md against the committed ones")
     args = parser.parse_args(argv)
     names = (sorted(p.parent.name for p in HERE.glob("*/experiment.toml")) if args.all
              else args.names)
@@ -102,6 +121,17 @@ def main(argv: list[str] | None = None) -> int:
             Path(name) if Path(name).is_dir() else HERE / name)]
         print("\n".join(problems) or f"{len(names)} README(s) agree with their results.json")
         return 1 if problems else 0
+    if args.verify:
+        differ = []
+        for name in names:
+            diff = regenerate(Path(name) if Path(name).is_dir() else HERE / name,
+                              lambda folder: run_experiment(folder, quiet=True))
+            if diff:
+                differ.append(name)
+                sys.stdout.write(diff)
+        print(f"{len(names) - len(differ)} of {len(names)} experiment(s) regenerate as "
+              "committed" + (f"; differ: {', '.join(differ)}" if differ else ""))
+        return 1 if differ else 0
     for name in names:
         run_experiment(name)
         print(f"experiments/{name}: results.json, figures and README tables updated")

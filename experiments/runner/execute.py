@@ -28,6 +28,9 @@ from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, compare, pick_w
 from allocsim.sim.questions.share import ShareSpec, parse_share_spec, share
 from allocsim.traces import formats, synth
 from allocsim.traces.model import Trace
+from experiments.runner.contrasts import contrast, spread_of
+from experiments.runner.portable import machine_details
+from experiments.runner.sweeps import fraction_grid, offset_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "experiments"
@@ -51,6 +54,8 @@ def load_traces(definition: dict[str, Any]) -> tuple[dict[str, Trace], list[str]
                 skipped.append(f"{label}: {entry['file']} not present")
                 continue
             trace = formats.load(path, **entry.get("options", {}))
+            # As written (relative to the repository), so no result holds this machine's path.
+            trace.metadata["source"] = entry["file"]
         trace.metadata["name"] = label
         traces[label] = trace
     return traces, skipped
@@ -72,7 +77,9 @@ def trace_facts(definition: dict[str, Any], loaded: dict[str, Trace]) -> list[di
         if entry["label"] not in loaded:
             continue
         recorded = "generate" not in entry
-        out.append({"label": entry["label"], "kind": "recorded" if recorded else "generated",
+        # ``kind`` overrides what a file is called: "compiled" for XLA's own buffer assignment.
+        kind = entry.get("kind", "recorded" if recorded else "generated")
+        out.append({"label": entry["label"], "kind": kind,
                     "source": entry["file"] if recorded else entry["generate"],
                     "note": entry.get("note")})
     return out
@@ -197,7 +204,8 @@ def execute(folder: Path, say: Callable[..., None] | None = None) -> dict[str, A
     traces, skipped = load_traces(definition)
     comparisons, capacities, scenarios, sensitivity = [], [], [], []
     for label, trace in traces.items():
-        if policies:
+        entry = next(t for t in definition["traces"] if t["label"] == label)
+        if policies and entry.get("compare", True):
             say(f"[{name}] compare {label} ({len(trace):,} events)")
             comparison = compare(trace, policies, device)
             comparisons.append(comparison.to_json_dict())
@@ -223,4 +231,29 @@ def execute(folder: Path, say: Callable[..., None] | None = None) -> dict[str, A
     if grid is not None:
         results["sensitivity"] = {"cost_scale": grid[0], "max_slowdown": grid[1],
                                   "traces": sensitivity}
+    # Added keys (issue 30): each appears only when the definition uses it.
+    compiled = [{"trace": label, "target": t.metadata["xla_gpu"]["target"],
+                 **{k: e[k] for k in ("argument", "output", "alias", "temp", "peak_bytes")}}
+                for label, t in traces.items() if isinstance(t.metadata.get("xla_gpu"), dict)
+                for e in t.metadata["xla_gpu"].get("executables", [])[:1]]
+    if compiled and definition.get("compiled_table"):
+        results["compiled"] = compiled
+    if definition.get("contrasts"):
+        results["contrasts"] = [contrast(entry, traces, capacities)
+                                for entry in definition["contrasts"]]
+    if definition.get("spreads"):
+        results["spreads"] = [spread_of(entry, capacities) for entry in definition["spreads"]]
+    if definition.get("offset_sweeps"):
+        say(f"[{name}] offset sweeps")
+        results["offset_sweeps"] = [offset_sweep(entry, traces, definition.get("device"),
+                                                 scaled_costs)
+                                    for entry in definition["offset_sweeps"]]
+    if definition.get("fraction_grids"):
+        say(f"[{name}] fraction grids")
+        results["fraction_grids"] = [fraction_grid(entry, traces, definition.get("device"))
+                                     for entry in definition["fraction_grids"]]
+    found = machine_details(results)
+    if found:
+        raise DefinitionError(f"{name}: the results would hold a machine detail ({found[0]}); "
+                              "name files relative to the repository")
     return results

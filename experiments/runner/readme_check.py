@@ -28,57 +28,16 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from experiments.runner import readme_bind
+from experiments.runner.readme_check_numbers import UNITS, Quantity, quantities
 from experiments.runner.render import markdown, results_section
 
-UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
-         "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "%": None}
-_NUM = r"\d+(?:,\d{3})*(?:\.\d+)?"
-_SEP = r"\s*(?:–|—|-|−|to|→|vs\.?|and|or)\s*[+\-−]?"
-_UNIT = r"(?:%|[KMGT]i?B|B)(?![A-Za-z0-9])"
-# A group of numbers sharing one unit: "1.13 GiB", "12–47%", "1.53 to 2.66 GiB". Not inside
-# a word ("A100-80GB", "fp16"), where the number is part of a name.
-_GROUP = re.compile(rf"(?<![\w.\-−+])[+\-−±≈~]?({_NUM}(?:{_SEP}{_NUM})*)\s*({_UNIT})")
+__all__ = ["UNITS", "Quantity", "declared", "quantities", "readme_problems", "verdict"]
+
 _DECLARED = re.compile(r"<!--\s*numbers:(.*?)-->", re.S)
-
-
-@dataclass(frozen=True)
-class Quantity:
-    """A number as written: its value in its unit, decimals written, the unit."""
-
-    value: float
-    decimals: int
-    unit: str
-    text: str
-
-    def canonical(self) -> str:
-        return f"{self.text}{self.unit}"
-
-    def matches(self, other: Quantity) -> bool:
-        """Whether ``other`` (a table's number) is this number at this one's precision."""
-        if (self.unit == "%") != (other.unit == "%"):
-            return False
-        theirs = other.value
-        if self.unit != "%":
-            scale = UNITS[other.unit]
-            mine = UNITS[self.unit]
-            assert scale is not None and mine is not None
-            theirs = other.value * scale / mine
-        return abs(theirs - self.value) <= 0.5 * 10 ** -self.decimals + 1e-9
-
-
-def quantities(text: str) -> list[Quantity]:
-    """Every size or percentage in ``text`` (each number of a range or "X vs Y" group)."""
-    out = []
-    for match in _GROUP.finditer(text):
-        unit = match.group(2)
-        for number in re.findall(_NUM, match.group(1)):
-            plain = number.replace(",", "")
-            decimals = len(plain.split(".")[1]) if "." in plain else 0
-            out.append(Quantity(float(plain), decimals, unit, number))
-    return out
 
 
 def verdict(text: str) -> str:
@@ -112,7 +71,8 @@ def readme_problems(folder: Path) -> list[str]:
     section = results_section(text)
     if section is None:
         return [f"{name}: README.md has no results markers"]
-    rendered = markdown(json.loads(results_file.read_text()))
+    results = json.loads(results_file.read_text())
+    rendered = markdown(results)
     problems = []
     if section != rendered:
         got, want = section.splitlines(), rendered.splitlines()
@@ -136,4 +96,24 @@ def readme_problems(folder: Path) -> list[str]:
                 q.matches(d) and d.matches(q) for d in marked if d.unit != "?"):
             problems.append(f"{name}: the verdict's {q.canonical()} is in no table from "
                             "results.json and not declared in <!-- numbers: ... -->")
+    specs, labels = subjects(results)
+    for q, clause in readme_bind.unbound(verdict(text), rendered, specs, labels,
+                                         readme_bind.declared_traces(text)):
+        if any(q.matches(d) and d.matches(q) for d in marked if d.unit != "?"):
+            continue
+        problems.append(f"{name}: the verdict's {q.canonical()} is in the tables, but not as "
+                        f"the number of what its clause names ({clause[:120]!r})")
     return problems
+
+
+def subjects(results: dict[str, Any]) -> tuple[set[str], list[str]]:
+    """Every policy spec and trace label the results hold (what a clause can name)."""
+    specs = {r["policy"] for c in results.get("comparisons", []) for r in c["results"]}
+    specs |= {c["policy"] for c in results.get("capacities", [])}
+    specs |= {p["policy"] for s in results.get("scenarios", []) for p in s["processes"]}
+    for sweep in results.get("offset_sweeps", []):
+        specs |= {p for row in sweep["rows"] for p in row["policies"]}
+    labels = [c["trace"]["name"] for c in results.get("comparisons", [])]
+    labels += [c["trace"] for c in results.get("capacities", [])]
+    labels += [t["label"] for t in results.get("traces", [])]
+    return specs, list(dict.fromkeys(labels))

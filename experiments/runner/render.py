@@ -6,6 +6,7 @@ results.json without rerunning anything (see readme_check).
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from allocsim.sim.output.colours import policy_colours
 from allocsim.sim.output.figures import pyplot
 from allocsim.sim.output.files import atomic_savefig, write_text
 from allocsim.sim.output.tables import format_table
+from experiments.runner import contrasts, sweeps
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
@@ -23,7 +25,8 @@ START, END = "<!-- results:start -->", "<!-- results:end -->"
 def figure_names(results: dict[str, Any]) -> list[str]:
     """The figures :func:`figures` writes for ``results``, in order."""
     return ((["peak_reserved.png"] if results["comparisons"] else [])
-            + (["min_capacity.png"] if results["capacities"] else []))
+            + (["min_capacity.png"] if results["capacities"] else [])
+            + (["offsets.png"] if results.get("offset_sweeps") else []))
 
 
 def figures(results: dict[str, Any], folder: Path) -> list[str]:
@@ -46,9 +49,15 @@ def figures(results: dict[str, Any], folder: Path) -> list[str]:
                       fontsize=8, rotation=15, ha="right")
         ax.set_ylabel("peak reserved / peak live")
         ax.set_yscale("log")
+        # plain numbers on the log axis (the default mathtext labels need TeX fonts)
+        from matplotlib.ticker import FuncFormatter
+        plain = FuncFormatter(lambda value, _: f"{value:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.tick_params(axis="y", which="minor", labelsize=7)
         # outside the axes, so that no bar is hidden behind it
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        ax.set_title(results["title"], fontsize=10)
+        ax.set_title(textwrap.fill(results["title"], 70), fontsize=9)
         fig.tight_layout()
         atomic_savefig(fig, folder / "peak_reserved.png", dpi=110)
         plt.close(fig)
@@ -58,7 +67,11 @@ def figures(results: dict[str, Any], folder: Path) -> list[str]:
                         key=[c["trace"] for c in results["capacities"]].index)
         policies = list(dict.fromkeys(c["policy"] for c in results["capacities"]))
         colours = policy_colours(policies)
-        fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(labels) + 3), 3.8))
+        # Many traces (over 10): bars across, one row per trace, so the figure stays
+        # readable instead of growing wider than a page.
+        across = len(labels) > 10
+        fig, ax = plt.subplots(figsize=((9, 0.42 * len(labels) + 1.6) if across
+                                        else (max(6, 1.6 * len(labels) + 3), 3.8)))
         width = 0.8 / (len(policies) + 1)
         for k, policy in enumerate(policies):
             values = []
@@ -66,13 +79,21 @@ def figures(results: dict[str, Any], folder: Path) -> list[str]:
                 answer = next(c for c in results["capacities"]
                               if c["trace"] == label and c["policy"] == policy)
                 values.append((answer["min_capacity"] or 0) / max(answer["lower_bound"], 1))
-            ax.bar(np.arange(len(labels)) + k * width, values, width, label=policy,
-                   color=colours[policy])
-        ax.axhline(1.0, color="black", lw=1, ls="--", label="peak live")
-        ax.set_xticks(np.arange(len(labels)) + width * (len(policies) - 1) / 2, labels, fontsize=8,
-                      rotation=15, ha="right")
-        ax.set_ylabel("min capacity / peak live")
-        ax.set_ylim(bottom=0.9)   # every ratio is ≥ 1: start near it so differences show
+            draw = ax.barh if across else ax.bar
+            draw(np.arange(len(labels)) + k * width, values, width, label=policy,
+                 color=colours[policy])
+        ticks = np.arange(len(labels)) + width * (len(policies) - 1) / 2
+        if across:
+            ax.axvline(1.0, color="black", lw=1, ls="--", label="peak live")
+            ax.set_yticks(ticks, labels, fontsize=8)
+            ax.invert_yaxis()
+            ax.set_xlabel("min capacity / peak live")
+            ax.set_xlim(left=0.9)
+        else:
+            ax.axhline(1.0, color="black", lw=1, ls="--", label="peak live")
+            ax.set_xticks(ticks, labels, fontsize=8, rotation=15, ha="right")
+            ax.set_ylabel("min capacity / peak live")
+            ax.set_ylim(bottom=0.9)   # every ratio is ≥ 1: start near it so differences show
         # outside the axes, so that no bar is hidden behind it
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         ax.set_title("smallest device each policy needs", fontsize=10)
@@ -80,6 +101,9 @@ def figures(results: dict[str, Any], folder: Path) -> list[str]:
         atomic_savefig(fig, folder / "min_capacity.png", dpi=110)
         plt.close(fig)
         written.append("min_capacity.png")
+    if results.get("offset_sweeps"):
+        sweeps.figure(results["offset_sweeps"], folder / "offsets.png")
+        written.append("offsets.png")
     return written
 
 
@@ -192,6 +216,17 @@ def _scenario(s: dict[str, Any], facts: dict[str, dict[str, Any]] | None) -> lis
     return parts
 
 
+def _compiled(rows: list[dict[str, Any]]) -> list[str]:
+    """XLA's memory_analysis of each compiled step (bytes of one execution)."""
+    table = [[r["trace"], r["target"], format_size(r["argument"]), format_size(r["output"]),
+              format_size(r["alias"]), format_size(r["temp"]), format_size(r["peak_bytes"])]
+             for r in rows]
+    return ["XLA:GPU's memory_analysis of each compiled step (one execution; `alias`: output "
+            "bytes written into donated arguments; `peak`: XLA's own peak of the module):", "",
+            "```", format_table(table, ["trace", "target", "arguments", "outputs", "alias",
+                                        "temp", "peak"], left=(0, 1)), "```", ""]
+
+
 def markdown(results: dict[str, Any], figures: list[str] | None = None) -> str:
     """The README's results section for ``results`` (figures default to the ones the results
     make)."""
@@ -208,6 +243,17 @@ def markdown(results: dict[str, Any], figures: list[str] | None = None) -> str:
         parts += _capacities(results, facts)
     for s in results["scenarios"]:
         parts += _scenario(s, facts)
+    # Added sections (issue 30), present only when the definition asks for them.
+    if results.get("compiled"):
+        parts += _compiled(results["compiled"])
+    for c in results.get("contrasts", []):
+        parts += contrasts.render(c)
+    for spread in results.get("spreads", []):
+        parts += contrasts.render_spread(spread)
+    for sweep in results.get("offset_sweeps", []):
+        parts += sweeps.render_sweep(sweep)
+    for grid in results.get("fraction_grids", []):
+        parts += sweeps.render_grid(grid)
     parts += [f"![{name}]({name})" for name in figures]
     return "\n".join(parts)
 
