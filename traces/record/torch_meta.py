@@ -46,8 +46,11 @@ never a tensor's data.
 
 Why meta and not fake CUDA tensors: on the CPU build, a ``FakeTensor`` whose device is CUDA
 constructs, but the first op that needs a device guard aborts the process ("PyTorch is not
-linked with support for cuda devices"); on a CUDA build without a driver PyTorch's threads
-report fake CUDA as partial (pytorch/pytorch#122109, #157869). Meta tensors need no device.
+linked with support for cuda devices"). On a CUDA build with no driver (tried: torch
+2.14.1+cu130, ``experiments/probe_fake_cuda.py``) forward ops make fake ``cuda:0`` tensors,
+but ``backward()`` fails in the autograd engine ("hasPrimaryContext expects a valid device
+index"), streams and the device's properties need the driver, ``autocast("cuda")`` turns
+itself off and SDPA takes the math kernel. Meta tensors need no device.
 """
 
 from __future__ import annotations
