@@ -218,8 +218,8 @@ class TraceRecorderHook(SavedOnce, _MemoryHook):  # type: ignore[misc, valid-typ
         """The trace of the hook calls so far (validated leniently, times never backwards)."""
         meta = recorder_header(RECORDER, cupy=getattr(_cupy, "__version__", None))
         meta.update(self.metadata)
-        # Threads sharing one hook may append slightly out of time order: finished() sorts
-        # that out.
+        # Threads sharing one hook may append slightly out of time order: finished() keeps
+        # time from going back.
         return finished(hook_events_to_trace(
             self.events(), source=self.output or "<cupy recorder>",
             name=trace_name(self.output, "cupy-recording"), device_index=self.device_index,
