@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from allocsim.policies import format_size
@@ -131,6 +132,22 @@ def _run_jax(command: list[str], output: str) -> int:
     return result.exit_status
 
 
+def print_script_failure(error: BaseException, recorders_file: Callable[[str], bool]) -> None:
+    """What Python prints when the script fails: ``sys.exit("message")``'s message, or the
+    script's traceback without the frames of the recorder (``recorders_file(filename)``)
+    and runpy above it."""
+    if isinstance(error, SystemExit):
+        if not isinstance(error.code, int) and error.code is not None:
+            print(error.code, file=sys.stderr)
+        return
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None and (
+            recorders_file(tb.tb_frame.f_code.co_filename)
+            or "runpy" in tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(type(error), error, tb, file=sys.stderr)
+
+
 def _run_torch(command: list[str], args: argparse.Namespace) -> int:
     """Record a PyTorch script on the meta device; a failure keeps its partial trace."""
     from allocsim.traces.record.torch_meta_script import Terminated, record_script
@@ -149,16 +166,8 @@ def _run_torch(command: list[str], args: argparse.Namespace) -> int:
     error = result.error
     if result.explanation is not None:
         print(f"allocsim: record: {result.explanation}", file=sys.stderr)
-    elif isinstance(error, SystemExit):
-        if not isinstance(error.code, int) and error.code is not None:
-            print(error.code, file=sys.stderr)
     elif not isinstance(error, Terminated):
-        tb = error.__traceback__
-        while tb is not None and tb.tb_next is not None and (
-                "allocsim" in tb.tb_frame.f_code.co_filename
-                or "runpy" in tb.tb_frame.f_code.co_filename):
-            tb = tb.tb_next
-        traceback.print_exception(type(error), error, tb, file=sys.stderr)
+        print_script_failure(error, lambda filename: "allocsim" in filename)
     print(f"allocsim: record: the script exited with status {result.exit_status}; partial "
           f"trace written to {args.output} ({summary})", file=sys.stderr)
     return result.exit_status

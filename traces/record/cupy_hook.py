@@ -25,10 +25,8 @@ Without CuPy it is a plain object with the same callbacks, so it can be driven d
 
 from __future__ import annotations
 
-import datetime
 import errno
 import os
-import platform
 import runpy
 import sys
 import threading
@@ -40,11 +38,8 @@ from pathlib import Path
 from types import CodeType, FrameType, ModuleType
 from typing import Any
 
-import numpy as np
-
 from allocsim.atomic_files import atomic_output
 from allocsim.errors import UserInputError
-from allocsim.traces.formats import save
 from allocsim.traces.formats.cupy_log import (
     HOOK_ALLOC,
     HOOK_FREE,
@@ -54,8 +49,8 @@ from allocsim.traces.formats.cupy_log import (
     write_hook_log,
 )
 from allocsim.traces.model import NO_TAG, Trace
+from allocsim.traces.record.recording_end import SavedOnce, finished, recorder_header, trace_name
 from allocsim.traces.record.script_args import split_argv
-from allocsim.traces.validate import validate_recording
 
 __all__ = ["CUPY_AVAILABLE", "TraceRecorderHook", "active_recorder", "run_script"]
 
@@ -107,7 +102,7 @@ def _skipped_dirs() -> tuple[str, ...]:
     return tuple(d + os.sep for d in dirs)
 
 
-class TraceRecorderHook(_MemoryHook):  # type: ignore[misc, valid-type]
+class TraceRecorderHook(SavedOnce, _MemoryHook):  # type: ignore[misc, valid-type]
     """Records CuPy memory-pool hooks; saves a trace (and optionally a hook log) on close.
 
     ``output``: trace file written by :meth:`close` (None: keep in memory only); ``log``: also
@@ -221,35 +216,23 @@ class TraceRecorderHook(_MemoryHook):  # type: ignore[misc, valid-type]
 
     def build_trace(self) -> Trace:
         """The trace of the hook calls so far (validated leniently, times never backwards)."""
-        meta = {"recorder": RECORDER, "cupy": getattr(_cupy, "__version__", None),
-                "python": platform.python_version(),
-                "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                    timespec="seconds")}
+        meta = recorder_header(RECORDER, cupy=getattr(_cupy, "__version__", None))
         meta.update(self.metadata)
-        name = Path(self.output).name.split(".")[0] if self.output else "cupy-recording"
-        source = self.output or "<cupy recorder>"
-        trace = hook_events_to_trace(self.events(), source=source, name=name,
-                                     device_index=self.device_index, metadata=meta)
-        # Threads sharing one hook may append slightly out of time order.
-        trace.time_ns = np.maximum.accumulate(trace.time_ns) if len(trace) else trace.time_ns
-        trace, _ = validate_recording(trace)
-        return trace
+        # Threads sharing one hook may append slightly out of time order: finished() keeps
+        # time from going back.
+        return finished(hook_events_to_trace(
+            self.events(), source=self.output or "<cupy recorder>",
+            name=trace_name(self.output, "cupy-recording"), device_index=self.device_index,
+            metadata=meta))
 
-    def close(self) -> Trace:
-        """Build the trace and write ``output`` (and ``log``) once; returns the trace."""
-        if self._closed and self.trace is not None:
-            return self.trace
-        self._closed = True
-        self.trace = self.build_trace()
-        if self.output is not None:
-            save(self.trace, self.output)
+    def save_more(self, trace: Trace) -> None:
+        """The raw hook calls as a CuPy JSON-lines log, when ``log`` is given."""
         if self.log is not None:
             with atomic_output(self.log) as stream:
-                meta = {k: v for k, v in self.trace.metadata.items()
+                meta = {k: v for k, v in trace.metadata.items()
                         if k in ("recorder", "cupy", "python", "recorded_at")
                         or k in self.metadata}
                 write_hook_log(self.events(), stream, meta)
-        return self.trace
 
 
 # ====================================================================== run a script

@@ -46,28 +46,28 @@ never a tensor's data.
 
 Why meta and not fake CUDA tensors: on the CPU build, a ``FakeTensor`` whose device is CUDA
 constructs, but the first op that needs a device guard aborts the process ("PyTorch is not
-linked with support for cuda devices"); on a CUDA build without a driver PyTorch's threads
-report fake CUDA as partial (pytorch/pytorch#122109, #157869). Meta tensors need no device.
+linked with support for cuda devices"). On a CUDA build with no driver (tried: torch
+2.14.1+cu130, ``experiments/probe_fake_cuda.py``) forward ops make fake ``cuda:0`` tensors,
+but ``backward()`` fails in the autograd engine ("hasPrimaryContext expects a valid device
+index"), streams and the device's properties need the driver, ``autocast("cuda")`` turns
+itself off and SDPA takes the math kernel. Meta tensors need no device.
 """
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import os
-import platform
 import sys
 import time
 import weakref
 from array import array
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from allocsim.errors import UserInputError
-from allocsim.traces.formats import save
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
+from allocsim.traces.record.recording_end import SavedOnce, finished, recorder_header, trace_name
 from allocsim.traces.record.torch_meta_cuda import FakeCuda
 from allocsim.traces.record.torch_meta_targets import (
     Target,
@@ -76,7 +76,6 @@ from allocsim.traces.record.torch_meta_targets import (
     cublas_workspace_bytes,
     resolve_target,
 )
-from allocsim.traces.validate import validate_recording
 
 __all__ = ["RECORDER", "TorchMetaRecorder", "ValueReadError", "record_cuda"]
 
@@ -128,7 +127,7 @@ class _Ref(weakref.ref):
     tag: int
 
 
-class TorchMetaRecorder:
+class TorchMetaRecorder(SavedOnce):
     """Records the CUDA storages of the PyTorch program its with-block runs (module docstring).
 
     ``output``: trace file written on exit (None: keep in memory, see :attr:`trace`);
@@ -427,15 +426,12 @@ class TorchMetaRecorder:
         return self._peak_bytes
 
     def build_trace(self) -> Trace:
-        """The trace so far (validated leniently; times never go backwards)."""
+        """The trace so far (:func:`~allocsim.traces.record.recording_end.finished`)."""
         import torch
         rows = np.array(self._events, dtype=np.int64).reshape(-1, _FIELDS)
         target = self.target
         meta: dict[str, Any] = {
-            "recorder": RECORDER, "torch": torch.__version__,
-            "python": platform.python_version(),
-            "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                timespec="seconds"),
+            **recorder_header(RECORDER, torch=torch.__version__),
             "framework": "pytorch", "backing": self.backing,
             "target": target.name, "target_card": target.card,
             "target_capability": f"sm_{target.capability[0]}{target.capability[1]}",
@@ -455,24 +451,10 @@ class TorchMetaRecorder:
         meta["not_modelled"] = list(NOT_MODELLED)
         meta["peak_live_bytes"] = self._peak_bytes
         meta.update(self.metadata)
-        name = Path(self.output).name.split(".")[0] if self.output else "torch-meta"
-        times = np.maximum.accumulate(rows[:, 0]) if len(rows) else rows[:, 0]
-        trace = Trace.from_columns(times, rows[:, 1], rows[:, 2], rows[:, 3],
-                                   stream=rows[:, 4], tag=rows[:, 5], tags=list(self._tags),
-                                   name=name, source=self.output or "<torch meta recorder>",
-                                   **meta)
-        trace, _ = validate_recording(trace)
-        return trace
-
-    def close(self) -> Trace:
-        """Build the trace and write ``output`` once; returns the trace."""
-        if self._closed and self.trace is not None:
-            return self.trace
-        self._closed = True
-        self.trace = self.build_trace()
-        if self.output is not None:
-            save(self.trace, self.output)
-        return self.trace
+        return finished(Trace.from_columns(
+            rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], stream=rows[:, 4], tag=rows[:, 5],
+            tags=list(self._tags), name=trace_name(self.output, "torch-meta"),
+            source=self.output or "<torch meta recorder>", **meta))
 
 
 def _numpy_dtype(dtype: Any) -> Any:

@@ -1,0 +1,82 @@
+"""The end every recorder shares: its trace's header and name, time that never goes back, a
+lenient check, and the file written once.
+
+A recorder (CuPy hook, PyTorch meta, JAX) keeps its own events and builds its own
+:class:`~allocsim.traces.model.Trace` from them (:meth:`SavedOnce.build_trace`); what comes
+before and after that is the same for all of them and lives here:
+
+- :func:`recorder_header`: the metadata every recording opens with — the recorder, the
+  framework's version, Python's, and when (UTC, seconds);
+- :func:`trace_name`: the trace is named after its file (``run.npz`` -> ``run``), or the
+  recorder's own name when it is kept in memory;
+- :func:`finished`: times made non-decreasing (threads sharing a hook, or a clock read twice,
+  can append slightly out of order) and the lenient recording check
+  (:func:`~allocsim.traces.validate.validate_recording`, which repairs what it can);
+- :class:`SavedOnce`: ``close()`` builds the trace and writes ``output`` once, however often
+  it is called (a with-block's exit, a signal handler, an interpreter's exit can all ask).
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from allocsim.traces.formats import save
+from allocsim.traces.model import Trace
+from allocsim.traces.validate import validate_recording
+
+__all__ = ["SavedOnce", "finished", "recorder_header", "trace_name"]
+
+
+def recorder_header(recorder: str, **versions: Any) -> dict[str, Any]:
+    """``{"recorder": ..., <framework>: <version>, "python": ..., "recorded_at": ...}``."""
+    return {"recorder": recorder, **versions, "python": platform.python_version(),
+            "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds")}
+
+
+def trace_name(output: str | None, fallback: str) -> str:
+    """The trace's name: its file's name up to the first dot, else ``fallback``."""
+    return Path(output).name.split(".")[0] if output else fallback
+
+
+def finished(trace: Trace) -> Trace:
+    """``trace`` with times that never go backwards, validated leniently."""
+    if len(trace):
+        trace.time_ns = np.maximum.accumulate(trace.time_ns)
+    trace, _ = validate_recording(trace)
+    return trace
+
+
+class SavedOnce:
+    """A recorder's ``close()``: the trace built and ``output`` written once.
+
+    The recorder sets ``output`` (a path, or None to keep the trace in memory only),
+    ``trace = None`` and ``_closed = False`` and implements :meth:`build_trace`;
+    :meth:`save_more` writes anything else it keeps (CuPy's raw hook log).
+    """
+
+    output: str | None
+    trace: Trace | None
+    _closed: bool
+
+    def build_trace(self) -> Trace:
+        raise NotImplementedError
+
+    def save_more(self, trace: Trace) -> None:
+        """Files besides ``output`` (none by default)."""
+
+    def close(self) -> Trace:
+        """Build the trace and write ``output`` once; returns the trace."""
+        if self._closed and self.trace is not None:
+            return self.trace
+        self._closed = True
+        self.trace = self.build_trace()
+        if self.output is not None:
+            save(self.trace, self.output)
+        self.save_more(self.trace)
+        return self.trace
