@@ -27,6 +27,10 @@ from dataclasses import replace
 import native_cases as cases
 
 from allocsim.policies import parse_policy
+from allocsim.policies.cuda_async import CudaAsyncAllocator
+from allocsim.policies.cupy_pool import CuPyPoolAllocator
+from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
+from allocsim.policies.registry import POLICIES
 from allocsim.sim.kernel import native
 from allocsim.sim.kernel.device import SimulatedDevice, resolve_device
 from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
@@ -107,17 +111,22 @@ def test_replay_takes_the_core_and_allocsim_native_0_the_python_models(
     assert_same(replay(trace, "bfc", device), core, "ALLOCSIM_NATIVE=0")
 
 
-def test_policies_the_core_lacks_run_in_python() -> None:
+def test_every_registered_policy_is_native_and_what_the_core_lacks_runs_in_python(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     cases.need_core()
     for spec in cases.NATIVE_SPECS:
         assert native.is_native(parse_policy(spec)), spec
+    for name in POLICIES:
+        assert native.is_native(parse_policy(name)), name
+    # A class the core does not know (here a subclass, as a user's own policy would be) runs
+    # in Python, whatever it derives from.
     trace = TRACES["default-training"]
-    for spec in ("cupy", "cuda-async", "jax:allocator=cuda_async",
-                 "pytorch:expandable_segments=true",
-                 "pytorch:expandable_segments=true,garbage_collection_threshold=0.6"):
-        assert not native.is_native(parse_policy(spec)), spec
-        assert native.native_replay(trace, parse_policy(spec),
-                                   replace(resolve_device(None), context_bytes=0),
+    for base in (CuPyPoolAllocator, CudaAsyncAllocator, PyTorchCachingAllocator):
+        subclass = type(f"Own{base.__name__}", (base,), {"name": f"own-{base.name}"})
+        monkeypatch.setitem(POLICIES, subclass.name, subclass)
+        spec = parse_policy(subclass.name)
+        assert not native.is_native(spec), subclass.name
+        assert native.native_replay(trace, spec, replace(resolve_device(None), context_bytes=0),
                                     stop_on_oom=False, progress=None,
                                     timeline_points=TIMELINE_POINTS, step=1 << 18) is None
 

@@ -1,0 +1,221 @@
+// CuPy's default memory pool: policies/cupy_pool.py's CuPyPoolAllocator (which follows
+// cupy/cupy cupy/cuda/memory.pyx: _round_size, _Arena.get_chunk / try_merge_chunk /
+// insert_chunk, _Chunk.split, SingleDeviceMemoryPool._malloc / _try_malloc / free_all_blocks).
+//
+// The Python module is the specification; this is its twin, held to it by
+// tests/test_native_differential.py. From Python (CuPyConfig): the allocation unit (512 B),
+// the limit the Python pool computed (set_limit's size or fraction × capacity; 0 = none) and
+// the bin table of its arenas (by bit length).
+//
+// Invariants (cupy_pool.py's): a cudaMalloc'd block's chunks tile it, linked by address (-1
+// at its ends); every chunk keeps the arena of the stream whose allocation made its block; a
+// chunk is in its arena exactly while free, under (size, creation id) — CuPy's (size,
+// id(chunk)), the creation order standing in for the object's address; no two neighbours are
+// both free. A chunk in use never moves: its index is the engine's handle.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "device.hpp"
+#include "sorted_bins.hpp"
+
+namespace allocsim {
+
+struct CuPyConfig {
+  int64_t unit;                 // ALLOCATION_UNIT_SIZE
+  int64_t limit;                // CuPyPoolAllocator.get_limit(): 0 = none
+  std::vector<int> bin_of_bits;  // the arena's bin of each bit length
+};
+
+class CuPyPolicy {
+ public:
+  CuPyPolicy(CuPyConfig config, Device& device) : c_(std::move(config)), device_(device) {}
+
+  // malloc: the smallest free chunk of this stream's arena that fits (split, the caller
+  // keeping the low end), else a new block of exactly the rounded size; -1 on OOM.
+  int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
+    int64_t rounded = (size + c_.unit - 1) / c_.unit * c_.unit;
+    int32_t arena = arena_of(stream);
+    SortedBins::Key key;
+    int32_t at;
+    if (arenas_[arena].lower_bound(rounded, true, &key)) {  // _Arena.get_chunk
+      at = key.chunk;
+      chunks_[at].free = false;
+      int64_t rest_size = chunks_[at].size - rounded;
+      if (rest_size) {  // _Chunk.split: the rest is a new (younger) chunk, free at once
+        int32_t rest = new_chunk(chunks_[at].address + rounded, rest_size, arena);
+        int32_t after = chunks_[at].next;
+        chunks_[rest].prev = at;
+        chunks_[rest].next = after;
+        if (after >= 0) chunks_[after].prev = rest;
+        chunks_[at].next = rest;
+        chunks_[at].size = rounded;
+        chunks_[rest].free = true;
+        arenas_[arena].add(rest_size, chunks_[rest].cid, rest);
+      }
+    } else {
+      int64_t base = try_malloc(rounded);
+      if (base < 0) {
+        ++num_ooms;
+        return -1;
+      }
+      at = new_chunk(base, rounded, arena);
+    }
+    chunks_[at].requested = size;
+    requested_sum += size;
+    bytes_in_use += rounded;
+    if (bytes_in_use > peak_bytes_in_use) peak_bytes_in_use = bytes_in_use;
+    ++num_allocs;
+    *handle = at;
+    return chunks_[at].address;
+  }
+
+  // free: merge with the next chunk while free, then the previous one (whose object stays),
+  // and back into the arena.
+  void free(int64_t handle) {
+    int32_t at = static_cast<int32_t>(handle);
+    int64_t size = chunks_[at].size;
+    bytes_in_use -= size;
+    requested_sum -= chunks_[at].requested;
+    ++num_frees;
+    SortedBins& arena = arenas_[chunks_[at].arena];
+    int32_t after = chunks_[at].next;
+    if (after >= 0 && chunks_[after].free) {
+      arena.remove(chunks_[after].size, chunks_[after].cid);
+      size += chunks_[after].size;
+      unlink(after);
+    }
+    int32_t before = chunks_[at].prev;
+    if (before >= 0 && chunks_[before].free) {
+      arena.remove(chunks_[before].size, chunks_[before].cid);
+      size += chunks_[before].size;
+      unlink(at);
+      at = before;
+    }
+    chunks_[at].size = size;
+    chunks_[at].free = true;
+    arena.add(size, chunks_[at].cid, at);
+  }
+
+  int64_t largest_free() const {
+    int64_t largest = 0;
+    for (const SortedBins& arena : arenas_) largest = std::max(largest, arena.largest());
+    return largest;
+  }
+  int64_t free_blocks() const {
+    int64_t count = 0;
+    for (const SortedBins& arena : arenas_) count += arena.size();
+    return count;
+  }
+  int64_t pool_bytes() const { return total_bytes_; }
+  int64_t peak_pool_bytes() const { return peak_total_bytes_; }
+  int64_t bytes_requested() const { return requested_sum; }
+
+  int64_t bytes_in_use = 0, peak_bytes_in_use = 0, requested_sum = 0;
+  int64_t num_allocs = 0, num_frees = 0, num_ooms = 0;
+
+ private:
+  struct Chunk {
+    int64_t size, address, requested, cid;
+    int32_t prev, next;  // neighbours in the block by address; -1 at its ends
+    int32_t arena;
+    bool free;
+  };
+
+  int32_t arena_of(int64_t stream) {
+    auto it = arena_index_.find(stream);
+    if (it != arena_index_.end()) return it->second;
+    int32_t index = static_cast<int32_t>(arenas_.size());
+    arenas_.emplace_back(&c_.bin_of_bits);
+    arena_index_.emplace(stream, index);
+    return index;
+  }
+
+  // A chunk record in use (the caller frees it), with the next creation id.
+  int32_t new_chunk(int64_t address, int64_t size, int32_t arena) {
+    int32_t at;
+    if (!spare_.empty()) {
+      at = spare_.back();
+      spare_.pop_back();
+    } else {
+      at = static_cast<int32_t>(chunks_.size());
+      chunks_.push_back(Chunk{});
+    }
+    chunks_[at] = Chunk{size, address, 0, next_cid_++, -1, -1, arena, false};
+    return at;
+  }
+
+  // Take chunk `at` (merged into a neighbour) out of its block's links; recycle its record.
+  void unlink(int32_t at) {
+    const Chunk& gone = chunks_[at];
+    if (gone.prev >= 0) chunks_[gone.prev].next = gone.next;
+    if (gone.next >= 0) chunks_[gone.next].prev = gone.prev;
+    spare_.push_back(at);
+  }
+
+  bool fits_limit(int64_t rounded) const { return total_bytes_ + rounded <= c_.limit; }
+
+  // _try_malloc: the limit with its two free_all_blocks retries, then cudaMalloc with its two
+  // (three device attempts; the simulation has no Python garbage for gc.collect to find).
+  int64_t try_malloc(int64_t rounded) {
+    if (c_.limit) {
+      if (rounded > c_.limit) return -1;
+      if (!fits_limit(rounded)) {
+        free_all_blocks();
+        if (!fits_limit(rounded)) {
+          free_all_blocks();
+          if (!fits_limit(rounded)) return -1;
+        }
+      }
+    }
+    total_bytes_ += rounded;
+    int64_t base = device_.reserve(rounded);
+    for (int retry = 0; base < 0 && retry < 2; ++retry) {
+      free_all_blocks();
+      base = device_.reserve(rounded);
+    }
+    if (base < 0) {
+      total_bytes_ -= rounded;
+      return -1;
+    }
+    if (total_bytes_ > peak_total_bytes_) peak_total_bytes_ = total_bytes_;
+    return base;
+  }
+
+  // free_all_blocks: cudaFree every free chunk that is a whole block, arenas in the order
+  // made, each in (size, creation id) order.
+  void free_all_blocks() {
+    for (SortedBins& arena : arenas_) {
+      if (!arena.size()) continue;
+      const auto& bins = arena.bins();
+      for (int number = 0; number < static_cast<int>(bins.size()); ++number) {
+        if (bins[number].empty()) continue;
+        std::vector<SortedBins::Key> kept;
+        for (const SortedBins::Key& key : bins[number]) {
+          const Chunk& chunk = chunks_[key.chunk];
+          if (chunk.prev >= 0 || chunk.next >= 0) {
+            kept.push_back(key);
+            continue;
+          }
+          total_bytes_ -= chunk.size;
+          device_.release(chunk.address);
+          spare_.push_back(key.chunk);
+        }
+        if (kept.size() != bins[number].size()) arena.keep(number, std::move(kept));
+      }
+    }
+  }
+
+  CuPyConfig c_;
+  Device& device_;
+  std::vector<Chunk> chunks_;
+  std::vector<int32_t> spare_;
+  std::vector<SortedBins> arenas_;                    // in the order their streams came
+  std::unordered_map<int64_t, int32_t> arena_index_;  // stream -> arena
+  int64_t next_cid_ = 0;
+  int64_t total_bytes_ = 0, peak_total_bytes_ = 0;
+};
+
+}  // namespace allocsim
