@@ -9,7 +9,9 @@ unordered_map of live buffers, an unbounded heap — no device, timeline or stat
 policy's :func:`~allocsim.sim.kernel.engine.replay` (the whole call: the core's replay and the
 RunResult built from it) runs alternating with the floor, best of ``--repeat``; its ratio is
 to the floor measured beside it. Target (issue 27.4): every policy within 2× of that floor.
-Policies the core lacks replay in Python here, and show it (``impl``).
+Policies the core lacks replay in Python here, and show it (``impl``). With
+``--against-python`` each native policy's Python model (``ALLOCSIM_NATIVE=0``) is timed too,
+once, beside the same floor, and the core's speed-up over it printed.
 
 DynaPipe: bench_replay measured DynaPipe's pure-Python model of PyTorch's allocator at the
 Python dict loop's speed / 42 (experiments/bench_replay.py, DYNAPIPE_FLOOR_RATIO); that dict
@@ -47,7 +49,8 @@ if TYPE_CHECKING:
     from allocsim.traces.model import Trace
 
 POLICIES = ("preallocate", "best-fit", "best-fit:trim=true", "bfc", "bfc:allow_growth=false",
-            "jax", "jax:preallocate=false", "pytorch", "on-demand", "cupy", "cuda-async",
+            "jax", "jax:preallocate=false", "pytorch", "pytorch:expandable_segments=true",
+            "on-demand", "cupy", "cuda-async", "cuda-async:sync=none", "jax:allocator=cuda_async",
             "buddy")
 FLOOR_TARGET = 2.0          # every policy within 2× of the plain C++ best fit
 DYNAPIPE_TARGET = 20.0      # pytorch ≥ 20× DynaPipe's simulator
@@ -81,7 +84,25 @@ def dict_loop_seconds(trace: Trace, repeat: int) -> float:
     return cpu_best_of(repeat, lambda: dict_floor(ops, ids, sizes))
 
 
-def measure_speed(trace: Trace, policies: list[str], device: str, repeat: int) -> list[dict]:
+def python_seconds(trace: Trace, policy: str, profile: object) -> float:
+    """The CPU time of one replay of ``policy`` by the Python models (the core turned off)."""
+    import os
+
+    from allocsim.sim.kernel.engine import replay
+
+    before = os.environ.get("ALLOCSIM_NATIVE")
+    os.environ["ALLOCSIM_NATIVE"] = "0"
+    try:
+        return cpu_best_of(1, lambda: replay(trace, policy, profile))
+    finally:
+        if before is None:
+            del os.environ["ALLOCSIM_NATIVE"]
+        else:
+            os.environ["ALLOCSIM_NATIVE"] = before
+
+
+def measure_speed(trace: Trace, policies: list[str], device: str, repeat: int,
+                  against_python: bool = False) -> list[dict]:
     """Every policy beside the C++ floor, and the Python dict loop for DynaPipe's speed;
     prints a line each as it goes."""
     from allocsim.policies import parse_policy
@@ -116,6 +137,10 @@ def measure_speed(trace: Trace, policies: list[str], device: str, repeat: int) -
         if policy == "pytorch":
             row["dynapipe_x"] = n / run_s / dynapipe
             mark += f"   ({row['dynapipe_x']:.1f}× DynaPipe; target {DYNAPIPE_TARGET:g}×)"
+        if against_python and impl == "native":
+            row["python_cpu_s"] = python_seconds(trace, policy, profile)
+            row["python_x"] = row["python_cpu_s"] / run_s
+            mark += f"   ({row['python_x']:.1f}× the Python model)"
         rows.append(row)
         print(f"{policy:28s} {impl:7s} {n / run_s:12,.0f} {ratio:8.2f} {run_s:7.3f}{mark}")
     return rows
@@ -154,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", nargs="+")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--against-python", action="store_true",
+                        help="also time each native policy's Python model, once")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument("--one", nargs=2, metavar=("POLICY", "TRACE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -171,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     trace = synth.generate(args.kind, seed=0, events=args.events)
     print(f"trace: {args.kind}, {len(trace):,} events; CPU time, best of {args.repeat}")
     if not args.memory:
-        rows = measure_speed(trace, policies, args.device, args.repeat)
+        rows = measure_speed(trace, policies, args.device, args.repeat, args.against_python)
     else:
         rows = []
         with tempfile.TemporaryDirectory() as tmp:

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "device.hpp"
+#include "records.hpp"
 #include "sorted_bins.hpp"
 
 namespace allocsim {
@@ -34,7 +35,7 @@ struct CudaAsyncConfig {
   std::vector<int> bin_of_bits;    // chunks.BIN
 };
 
-class CudaAsyncPolicy {
+class CudaAsyncPolicy : public Counters {
  public:
   CudaAsyncPolicy(CudaAsyncConfig config, Device& device)
       : c_(std::move(config)), device_(device), pending_(c_.preallocate) {
@@ -58,19 +59,14 @@ class CudaAsyncPolicy {
     }
     chunks_[at].requested = size;  // _hand_to
     chunks_[at].stream = stream;
-    requested_sum += size;
-    bytes_in_use += rounded;
-    if (bytes_in_use > peak_bytes_in_use) peak_bytes_in_use = bytes_in_use;
-    ++num_allocs;
+    handed(rounded, size);
     *handle = at;
     return chunks_[at].address;
   }
 
   void free(int64_t handle) {
     int32_t at = static_cast<int32_t>(handle);
-    bytes_in_use -= chunks_[at].size;
-    requested_sum -= chunks_[at].requested;
-    ++num_frees;
+    returned(chunks_[at].size, chunks_[at].requested);
     if (c_.sync_on_free) {
       give_back(at, kShared);
       // The synchronisation after the free applies the release threshold.
@@ -80,22 +76,10 @@ class CudaAsyncPolicy {
     }
   }
 
-  int64_t largest_free() const {
-    int64_t largest = 0;
-    for (const SortedBins& index : indexes_) largest = std::max(largest, index.largest());
-    return largest;
-  }
-  int64_t free_blocks() const {
-    int64_t count = 0;
-    for (const SortedBins& index : indexes_) count += index.size();
-    return count;
-  }
+  int64_t largest_free() const { return largest_of(indexes_); }
+  int64_t free_blocks() const { return count_of(indexes_); }
   int64_t pool_bytes() const { return mapped_; }
   int64_t peak_pool_bytes() const { return peak_mapped_; }
-  int64_t bytes_requested() const { return requested_sum; }
-
-  int64_t bytes_in_use = 0, peak_bytes_in_use = 0, requested_sum = 0;
-  int64_t num_allocs = 0, num_frees = 0, num_ooms = 0;
 
  private:
   static constexpr int32_t kShared = 0;  // the index (and owner) of shared free memory
@@ -148,10 +132,8 @@ class CudaAsyncPolicy {
   void split_off(int32_t at, int64_t rounded, int32_t owner) {
     int64_t rest_size = chunks_[at].size - rounded;
     if (!rest_size) return;
-    int32_t rest = new_chunk(chunks_[at].address + rounded, rest_size);
     int32_t after = chunks_[at].next;
-    chunks_[rest].prev = at;
-    chunks_[rest].next = after;
+    int32_t rest = new_chunk(chunks_[at].address + rounded, rest_size, at, after);
     if (after >= 0) chunks_[after].prev = rest;
     chunks_[at].next = rest;
     chunks_[at].size = rounded;
@@ -160,17 +142,22 @@ class CudaAsyncPolicy {
     indexes_[owner].add(rest_size, chunks_[rest].address, rest);
   }
 
-  int32_t new_chunk(int64_t address, int64_t size) {
-    int32_t at;
-    if (!spare_.empty()) {
-      at = spare_.back();
-      spare_.pop_back();
-    } else {
-      at = static_cast<int32_t>(chunks_.size());
-      chunks_.push_back(Chunk{});
-    }
-    chunks_[at] = Chunk{size, address, 0, 0, -1, -1, kShared, false};
-    return at;
+  // A chunk in use (the caller frees it).
+  int32_t new_chunk(int64_t address, int64_t size, int32_t prev, int32_t next) {
+    return chunks_.make(Chunk{size, address, 0, 0, prev, next, kShared, false});
+  }
+
+  // Take free chunk `at` out of the index it sits in.
+  void unindex(int32_t at) { indexes_[chunks_[at].owner].remove(chunks_[at].size, chunks_[at].address); }
+
+  // Join the chunk after `at` into it (its record recycled).
+  void absorb_next(int32_t at) {
+    int32_t gone = chunks_[at].next;
+    int32_t beyond = chunks_[gone].next;
+    chunks_[at].size += chunks_[gone].size;
+    chunks_[at].next = beyond;
+    if (beyond >= 0) chunks_[beyond].prev = at;
+    chunks_.recycle(gone);
   }
 
   // Whether free neighbour `n` merges into a chunk given back to `owner`: with per-stream
@@ -183,31 +170,20 @@ class CudaAsyncPolicy {
   // _give_back: chunk `at` (in no index) becomes free memory of `owner`, merged with the
   // next free neighbour, then the previous one.
   void give_back(int32_t at, int32_t owner) {
-    int64_t size = chunks_[at].size;
-    int32_t after = chunks_[at].next;
-    if (joins(after, owner)) {
-      indexes_[chunks_[after].owner].remove(chunks_[after].size, chunks_[after].address);
-      size += chunks_[after].size;
-      int32_t beyond = chunks_[after].next;
-      chunks_[at].next = beyond;
-      if (beyond >= 0) chunks_[beyond].prev = at;
-      spare_.push_back(after);
+    if (joins(chunks_[at].next, owner)) {
+      unindex(chunks_[at].next);
+      absorb_next(at);
     }
     int32_t before = chunks_[at].prev;
     if (joins(before, owner)) {
-      indexes_[chunks_[before].owner].remove(chunks_[before].size, chunks_[before].address);
-      size += chunks_[before].size;
-      int32_t beyond = chunks_[at].next;
-      chunks_[before].next = beyond;
-      if (beyond >= 0) chunks_[beyond].prev = before;
-      spare_.push_back(at);
+      unindex(before);
+      absorb_next(before);
       at = before;
     }
     Chunk& chunk = chunks_[at];
-    chunk.size = size;
     chunk.free = true;
     chunk.owner = owner;
-    indexes_[owner].add(size, chunk.address, at);
+    indexes_[owner].add(chunk.size, chunk.address, at);
     if (owner == kShared && chunk.prev < 0 && chunk.next < 0) free_regions_[chunk.address] = at;
   }
 
@@ -219,7 +195,7 @@ class CudaAsyncPolicy {
     if (!device_.map(base, nbytes)) return -1;
     mapped_ += nbytes;
     if (mapped_ > peak_mapped_) peak_mapped_ = mapped_;
-    return new_chunk(base, nbytes);
+    return new_chunk(base, nbytes, -1, -1);
   }
 
   // _grow: a new chunk carved from its low end; after a refusal, _after_refusal: synchronise
@@ -264,7 +240,7 @@ class CudaAsyncPolicy {
       if (mapped_ - nbytes < keep) continue;
       free_regions_.erase(base);
       indexes_[kShared].remove(nbytes, base);
-      spare_.push_back(at);
+      chunks_.recycle(at);
       mapped_ -= nbytes;
       device_.unmap(base, nbytes);
       if (mapped_ <= keep) break;
@@ -287,8 +263,7 @@ class CudaAsyncPolicy {
   CudaAsyncConfig c_;
   Device& device_;
   bool pending_;
-  std::vector<Chunk> chunks_;
-  std::vector<int32_t> spare_;
+  Records<Chunk> chunks_;
   std::vector<SortedBins> indexes_;                  // kShared, then streams' in the order made
   std::unordered_map<int64_t, int32_t> owner_index_;  // stream -> its index (sync=none)
   std::map<int64_t, int32_t> free_regions_;          // base -> the region's one free chunk

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "device.hpp"
+#include "records.hpp"
 #include "sorted_bins.hpp"
 
 namespace allocsim {
@@ -29,7 +30,7 @@ struct CuPyConfig {
   std::vector<int> bin_of_bits;  // the arena's bin of each bit length
 };
 
-class CuPyPolicy {
+class CuPyPolicy : public Counters {
  public:
   CuPyPolicy(CuPyConfig config, Device& device) : c_(std::move(config)), device_(device) {}
 
@@ -45,10 +46,8 @@ class CuPyPolicy {
       chunks_[at].free = false;
       int64_t rest_size = chunks_[at].size - rounded;
       if (rest_size) {  // _Chunk.split: the rest is a new (younger) chunk, free at once
-        int32_t rest = new_chunk(chunks_[at].address + rounded, rest_size, arena);
         int32_t after = chunks_[at].next;
-        chunks_[rest].prev = at;
-        chunks_[rest].next = after;
+        int32_t rest = new_chunk(chunks_[at].address + rounded, rest_size, arena, at, after);
         if (after >= 0) chunks_[after].prev = rest;
         chunks_[at].next = rest;
         chunks_[at].size = rounded;
@@ -61,13 +60,10 @@ class CuPyPolicy {
         ++num_ooms;
         return -1;
       }
-      at = new_chunk(base, rounded, arena);
+      at = new_chunk(base, rounded, arena, -1, -1);
     }
     chunks_[at].requested = size;
-    requested_sum += size;
-    bytes_in_use += rounded;
-    if (bytes_in_use > peak_bytes_in_use) peak_bytes_in_use = bytes_in_use;
-    ++num_allocs;
+    handed(rounded, size);
     *handle = at;
     return chunks_[at].address;
   }
@@ -76,45 +72,27 @@ class CuPyPolicy {
   // and back into the arena.
   void free(int64_t handle) {
     int32_t at = static_cast<int32_t>(handle);
-    int64_t size = chunks_[at].size;
-    bytes_in_use -= size;
-    requested_sum -= chunks_[at].requested;
-    ++num_frees;
+    returned(chunks_[at].size, chunks_[at].requested);
     SortedBins& arena = arenas_[chunks_[at].arena];
     int32_t after = chunks_[at].next;
     if (after >= 0 && chunks_[after].free) {
       arena.remove(chunks_[after].size, chunks_[after].cid);
-      size += chunks_[after].size;
-      unlink(after);
+      absorb_next(at);
     }
     int32_t before = chunks_[at].prev;
     if (before >= 0 && chunks_[before].free) {
       arena.remove(chunks_[before].size, chunks_[before].cid);
-      size += chunks_[before].size;
-      unlink(at);
+      absorb_next(before);
       at = before;
     }
-    chunks_[at].size = size;
     chunks_[at].free = true;
-    arena.add(size, chunks_[at].cid, at);
+    arena.add(chunks_[at].size, chunks_[at].cid, at);
   }
 
-  int64_t largest_free() const {
-    int64_t largest = 0;
-    for (const SortedBins& arena : arenas_) largest = std::max(largest, arena.largest());
-    return largest;
-  }
-  int64_t free_blocks() const {
-    int64_t count = 0;
-    for (const SortedBins& arena : arenas_) count += arena.size();
-    return count;
-  }
+  int64_t largest_free() const { return largest_of(arenas_); }
+  int64_t free_blocks() const { return count_of(arenas_); }
   int64_t pool_bytes() const { return total_bytes_; }
   int64_t peak_pool_bytes() const { return peak_total_bytes_; }
-  int64_t bytes_requested() const { return requested_sum; }
-
-  int64_t bytes_in_use = 0, peak_bytes_in_use = 0, requested_sum = 0;
-  int64_t num_allocs = 0, num_frees = 0, num_ooms = 0;
 
  private:
   struct Chunk {
@@ -133,26 +111,19 @@ class CuPyPolicy {
     return index;
   }
 
-  // A chunk record in use (the caller frees it), with the next creation id.
-  int32_t new_chunk(int64_t address, int64_t size, int32_t arena) {
-    int32_t at;
-    if (!spare_.empty()) {
-      at = spare_.back();
-      spare_.pop_back();
-    } else {
-      at = static_cast<int32_t>(chunks_.size());
-      chunks_.push_back(Chunk{});
-    }
-    chunks_[at] = Chunk{size, address, 0, next_cid_++, -1, -1, arena, false};
-    return at;
+  // A chunk in use (the caller frees it) with the next creation id.
+  int32_t new_chunk(int64_t address, int64_t size, int32_t arena, int32_t prev, int32_t next) {
+    return chunks_.make(Chunk{size, address, 0, next_cid_++, prev, next, arena, false});
   }
 
-  // Take chunk `at` (merged into a neighbour) out of its block's links; recycle its record.
-  void unlink(int32_t at) {
-    const Chunk& gone = chunks_[at];
-    if (gone.prev >= 0) chunks_[gone.prev].next = gone.next;
-    if (gone.next >= 0) chunks_[gone.next].prev = gone.prev;
-    spare_.push_back(at);
+  // Join the chunk after `at` into it (its record recycled).
+  void absorb_next(int32_t at) {
+    int32_t gone = chunks_[at].next;
+    int32_t beyond = chunks_[gone].next;
+    chunks_[at].size += chunks_[gone].size;
+    chunks_[at].next = beyond;
+    if (beyond >= 0) chunks_[beyond].prev = at;
+    chunks_.recycle(gone);
   }
 
   bool fits_limit(int64_t rounded) const { return total_bytes_ + rounded <= c_.limit; }
@@ -201,7 +172,7 @@ class CuPyPolicy {
           }
           total_bytes_ -= chunk.size;
           device_.release(chunk.address);
-          spare_.push_back(key.chunk);
+          chunks_.recycle(key.chunk);
         }
         if (kept.size() != bins[number].size()) arena.keep(number, std::move(kept));
       }
@@ -210,8 +181,7 @@ class CuPyPolicy {
 
   CuPyConfig c_;
   Device& device_;
-  std::vector<Chunk> chunks_;
-  std::vector<int32_t> spare_;
+  Records<Chunk> chunks_;
   std::vector<SortedBins> arenas_;                    // in the order their streams came
   std::unordered_map<int64_t, int32_t> arena_index_;  // stream -> arena
   int64_t next_cid_ = 0;

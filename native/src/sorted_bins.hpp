@@ -116,4 +116,16 @@ class SortedBins {
   int64_t count_ = 0;
 };
 
+// The largest free chunk and the number of free chunks of several indexes (arenas, owners).
+inline int64_t largest_of(const std::vector<SortedBins>& indexes) {
+  int64_t largest = 0;
+  for (const SortedBins& index : indexes) largest = std::max(largest, index.largest());
+  return largest;
+}
+inline int64_t count_of(const std::vector<SortedBins>& indexes) {
+  int64_t count = 0;
+  for (const SortedBins& index : indexes) count += index.size();
+  return count;
+}
+
 }  // namespace allocsim
