@@ -82,6 +82,26 @@ def test_the_cases_reach_the_paths_they_are_for() -> None:
     assert ooms and backoff and collected
 
 
+@pytest.mark.parametrize("spec", ["pytorch:expandable_segments=true", "cupy", "cupy:limit=64MiB",
+                                  "cuda-async", "cuda-async:sync=none"])
+def test_the_cases_reach_the_release_and_retry_paths_of_the_newer_policies(spec: str) -> None:
+    # Each releases memory (expandable segments unmap pages, CuPy's free_all_blocks, the pool's
+    # trim), retries refused device calls and runs out somewhere in the cases — the paths the
+    # tight capacities are for.
+    cases.need_core()
+    ooms = refused = released = 0
+    for label in ("default-training", "training-seed0", "random-seed1",
+                  "random-streams3-seed0"):
+        trace = TRACES[label]
+        for profile in cases.capacities(trace):
+            result, _ = cases.native_run(trace, spec, profile)
+            ooms += result.ooms
+            refused += result.failed_device_mallocs
+            released += result.device_frees
+    assert ooms and released and (refused or spec == "cupy:limit=64MiB"), (ooms, refused,
+                                                                          released)
+
+
 @pytest.mark.parametrize("label", ["default-training", "kvcache-seed0", "random-seed0"])
 def test_runs_that_stop_at_their_first_oom_match(label: str) -> None:
     cases.need_core()

@@ -19,7 +19,6 @@
 
 #include <cstdint>
 #include <map>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -38,9 +37,8 @@ struct CudaAsyncConfig {
 class CudaAsyncPolicy : public Counters {
  public:
   CudaAsyncPolicy(CudaAsyncConfig config, Device& device)
-      : c_(std::move(config)), device_(device), pending_(c_.preallocate) {
-    indexes_.emplace_back(&c_.bin_of_bits);  // kShared: free memory every stream may take
-  }
+      : c_(std::move(config)), device_(device), pending_(c_.preallocate),
+        indexes_(&c_.bin_of_bits, 1) {}
 
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
     if (pending_) preallocate();
@@ -72,12 +70,12 @@ class CudaAsyncPolicy : public Counters {
       // The synchronisation after the free applies the release threshold.
       if (!free_regions_.empty() && mapped_ > c_.threshold) trim(c_.threshold);
     } else {
-      give_back(at, index_of(chunks_[at].stream));
+      give_back(at, indexes_.of(chunks_[at].stream));
     }
   }
 
-  int64_t largest_free() const { return largest_of(indexes_); }
-  int64_t free_blocks() const { return count_of(indexes_); }
+  int64_t largest_free() const { return indexes_.largest(); }
+  int64_t free_blocks() const { return indexes_.size(); }
   int64_t pool_bytes() const { return mapped_; }
   int64_t peak_pool_bytes() const { return peak_mapped_; }
 
@@ -90,27 +88,17 @@ class CudaAsyncPolicy : public Counters {
     bool free;
   };
 
-  // The index of owner `stream` (sync=none), made on first use (the Python dict's order).
-  int32_t index_of(int64_t stream) {
-    auto it = owner_index_.find(stream);
-    if (it != owner_index_.end()) return it->second;
-    int32_t index = static_cast<int32_t>(indexes_.size());
-    indexes_.emplace_back(&c_.bin_of_bits);
-    owner_index_.emplace(stream, index);
-    return index;
-  }
-
   // _find: best fit by (size, address) among shared free memory and (sync=none) the stream's.
   bool find(int64_t rounded, int64_t stream, SortedBins::Key* found, int32_t* owner) {
     bool any = indexes_[kShared].lower_bound(rounded, false, found);
     *owner = kShared;
     if (!c_.sync_on_free) {
-      auto own = owner_index_.find(stream);
+      int32_t own = indexes_.find(stream);
       SortedBins::Key mine;
-      if (own != owner_index_.end() && indexes_[own->second].lower_bound(rounded, false, &mine) &&
+      if (own >= 0 && indexes_[own].lower_bound(rounded, false, &mine) &&
           (!any || mine < *found)) {
         *found = mine;
-        *owner = own->second;
+        *owner = own;
         any = true;
       }
     }
@@ -150,15 +138,7 @@ class CudaAsyncPolicy : public Counters {
   // Take free chunk `at` out of the index it sits in.
   void unindex(int32_t at) { indexes_[chunks_[at].owner].remove(chunks_[at].size, chunks_[at].address); }
 
-  // Join the chunk after `at` into it (its record recycled).
-  void absorb_next(int32_t at) {
-    int32_t gone = chunks_[at].next;
-    int32_t beyond = chunks_[gone].next;
-    chunks_[at].size += chunks_[gone].size;
-    chunks_[at].next = beyond;
-    if (beyond >= 0) chunks_[beyond].prev = at;
-    chunks_.recycle(gone);
-  }
+
 
   // Whether free neighbour `n` merges into a chunk given back to `owner`: with per-stream
   // ownership only if it is shared or owner's.
@@ -172,12 +152,12 @@ class CudaAsyncPolicy : public Counters {
   void give_back(int32_t at, int32_t owner) {
     if (joins(chunks_[at].next, owner)) {
       unindex(chunks_[at].next);
-      absorb_next(at);
+      absorb_next(chunks_, at);
     }
     int32_t before = chunks_[at].prev;
     if (joins(before, owner)) {
       unindex(before);
-      absorb_next(before);
+      absorb_next(chunks_, before);
       at = before;
     }
     Chunk& chunk = chunks_[at];
@@ -218,7 +198,7 @@ class CudaAsyncPolicy : public Counters {
   // synchronize: every stream's free memory becomes shared (indexes in the order made, each
   // in (size, address) order), then the release threshold.
   void synchronize() {
-    for (int32_t owner = 1; owner < static_cast<int32_t>(indexes_.size()); ++owner) {
+    for (int32_t owner = 1; owner < indexes_.count(); ++owner) {
       if (!indexes_[owner].size()) continue;
       std::vector<SortedBins::Key> keys;
       for (const auto& bin : indexes_[owner].bins()) keys.insert(keys.end(), bin.begin(), bin.end());
@@ -264,8 +244,7 @@ class CudaAsyncPolicy : public Counters {
   Device& device_;
   bool pending_;
   Records<Chunk> chunks_;
-  std::vector<SortedBins> indexes_;                  // kShared, then streams' in the order made
-  std::unordered_map<int64_t, int32_t> owner_index_;  // stream -> its index (sync=none)
+  StreamIndexes indexes_;  // kShared, then (sync=none) the streams' in the order made
   std::map<int64_t, int32_t> free_regions_;          // base -> the region's one free chunk
   int64_t mapped_ = 0, peak_mapped_ = 0;
 };

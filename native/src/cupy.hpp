@@ -15,7 +15,6 @@
 #pragma once
 
 #include <cstdint>
-#include <unordered_map>
 #include <vector>
 
 #include "device.hpp"
@@ -32,13 +31,14 @@ struct CuPyConfig {
 
 class CuPyPolicy : public Counters {
  public:
-  CuPyPolicy(CuPyConfig config, Device& device) : c_(std::move(config)), device_(device) {}
+  CuPyPolicy(CuPyConfig config, Device& device)
+      : c_(std::move(config)), device_(device), arenas_(&c_.bin_of_bits, 0) {}
 
   // malloc: the smallest free chunk of this stream's arena that fits (split, the caller
   // keeping the low end), else a new block of exactly the rounded size; -1 on OOM.
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
     int64_t rounded = (size + c_.unit - 1) / c_.unit * c_.unit;
-    int32_t arena = arena_of(stream);
+    int32_t arena = arenas_.of(stream);
     SortedBins::Key key;
     int32_t at;
     if (arenas_[arena].lower_bound(rounded, true, &key)) {  // _Arena.get_chunk
@@ -77,20 +77,20 @@ class CuPyPolicy : public Counters {
     int32_t after = chunks_[at].next;
     if (after >= 0 && chunks_[after].free) {
       arena.remove(chunks_[after].size, chunks_[after].cid);
-      absorb_next(at);
+      absorb_next(chunks_, at);
     }
     int32_t before = chunks_[at].prev;
     if (before >= 0 && chunks_[before].free) {
       arena.remove(chunks_[before].size, chunks_[before].cid);
-      absorb_next(before);
+      absorb_next(chunks_, before);
       at = before;
     }
     chunks_[at].free = true;
     arena.add(chunks_[at].size, chunks_[at].cid, at);
   }
 
-  int64_t largest_free() const { return largest_of(arenas_); }
-  int64_t free_blocks() const { return count_of(arenas_); }
+  int64_t largest_free() const { return arenas_.largest(); }
+  int64_t free_blocks() const { return arenas_.size(); }
   int64_t pool_bytes() const { return total_bytes_; }
   int64_t peak_pool_bytes() const { return peak_total_bytes_; }
 
@@ -102,28 +102,9 @@ class CuPyPolicy : public Counters {
     bool free;
   };
 
-  int32_t arena_of(int64_t stream) {
-    auto it = arena_index_.find(stream);
-    if (it != arena_index_.end()) return it->second;
-    int32_t index = static_cast<int32_t>(arenas_.size());
-    arenas_.emplace_back(&c_.bin_of_bits);
-    arena_index_.emplace(stream, index);
-    return index;
-  }
-
   // A chunk in use (the caller frees it) with the next creation id.
   int32_t new_chunk(int64_t address, int64_t size, int32_t arena, int32_t prev, int32_t next) {
     return chunks_.make(Chunk{size, address, 0, next_cid_++, prev, next, arena, false});
-  }
-
-  // Join the chunk after `at` into it (its record recycled).
-  void absorb_next(int32_t at) {
-    int32_t gone = chunks_[at].next;
-    int32_t beyond = chunks_[gone].next;
-    chunks_[at].size += chunks_[gone].size;
-    chunks_[at].next = beyond;
-    if (beyond >= 0) chunks_[beyond].prev = at;
-    chunks_.recycle(gone);
   }
 
   bool fits_limit(int64_t rounded) const { return total_bytes_ + rounded <= c_.limit; }
@@ -158,7 +139,7 @@ class CuPyPolicy : public Counters {
   // free_all_blocks: cudaFree every free chunk that is a whole block, arenas in the order
   // made, each in (size, creation id) order.
   void free_all_blocks() {
-    for (SortedBins& arena : arenas_) {
+    for (SortedBins& arena : arenas_.all()) {
       if (!arena.size()) continue;
       const auto& bins = arena.bins();
       for (int number = 0; number < static_cast<int>(bins.size()); ++number) {
@@ -182,8 +163,7 @@ class CuPyPolicy : public Counters {
   CuPyConfig c_;
   Device& device_;
   Records<Chunk> chunks_;
-  std::vector<SortedBins> arenas_;                    // in the order their streams came
-  std::unordered_map<int64_t, int32_t> arena_index_;  // stream -> arena
+  StreamIndexes arenas_;  // one per stream, in the order the streams came
   int64_t next_cid_ = 0;
   int64_t total_bytes_ = 0, peak_total_bytes_ = 0;
 };

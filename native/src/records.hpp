@@ -31,6 +31,18 @@ class Records {
   std::vector<int32_t> spare_;
 };
 
+// Join the record after `at` (by address, in `at`'s segment) into it; its record recycled.
+// Record has size, prev and next (-1 at the ends).
+template <class Record>
+void absorb_next(Records<Record>& records, int32_t at) {
+  int32_t gone = records[at].next;
+  int32_t beyond = records[gone].next;
+  records[at].size += records[gone].size;
+  records[at].next = beyond;
+  if (beyond >= 0) records[beyond].prev = at;
+  records.recycle(gone);
+}
+
 // PolicyStats' counters that malloc and free keep.
 struct Counters {
   int64_t bytes_in_use = 0, peak_bytes_in_use = 0, requested_sum = 0;

@@ -14,6 +14,7 @@
 #include <climits>
 #include <cstdint>
 #include <stdexcept>
+#include <unordered_map>
 #include <vector>
 
 namespace allocsim {
@@ -116,16 +117,47 @@ class SortedBins {
   int64_t count_ = 0;
 };
 
-// The largest free chunk and the number of free chunks of several indexes (arenas, owners).
-inline int64_t largest_of(const std::vector<SortedBins>& indexes) {
-  int64_t largest = 0;
-  for (const SortedBins& index : indexes) largest = std::max(largest, index.largest());
-  return largest;
-}
-inline int64_t count_of(const std::vector<SortedBins>& indexes) {
-  int64_t count = 0;
-  for (const SortedBins& index : indexes) count += index.size();
-  return count;
-}
+// One index per stream (CuPy's arenas, the pool's stream owners), each made on first use and
+// kept in that order (the Python dicts' order, which their passes follow), after `first`
+// indexes that belong to no stream.
+class StreamIndexes {
+ public:
+  StreamIndexes(const std::vector<int>* table, int first) : table_(table) {
+    for (int k = 0; k < first; ++k) all_.emplace_back(table_);
+  }
+  // The stream's index, made now if it has none.
+  int32_t of(int64_t stream) {
+    auto it = by_stream_.find(stream);
+    if (it != by_stream_.end()) return it->second;
+    int32_t index = static_cast<int32_t>(all_.size());
+    all_.emplace_back(table_);
+    by_stream_.emplace(stream, index);
+    return index;
+  }
+  // The stream's index, or -1 when it has none.
+  int32_t find(int64_t stream) const {
+    auto it = by_stream_.find(stream);
+    return it == by_stream_.end() ? -1 : it->second;
+  }
+  SortedBins& operator[](int32_t index) { return all_[index]; }
+  std::vector<SortedBins>& all() { return all_; }
+  int32_t count() const { return static_cast<int32_t>(all_.size()); }
+  // The largest free chunk and the number of free chunks of all of them.
+  int64_t largest() const {
+    int64_t largest = 0;
+    for (const SortedBins& index : all_) largest = std::max(largest, index.largest());
+    return largest;
+  }
+  int64_t size() const {
+    int64_t count = 0;
+    for (const SortedBins& index : all_) count += index.size();
+    return count;
+  }
+
+ private:
+  const std::vector<int>* table_;
+  std::vector<SortedBins> all_;
+  std::unordered_map<int64_t, int32_t> by_stream_;
+};
 
 }  // namespace allocsim

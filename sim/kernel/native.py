@@ -14,8 +14,10 @@ a policy (min-capacity's probes, explain-oom) build a ProcessReplay and run in P
 
 Nothing the core decides is written twice here: every table and constant it uses (the bins of
 each bit length, the alignment and split slack, BFC's memory limit, first region and back-off
-factor, best-fit's page and heap base, the device's granules, alignment and costs) is read off
-the Python device and the Python policy built for the run's device, so the two cannot drift.
+factor, best-fit's page and heap base, PyTorch's sizes, settings and expandable range sizes,
+CuPy's unit, limit and arena bins, the stream-ordered pool's threshold, chunk, alignment and
+sync mode, the device's granules, alignment and costs) is read off the Python device and the
+Python policy built for the run's device, so the two cannot drift.
 ``ALLOCSIM_NATIVE=0`` turns the core off; without the module (no C++ compiler at install
 time) the Python models run, with the same answers (tests/test_native_differential.py).
 """
