@@ -66,6 +66,8 @@ NATIVE_SPECS = (
     "jax:allocator=cuda_async", "jax:allocator=cuda_async,preallocate=false",
     "jax:allocator=cuda_async,fraction=0.5",
 )
+# The settings of the policies the core took last (expandable segments, cupy, cuda-async).
+NEWER_SPECS = NATIVE_SPECS[NATIVE_SPECS.index("pytorch:expandable_segments=true"):]
 GENERATED = (("training", {"steps": 3, "layers": 3}), ("transformer", {"steps": 3}),
              ("kvcache", {"requests": 12}), ("random", {"events": 3000, "live": 200}),
              ("random", {"events": 3000, "live": 200, "streams": 3}))
