@@ -1,15 +1,15 @@
 // PyTorch's CUDA caching allocator, every setting: policies/pytorch_caching.py (malloc, free),
-// pytorch_oom.py (the miss path: garbage collection, alloc_block, release_available_cached_blocks,
-// release_cached_blocks, the retry), pytorch_settings.py (round_size with
-// roundup_power2_divisions, get_allocation_size) and pytorch_expandable.py (expandable
-// segments: get_free_block's walk, find_expandable_block, map_block, unmap_block,
-// release_expandable_segment — in c10/cuda/CUDACachingAllocator.cpp, ExpandableSegment::map/
-// unmap and the DeviceCachingAllocator steps of the same names).
+// pytorch_oom.py (the miss path: garbage collection, alloc_block, the two releases and the
+// retry), pytorch_settings.py (round_size, get_allocation_size) and pytorch_expandable.py
+// (expandable segments), which follow c10/cuda/CUDACachingAllocator.cpp: get_free_block's
+// walk, find_expandable_block, map_block, unmap_block, release_expandable_segment and
+// ExpandableSegment::map/unmap (a range mapped rounds up to whole pages; an unmap takes the
+// whole pages inside a free block, the parts around them staying free blocks).
 //
-// The Python modules are the specification (they cite CUDACachingAllocator.cpp); this is
-// their twin, held to them by tests/test_native_differential.py. Constants (the 512-byte
-// block, the 1 MiB small limit, the 2 and 20 MiB segments, the 10 MiB large-allocation
-// threshold and the 2 MiB rounding of large segments, the allowed maximum) come from Python.
+// The Python modules are the specification; this is their twin, held to them by
+// tests/test_native_differential.py. Constants (512 B blocks, the 1 MiB small limit, 2 and
+// 20 MiB segments and pages, the 10 MiB large threshold, 2 MiB rounding of large segments,
+// the allowed maximum, the virtual ranges' sizes) come from Python.
 //
 // Invariants (pytorch_blocks.py's): a segment's blocks tile it, linked by address; a block is
 // free and mapped exactly when its request is 0, and then it is in its pool's free list — one
@@ -41,8 +41,7 @@ struct PyTorchConfig {
   bool gc_on;                      // set_fraction and garbage_collection_threshold > 0
   double gc_threshold;             // garbage_collection_threshold
   bool expandable = false;         // expandable_segments
-  // The bytes of a new virtual range with 2 MiB (small pool) and 20 MiB (large pool) pages:
-  // ExpandableSegments._range_size of the Python policy built for the run's device.
+  // A new virtual range's bytes, small and large pool (ExpandableSegments._range_size).
   int64_t range_small = 0, range_large = 0;
 };
 
