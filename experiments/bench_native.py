@@ -2,6 +2,7 @@
 
     python -m experiments.bench_native [--events 1000000] [--kind transformer] [--repeat 3]
     python -m experiments.bench_native --memory          # bytes/event, a subprocess per policy
+    python -m experiments.bench_native --context-bytes 0 --against-python
 
 Speed (CPU time, ``time.process_time``, one process): the floor is a plain C++ best fit over
 the same events (allocsim._native.plain_best_fit: std::set by size, std::map by address, an
@@ -9,7 +10,12 @@ unordered_map of live buffers, an unbounded heap — no device, timeline or stat
 policy's :func:`~allocsim.sim.kernel.engine.replay` (the whole call: the core's replay and the
 RunResult built from it) runs alternating with the floor, best of ``--repeat``; its ratio is
 to the floor measured beside it. Target (issue 27.4): every policy within 2× of that floor.
-Policies the core lacks replay in Python here, and show it (``impl``).
+Policies the core lacks replay in Python here, and show it (``impl``). With
+``--against-python`` each native policy's Python model (``ALLOCSIM_NATIVE=0``) is timed too,
+once, beside the same floor, and the core's speed-up over it printed. The core declines a
+device whose context holds memory (sim/kernel/native.py's device_config): the built-in
+profiles carry a context share, so ``--context-bytes 0`` is what measures the core on them
+until it has a share of its own (``impl`` says which ran).
 
 DynaPipe: bench_replay measured DynaPipe's pure-Python model of PyTorch's allocator at the
 Python dict loop's speed / 42 (experiments/bench_replay.py, DYNAPIPE_FLOOR_RATIO); that dict
@@ -44,10 +50,12 @@ from experiments.bench_replay import (
 )
 
 if TYPE_CHECKING:
+    from allocsim.sim.kernel.device import DeviceProfile
     from allocsim.traces.model import Trace
 
 POLICIES = ("preallocate", "best-fit", "best-fit:trim=true", "bfc", "bfc:allow_growth=false",
-            "jax", "jax:preallocate=false", "pytorch", "on-demand", "cupy", "cuda-async",
+            "jax", "jax:preallocate=false", "pytorch", "pytorch:expandable_segments=true",
+            "on-demand", "cupy", "cuda-async", "cuda-async:sync=none", "jax:allocator=cuda_async",
             "buddy")
 FLOOR_TARGET = 2.0          # every policy within 2× of the plain C++ best fit
 DYNAPIPE_TARGET = 20.0      # pytorch ≥ 20× DynaPipe's simulator
@@ -81,15 +89,50 @@ def dict_loop_seconds(trace: Trace, repeat: int) -> float:
     return cpu_best_of(repeat, lambda: dict_floor(ops, ids, sizes))
 
 
-def measure_speed(trace: Trace, policies: list[str], device: str, repeat: int) -> list[dict]:
-    """Every policy beside the C++ floor, and the Python dict loop for DynaPipe's speed;
-    prints a line each as it goes."""
-    from allocsim.policies import parse_policy
-    from allocsim.sim.kernel.device import resolve_device
+def python_seconds(trace: Trace, policy: str, profile: DeviceProfile) -> float:
+    """The CPU time of one replay of ``policy`` by the Python models (the core turned off)."""
+    import os
+
     from allocsim.sim.kernel.engine import replay
-    from allocsim.sim.kernel.native import is_native
+
+    before = os.environ.get("ALLOCSIM_NATIVE")
+    os.environ["ALLOCSIM_NATIVE"] = "0"
+    try:
+        return cpu_best_of(1, lambda: replay(trace, policy, profile))
+    finally:
+        if before is None:
+            del os.environ["ALLOCSIM_NATIVE"]
+        else:
+            os.environ["ALLOCSIM_NATIVE"] = before
+
+
+def bench_profile(device: str, context_bytes: int | None) -> DeviceProfile:
+    """The device the policies replay on: the named one, its context's share replaced by
+    ``context_bytes`` when given (the core declines a device whose context holds memory,
+    sim/kernel/native.py's device_config, so ``--context-bytes 0`` measures the core there)."""
+    from dataclasses import replace
+
+    from allocsim.sim.kernel.device import resolve_device
 
     profile = resolve_device(device)
+    return profile if context_bytes is None else replace(profile, context_bytes=context_bytes)
+
+
+def runs_native(trace: Trace, policy: str, profile: DeviceProfile) -> bool:
+    """Whether replay() takes the core for this run (the policy, its settings and the device)."""
+    from allocsim.policies import parse_policy
+    from allocsim.sim.kernel.native import open_run
+
+    return open_run(trace, parse_policy(policy), profile, stop_on_oom=False, timeline_points=1,
+                    events=0) is not None
+
+
+def measure_speed(trace: Trace, policies: list[str], profile: DeviceProfile, repeat: int,
+                  against_python: bool = False) -> list[dict]:
+    """Every policy beside the C++ floor, and the Python dict loop for DynaPipe's speed;
+    prints a line each as it goes."""
+    from allocsim.sim.kernel.engine import replay
+
     n = len(trace)
     floor = floor_runner(trace)
     dict_s = dict_loop_seconds(trace, repeat)
@@ -102,7 +145,7 @@ def measure_speed(trace: Trace, policies: list[str], device: str, repeat: int) -
              "events_per_s": n / floor_s, "dict_loop_events_per_s": n / dict_s,
              "dynapipe_events_per_s": dynapipe}]
     for policy in policies:
-        impl = "native" if is_native(parse_policy(policy)) else "Python"
+        impl = "native" if runs_native(trace, policy, profile) else "Python"
         beside = run_s = float("inf")
         for _ in range(repeat if impl == "native" else 1):
             beside = min(beside, cpu_best_of(1, floor))
@@ -116,18 +159,20 @@ def measure_speed(trace: Trace, policies: list[str], device: str, repeat: int) -
         if policy == "pytorch":
             row["dynapipe_x"] = n / run_s / dynapipe
             mark += f"   ({row['dynapipe_x']:.1f}× DynaPipe; target {DYNAPIPE_TARGET:g}×)"
+        if against_python and impl == "native":
+            row["python_cpu_s"] = python_seconds(trace, policy, profile)
+            row["python_x"] = row["python_cpu_s"] / run_s
+            mark += f"   ({row['python_x']:.1f}× the Python model)"
         rows.append(row)
         print(f"{policy:28s} {impl:7s} {n / run_s:12,.0f} {ratio:8.2f} {run_s:7.3f}{mark}")
     return rows
 
 
-def measure_one(policy: str, path: str, device: str) -> dict:
+def measure_one(policy: str, path: str, profile: DeviceProfile) -> dict:
     """In a fresh process: load the trace and replay it; peak RSS over both."""
-    from allocsim.sim.kernel.device import resolve_device
     from allocsim.sim.kernel.engine import replay
     from allocsim.traces import formats
 
-    profile = resolve_device(device)
     gc.collect()
     baseline = _rss_bytes()
     trace = formats.load(path)
@@ -153,12 +198,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="a100-80g")
     parser.add_argument("--policies", nargs="+")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--context-bytes", type=int,
+                        help="the device's context share in bytes (default: the profile's)")
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--against-python", action="store_true",
+                        help="also time each native policy's Python model, once")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument("--one", nargs=2, metavar=("POLICY", "TRACE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    profile = bench_profile(args.device, args.context_bytes)
     if args.one:
-        print(json.dumps(measure_one(args.one[0], args.one[1], args.device)))
+        print(json.dumps(measure_one(args.one[0], args.one[1], profile)))
         return 0
 
     from allocsim.sim.kernel.native import core, implementation
@@ -171,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     trace = synth.generate(args.kind, seed=0, events=args.events)
     print(f"trace: {args.kind}, {len(trace):,} events; CPU time, best of {args.repeat}")
     if not args.memory:
-        rows = measure_speed(trace, policies, args.device, args.repeat)
+        rows = measure_speed(trace, policies, profile, args.repeat, args.against_python)
     else:
         rows = []
         with tempfile.TemporaryDirectory() as tmp:
@@ -183,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             for policy in policies:
                 output = subprocess.run(
                     [sys.executable, "-m", "experiments.bench_native", "--device", args.device,
+                     *([] if args.context_bytes is None
+                       else ["--context-bytes", str(args.context_bytes)]),
                      "--one", policy, path], check=True, capture_output=True, text=True).stdout
                 row = json.loads(output.strip().splitlines()[-1])
                 rows.append(row)

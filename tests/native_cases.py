@@ -46,7 +46,28 @@ NATIVE_SPECS = (
     "on-demand", "jax:allocator=platform",
     "buddy", "buddy:release=true", "buddy:min_block=4096,arena=8MiB",
     "buddy:arena=1GiB,release=true",
+    # Expandable segments with each setting that changes its paths: the fraction's limit on
+    # the segment size, max_split_size (the walk's rejections; no release_available), the
+    # divisions' rounding, garbage collection (which never runs with expandable segments).
+    "pytorch:expandable_segments=true",
+    "pytorch:expandable_segments=true,per_process_memory_fraction=0.5",
+    "pytorch:expandable_segments=true,max_split_size_mb=64",
+    "pytorch:expandable_segments=true,roundup_power2_divisions=4,max_non_split_rounding_mb=64",
+    "pytorch:expandable_segments=true,garbage_collection_threshold=0.6,"
+    "per_process_memory_fraction=0.8",
+    # CuPy's pool: no limit, a fraction of the device and a fixed limit (the free_all_blocks
+    # retries of the limit and of a refused cudaMalloc).
+    "cupy", "cupy:fraction=0.5", "cupy:limit=64MiB",
+    # The stream-ordered pool: release at every free or never (per-stream ownership), a
+    # threshold, growth chunks and alignment, preallocation, and JAX's presets of it.
+    "cuda-async", "cuda-async:sync=none", "cuda-async:release_threshold=64MiB",
+    "cuda-async:fraction=1.0", "cuda-async:chunk=4MiB,alignment=1024",
+    "cuda-async:sync=none,fraction=0.5,preallocate=true",
+    "jax:allocator=cuda_async", "jax:allocator=cuda_async,preallocate=false",
+    "jax:allocator=cuda_async,fraction=0.5",
 )
+# The settings of the policies the core took last (expandable segments, cupy, cuda-async).
+NEWER_SPECS = NATIVE_SPECS[NATIVE_SPECS.index("pytorch:expandable_segments=true"):]
 GENERATED = (("training", {"steps": 3, "layers": 3}), ("transformer", {"steps": 3}),
              ("kvcache", {"requests": 12}), ("random", {"events": 3000, "live": 200}),
              ("random", {"events": 3000, "live": 200, "streams": 3}))

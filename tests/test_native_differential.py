@@ -27,6 +27,10 @@ from dataclasses import replace
 import native_cases as cases
 
 from allocsim.policies import parse_policy
+from allocsim.policies.cuda_async import CudaAsyncAllocator
+from allocsim.policies.cupy_pool import CuPyPoolAllocator
+from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
+from allocsim.policies.registry import POLICIES
 from allocsim.sim.kernel import native
 from allocsim.sim.kernel.device import SimulatedDevice, resolve_device
 from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
@@ -78,6 +82,26 @@ def test_the_cases_reach_the_paths_they_are_for() -> None:
     assert ooms and backoff and collected
 
 
+@pytest.mark.parametrize("spec", ["pytorch:expandable_segments=true", "cupy", "cupy:limit=64MiB",
+                                  "cuda-async", "cuda-async:sync=none"])
+def test_the_cases_reach_the_release_and_retry_paths_of_the_newer_policies(spec: str) -> None:
+    # Each releases memory (expandable segments unmap pages, CuPy's free_all_blocks, the pool's
+    # trim), retries refused device calls and runs out somewhere in the cases — the paths the
+    # tight capacities are for.
+    cases.need_core()
+    ooms = refused = released = 0
+    for label in ("default-training", "training-seed0", "random-seed1",
+                  "random-streams3-seed0"):
+        trace = TRACES[label]
+        for profile in cases.capacities(trace):
+            result, _ = cases.native_run(trace, spec, profile)
+            ooms += result.ooms
+            refused += result.failed_device_mallocs
+            released += result.device_frees
+    assert ooms and released and (refused or spec == "cupy:limit=64MiB"), (ooms, refused,
+                                                                          released)
+
+
 @pytest.mark.parametrize("label", ["default-training", "kvcache-seed0", "random-seed0"])
 def test_runs_that_stop_at_their_first_oom_match(label: str) -> None:
     cases.need_core()
@@ -107,17 +131,22 @@ def test_replay_takes_the_core_and_allocsim_native_0_the_python_models(
     assert_same(replay(trace, "bfc", device), core, "ALLOCSIM_NATIVE=0")
 
 
-def test_policies_the_core_lacks_run_in_python() -> None:
+def test_every_registered_policy_is_native_and_what_the_core_lacks_runs_in_python(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     cases.need_core()
     for spec in cases.NATIVE_SPECS:
         assert native.is_native(parse_policy(spec)), spec
+    for name in POLICIES:
+        assert native.is_native(parse_policy(name)), name
+    # A class the core does not know (here a subclass, as a user's own policy would be) runs
+    # in Python, whatever it derives from.
     trace = TRACES["default-training"]
-    for spec in ("cupy", "cuda-async", "jax:allocator=cuda_async",
-                 "pytorch:expandable_segments=true",
-                 "pytorch:expandable_segments=true,garbage_collection_threshold=0.6"):
-        assert not native.is_native(parse_policy(spec)), spec
-        assert native.native_replay(trace, parse_policy(spec),
-                                   replace(resolve_device(None), context_bytes=0),
+    for base in (CuPyPoolAllocator, CudaAsyncAllocator, PyTorchCachingAllocator):
+        subclass = type(f"Own{base.__name__}", (base,), {"name": f"own-{base.name}"})
+        monkeypatch.setitem(POLICIES, subclass.name, subclass)
+        spec = parse_policy(subclass.name)
+        assert not native.is_native(spec), subclass.name
+        assert native.native_replay(trace, spec, replace(resolve_device(None), context_bytes=0),
                                     stop_on_oom=False, progress=None,
                                     timeline_points=TIMELINE_POINTS, step=1 << 18) is None
 
@@ -152,11 +181,27 @@ STEPS = st.lists(st.tuples(st.booleans(),
                            st.integers(0, 10**6)), min_size=1, max_size=150)
 
 
+CAPACITIES_MIB = st.sampled_from([16, 40, 96, 81920])
+
+
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(steps=STEPS, spec=st.sampled_from(cases.NATIVE_SPECS),
-       capacity_mib=st.sampled_from([16, 40, 96, 81920]))
+@given(steps=STEPS, spec=st.sampled_from(cases.NATIVE_SPECS), capacity_mib=CAPACITIES_MIB)
 def test_random_workloads_match_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
                                                   capacity_mib: int) -> None:
+    compare_after_every_event(steps, spec, capacity_mib)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=STEPS, spec=st.sampled_from(cases.NEWER_SPECS), capacity_mib=CAPACITIES_MIB)
+def test_random_workloads_of_the_newer_native_policies_match_after_every_event(
+        steps: list[tuple[bool, int, int]], spec: str, capacity_mib: int) -> None:
+    # Expandable segments, CuPy's pool and the stream-ordered pool have more state between
+    # events (unmapped pages, per-stream arenas and owners) than one example in 120 reaches.
+    compare_after_every_event(steps, spec, capacity_mib)
+
+
+def compare_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
+                              capacity_mib: int) -> None:
     cases.need_core()
     trace = workload(steps)
     profile = replace(resolve_device("a100-80g").with_capacity(capacity_mib << 20),

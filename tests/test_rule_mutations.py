@@ -7,6 +7,11 @@ import error). An unmutated copy must pass the same files, so a failure is the m
 The copy is importable as ``allocsim`` ahead of the installed (editable) project: the
 repository's folders are laid out as the installed namespace (allocsim/policies, …).
 
+A mutation of the native core (``file`` under native/) is held the same way in the other
+implementation: the copy of native/ is built once with CMake (the CMakeLists.txt pip's build
+runs), the mutated file rebuilt, and the module put into the copy's ``allocsim`` package, so
+the listed tests run against the mutated core (its unmutated build must pass them first).
+
 The slow part (a pytest run per mutation) is marked ``slow``; that each mutation still applies
 to today's source (its ``find`` text occurs exactly once) is checked on every run.
 """
@@ -35,6 +40,8 @@ MUTATIONS: list[dict[str, Any]] = tomllib.loads(LIST.read_text())["mutation"]
 PACKAGES = {"allocsim": "allocsim", "allocsim/policies": "policies", "allocsim/sim": "sim",
             "allocsim/traces": "traces"}
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
+NATIVE = "native/"                  # mutations of the core's sources
+NATIVE_MUTATIONS = [m for m in MUTATIONS if m["file"].startswith(NATIVE)]
 
 
 def test_the_list_holds_the_mutations_the_issue_names() -> None:
@@ -43,6 +50,10 @@ def test_the_list_holds_the_mutations_the_issue_names() -> None:
     assert {"bfc-split-slack-edge", "pytorch-expandable-walk-tie"} <= names
     families = {name.split("-")[0] for name in names}
     assert {"bfc", "pytorch", "cupy", "cuda", "buddy", "best"} <= families
+    # The native core's twins of the edges its newer policies share with the Python models.
+    native = {m["name"] for m in MUTATIONS if m["file"].startswith(NATIVE)}
+    assert {"native-pytorch-expandable-walk-tie", "native-cupy-limit-fits",
+            "native-cuda-async-trim-to-threshold"} <= native
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m["name"] for m in MUTATIONS])
@@ -77,6 +88,7 @@ def run_tests(copy: Path, tests: list[str]) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(copy), *filter(None, [os.environ.get("PYTHONPATH")])]))
     env.pop("PYTEST_ADDOPTS", None)
+    env.pop("ALLOCSIM_NATIVE", None)
     return subprocess.run(
         [sys.executable, "-c",
          WITHOUT_THE_INSTALLED_PACKAGE + "import pytest; sys.exit(pytest.main(sys.argv[1:]))",
@@ -94,13 +106,81 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
                            env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert Path(where).resolve().is_relative_to(copy.resolve()), where
     tests = sorted({test for mutation in MUTATIONS for test in mutation["tests"]})
-    passed = run_tests(copy, tests)
+    passed = run_tests(copy, tests)     # the core is not in the copy: its tests skip
     assert passed.returncode == 0, passed.stdout[-3000:] + passed.stderr[-2000:]
     return copy
 
 
+class NativeBuild:
+    """A CMake build of a copy of native/: :meth:`module` builds it as its sources are now
+    (only what changed is recompiled) and returns the module's path."""
+
+    def __init__(self, root: Path) -> None:
+        self.source = root / "native"
+        shutil.copytree(ROOT / "native", self.source)
+        self.build = root / "build"
+        done = subprocess.run(
+            ["cmake", "-S", str(self.source), "-B", str(self.build), "-DCMAKE_BUILD_TYPE=Release",
+             f"-DPython_EXECUTABLE={sys.executable}"], capture_output=True, text=True,
+            check=False)
+        if done.returncode or "not built" in done.stderr:
+            pytest.skip(f"the native core cannot be built here: {done.stderr[-500:]}")
+
+    def module(self) -> Path:
+        done = subprocess.run(["cmake", "--build", str(self.build)], capture_output=True,
+                              text=True, timeout=1200, check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        (found,) = self.build.glob("_native*")
+        return found
+
+
+@pytest.fixture(scope="module")
+def native_build(tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
+    if shutil.which("cmake") is None:
+        pytest.skip("no cmake: the native core's mutations need a build")
+    return NativeBuild(tmp_path_factory.mktemp("native"))
+
+
+@pytest.fixture(scope="module")
+def pristine_native(pristine: Path, native_build: NativeBuild,
+                    tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The unmutated copy with the unmutated core in it; it must pass the native mutations'
+    test files, with the core in use."""
+    copy = tmp_path_factory.mktemp("pristine-native") / "copy"
+    shutil.copytree(pristine, copy, ignore=IGNORED)
+    shutil.copy(native_build.module(), copy / "allocsim")
+    tests = sorted({test for mutation in NATIVE_MUTATIONS for test in mutation["tests"]})
+    passed = run_tests(copy, [*tests, "-rs"])
+    assert passed.returncode == 0, passed.stdout[-3000:] + passed.stderr[-2000:]
+    assert "native core is not in use" not in passed.stdout, passed.stdout[-3000:]
+    return copy
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mutation", MUTATIONS, ids=[m["name"] for m in MUTATIONS])
+@pytest.mark.parametrize("mutation", NATIVE_MUTATIONS, ids=[m["name"] for m in NATIVE_MUTATIONS])
+def test_each_native_mutation_fails_a_test(mutation: dict[str, Any], pristine_native: Path,
+                                           native_build: NativeBuild, tmp_path: Path) -> None:
+    copy = tmp_path / "mutant"
+    shutil.copytree(pristine_native, copy, ignore=IGNORED)
+    path = native_build.source / mutation["file"].removeprefix(NATIVE)
+    text = path.read_text()
+    assert text.count(mutation["find"]) == 1
+    try:
+        path.write_text(text.replace(mutation["find"], mutation["replace"]))
+        shutil.copy(native_build.module(), copy / "allocsim")
+    finally:
+        path.write_text(text)
+    ran = run_tests(copy, mutation["tests"])
+    assert ran.returncode == 1, (
+        f"{mutation['name']} ({mutation['rule']}) survived {mutation['tests']} in the native "
+        f"core (pytest exit {ran.returncode}):\n{ran.stdout[-3000:]}{ran.stderr[-2000:]}")
+
+
+PYTHON_MUTATIONS = [m for m in MUTATIONS if not m["file"].startswith(NATIVE)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutation", PYTHON_MUTATIONS, ids=[m["name"] for m in PYTHON_MUTATIONS])
 def test_each_mutation_fails_a_test(mutation: dict[str, Any], pristine: Path,
                                     tmp_path: Path) -> None:
     copy = tmp_path / "mutant"

@@ -11,14 +11,18 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <initializer_list>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "buddy.hpp"
 #include "chunk_policy.hpp"
 #include "columns.hpp"
+#include "cuda_async.hpp"
+#include "cupy.hpp"
 #include "device.hpp"
 #include "engine.hpp"
 #include "on_demand.hpp"
@@ -50,6 +54,13 @@ nb::object to_numpy(std::vector<T>&& values) {
   auto* owned = new std::vector<T>(std::move(values));
   nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
   return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(owned->data(), {owned->size()}, owner));
+}
+
+// A dict of named integers: the shape of every block of Replay::state().
+nb::dict dict_of(std::initializer_list<std::pair<const char*, int64_t>> items) {
+  nb::dict d;
+  for (const auto& [name, value] : items) d[name] = value;
+  return d;
 }
 
 template <class T>
@@ -92,6 +103,29 @@ ChunkConfig chunk_config(const nb::dict& d) {
   return c;
 }
 
+PyTorchConfig pytorch_config(const nb::dict& d) {
+  PyTorchConfig c{get<int64_t>(d, "min_block_size"),  get<int64_t>(d, "small_size"),
+                  get<int64_t>(d, "small_buffer"),    get<int64_t>(d, "large_buffer"),
+                  get<int64_t>(d, "min_large_alloc"), get<int64_t>(d, "round_large"),
+                  get<bool>(d, "set_fraction"),       get<int64_t>(d, "allowed_memory_maximum"),
+                  get<std::vector<int64_t>>(d, "divisions"),
+                  get<int64_t>(d, "max_split_size"),  get<int64_t>(d, "no_limit"),
+                  get<int64_t>(d, "max_non_split_rounding"),
+                  get<bool>(d, "gc_on"),              get<double>(d, "gc_threshold")};
+  c.expandable = get<bool>(d, "expandable");
+  if (c.expandable) {
+    c.range_small = get<int64_t>(d, "range_small");
+    c.range_large = get<int64_t>(d, "range_large");
+  }
+  return c;
+}
+
+std::vector<int> bin_table(const nb::dict& d) {
+  std::vector<int> table = get<std::vector<int>>(d, "bin_of_bits");
+  if (table.size() < 65) throw std::invalid_argument("bin table too short");
+  return table;
+}
+
 }  // namespace
 
 // Type-erased over the policy: the bindings see one class.
@@ -121,72 +155,59 @@ class PolicyReplay final : public Replay {
   bool stopped() override { return engine_.stopped(); }
 
   nb::dict state() override {
-    nb::dict s;
     auto& e = engine_;
-    s["bucket"] = bucket_;
-    s["next_index"] = e.next_index();
+    nb::dict s = dict_of({{"bucket", bucket_}, {"next_index", e.next_index()},
+                          {"allocated", e.allocated}, {"peak_allocated", e.peak_allocated},
+                          {"peak_allocated_event", e.peak_allocated_event},
+                          {"in_use_at_peak_allocated", e.in_use_at_peak_allocated},
+                          {"reserved_at_peak", e.reserved_at_peak},
+                          {"peak_reserved_event", e.peak_reserved_event},
+                          {"in_use_at_peak_reserved", e.in_use_at_peak_reserved},
+                          {"ooms", e.ooms}});
     s["stopped"] = e.stopped();
-    s["allocated"] = e.allocated;
-    s["peak_allocated"] = e.peak_allocated;
-    s["peak_allocated_event"] = e.peak_allocated_event;
-    s["in_use_at_peak_allocated"] = e.in_use_at_peak_allocated;
-    s["reserved_at_peak"] = e.reserved_at_peak;
-    s["peak_reserved_event"] = e.peak_reserved_event;
-    s["in_use_at_peak_reserved"] = e.in_use_at_peak_reserved;
-    s["ooms"] = e.ooms;
-    if (e.first_oom.happened) {
-      nb::dict f;
-      f["event"] = e.first_oom.event;
-      f["size"] = e.first_oom.size;
-      f["allocated"] = e.first_oom.allocated;
-      f["reserved"] = e.first_oom.reserved;
-      f["largest_free"] = e.first_oom.largest_free;
-      s["first_oom"] = f;
-    } else {
-      s["first_oom"] = nb::none();
+    const auto& f = e.first_oom;
+    s["first_oom"] = f.happened
+        ? nb::object(dict_of({{"event", f.event}, {"size", f.size}, {"allocated", f.allocated},
+                              {"reserved", f.reserved}, {"largest_free", f.largest_free}}))
+        : nb::none();
+    for (const auto& [name, values] :
+         {std::pair<const char*, const std::vector<int64_t>*>{"skipped_events", &e.skipped_events},
+          {"sample_events", &e.sample_events}, {"sample_values", &e.sample_values},
+          {"bucket_reserved", &e.bucket_reserved}, {"bucket_allocated", &e.bucket_allocated},
+          {"addresses", &e.addresses}}) {
+      s[name] = to_numpy(std::vector<int64_t>(*values));
     }
-    s["skipped_events"] = to_numpy(std::vector<int64_t>(e.skipped_events));
-    s["sample_events"] = to_numpy(std::vector<int64_t>(e.sample_events));
-    s["sample_values"] = to_numpy(std::vector<int64_t>(e.sample_values));
-    s["bucket_reserved"] = to_numpy(std::vector<int64_t>(e.bucket_reserved));
-    s["bucket_allocated"] = to_numpy(std::vector<int64_t>(e.bucket_allocated));
     s["bucket_cost"] = to_numpy(std::vector<double>(e.bucket_cost));
-    s["addresses"] = to_numpy(std::vector<int64_t>(e.addresses));
-    nb::dict d;
-    d["reserved"] = device_.reserved;
-    d["peak_reserved"] = device_.peak_reserved;
-    d["mallocs"] = device_.mallocs;
-    d["frees"] = device_.frees;
-    d["failed_mallocs"] = device_.failed_mallocs;
-    d["calls"] = device_.calls;
+    nb::dict d = dict_of({{"reserved", device_.reserved}, {"peak_reserved", device_.peak_reserved},
+                          {"mallocs", device_.mallocs}, {"frees", device_.frees},
+                          {"failed_mallocs", device_.failed_mallocs}, {"calls", device_.calls}});
     d["cost_s"] = device_.cost_s;
     s["device"] = d;
-    s["policy_stats"] = stats();
+    // PolicyStats' fields, in its order.
+    s["policy_stats"] = dict_of(
+        {{"num_allocs", policy_.num_allocs}, {"num_frees", policy_.num_frees},
+         {"num_ooms", policy_.num_ooms}, {"bytes_in_use", policy_.bytes_in_use},
+         {"peak_bytes_in_use", policy_.peak_bytes_in_use},
+         {"bytes_requested", policy_.bytes_requested()}, {"pool_bytes", policy_.pool_bytes()},
+         {"peak_pool_bytes", policy_.peak_pool_bytes()},
+         {"largest_free_block", policy_.largest_free()}, {"free_blocks", policy_.free_blocks()}});
     return s;
   }
 
  private:
-  nb::dict stats() {
-    nb::dict p;
-    p["num_allocs"] = policy_.num_allocs;
-    p["num_frees"] = policy_.num_frees;
-    p["num_ooms"] = policy_.num_ooms;
-    p["bytes_in_use"] = policy_.bytes_in_use;
-    p["peak_bytes_in_use"] = policy_.peak_bytes_in_use;
-    p["bytes_requested"] = policy_.bytes_requested();
-    p["pool_bytes"] = policy_.pool_bytes();
-    p["peak_pool_bytes"] = policy_.peak_pool_bytes();
-    p["largest_free_block"] = policy_.largest_free();
-    p["free_blocks"] = policy_.free_blocks();
-    return p;
-  }
-
   nb::tuple columns_;  // keeps the trace's arrays alive while the engine reads them
   int64_t bucket_;
   Device device_;
   Policy policy_;
   Engine<Policy> engine_;
 };
+
+template <class Policy, class Config>
+std::unique_ptr<Replay> replay_of(nb::tuple columns, const EngineConfig& engine,
+                                  const nb::dict& device, Config config) {
+  return std::make_unique<PolicyReplay<Policy>>(columns, engine, make_device(device),
+                                                std::move(config));
+}
 
 static std::unique_ptr<Replay> make_replay(nb::tuple columns, int64_t n, int64_t bucket,
                                            int64_t sample_every, bool stop_on_oom,
@@ -199,37 +220,37 @@ static std::unique_ptr<Replay> make_replay(nb::tuple columns, int64_t n, int64_t
   }
   EngineConfig engine{n, bucket, sample_every, stop_on_oom, record_addresses};
   std::string family = get<std::string>(policy, "family");
-  if (family == "chunk") {
-    return std::make_unique<PolicyReplay<ChunkPolicy>>(columns, engine, make_device(device),
-                                                       chunk_config(policy));
-  }
+  if (family == "chunk") return replay_of<ChunkPolicy>(columns, engine, device, chunk_config(policy));
   if (family == "buddy") {
-    BuddyConfig c{get<int64_t>(policy, "min_block"), get<int64_t>(policy, "arena"),
-                  get<bool>(policy, "release")};
-    return std::make_unique<PolicyReplay<BuddyPolicy>>(columns, engine, make_device(device), c);
+    return replay_of<BuddyPolicy>(columns, engine, device,
+                                  BuddyConfig{get<int64_t>(policy, "min_block"),
+                                              get<int64_t>(policy, "arena"),
+                                              get<bool>(policy, "release")});
   }
   if (family == "on-demand") {
-    return std::make_unique<PolicyReplay<OnDemandPolicy>>(columns, engine, make_device(device),
-                                                          OnDemandConfig{});
+    return replay_of<OnDemandPolicy>(columns, engine, device, OnDemandConfig{});
   }
-  if (family == "pytorch") {
-    PyTorchConfig c{get<int64_t>(policy, "min_block_size"),  get<int64_t>(policy, "small_size"),
-                    get<int64_t>(policy, "small_buffer"),    get<int64_t>(policy, "large_buffer"),
-                    get<int64_t>(policy, "min_large_alloc"), get<int64_t>(policy, "round_large"),
-                    get<bool>(policy, "set_fraction"),
-                    get<int64_t>(policy, "allowed_memory_maximum"),
-                    get<std::vector<int64_t>>(policy, "divisions"),
-                    get<int64_t>(policy, "max_split_size"), get<int64_t>(policy, "no_limit"),
-                    get<int64_t>(policy, "max_non_split_rounding"),
-                    get<bool>(policy, "gc_on"), get<double>(policy, "gc_threshold")};
-    return std::make_unique<PolicyReplay<PyTorchPolicy>>(columns, engine, make_device(device), c);
+  if (family == "pytorch") return replay_of<PyTorchPolicy>(columns, engine, device, pytorch_config(policy));
+  if (family == "cupy") {
+    return replay_of<CuPyPolicy>(columns, engine, device,
+                                 CuPyConfig{get<int64_t>(policy, "unit"),
+                                            get<int64_t>(policy, "limit"),
+                                            bin_table(policy)});
+  }
+  if (family == "cuda-async") {
+    return replay_of<CudaAsyncPolicy>(
+        columns, engine, device,
+        CudaAsyncConfig{get<int64_t>(policy, "threshold"), get<int64_t>(policy, "chunk"),
+                        get<int64_t>(policy, "alignment"), get<bool>(policy, "sync_on_free"),
+                        get<bool>(policy, "preallocate"), bin_table(policy)});
   }
   throw std::invalid_argument("no native policy family " + family);
 }
 
 NB_MODULE(_native, m) {
   m.doc() = "allocsim's native core: the engine's loop, the device and the policies in C++";
-  m.attr("FAMILIES") = nb::make_tuple("chunk", "pytorch", "on-demand", "buddy");
+  m.attr("FAMILIES") = nb::make_tuple("chunk", "pytorch", "on-demand", "buddy", "cupy",
+                                      "cuda-async");
   nb::class_<Replay>(m, "Replay")
       .def("advance", &Replay::advance, nb::arg("end"))
       .def("state", &Replay::state)

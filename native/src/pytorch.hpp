@@ -1,24 +1,29 @@
-// PyTorch's CUDA caching allocator with its default settings: policies/pytorch_caching.py
-// (malloc, free), pytorch_oom.py (the miss path: alloc_block, release_cached_blocks, the retry)
-// and pytorch_settings.py (round_size, get_allocation_size), for no expandable segments, no
-// roundup_power2_divisions, no garbage collection and max_split_size unlimited; a
-// per_process_memory_fraction is kept (alloc_block's limit). Other settings replay in Python
-// (sim/kernel/native.py says which).
+// PyTorch's CUDA caching allocator, every setting: policies/pytorch_caching.py (malloc, free),
+// pytorch_oom.py (the miss path: garbage collection, alloc_block, the two releases and the
+// retry), pytorch_settings.py (round_size, get_allocation_size) and pytorch_expandable.py
+// (expandable segments), which follow c10/cuda/CUDACachingAllocator.cpp: get_free_block's
+// walk, find_expandable_block, map_block, unmap_block, release_expandable_segment and
+// ExpandableSegment::map/unmap (a range mapped rounds up to whole pages; an unmap takes the
+// whole pages inside a free block, the parts around them staying free blocks).
 //
-// The Python modules are the specification (they cite CUDACachingAllocator.cpp); this is
-// their twin, held to them by tests/test_native_differential.py. Constants (the 512-byte
-// block, the 1 MiB small limit, the 2 and 20 MiB segments, the 10 MiB large-allocation
-// threshold and the 2 MiB rounding of large segments, the allowed maximum) come from Python.
+// The Python modules are the specification; this is their twin, held to them by
+// tests/test_native_differential.py. Constants (512 B blocks, the 1 MiB small limit, 2 and
+// 20 MiB segments and pages, the 10 MiB large threshold, 2 MiB rounding of large segments,
+// the allowed maximum, the virtual ranges' sizes) come from Python.
 //
 // Invariants (pytorch_blocks.py's): a segment's blocks tile it, linked by address; a block is
-// free exactly when its request is 0, and then it is in its pool's free list — one list per
-// (stream, small) pool, sorted by (size, address); no two neighbours are both free. An
-// allocated block's record never moves: its index is the engine's handle.
+// free and mapped exactly when its request is 0, and then it is in its pool's free list — one
+// list per (stream, small) pool, sorted by (size, address); unmapped space of an expandable
+// segment is a block whose request is kUnmapped, in its pool's unmapped list (by address); no
+// two neighbours are both free and mapped, nor both unmapped. An allocated block's record
+// never moves: its index is the engine's handle.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <climits>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "device.hpp"
@@ -35,6 +40,9 @@ struct PyTorchConfig {
   int64_t max_non_split_rounding;
   bool gc_on;                      // set_fraction and garbage_collection_threshold > 0
   double gc_threshold;             // garbage_collection_threshold
+  bool expandable = false;         // expandable_segments
+  // A new virtual range's bytes, small and large pool (ExpandableSegments._range_size).
+  int64_t range_small = 0, range_large = 0;
 };
 
 class PyTorchPolicy {
@@ -52,6 +60,7 @@ class PyTorchPolicy {
     int32_t at = -1;
     auto it = std::lower_bound(keys.begin(), keys.end(), Key{rounded, INT64_MIN, 0});
     if (it != keys.end()) {
+      if (c_.expandable) it = expandable_best_fit(keys, it);
       int64_t block_size = it->size;
       bool take = rounded < c_.max_split_size
                       ? block_size < c_.max_split_size
@@ -69,8 +78,8 @@ class PyTorchPolicy {
     int64_t block_size = blocks_[at].size;
     int64_t remaining = block_size - rounded;
     // should_split, then alloc_found_block: the caller keeps the low end.
-    if (small ? remaining >= c_.min_block_size
-              : rounded < c_.max_split_size && remaining > c_.small_size) {
+    if (small || c_.expandable ? remaining >= c_.min_block_size
+                               : rounded < c_.max_split_size && remaining > c_.small_size) {
       int32_t rest = new_block(blocks_[at].address + rounded, remaining, pool_key);
       Block& block = blocks_[at];
       Block& piece = blocks_[rest];
@@ -214,35 +223,42 @@ class PyTorchPolicy {
     return (rounded + c_.round_large - 1) / c_.round_large * c_.round_large;
   }
 
-  // ReleasePath._malloc_miss without garbage collection: alloc_block;
+  // ReleasePath._malloc_miss: garbage collection (when on); alloc_block;
   // release_available_cached_blocks (with max_split_size) and alloc_block again;
   // release_cached_blocks and alloc_block again; else an OOM. The block found is in no free
   // list.
   int32_t malloc_miss(int64_t rounded, bool small, int64_t stream, int64_t pool_key) {
     int64_t alloc_size = allocation_size(rounded);
     if (c_.gc_on) garbage_collect_cached_blocks();
-    int32_t found = alloc_block(alloc_size, pool_key);
+    int32_t found = alloc_block(alloc_size, rounded, small, stream, pool_key);
     if (found < 0 && release_available_cached_blocks(rounded, pool_key)) {
-      found = alloc_block(alloc_size, pool_key);
+      found = alloc_block(alloc_size, rounded, small, stream, pool_key);
     }
     if (found < 0) {
       release_cached_blocks();
-      found = alloc_block(alloc_size, pool_key);
+      found = alloc_block(alloc_size, rounded, small, stream, pool_key);
     }
     if (found < 0) ++num_ooms;
-    (void)small;
-    (void)stream;
     return found;
   }
 
-  int32_t alloc_block(int64_t alloc_size, int64_t pool_key) {
+  // alloc_block: a new segment of alloc_size (cudaMalloc), or with expandable segments the
+  // pages that hold `rounded`; the limit of a memory fraction is checked against alloc_size
+  // either way.
+  int32_t alloc_block(int64_t alloc_size, int64_t rounded, bool small, int64_t stream,
+                      int64_t pool_key) {
     if (c_.set_fraction && pool_bytes_ + alloc_size > c_.allowed_memory_maximum) return -1;
+    if (c_.expandable) return try_allocate_expandable_block(stream, small, rounded, pool_key);
     int64_t base = device_.reserve(alloc_size);
     if (base < 0) return -1;
     int32_t at = new_block(base, alloc_size, pool_key);
-    pool_bytes_ += alloc_size;
-    if (pool_bytes_ > peak_pool_bytes_) peak_pool_bytes_ = pool_bytes_;
+    grew(alloc_size);
     return at;
+  }
+
+  void grew(int64_t nbytes) {
+    pool_bytes_ += nbytes;
+    if (pool_bytes_ > peak_pool_bytes_) peak_pool_bytes_ = pool_bytes_;
   }
 
   // release_block: cudaFree a free whole-segment block (in its free list).
@@ -262,7 +278,7 @@ class PyTorchPolicy {
   void garbage_collect_cached_blocks() {
     int64_t threshold = static_cast<int64_t>(c_.gc_threshold *
                                              static_cast<double>(c_.allowed_memory_maximum));
-    if (pool_bytes_ <= threshold) return;
+    if (pool_bytes_ <= threshold || c_.expandable) return;
     int64_t target = pool_bytes_ - threshold;
     int64_t now = gc_calls_[0];
     std::vector<int32_t> candidates;
@@ -306,11 +322,11 @@ class PyTorchPolicy {
     return free_[pool_key];
   }
 
-  // release_available_cached_blocks (only with max_split_size): free the smallest block of
-  // this pool >= max(rounded, max_split_size); else oversize blocks from the largest down
-  // until that many bytes went.
+  // release_available_cached_blocks (only with max_split_size, never expandable segments):
+  // free the smallest block of this pool >= max(rounded, max_split_size); else oversize
+  // blocks from the largest down until that many bytes went.
   bool release_available_cached_blocks(int64_t rounded, int64_t pool_key) {
-    if (c_.max_split_size == c_.no_limit) return false;
+    if (c_.max_split_size == c_.no_limit || c_.expandable) return false;
     std::vector<Key>& keys = free_[pool_key];
     int64_t target = std::max(rounded, c_.max_split_size);
     auto it = std::lower_bound(keys.begin(), keys.end(), Key{target, INT64_MIN, 0});
@@ -330,13 +346,28 @@ class PyTorchPolicy {
   }
 
   // release_cached_blocks: every unsplit free block, large pools first, then small, each
-  // pool by stream and its blocks in (size, address) order (ReleasePath's order).
+  // pool by stream and its blocks in (size, address) order (ReleasePath's order); with
+  // expandable segments the whole pages of every free block are unmapped instead, in that
+  // order, and a virtual range left wholly unmapped is forgotten.
   void release_cached_blocks() {
     std::vector<int64_t> order;
     for (const auto& [key, keys] : free_) order.push_back(key);
     std::sort(order.begin(), order.end(), [](int64_t a, int64_t b) {
       return (a & 1) != (b & 1) ? (a & 1) < (b & 1) : a < b;
     });
+    if (c_.expandable) {
+      std::vector<int32_t> to_unmap;
+      for (int64_t pool_key : order) {
+        for (const Key& key : free_[pool_key]) to_unmap.push_back(key.block);
+      }
+      for (int32_t at : to_unmap) {
+        int32_t unmapped = unmap_block(at);
+        if (unmapped >= 0 && blocks_[unmapped].prev < 0 && blocks_[unmapped].next < 0) {
+          release_expandable_segment(unmapped);
+        }
+      }
+      return;
+    }
     for (int64_t pool_key : order) {
       std::vector<Key>& keys = free_[pool_key];
       std::vector<Key> kept;
@@ -356,6 +387,200 @@ class PyTorchPolicy {
     }
   }
 
+  // -- expandable segments (pytorch_expandable.py) ------------------------------------
+  static constexpr int64_t kUnmapped = -1;  // pytorch_records.UNMAPPED: a block's request
+
+  int64_t page_of(int64_t pool_key) const {
+    return (pool_key & 1) ? c_.small_buffer : c_.large_buffer;
+  }
+
+  // The base of the virtual range holding address (_segment_of).
+  int64_t range_base(int64_t address) const {
+    return *(std::upper_bound(range_bases_.begin(), range_bases_.end(), address) - 1);
+  }
+
+  // A block's expandable size: its own plus the unmapped block right behind it.
+  int64_t expandable_size(int32_t at) const {
+    int32_t after = blocks_[at].next;
+    if (after >= 0 && blocks_[after].req == kUnmapped) return blocks_[at].size + blocks_[after].size;
+    return blocks_[at].size;
+  }
+
+  // get_free_block's walk: from the first fitting block, move on to the next bigger block
+  // while its expandable size is smaller (a tie stays).
+  std::vector<Key>::iterator expandable_best_fit(std::vector<Key>& keys,
+                                                 std::vector<Key>::iterator it) {
+    int32_t after = blocks_[it->block].next;
+    if (after < 0 || blocks_[after].req != kUnmapped) return it;
+    int64_t current = expandable_size(it->block);
+    while (it + 1 != keys.end()) {
+      int64_t following = expandable_size((it + 1)->block);
+      if (following >= current) break;
+      ++it;
+      current = following;
+    }
+    return it;
+  }
+
+  void add_unmapped(int32_t at) {
+    Block& block = blocks_[at];
+    block.req = kUnmapped;
+    auto& list = unmapped_[block.pool_key];
+    std::pair<int64_t, int32_t> entry{block.address, at};
+    list.insert(std::lower_bound(list.begin(), list.end(), entry), entry);
+  }
+
+  void drop_unmapped(int32_t at) {
+    Block& block = blocks_[at];
+    block.req = 0;
+    auto& list = unmapped_[block.pool_key];
+    list.erase(std::lower_bound(list.begin(), list.end(),
+                                std::pair<int64_t, int32_t>{block.address, INT32_MIN}));
+  }
+
+  // try_merge_blocks: join dst (in no index) with its neighbour src if that is not allocated
+  // and equally mapped; src leaves its index. Returns the joined (lower) block, or dst.
+  int32_t try_merge(int32_t dst, int32_t src, bool dst_mapped) {
+    if (src < 0) return dst;
+    int64_t req = blocks_[src].req;
+    if (req > 0 || (req != kUnmapped) != dst_mapped) return dst;
+    if (dst_mapped) remove_free(src);
+    else drop_unmapped(src);
+    bool src_low = blocks_[src].address < blocks_[dst].address;
+    int32_t low = src_low ? src : dst, high = src_low ? dst : src;
+    int32_t beyond = blocks_[high].next;
+    blocks_[low].size += blocks_[high].size;
+    blocks_[low].next = beyond;
+    if (beyond >= 0) blocks_[beyond].prev = low;
+    spare_.push_back(high);
+    return low;
+  }
+
+  // find_expandable_block: over this pool's unmapped blocks by address, the first where a free
+  // block just before it plus the free and unmapped space from there holds size; else a new
+  // virtual range (one unmapped block).
+  int32_t find_expandable_block(bool small, int64_t size, int64_t pool_key) {
+    auto list = unmapped_.find(pool_key);
+    if (list != unmapped_.end()) {
+      for (const auto& entry : list->second) {
+        int32_t candidate = entry.second;
+        int32_t before = blocks_[candidate].prev;
+        if (before >= 0 && blocks_[before].req <= 0) candidate = before;
+        int64_t nbytes = 0;
+        int32_t at = candidate;
+        while (nbytes < size && at >= 0 && blocks_[at].req <= 0) {
+          nbytes += blocks_[at].size;
+          at = blocks_[at].next;
+        }
+        if (nbytes >= size) return candidate;
+      }
+    }
+    int64_t nbytes = small ? c_.range_small : c_.range_large;
+    int64_t base = device_.address_range(nbytes);
+    int32_t at = new_block(base, nbytes, pool_key);
+    range_bases_.insert(std::upper_bound(range_bases_.begin(), range_bases_.end(), base), base);
+    add_unmapped(at);
+    return at;
+  }
+
+  // map_block: map the whole pages covering [address, address + size) of unmapped block `at`
+  // (one device call); the rest stays unmapped; the mapped block joins its free neighbours
+  // and the free list. Returns it, or -1 when the device refused.
+  int32_t map_block(int32_t at, int64_t size) {
+    int64_t address = blocks_[at].address, pool_key = blocks_[at].pool_key;
+    int64_t page = page_of(pool_key);
+    int64_t nbytes = (size + page - 1) / page * page;
+    if (!device_.map(address, nbytes)) return -1;
+    drop_unmapped(at);
+    if (nbytes < blocks_[at].size) {
+      int32_t after = blocks_[at].next;
+      int32_t piece = new_block(address + nbytes, blocks_[at].size - nbytes, pool_key);
+      blocks_[piece].prev = at;
+      blocks_[piece].next = after;
+      if (after >= 0) blocks_[after].prev = piece;
+      blocks_[at].next = piece;
+      blocks_[at].size = nbytes;
+      add_unmapped(piece);
+    }
+    at = try_merge(at, blocks_[at].prev, true);
+    at = try_merge(at, blocks_[at].next, true);
+    insert_free(at);
+    grew(nbytes);
+    return at;
+  }
+
+  // try_allocate_expandable_block: map pages from the block find_expandable_block chose until
+  // it holds size (pages mapped before a refusal stay mapped, free). The block found is in no
+  // free list; -1 when the device refused.
+  int32_t try_allocate_expandable_block(int64_t /*stream*/, bool small, int64_t size,
+                                        int64_t pool_key) {
+    int32_t at = find_expandable_block(small, size, pool_key);
+    if (blocks_[at].req == kUnmapped) {
+      at = map_block(at, std::min(blocks_[at].size, size));
+      if (at < 0) return -1;
+    }
+    while (blocks_[at].size < size) {
+      int32_t following = blocks_[at].next;
+      at = map_block(following, std::min(size - blocks_[at].size, blocks_[following].size));
+      if (at < 0) return -1;
+    }
+    remove_free(at);
+    return at;
+  }
+
+  // unmap_block: unmap the whole pages inside free block `at` (one device call); the parts
+  // before and after them stay free; the unmapped range joins unmapped neighbours. Returns
+  // the unmapped block, or -1 when no whole page lies inside.
+  int32_t unmap_block(int32_t at) {
+    int64_t address = blocks_[at].address, size = blocks_[at].size;
+    int64_t pool_key = blocks_[at].pool_key;
+    int64_t base = range_base(address), page = page_of(pool_key);
+    int64_t begin = (address - base + page - 1) / page;
+    int64_t end = (address + size - base) / page;
+    if (begin >= end) return -1;
+    remove_free(at);
+    int64_t start = base + begin * page, length = (end - begin) * page;
+    int64_t before_size = start - address;
+    int64_t after_size = size - before_size - length;
+    int32_t following = blocks_[at].next;
+    int32_t previous = blocks_[at].prev;
+    int32_t current = -1, unmapped = -1;
+    const std::pair<int64_t, int64_t> pieces[3] = {
+        {address, before_size}, {start, length}, {start + length, after_size}};
+    for (const auto& [piece, piece_size] : pieces) {
+      if (piece_size == 0) continue;
+      if (piece == address) {
+        current = at;
+        blocks_[at].size = piece_size;
+      } else {
+        current = new_block(piece, piece_size, pool_key);
+        blocks_[current].prev = previous;
+      }
+      if (previous >= 0) blocks_[previous].next = current;
+      previous = current;
+      if (piece == start) unmapped = current;
+    }
+    blocks_[current].next = following;
+    if (following >= 0) blocks_[following].prev = current;
+    if (before_size) insert_free(at);
+    if (after_size) insert_free(current);
+    unmapped = try_merge(unmapped, blocks_[unmapped].prev, false);
+    unmapped = try_merge(unmapped, blocks_[unmapped].next, false);
+    add_unmapped(unmapped);
+    device_.unmap(start, length);
+    pool_bytes_ -= length;
+    return unmapped;
+  }
+
+  // release_expandable_segment: forget a virtual range that is one unmapped block.
+  void release_expandable_segment(int32_t at) {
+    int64_t base = blocks_[at].address;
+    drop_unmapped(at);
+    range_bases_.erase(std::lower_bound(range_bases_.begin(), range_bases_.end(), base));
+    spare_.push_back(at);
+  }
+
+
   PyTorchConfig c_;
   Device& device_;
   std::vector<Block> blocks_;
@@ -365,6 +590,10 @@ class PyTorchPolicy {
   int64_t gc_calls_[2] = {0, 0};              // searches per pool kind (large, small)
   int64_t free_count_ = 0;
   int64_t pool_bytes_ = 0, peak_pool_bytes_ = 0;
+  // Expandable segments: per pool key its unmapped blocks as (address, block), by address;
+  // the bases of the virtual ranges, sorted.
+  std::map<int64_t, std::vector<std::pair<int64_t, int32_t>>> unmapped_;
+  std::vector<int64_t> range_bases_;
 };
 
 }  // namespace allocsim

@@ -14,8 +14,10 @@ a policy (min-capacity's probes, explain-oom) build a ProcessReplay and run in P
 
 Nothing the core decides is written twice here: every table and constant it uses (the bins of
 each bit length, the alignment and split slack, BFC's memory limit, first region and back-off
-factor, best-fit's page and heap base, the device's granules, alignment and costs) is read off
-the Python device and the Python policy built for the run's device, so the two cannot drift.
+factor, best-fit's page and heap base, PyTorch's sizes, settings and expandable range sizes,
+CuPy's unit, limit and arena bins, the stream-ordered pool's threshold, chunk, alignment and
+sync mode, the device's granules, alignment and costs) is read off the Python device and the
+Python policy built for the run's device, so the two cannot drift.
 ``ALLOCSIM_NATIVE=0`` turns the core off; without the module (no C++ compiler at install
 time) the Python models run, with the same answers (tests/test_native_differential.py).
 """
@@ -39,6 +41,8 @@ from allocsim.policies.bfc import (
 )
 from allocsim.policies.buddy import BuddyAllocator
 from allocsim.policies.chunks import BIN
+from allocsim.policies.cuda_async import CudaAsyncAllocator
+from allocsim.policies.cupy_pool import ALLOCATION_UNIT_SIZE, NUM_BINS, CuPyPoolAllocator
 from allocsim.policies.on_demand import OnDemandAllocator
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
 from allocsim.policies.pytorch_settings import (
@@ -71,6 +75,8 @@ NATIVE_POLICIES: dict[type, str] = {
     PyTorchCachingAllocator: "pytorch",
     OnDemandAllocator: "on-demand",
     BuddyAllocator: "buddy",
+    CuPyPoolAllocator: "cupy",
+    CudaAsyncAllocator: "cuda-async",
 }
 # What the core has of each policy, in words (``allocsim policies``, the README).
 NATIVE_SETTINGS = {
@@ -79,8 +85,10 @@ NATIVE_SETTINGS = {
     "bfc": "every setting",
     "on-demand": "every setting",
     "buddy": "every setting",
-    "jax": "allocator=bfc (the default) or platform, any preallocate and fraction",
-    "pytorch": "every setting but expandable_segments",
+    "jax": "every setting (allocator=bfc, platform or cuda_async)",
+    "pytorch": "every setting (expandable_segments included)",
+    "cupy": "every setting",
+    "cuda-async": "every setting",
 }
 _SIZE_LIMIT = 1 << 60           # the core's int64 arithmetic on sizes (rounding, doubling)
 _ID_EMPTY = np.iinfo(np.int64).min  # the core's live map cannot hold this id
@@ -147,6 +155,14 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
         return _pytorch_config(policy)
     if isinstance(policy, OnDemandAllocator):
         return {"family": family}
+    if isinstance(policy, CuPyPoolAllocator):
+        # The arena's bins by bit length (cupy_pool._Arena: bin b holds bit length b).
+        return {"family": family, "unit": ALLOCATION_UNIT_SIZE, "limit": policy.get_limit(),
+                "bin_of_bits": list(range(NUM_BINS))}
+    if isinstance(policy, CudaAsyncAllocator):
+        return {"family": family, "threshold": policy.threshold, "chunk": policy.chunk,
+                "alignment": policy.alignment, "sync_on_free": bool(policy.sync_on_free),
+                "preallocate": bool(policy._preallocate_pending), "bin_of_bits": list(BIN)}
     if isinstance(policy, BuddyAllocator):
         return {"family": family, "min_block": policy.min_block, "arena": policy.arena,
                 "release": bool(policy.release)}
@@ -164,11 +180,10 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
     return config
 
 
-def _pytorch_config(policy: PyTorchCachingAllocator) -> dict[str, Any] | None:
-    """PyTorch's constants for the core, which has its default settings (and a memory
-    fraction without garbage collection); None for the others."""
-    if policy.expandable:
-        return None
+def _pytorch_config(policy: PyTorchCachingAllocator) -> dict[str, Any]:
+    """PyTorch's constants and settings for the core (it has every setting)."""
+    ranges = ({"range_small": policy._range_size(K_SMALL_BUFFER),
+               "range_large": policy._range_size(K_LARGE_BUFFER)} if policy.expandable else {})
     return {"family": "pytorch", "min_block_size": K_MIN_BLOCK_SIZE, "small_size": K_SMALL_SIZE,
             "small_buffer": K_SMALL_BUFFER, "large_buffer": K_LARGE_BUFFER,
             "min_large_alloc": K_MIN_LARGE_ALLOC, "round_large": K_ROUND_LARGE,
@@ -178,7 +193,8 @@ def _pytorch_config(policy: PyTorchCachingAllocator) -> dict[str, Any] | None:
             "max_split_size": policy.max_split_size, "no_limit": NO_LIMIT,
             "max_non_split_rounding": policy.max_non_split_rounding,
             "gc_on": bool(policy.set_fraction and policy.gc_threshold > 0.0),
-            "gc_threshold": float(policy.gc_threshold)}
+            "gc_threshold": float(policy.gc_threshold), "expandable": bool(policy.expandable),
+            **ranges}
 
 
 def _columns_fit(trace: Trace, sizes: np.ndarray) -> bool:

@@ -1,0 +1,252 @@
+// The CUDA stream-ordered pool (cudaMallocAsync) as policies/cuda_async.py models it: chunks
+// of round_up(request, chunk) mapped in virtual ranges of their own, best fit by (size,
+// address) with immediate coalescing, the release threshold applied at synchronisations
+// (after every free with sync=free; on an OOM and never else with sync=none, freed memory then
+// staying with its stream), the synchronise-and-retry of an OOM with the wholly free chunks
+// remapped, and JAX's preallocation at the first allocation.
+//
+// The Python module is the specification (it lists what is documented and what is assumed);
+// this is its twin, held to it by tests/test_native_differential.py. From Python
+// (CudaAsyncConfig): the threshold, the growth chunk, the alignment, the sync mode, whether
+// preallocation is pending, and chunks.BIN (FreeIndex's bins).
+//
+// Invariants (cuda_async.py's): a mapped region's chunks tile it, linked by address (-1 at
+// its ends, where the Python ring is); a chunk is free exactly when it is in its owner's
+// index (SHARED, or with sync=none a stream's), keyed (size, address); free_regions holds
+// exactly the regions that are one shared free chunk. A chunk in use never moves: its index
+// is the engine's handle.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "device.hpp"
+#include "records.hpp"
+#include "sorted_bins.hpp"
+
+namespace allocsim {
+
+struct CudaAsyncConfig {
+  int64_t threshold, chunk, alignment;
+  bool sync_on_free, preallocate;  // preallocate: CudaAsyncAllocator's pending preallocation
+  std::vector<int> bin_of_bits;    // chunks.BIN
+};
+
+class CudaAsyncPolicy : public Counters {
+ public:
+  CudaAsyncPolicy(CudaAsyncConfig config, Device& device)
+      : c_(std::move(config)), device_(device), pending_(c_.preallocate),
+        indexes_(&c_.bin_of_bits, 1) {}
+
+  int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
+    if (pending_) preallocate();
+    int64_t rounded = (size + c_.alignment - 1) / c_.alignment * c_.alignment;
+    SortedBins::Key found;
+    int32_t owner;
+    int32_t at;
+    if (find(rounded, stream, &found, &owner)) {
+      at = take(found, owner, rounded);
+    } else {
+      at = grow(rounded, stream);
+      if (at < 0) {
+        ++num_ooms;
+        return -1;
+      }
+    }
+    chunks_[at].requested = size;  // _hand_to
+    chunks_[at].stream = stream;
+    handed(rounded, size);
+    *handle = at;
+    return chunks_[at].address;
+  }
+
+  void free(int64_t handle) {
+    int32_t at = static_cast<int32_t>(handle);
+    returned(chunks_[at].size, chunks_[at].requested);
+    if (c_.sync_on_free) {
+      give_back(at, kShared);
+      // The synchronisation after the free applies the release threshold.
+      if (!free_regions_.empty() && mapped_ > c_.threshold) trim(c_.threshold);
+    } else {
+      give_back(at, indexes_.of(chunks_[at].stream));
+    }
+  }
+
+  int64_t largest_free() const { return indexes_.largest(); }
+  int64_t free_blocks() const { return indexes_.size(); }
+  int64_t pool_bytes() const { return mapped_; }
+  int64_t peak_pool_bytes() const { return peak_mapped_; }
+
+ private:
+  static constexpr int32_t kShared = 0;  // the index (and owner) of shared free memory
+  struct Chunk {
+    int64_t size, address, requested, stream;
+    int32_t prev, next;  // neighbours in the region by address; -1 at its ends
+    int32_t owner;       // while free: the index it sits in
+    bool free;
+  };
+
+  // _find: best fit by (size, address) among shared free memory and (sync=none) the stream's.
+  bool find(int64_t rounded, int64_t stream, SortedBins::Key* found, int32_t* owner) {
+    bool any = indexes_[kShared].lower_bound(rounded, false, found);
+    *owner = kShared;
+    if (!c_.sync_on_free) {
+      int32_t own = indexes_.find(stream);
+      SortedBins::Key mine;
+      if (own >= 0 && indexes_[own].lower_bound(rounded, false, &mine) &&
+          (!any || mine < *found)) {
+        *found = mine;
+        *owner = own;
+        any = true;
+      }
+    }
+    return any;
+  }
+
+  // _take: hand out free chunk `found` of `owner`; the rest stays free with the same owner.
+  int32_t take(const SortedBins::Key& found, int32_t owner, int64_t rounded) {
+    int32_t at = found.chunk;
+    indexes_[owner].remove(found.size, found.tie);
+    if (chunks_[at].prev < 0 && chunks_[at].next < 0) free_regions_.erase(chunks_[at].address);
+    chunks_[at].free = false;
+    split_off(at, rounded, owner);
+    return at;
+  }
+
+  // _split_off: chunk `at` (in use) keeps its low `rounded` bytes; the rest becomes free
+  // memory of `owner` (the chunk after it is never free: no merge).
+  void split_off(int32_t at, int64_t rounded, int32_t owner) {
+    int64_t rest_size = chunks_[at].size - rounded;
+    if (!rest_size) return;
+    int32_t after = chunks_[at].next;
+    int32_t rest = new_chunk(chunks_[at].address + rounded, rest_size, at, after);
+    if (after >= 0) chunks_[after].prev = rest;
+    chunks_[at].next = rest;
+    chunks_[at].size = rounded;
+    chunks_[rest].free = true;
+    chunks_[rest].owner = owner;
+    indexes_[owner].add(rest_size, chunks_[rest].address, rest);
+  }
+
+  // A chunk in use (the caller frees it).
+  int32_t new_chunk(int64_t address, int64_t size, int32_t prev, int32_t next) {
+    return chunks_.make(Chunk{size, address, 0, 0, prev, next, kShared, false});
+  }
+
+  // Take free chunk `at` out of the index it sits in.
+  void unindex(int32_t at) { indexes_[chunks_[at].owner].remove(chunks_[at].size, chunks_[at].address); }
+
+
+
+  // Whether free neighbour `n` merges into a chunk given back to `owner`: with per-stream
+  // ownership only if it is shared or owner's.
+  bool joins(int32_t n, int32_t owner) const {
+    if (n < 0 || !chunks_[n].free) return false;
+    return c_.sync_on_free || chunks_[n].owner == owner || chunks_[n].owner == kShared;
+  }
+
+  // _give_back: chunk `at` (in no index) becomes free memory of `owner`, merged with the
+  // next free neighbour, then the previous one.
+  void give_back(int32_t at, int32_t owner) {
+    if (joins(chunks_[at].next, owner)) {
+      unindex(chunks_[at].next);
+      absorb_next(chunks_, at);
+    }
+    int32_t before = chunks_[at].prev;
+    if (joins(before, owner)) {
+      unindex(before);
+      absorb_next(chunks_, before);
+      at = before;
+    }
+    Chunk& chunk = chunks_[at];
+    chunk.free = true;
+    chunk.owner = owner;
+    indexes_[owner].add(chunk.size, chunk.address, at);
+    if (owner == kShared && chunk.prev < 0 && chunk.next < 0) free_regions_[chunk.address] = at;
+  }
+
+  // _map_chunk: a new physical chunk of round_up(rounded, chunk) bytes in a virtual range of
+  // its own, one chunk in use; -1 when the device refused.
+  int32_t map_chunk(int64_t rounded) {
+    int64_t nbytes = (rounded + c_.chunk - 1) / c_.chunk * c_.chunk;
+    int64_t base = device_.address_range(nbytes);
+    if (!device_.map(base, nbytes)) return -1;
+    mapped_ += nbytes;
+    if (mapped_ > peak_mapped_) peak_mapped_ = mapped_;
+    return new_chunk(base, nbytes, -1, -1);
+  }
+
+  // _grow: a new chunk carved from its low end; after a refusal, _after_refusal: synchronise
+  // and search again, then release the wholly free chunks and map once more.
+  int32_t grow(int64_t rounded, int64_t stream) {
+    int32_t at = map_chunk(rounded);
+    if (at < 0) {
+      synchronize();
+      SortedBins::Key found;
+      int32_t owner;
+      if (find(rounded, stream, &found, &owner)) return take(found, owner, rounded);
+      trim(0);
+      at = map_chunk(rounded);
+      if (at < 0) return -1;
+    }
+    split_off(at, rounded, kShared);
+    return at;
+  }
+
+  // synchronize: every stream's free memory becomes shared (indexes in the order made, each
+  // in (size, address) order), then the release threshold.
+  void synchronize() {
+    for (int32_t owner = 1; owner < indexes_.count(); ++owner) {
+      if (!indexes_[owner].size()) continue;
+      std::vector<SortedBins::Key> keys;
+      for (const auto& bin : indexes_[owner].bins()) keys.insert(keys.end(), bin.begin(), bin.end());
+      for (const SortedBins::Key& key : keys) {
+        indexes_[owner].remove(key.size, key.tie);
+        give_back(key.chunk, kShared);
+      }
+    }
+    if (!free_regions_.empty() && mapped_ > c_.threshold) trim(c_.threshold);
+  }
+
+  // _trim (cuMemPoolTrimTo): release wholly free chunks, newest (highest address) first,
+  // never below `keep` bytes.
+  void trim(int64_t keep) {
+    if (mapped_ <= keep) return;
+    std::vector<std::pair<int64_t, int32_t>> regions(free_regions_.rbegin(), free_regions_.rend());
+    for (const auto& [base, at] : regions) {
+      int64_t nbytes = chunks_[at].size;
+      if (mapped_ - nbytes < keep) continue;
+      free_regions_.erase(base);
+      indexes_[kShared].remove(nbytes, base);
+      chunks_.recycle(at);
+      mapped_ -= nbytes;
+      device_.unmap(base, nbytes);
+      if (mapped_ <= keep) break;
+    }
+  }
+
+  // _preallocate (XLA's SetStreamAndPreallocateMemory): the threshold's bytes mapped and
+  // freed into the pool at once, where they stay.
+  void preallocate() {
+    pending_ = false;
+    int32_t at = map_chunk(c_.threshold);
+    if (at < 0) return;
+    Chunk& chunk = chunks_[at];
+    chunk.free = true;
+    chunk.owner = kShared;
+    indexes_[kShared].add(chunk.size, chunk.address, at);
+    free_regions_[chunk.address] = at;
+  }
+
+  CudaAsyncConfig c_;
+  Device& device_;
+  bool pending_;
+  Records<Chunk> chunks_;
+  StreamIndexes indexes_;  // kShared, then (sync=none) the streams' in the order made
+  std::map<int64_t, int32_t> free_regions_;          // base -> the region's one free chunk
+  int64_t mapped_ = 0, peak_mapped_ = 0;
+};
+
+}  // namespace allocsim

@@ -1,0 +1,171 @@
+// CuPy's default memory pool: policies/cupy_pool.py's CuPyPoolAllocator (which follows
+// cupy/cupy cupy/cuda/memory.pyx: _round_size, _Arena.get_chunk / try_merge_chunk /
+// insert_chunk, _Chunk.split, SingleDeviceMemoryPool._malloc / _try_malloc / free_all_blocks).
+//
+// The Python module is the specification; this is its twin, held to it by
+// tests/test_native_differential.py. From Python (CuPyConfig): the allocation unit (512 B),
+// the limit the Python pool computed (set_limit's size or fraction × capacity; 0 = none) and
+// the bin table of its arenas (by bit length).
+//
+// Invariants (cupy_pool.py's): a cudaMalloc'd block's chunks tile it, linked by address (-1
+// at its ends); every chunk keeps the arena of the stream whose allocation made its block; a
+// chunk is in its arena exactly while free, under (size, creation id) — CuPy's (size,
+// id(chunk)), the creation order standing in for the object's address; no two neighbours are
+// both free. A chunk in use never moves: its index is the engine's handle.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "device.hpp"
+#include "records.hpp"
+#include "sorted_bins.hpp"
+
+namespace allocsim {
+
+struct CuPyConfig {
+  int64_t unit;                 // ALLOCATION_UNIT_SIZE
+  int64_t limit;                // CuPyPoolAllocator.get_limit(): 0 = none
+  std::vector<int> bin_of_bits;  // the arena's bin of each bit length
+};
+
+class CuPyPolicy : public Counters {
+ public:
+  CuPyPolicy(CuPyConfig config, Device& device)
+      : c_(std::move(config)), device_(device), arenas_(&c_.bin_of_bits, 0) {}
+
+  // malloc: the smallest free chunk of this stream's arena that fits (split, the caller
+  // keeping the low end), else a new block of exactly the rounded size; -1 on OOM.
+  int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
+    int64_t rounded = (size + c_.unit - 1) / c_.unit * c_.unit;
+    int32_t arena = arenas_.of(stream);
+    SortedBins::Key key;
+    int32_t at;
+    if (arenas_[arena].lower_bound(rounded, true, &key)) {  // _Arena.get_chunk
+      at = key.chunk;
+      chunks_[at].free = false;
+      int64_t rest_size = chunks_[at].size - rounded;
+      if (rest_size) {  // _Chunk.split: the rest is a new (younger) chunk, free at once
+        int32_t after = chunks_[at].next;
+        int32_t rest = new_chunk(chunks_[at].address + rounded, rest_size, arena, at, after);
+        if (after >= 0) chunks_[after].prev = rest;
+        chunks_[at].next = rest;
+        chunks_[at].size = rounded;
+        chunks_[rest].free = true;
+        arenas_[arena].add(rest_size, chunks_[rest].cid, rest);
+      }
+    } else {
+      int64_t base = try_malloc(rounded);
+      if (base < 0) {
+        ++num_ooms;
+        return -1;
+      }
+      at = new_chunk(base, rounded, arena, -1, -1);
+    }
+    chunks_[at].requested = size;
+    handed(rounded, size);
+    *handle = at;
+    return chunks_[at].address;
+  }
+
+  // free: merge with the next chunk while free, then the previous one (whose object stays),
+  // and back into the arena.
+  void free(int64_t handle) {
+    int32_t at = static_cast<int32_t>(handle);
+    returned(chunks_[at].size, chunks_[at].requested);
+    SortedBins& arena = arenas_[chunks_[at].arena];
+    int32_t after = chunks_[at].next;
+    if (after >= 0 && chunks_[after].free) {
+      arena.remove(chunks_[after].size, chunks_[after].cid);
+      absorb_next(chunks_, at);
+    }
+    int32_t before = chunks_[at].prev;
+    if (before >= 0 && chunks_[before].free) {
+      arena.remove(chunks_[before].size, chunks_[before].cid);
+      absorb_next(chunks_, before);
+      at = before;
+    }
+    chunks_[at].free = true;
+    arena.add(chunks_[at].size, chunks_[at].cid, at);
+  }
+
+  int64_t largest_free() const { return arenas_.largest(); }
+  int64_t free_blocks() const { return arenas_.size(); }
+  int64_t pool_bytes() const { return total_bytes_; }
+  int64_t peak_pool_bytes() const { return peak_total_bytes_; }
+
+ private:
+  struct Chunk {
+    int64_t size, address, requested, cid;
+    int32_t prev, next;  // neighbours in the block by address; -1 at its ends
+    int32_t arena;
+    bool free;
+  };
+
+  // A chunk in use (the caller frees it) with the next creation id.
+  int32_t new_chunk(int64_t address, int64_t size, int32_t arena, int32_t prev, int32_t next) {
+    return chunks_.make(Chunk{size, address, 0, next_cid_++, prev, next, arena, false});
+  }
+
+  bool fits_limit(int64_t rounded) const { return total_bytes_ + rounded <= c_.limit; }
+
+  // _try_malloc: the limit with its two free_all_blocks retries, then cudaMalloc with its two
+  // (three device attempts; the simulation has no Python garbage for gc.collect to find).
+  int64_t try_malloc(int64_t rounded) {
+    if (c_.limit) {
+      if (rounded > c_.limit) return -1;
+      if (!fits_limit(rounded)) {
+        free_all_blocks();
+        if (!fits_limit(rounded)) {
+          free_all_blocks();
+          if (!fits_limit(rounded)) return -1;
+        }
+      }
+    }
+    total_bytes_ += rounded;
+    int64_t base = device_.reserve(rounded);
+    for (int retry = 0; base < 0 && retry < 2; ++retry) {
+      free_all_blocks();
+      base = device_.reserve(rounded);
+    }
+    if (base < 0) {
+      total_bytes_ -= rounded;
+      return -1;
+    }
+    if (total_bytes_ > peak_total_bytes_) peak_total_bytes_ = total_bytes_;
+    return base;
+  }
+
+  // free_all_blocks: cudaFree every free chunk that is a whole block, arenas in the order
+  // made, each in (size, creation id) order.
+  void free_all_blocks() {
+    for (SortedBins& arena : arenas_.all()) {
+      if (!arena.size()) continue;
+      const auto& bins = arena.bins();
+      for (int number = 0; number < static_cast<int>(bins.size()); ++number) {
+        if (bins[number].empty()) continue;
+        std::vector<SortedBins::Key> kept;
+        for (const SortedBins::Key& key : bins[number]) {
+          const Chunk& chunk = chunks_[key.chunk];
+          if (chunk.prev >= 0 || chunk.next >= 0) {
+            kept.push_back(key);
+            continue;
+          }
+          total_bytes_ -= chunk.size;
+          device_.release(chunk.address);
+          chunks_.recycle(key.chunk);
+        }
+        if (kept.size() != bins[number].size()) arena.keep(number, std::move(kept));
+      }
+    }
+  }
+
+  CuPyConfig c_;
+  Device& device_;
+  Records<Chunk> chunks_;
+  StreamIndexes arenas_;  // one per stream, in the order the streams came
+  int64_t next_cid_ = 0;
+  int64_t total_bytes_ = 0, peak_total_bytes_ = 0;
+};
+
+}  // namespace allocsim

@@ -1,0 +1,65 @@
+// What the native policies share: records kept by index with their spares recycled (a record
+// in use never moves, so its index is the engine's handle for a live buffer), and the counters
+// every policy keeps for PolicyStats (policies/base.py).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace allocsim {
+
+template <class Record>
+class Records {
+ public:
+  // A record holding `value`, at a recycled index if there is one. Invalidates references.
+  int32_t make(const Record& value) {
+    if (spare_.empty()) {
+      items_.push_back(value);
+      return static_cast<int32_t>(items_.size() - 1);
+    }
+    int32_t at = spare_.back();
+    spare_.pop_back();
+    items_[at] = value;
+    return at;
+  }
+  void recycle(int32_t at) { spare_.push_back(at); }
+  Record& operator[](int32_t at) { return items_[at]; }
+  const Record& operator[](int32_t at) const { return items_[at]; }
+
+ private:
+  std::vector<Record> items_;
+  std::vector<int32_t> spare_;
+};
+
+// Join the record after `at` (by address, in `at`'s segment) into it; its record recycled.
+// Record has size, prev and next (-1 at the ends).
+template <class Record>
+void absorb_next(Records<Record>& records, int32_t at) {
+  int32_t gone = records[at].next;
+  int32_t beyond = records[gone].next;
+  records[at].size += records[gone].size;
+  records[at].next = beyond;
+  if (beyond >= 0) records[beyond].prev = at;
+  records.recycle(gone);
+}
+
+// PolicyStats' counters that malloc and free keep.
+struct Counters {
+  int64_t bytes_in_use = 0, peak_bytes_in_use = 0, requested_sum = 0;
+  int64_t num_allocs = 0, num_frees = 0, num_ooms = 0;
+
+  int64_t bytes_requested() const { return requested_sum; }
+  void handed(int64_t nbytes, int64_t requested) {
+    bytes_in_use += nbytes;
+    if (bytes_in_use > peak_bytes_in_use) peak_bytes_in_use = bytes_in_use;
+    requested_sum += requested;
+    ++num_allocs;
+  }
+  void returned(int64_t nbytes, int64_t requested) {
+    bytes_in_use -= nbytes;
+    requested_sum -= requested;
+    ++num_frees;
+  }
+};
+
+}  // namespace allocsim
