@@ -18,12 +18,15 @@ struct CostModel {
 
 class Device {
  public:
-  // capacity: whole granules (SimulatedDevice.capacity); next_address: the bump pointer now.
-  Device(int64_t capacity, int64_t granularity, int64_t map_granularity, int64_t range_align,
-         int64_t gib, int64_t next_address, CostModel costs)
+  // capacity: whole granules (SimulatedDevice.capacity); context: the device's own share,
+  // taken before any process allocates (SimulatedDevice.context: whole granules, at most the
+  // capacity), so `used` starts at it, as the Python device's does; next_address: the bump
+  // pointer now.
+  Device(int64_t capacity, int64_t context, int64_t granularity, int64_t map_granularity,
+         int64_t range_align, int64_t gib, int64_t next_address, CostModel costs)
       : capacity(capacity), granularity(granularity), map_granularity(map_granularity),
-        range_align_(range_align), gib_(static_cast<double>(gib)), next_address_(next_address),
-        costs_(costs) {}
+        used(context), peak_used(context), range_align_(range_align),
+        gib_(static_cast<double>(gib)), next_address_(next_address), costs_(costs) {}
 
   // cudaMalloc (ProcessDevice.reserve): nbytes rounded up to the granularity at a fresh
   // range; -1 when the device is full.
@@ -84,7 +87,7 @@ class Device {
   }
 
   const int64_t capacity, granularity, map_granularity;
-  int64_t used = 0, peak_used = 0;
+  int64_t used, peak_used;  // bytes taken: the context and this process
   int64_t reserved = 0, peak_reserved = 0;
   int64_t calls = 0, mallocs = 0, frees = 0, failed_mallocs = 0;
   double cost_s = 0.0;

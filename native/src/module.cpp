@@ -63,7 +63,9 @@ Device make_device(const nb::dict& d) {
                   get<double>(d, "free_base_s"),   get<double>(d, "free_per_gib_s"),
                   get<double>(d, "map_base_s"),    get<double>(d, "map_per_gib_s"),
                   get<double>(d, "unmap_base_s")};
-  return Device(get<int64_t>(d, "capacity"), get<int64_t>(d, "granularity"),
+  int64_t capacity = get<int64_t>(d, "capacity"), context = get<int64_t>(d, "context");
+  if (context < 0 || context > capacity) throw std::invalid_argument("context out of range");
+  return Device(capacity, context, get<int64_t>(d, "granularity"),
                 get<int64_t>(d, "map_granularity"), get<int64_t>(d, "range_align"),
                 get<int64_t>(d, "gib"), get<int64_t>(d, "next_address"), costs);
 }
