@@ -36,9 +36,11 @@ class Device {
     if (now_used > capacity) {
       charge(costs_.malloc_base_s);  // CostModel.refused_malloc
       ++failed_mallocs;
+      refused(now_used);
       return -1;
     }
     used = now_used;
+    granted(now_used);
     if (used > peak_used) peak_used = used;
     ++mallocs;
     int64_t base = bump(taken);
@@ -68,9 +70,11 @@ class Device {
     if (now_used > capacity) {
       charge(costs_.map_base_s);  // CostModel.refused_map
       ++failed_mallocs;
+      refused(now_used);
       return false;
     }
     used = now_used;
+    granted(now_used);
     if (used > peak_used) peak_used = used;
     charge(costs_.map_base_s + costs_.map_per_gib_s * static_cast<double>(nbytes) / gib_);
     ++mallocs;
@@ -91,8 +95,16 @@ class Device {
   int64_t reserved = 0, peak_reserved = 0;
   int64_t calls = 0, mallocs = 0, frees = 0, failed_mallocs = 0;
   double cost_s = 0.0;
+  // min-capacity's record (sim/questions/capacity_oracle.py, _RecordingDevice): the largest
+  // `used + bytes` the device granted and the smallest it refused (-1: none), so the oracle
+  // knows the capacities at which every call would be answered alike.
+  int64_t granted_most = 0, refused_least = -1;
 
  private:
+  void granted(int64_t need) { if (need > granted_most) granted_most = need; }
+  void refused(int64_t need) {
+    if (refused_least < 0 || need < refused_least) refused_least = need;
+  }
   static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }  // a >= 0, b > 0
   int64_t bump(int64_t nbytes) {  // SimulatedDevice._address_range
     int64_t base = next_address_;

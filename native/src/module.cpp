@@ -162,6 +162,9 @@ class PolicyReplay final : public Replay {
     d["failed_mallocs"] = device_.failed_mallocs;
     d["calls"] = device_.calls;
     d["cost_s"] = device_.cost_s;
+    d["peak_used"] = device_.peak_used;
+    d["granted_most"] = device_.granted_most;
+    d["refused_least"] = device_.refused_least;
     s["device"] = d;
     s["policy_stats"] = stats();
     return s;
