@@ -149,13 +149,14 @@ class CompletionOracle:
     generous probe included). With ``shortcuts=False`` every capacity is replayed."""
 
     def __init__(self, trace: Trace, spec: PolicySpec, device: DeviceProfile, *,
-                 shortcuts: bool = True) -> None:
+                 shortcuts: bool = True, native: bool = True) -> None:
         if len(trace.processes()) > 1:
             replay(trace, spec, device)     # raises replay's UserInputError for this trace
         self.trace = trace
         self.spec = spec
         self.device = device
         self.shortcuts = shortcuts
+        self.native = native            # replays in the core where it can (_native_replay)
         resolved = spec.resolved()
         self.kind = capacity_use_of(resolved.policy_class, dict(resolved.params))
         self._resolved = resolved
@@ -261,12 +262,15 @@ class CompletionOracle:
                        ) -> tuple[bool, dict[str, int]] | None:
         """The replay at ``capacity`` in the native core (sim/kernel/native.py), with its
         interval kept as :meth:`_keep` keeps a Python replay's: whether it completed and the
-        core's device figures. None where the Python replay is needed: a BFC region watch
-        (``bfc-regions``), a repeating trace the Python run stops early on (its policy's
-        decision state known), the reference search (no shortcuts), or a run the core does
-        not take. Either way the answer is the replay's (tests/test_native_differential.py
-        holds the two to the same runs, device calls included)."""
-        if not self.shortcuts or self.kind == CAPACITY_BFC_REGIONS:
+        core's device figures. None where the Python replay is needed: a repeating trace the
+        Python run stops early on (its policy's decision state known), the reference search
+        (no shortcuts), ``native=False``, or a run the core does not take. Either way the
+        answer is the replay's (tests/test_native_differential.py holds the two to the same
+        runs, device calls included). A BFC run in the core keeps no region watch: a Python
+        replay costs ~20 of the core's, more than the watch saves unless it answers nearly
+        every capacity (on the 1M-event transformer trace it answered none of 31); without
+        the core (or with ``native=False``) the watch runs, as before."""
+        if not self.shortcuts or not self.native:
             return None
         policy_class = self._resolved.policy_class
         if ((policy_class in _DECISION_STATE or policy_class in _ORDER_ONLY_STATE)
