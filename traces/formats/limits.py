@@ -4,8 +4,10 @@
 baseline, a results file, a sweep file): only a regular file, checked before it is opened, so a
 FIFO never blocks and ``/dev/zero`` is never read; at most the input limit, counted as it is
 read (``st_size`` is not trusted: ``/proc`` files say 0); gzip streamed through a bounded
-decompressor that stops a bomb by its ratio long before the limit. Every problem is one
-:class:`TraceError` line naming the file.
+decompressor that stops a bomb by its ratio long before the limit. :func:`open_input` is the
+same guard for a reader that takes the open file piece by piece (the ``.npz`` reader), with
+the file's size held to the limit up front. Every problem is one :class:`TraceError` line
+naming the file.
 """
 
 from __future__ import annotations
