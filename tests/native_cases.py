@@ -88,6 +88,7 @@ def traces() -> Iterator[tuple[str, Trace]]:
             streams = f"-streams{params['streams']}" if "streams" in params else ""
             yield f"{kind}{streams}-seed{seed}", synth.generate(kind, seed=seed, **params)
     yield "regions-freed", regions_freed()
+    yield "gc-cycles", gc_cycles()
 
 
 def regions_freed() -> Trace:
@@ -102,16 +103,48 @@ def regions_freed() -> Trace:
                              name="regions-freed")
 
 
+def gc_cycles(cycles: int = 80) -> Trace:
+    """On :func:`gc_cycles_device` (16 MiB, 4 MiB of it the context's): 1 MiB, freed, then
+    11.75 MiB, freed, ``cycles`` times. BFC with garbage_collection asks for its whole limit
+    (16 MiB), which the device refuses, and backs off to one region of 11.66 MiB for the 1 MiB;
+    the 11.75 MiB fits no chunk, so Extend fails, the region is freed and Extend fails again:
+    an OOM. Every cycle's first Extend succeeds without growing the region size, so doubles it
+    (bfc.py's Extend): past 62 cycles it is above 2**63 (an int64 would wrap to 0 and spin)."""
+    mib = 1 << 20
+    big = 11 * mib + 3 * mib // 4
+    rows: list[tuple] = []
+    for cycle in range(cycles):
+        at = 4 * cycle
+        rows += [(at, "alloc", 2 * cycle, mib), (at + 1, "free", 2 * cycle, mib),
+                 (at + 2, "alloc", 2 * cycle + 1, big), (at + 3, "free", 2 * cycle + 1, big)]
+    return Trace.from_events(rows, name="gc-cycles")
+
+
+def gc_cycles_device() -> DeviceProfile:
+    return replace(resolve_device("a100-80g").with_capacity(16 << 20), context_bytes=4 << 20)
+
+
 def capacities(trace: Trace) -> list[DeviceProfile]:
-    """A roomy device, one just above the trace's peak live bytes (growth's back-off and
-    tight fits) and one below it (OOMs, BFC's failed Extend and garbage collection)."""
+    """A roomy device with its own share (a100-80g's 512 MiB context), one just above the
+    trace's peak live bytes (growth's back-off and tight fits) and one below it (OOMs, BFC's
+    failed Extend and garbage collection), both without a share; then the device's share at
+    the edges: one whose context leaves just the tight room (the policies' limits are of the
+    whole capacity, so BFC asks for more than the device has and backs off every time) and
+    one the context fills (every device call refused)."""
     peak = max(1, trace.peak_live()[0])
-    # No device share: the core runs only where the context holds nothing (sim/kernel/native.py)
-    base = replace(resolve_device("a100-80g"), context_bytes=0)
-    if trace.name == "regions-freed":
-        return [base, base.with_capacity(16 << 20), base.with_capacity(12 << 20)]
-    return [base, base.with_capacity(peak * 9 // 8 + (4 << 20)),
-            base.with_capacity(max(1 << 20, peak * 3 // 4))]
+    base = resolve_device("a100-80g")
+    if trace.name in ("regions-freed", "gc-cycles"):
+        tight, small = 16 << 20, 12 << 20
+    else:
+        tight, small = peak * 9 // 8 + (4 << 20), max(1 << 20, peak * 3 // 4)
+    share = 64 << 20
+    return [base, _without_share(base, tight), _without_share(base, small),
+            replace(base.with_capacity(tight + share), context_bytes=share),
+            replace(base.with_capacity(small), context_bytes=small + (2 << 20))]
+
+
+def _without_share(base: DeviceProfile, capacity: int) -> DeviceProfile:
+    return replace(base.with_capacity(capacity), context_bytes=0)
 
 
 def python_run(trace: Trace, spec: str, profile: DeviceProfile, *,

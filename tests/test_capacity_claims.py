@@ -112,7 +112,8 @@ def _calls(trace: Trace, spec: PolicySpec, capacity: int) -> list[tuple[str, int
 def _disagreements(trace: Trace, spec: PolicySpec, seed: int = 0) -> tuple[list[int], int]:
     """Capacities where the oracle's answer (a shortcut, or a replay that stopped once it
     repeated) is not a plain replay's, and how many answers came from a shortcut."""
-    oracle = CompletionOracle(trace, spec, DEVICE)
+    # The Python replays: BFC's region watch runs only there (the core's runs keep none).
+    oracle = CompletionOracle(trace, spec, DEVICE, native=False)
     capacities = _capacities(trace, seed)
     random.Random(seed).shuffle(capacities)
     wrong, shown = [], 0

@@ -106,3 +106,37 @@ def test_probe_notices_capacity_reads() -> None:
     trace = load_default_trace()
     assert not CompletionOracle(trace, parse_policy("on-demand"), DEVICE).probe.capacity_read
     assert CompletionOracle(trace, parse_policy("preallocate"), DEVICE).probe.capacity_read
+
+
+@pytest.mark.parametrize("policy", ["on-demand", "best-fit", "buddy", "pytorch",
+                                    "pytorch:per_process_memory_fraction=0.8",
+                                    "bfc:garbage_collection=true"])
+def test_the_native_core_replays_the_probes_with_the_python_intervals(
+        policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Off a repeating trace (no period to stop at) and off BFC's region watch, the oracle's
+    # replays run in the native core: the same probe, the same intervals of capacities that
+    # run alike (the core's device records what _RecordingDevice does), the same answers.
+    from allocsim.sim.kernel import native
+    from allocsim.sim.questions import capacity_oracle
+
+    if native.core() is None:
+        pytest.skip(f"the native core is not in use here: {native.implementation()}")
+    trace = traces()["random"]
+    device = DeviceProfile("test", 80 * GiB, context_bytes=64 * MiB)
+    ran: list[int] = []
+    opened = capacity_oracle.open_native_run
+
+    def counting(*args, **kwargs):
+        run = opened(*args, **kwargs)
+        ran.append(run is not None)
+        return run
+
+    monkeypatch.setattr(capacity_oracle, "open_native_run", counting)
+    core = CompletionOracle(trace, parse_policy(policy), device)
+    answers = [core.completes(c) for c in range(40 * MiB, 400 * MiB, 9 * MiB)]
+    assert ran and all(ran)
+    monkeypatch.setattr(capacity_oracle, "open_native_run", lambda *a, **k: None)
+    python = CompletionOracle(trace, parse_policy(policy), device)
+    assert [python.completes(c) for c in range(40 * MiB, 400 * MiB, 9 * MiB)] == answers
+    assert core.probe == python.probe
+    assert core._intervals == python._intervals and core.replays == python.replays

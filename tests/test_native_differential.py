@@ -12,6 +12,7 @@ the switch: ``ALLOCSIM_NATIVE=0`` runs the Python models through the same public
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 import sys
 from pathlib import Path
 
@@ -102,16 +103,79 @@ def test_the_cases_reach_the_release_and_retry_paths_of_the_newer_policies(spec:
                                                                           released)
 
 
+def test_the_core_runs_on_devices_with_a_share_of_their_own() -> None:
+    # Every named profile at its own capacity holds a context (a100-80g: 512 MiB): the
+    # core replays there (it declined them until its device took the share first).
+    cases.need_core()
+    trace = TRACES["default-training"]
+    for name in ("a100-80g", "t4-16g"):
+        profile = resolve_device(name)
+        assert profile.context_bytes > 0
+        for spec in ("bfc", "pytorch", "best-fit", "buddy", "on-demand"):
+            assert native.is_native(parse_policy(spec), profile), (name, spec)
+            assert native.native_replay(trace, parse_policy(spec), profile, stop_on_oom=False,
+                                        progress=None, timeline_points=TIMELINE_POINTS,
+                                        step=1 << 18) is not None, (name, spec)
+
+
+def test_the_share_is_taken_before_the_policies_ask() -> None:
+    # Hand-worked: on 16 MiB with 4 MiB of context, BFC without growth (limit 16 MiB, its
+    # fraction of the whole capacity) asks for 16 MiB for 1 MiB and is refused; backs off to
+    # round256(16 MiB x 0.9) = 15,099,648 and 13,589,760 (refused: over the 12 MiB left) and
+    # gets 12,230,912 (12,231,168 reserved: the device's 512-byte granules). A device the
+    # context fills refuses every call of every policy.
+    cases.need_core()
+    trace = Trace.from_events([(0, "alloc", 1, 1 << 20), (1, "free", 1, 1 << 20)], name="one")
+    spec = "bfc:allow_growth=false"
+    core, _ = cases.native_run(trace, spec, cases.gc_cycles_device())
+    python, _ = cases.python_run(trace, spec, cases.gc_cycles_device())
+    assert_same(python, core, spec)
+    assert core.failed_device_mallocs == 3 and core.device_mallocs == 1
+    assert core.peak_reserved == 12_231_168
+    full = dataclasses.replace(cases.gc_cycles_device(), context_bytes=16 << 20)
+    for spec in cases.NATIVE_SPECS:
+        core, addresses = cases.native_run(trace, spec, full)
+        assert core.device_mallocs == 0 and core.peak_reserved == 0, spec
+        assert core.ooms == 1 and addresses == [-1], spec
+        assert_same(cases.python_run(trace, spec, full)[0], core, f"{spec} on a full device")
+
+
+def test_bfc_region_size_past_int64_does_not_spin() -> None:
+    # gc-cycles doubles BFC's region size 80 times (bfc.py's Extend: Python's ints); the core
+    # holds it at 2**62, where Extend reads it the same. Before, it wrapped to 0 and the
+    # doubling loop spun forever (with the GIL released): a child process, with a timeout.
+    cases.need_core()
+    python = ProcessReplay(cases.gc_cycles(), parse_policy("bfc:garbage_collection=true"),
+                           SimulatedDevice(cases.gc_cycles_device()))
+    python.advance(python.n)
+    assert python.policy.curr_region_allocation_bytes.bit_length() > 64   # the case reaches it
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import native_cases as cases\n"
+        "core, addresses = cases.native_run(cases.gc_cycles(), "
+        "'bfc:garbage_collection=true', cases.gc_cycles_device())\n"
+        "print(core.ooms, core.device_mallocs, core.device_frees)\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent)],
+                              capture_output=True, text=True, timeout=120, check=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the core spun in BFC's Extend (its region size wrapped)")
+    expected = python.result("gc-cycles")
+    assert done.stdout.split() == [str(expected.ooms), str(expected.device_mallocs),
+                                   str(expected.device_frees)]
+    assert expected.ooms == 80
+
+
 @pytest.mark.parametrize("label", ["default-training", "kvcache-seed0", "random-seed0"])
 def test_runs_that_stop_at_their_first_oom_match(label: str) -> None:
     cases.need_core()
     trace = TRACES[label]
-    tight = cases.capacities(trace)[-1]
-    for spec in cases.NATIVE_SPECS:
-        python, python_addresses = cases.python_run(trace, spec, tight, stop_on_oom=True)
-        core, core_addresses = cases.native_run(trace, spec, tight, stop_on_oom=True)
-        assert_same(python, core, f"{label} | {spec} | stop_on_oom")
-        assert python_addresses == core_addresses
+    profiles = cases.capacities(trace)
+    for tight in (profiles[2], profiles[-1]):        # below the peak; the context fills it
+        for spec in cases.NATIVE_SPECS:
+            python, python_addresses = cases.python_run(trace, spec, tight, stop_on_oom=True)
+            core, core_addresses = cases.native_run(trace, spec, tight, stop_on_oom=True)
+            assert_same(python, core, f"{label} | {spec} | {tight.name} | stop_on_oom")
+            assert python_addresses == core_addresses
 
 
 def test_replay_takes_the_core_and_allocsim_native_0_the_python_models(
@@ -185,27 +249,34 @@ CAPACITIES_MIB = st.sampled_from([16, 40, 96, 81920])
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(steps=STEPS, spec=st.sampled_from(cases.NATIVE_SPECS), capacity_mib=CAPACITIES_MIB)
+CONTEXTS_MIB = st.sampled_from([0, 0, 8, 64])
+
+
+@given(steps=STEPS, spec=st.sampled_from(cases.NATIVE_SPECS), capacity_mib=CAPACITIES_MIB,
+       context_mib=CONTEXTS_MIB)
 def test_random_workloads_match_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
-                                                  capacity_mib: int) -> None:
-    compare_after_every_event(steps, spec, capacity_mib)
+                                                  capacity_mib: int, context_mib: int) -> None:
+    compare_after_every_event(steps, spec, capacity_mib, context_mib)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(steps=STEPS, spec=st.sampled_from(cases.NEWER_SPECS), capacity_mib=CAPACITIES_MIB)
+@given(steps=STEPS, spec=st.sampled_from(cases.NEWER_SPECS), capacity_mib=CAPACITIES_MIB,
+       context_mib=CONTEXTS_MIB)
 def test_random_workloads_of_the_newer_native_policies_match_after_every_event(
-        steps: list[tuple[bool, int, int]], spec: str, capacity_mib: int) -> None:
+        steps: list[tuple[bool, int, int]], spec: str, capacity_mib: int,
+        context_mib: int) -> None:
     # Expandable segments, CuPy's pool and the stream-ordered pool have more state between
     # events (unmapped pages, per-stream arenas and owners) than one example in 120 reaches.
-    compare_after_every_event(steps, spec, capacity_mib)
+    compare_after_every_event(steps, spec, capacity_mib, context_mib)
 
 
 def compare_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
-                              capacity_mib: int) -> None:
+                              capacity_mib: int, context_mib: int) -> None:
     cases.need_core()
     trace = workload(steps)
+    # The device's own share: none, some, or all of a small device (64 MiB fills 16 and 40).
     profile = replace(resolve_device("a100-80g").with_capacity(capacity_mib << 20),
-                      context_bytes=0)     # the core runs where the context holds nothing
+                      context_bytes=context_mib << 20)
     python = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(profile))
     core = native.open_run(trace, parse_policy(spec), profile, stop_on_oom=False,
                            timeline_points=TIMELINE_POINTS)
@@ -214,7 +285,7 @@ def compare_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
         python.advance(event + 1)
         core.advance(event + 1)
         state = core.state()
-        where = f"event {event} of {spec} at {capacity_mib} MiB"
+        where = f"event {event} of {spec} at {capacity_mib} MiB, context {context_mib} MiB"
         assert state["device"]["reserved"] == python.view.reserved, where
         assert state["device"]["calls"] == python.view.calls, where
         assert state["device"]["cost_s"] == python.view.cost_s, where

@@ -470,3 +470,49 @@ def test_a_million_events_round_trip_through_npz_and_csv(tmp_path):
         path = tmp_path / f"big{ext}"
         save(trace, path)
         assert load(path).equals(trace, metadata=False)
+
+
+# -- the .npz reader reads the open file, a column at a time -------------------------------
+def test_load_streams_an_npz_and_reads_what_its_bytes_give(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch):
+    # load() hands the .npz reader the open file (never the file's bytes), and the reader
+    # holds each column packed, read in pieces: the same trace as from the bytes, with pieces
+    # of 7 values crossing every column's end and a constant column held as an int.
+    from allocsim.traces import formats as formats_package
+    from allocsim.traces.formats import native_npz
+    from allocsim.traces.synth import generate
+
+    trace = generate("random", events=500, live=40, seed=5)
+    path = tmp_path / "t.npz"
+    save(trace, path)
+    monkeypatch.setattr(native_npz, "_PIECE", 7)
+    monkeypatch.setattr(formats_package, "_read_bytes", lambda *a: pytest.fail("read whole"))
+    streamed = load(path)
+    monkeypatch.undo()
+    from_bytes = native_npz.read_npz(path.read_bytes(), str(path), "t")
+    assert isinstance(streamed._held["process"], int)
+    for name in ("time_ns", "op", "id", "size", "stream", "process", "tag"):
+        assert streamed.column(name).dtype == from_bytes.column(name).dtype, name
+        assert np.array_equal(streamed.column(name), from_bytes.column(name)), name
+        assert np.array_equal(getattr(streamed, name), getattr(trace, name)), name  # unpacks
+    assert streamed.tags == trace.tags
+
+
+def test_a_streamed_npz_column_out_of_range_names_its_event(tmp_path: Path):
+    # The range check runs piece by piece: the event index is the column's, not the piece's.
+    from allocsim.traces.formats import native_npz
+
+    n = 50
+    arrays = {"time_ns": np.arange(n, dtype=np.uint64), "op": np.zeros(n, dtype=np.int8),
+              "id": np.arange(n, dtype=np.int64), "size": np.ones(n, dtype=np.int64)}
+    arrays["time_ns"][37] = np.iinfo(np.uint64).max
+    path = tmp_path / "wide.npz"
+    np.savez(path, **arrays)
+    native_npz_piece = native_npz._PIECE
+    try:
+        native_npz._PIECE = 8
+        with pytest.raises(TraceError, match="event 37") as caught:
+            load(path)
+    finally:
+        native_npz._PIECE = native_npz_piece
+    assert "does not fit in int64" in str(caught.value)

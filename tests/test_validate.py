@@ -309,3 +309,66 @@ def test_validates_a_million_events():
     validate(trace)
     _, report = validate(trace, strict=False)
     assert report.free_sizes_filled > 0 and report.leaks == 0
+
+
+# ---------------------------------------------------------------------- id matching in parts
+# A long trace's ids are matched in parts (validate._PART_EVENTS): each part the events of a
+# range of ids, so its sort finds what the whole sort finds. Held to the reference with parts
+# of a few events each, and to the one whole sort on long traces with problems planted.
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([OP_ALLOC, OP_FREE]), st.integers(0, 40),
+                          st.sampled_from([1, 2, 3, SIZE_UNKNOWN, -2]), st.integers(0, 3)),
+                max_size=80), st.booleans())
+def test_matches_reference_validator_in_parts(events, strict):
+    from allocsim.traces import validate as module
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module, "_PART_EVENTS", 2)
+        patch.setattr(module, "_MASK_BLOCK", 3)
+        test_matches_reference_validator.hypothesis.inner_test(events, strict)
+
+
+def _outcome(trace: Trace, strict: bool) -> tuple:
+    try:
+        result, report = validate(trace, strict=strict)
+    except TraceError as err:
+        return ("error", str(err))
+    return ("ok", report, {name: getattr(result, name).tolist() for name in ("id", "size")})
+
+
+@pytest.mark.parametrize("plant", ["none", "free-unknown", "double-alloc", "size-mismatch",
+                                   "backwards", "leak"])
+def test_parts_find_what_one_sort_finds(plant, monkeypatch):
+    from allocsim.traces import validate as module
+    trace = big_trace(60_000, seed=3)
+    ops, ids, sizes, times = trace.op.copy(), trace.id.copy(), trace.size.copy(), trace.time_ns
+    free_rows = np.flatnonzero(ops == OP_FREE)
+    sized_frees = free_rows[sizes[free_rows] != SIZE_UNKNOWN]
+    if plant == "free-unknown":
+        ids[free_rows[20_000]] = 10**9
+    elif plant == "double-alloc":
+        ops[sized_frees[5_000]] = OP_ALLOC
+    elif plant == "size-mismatch":
+        sizes[sized_frees[7_000]] += 1
+    elif plant == "backwards":
+        times = times.copy()
+        times[45_000] = times[44_000]
+    elif plant == "leak":
+        keep = np.ones(len(ops), dtype=bool)
+        keep[free_rows[100:110]] = False
+        ops, ids, sizes, times = ops[keep], ids[keep], sizes[keep], times[keep]
+    planted = Trace.from_columns(times, ops, ids, sizes, source="big")
+    parts: list[int] = []
+    scan_part = module._scan_part
+    monkeypatch.setattr(module, "_scan_part", lambda scan, order, *rest: (
+        parts.append(len(order)), scan_part(scan, order, *rest)))
+    for strict in (True, False):
+        parts.clear()
+        in_parts = _outcome(planted, strict)
+        assert len(parts) > 3 and max(parts) < len(planted) // 2     # parts were used
+        with monkeypatch.context() as whole:
+            whole.setattr(module, "_MAX_PARTS", 1)
+            assert in_parts == _outcome(planted, strict), (plant, strict)
+        if plant == "none":
+            assert in_parts[0] == "ok"
+        elif plant != "leak" and (strict or plant in ("size-mismatch", "backwards")):
+            assert in_parts[0] == "error", (plant, strict)

@@ -100,23 +100,37 @@ Held = np.ndarray | int
 _BLOCK_EVENTS = 1 << 16
 
 
-def pack_column(values: np.ndarray, dtype: type) -> Held:
+def pack_column(values: np.ndarray, dtype: type, *, copy: bool = True) -> Held:
     """``values`` (integers that fit ``dtype``) held in the least memory: one int when every
     value is the same, else the narrowest of int8/int16/int32 narrower than ``dtype`` that holds
-    them, else ``dtype`` itself (the array itself when it already is of ``dtype``)."""
+    them, else ``dtype`` itself (the array itself when it already is of ``dtype``). Without
+    ``copy``, an array already of the narrow dtype is held as it is (an owner's array)."""
     values = np.asarray(values)
     if values.ndim == 1 and len(values):
         lo, hi = int(values.min()), int(values.max())
-        if lo == hi:
+        held = packed_dtype(lo, hi, dtype)
+        if held is None:
             return lo
-        width = np.dtype(dtype).itemsize
-        for narrow in _NARROW_DTYPES:
-            info = np.iinfo(narrow)
-            if info.bits // 8 >= width:
-                break
-            if info.min <= lo and hi <= info.max:
-                return values.astype(narrow)
+        if held is not dtype:
+            return values.astype(held, copy=copy)
     return np.ascontiguousarray(values, dtype=dtype)
+
+
+def packed_dtype(lo: int, hi: int, dtype: type) -> type | None:
+    """The dtype :func:`pack_column` holds a column of values from ``lo`` to ``hi`` in: None
+    for one value (held as an int), else the narrowest of int8/int16/int32 narrower than
+    ``dtype`` that holds them, else ``dtype``. (A reader that streams a column reads its
+    range first, then fills an array of this dtype.)"""
+    if lo == hi:
+        return None
+    width = np.dtype(dtype).itemsize
+    for narrow in _NARROW_DTYPES:
+        info = np.iinfo(narrow)
+        if info.bits // 8 >= width:
+            break
+        if info.min <= lo and hi <= info.max:
+            return narrow
+    return dtype
 
 
 def _unpack(held: Held, dtype: type, n: int) -> np.ndarray:
@@ -213,7 +227,9 @@ class Trace:
                 values = np.asarray(values)
                 if values.ndim != 1 or len(values) != n:
                     raise TraceError(f"column {name!r} has {len(values)} rows, expected {n}")
-                held = pack_column(values, dtype)
+                # The caller's own arrays: one already packed is held as it is, not copied
+                # (a copy of each would double the trace while `columns` holds them all).
+                held = pack_column(values, dtype, copy=False)
             trace._held[name] = held
         trace.tags = [] if tags is None else tags
         trace.metadata = {} if metadata is None else metadata

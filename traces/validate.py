@@ -112,45 +112,28 @@ def validate(trace: Trace, *, strict: bool = True,
     """
     where = source or str(trace.metadata.get("source", "<trace>"))
     # The columns as held (packed ones stay packed: a loaded trace is checked at ~18 bytes/
-    # event plus the sort); a repair below reads the columns themselves.
+    # event plus a few for the sort); a repair below reads the columns themselves.
     op, ids, size = trace.column("op"), trace.column("id"), trace.column("size")
 
     # Column problems (op, size, time), vectorised. Id matching only needs to look at the
     # events before the first of them: a later id problem can never be the first problem.
     limit, column_problem = _first_column_problem(trace)
-
-    order = np.argsort(ids[:limit], kind="stable")
-    s_ids, s_ops, s_size = ids[:limit][order], op[:limit][order], size[:limit][order]
-    same = s_ids[1:] == s_ids[:-1]  # sorted row j+1 has the same id as row j
-    # A break: a free opening an id's sequence, or two equal ops in a row for one id.
-    breaks = np.empty(limit, dtype=bool)
-    if limit:
-        breaks[0] = s_ops[0] == OP_FREE
-        breaks[1:] = np.where(same, s_ops[1:] == s_ops[:-1], s_ops[1:] == OP_FREE)
-    # A free right after its alloc (the normal pair); its stated size must match.
-    paired = np.zeros(limit, dtype=bool)
-    if limit:
-        paired[1:] = same & (s_ops[1:] == OP_FREE) & (s_ops[:-1] == OP_ALLOC)
-    mismatched = paired.copy()
-    if limit:
-        mismatched[1:] &= (s_size[1:] != SIZE_UNKNOWN) & (s_size[1:] != s_size[:-1])
+    scan = _scan_ids(op, ids, size, limit)
 
     report = ValidationReport(strict=strict, **_importer_repairs(trace, strict, where))
     try:
-        if strict or not breaks.any():
-            bad = breaks | mismatched if strict else mismatched
-            if bad.any():
-                positions = np.flatnonzero(bad)
-                first = int(np.argmin(order[positions]))  # smallest event index
-                raise _id_problem(int(positions[first]), order, s_ids, s_ops, s_size)
+        if strict or not scan.breaks:
+            found = scan.first_problem if strict else scan.first_mismatch
+            if found is not None:
+                raise found
             if column_problem is not None:
                 raise column_problem
-            # Valid (bar free sizes): the sorted view already tells the leaks.
-            _count_leaks(report, s_ids, s_ops, s_size)
+            # Valid (bar free sizes): the sorted views already told the leaks.
+            report.leaks, report.leaked_bytes = scan.leaks, scan.leaked_bytes
             if strict:
                 result = trace
             else:
-                result = _fill_free_sizes(trace, paired, order, s_size, report)
+                result = _fill_free_sizes(trace, scan, report)
         else:
             if column_problem is not None:
                 # Still report the first problem: an id problem before it would win.
@@ -158,7 +141,8 @@ def validate(trace: Trace, *, strict: bool = True,
                 raise column_problem
             result = _repair(trace, report)
             order = np.argsort(result.id, kind="stable")
-            _count_leaks(report, result.id[order], result.op[order], result.size[order])
+            report.leaks, report.leaked_bytes = _count_leaks(result.id[order], result.op[order],
+                                                             result.size[order])
     except _Problem as found:
         raise TraceError(found.problem, source=where, event=found.event) from None
 
@@ -218,30 +202,150 @@ def _importer_repairs(trace: Trace, strict: bool, where: str) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------- column checks
+# Events checked at a time by the column checks (their masks are of this many events, not of
+# the trace: a few bytes/event of a long trace would be most of what loading it holds).
+_BLOCK = 1 << 16
+
+
 def _first_column_problem(trace: Trace) -> tuple[int, _Problem | None]:
     """``(index, problem)`` of the first op/size/time problem, or ``(len, None)``."""
     n = len(trace)
     op, size, time_ns = trace.column("op"), trace.column("size"), trace.column("time_ns")
-    bad_op = (op != OP_ALLOC) & (op != OP_FREE)
-    # SIZE_UNKNOWN is legal on a free only; any other negative size is an error.
-    bad_size = (size < 0) & ~((size == SIZE_UNKNOWN) & (op == OP_FREE))
-    backwards = np.zeros(n, dtype=bool)
-    backwards[1:] = time_ns[1:] < time_ns[:-1]
-    bad = np.flatnonzero(bad_op | bad_size | backwards)
-    if not len(bad):
-        return n, None
-    i = int(bad[0])
-    # At one index, report in the order a reader would check: op, size, then time.
-    if bad_op[i]:
+    for start in range(0, n, _BLOCK):
+        stop = min(n, start + _BLOCK)
+        block_op, block_size = op[start:stop], size[start:stop]
+        bad_op = (block_op != OP_ALLOC) & (block_op != OP_FREE)
+        # SIZE_UNKNOWN is legal on a free only; any other negative size is an error.
+        bad_size = (block_size < 0) & ~((block_size == SIZE_UNKNOWN) & (block_op == OP_FREE))
+        before = time_ns[max(start - 1, 0):stop]     # the event before the block too
+        backwards = np.zeros(stop - start, dtype=bool)
+        backwards[len(backwards) - len(before) + 1:] = before[1:] < before[:-1]
+        bad = np.flatnonzero(bad_op | bad_size | backwards)
+        if len(bad):
+            return _column_problem(start + int(bad[0]), op, size, time_ns, trace)
+    return n, None
+
+
+def _column_problem(i: int, op: np.ndarray, size: np.ndarray, time_ns: np.ndarray,
+                    trace: Trace) -> tuple[int, _Problem]:
+    """The problem at event ``i`` (the first), reported in the order a reader would check
+    at one index: op, size, then time."""
+    if op[i] != OP_ALLOC and op[i] != OP_FREE:
         problem = f"unknown op {int(op[i])} (expected {OP_ALLOC}=alloc or {OP_FREE}=free)"
-    elif bad_size[i] and size[i] == SIZE_UNKNOWN:
+    elif size[i] < 0 and size[i] == SIZE_UNKNOWN and op[i] != OP_FREE:
         problem = f"alloc of id {int(trace.column('id')[i])} with unknown size ({SIZE_UNKNOWN})"
-    elif bad_size[i]:
+    elif size[i] < 0 and size[i] != SIZE_UNKNOWN:
         problem = f"negative size {int(size[i])}"
     else:
         problem = (f"time goes backwards: {int(time_ns[i])} ns after "
                    f"{int(time_ns[i - 1])} ns at event {i - 1}")
     return i, _Problem(i, problem)
+
+
+# ---------------------------------------------------------------------- id matching
+# Id matching sorts the events by id. A long trace is matched in parts of about this many
+# events, each part the events of a range of ids (every event of an id in one part, so each
+# part's sort is the whole sort restricted to its ids and finds the same problems and
+# leaks): the sort's arrays (~40 bytes/event) are of a part, not of the trace.
+_PART_EVENTS = 1 << 13
+_MAX_PARTS = 128
+_MASK_BLOCK = 1 << 18           # events a part's members are looked for at a time
+
+
+@dataclass
+class _IdScan:
+    """What matching ids found over every part: the first problem by event index (a break
+    or a size mismatch; and of mismatches alone, lenient mode's), whether any id's
+    alternation breaks, the leaks, and the frees of unknown size with their alloc's size."""
+
+    first_problem: _Problem | None = None
+    first_mismatch: _Problem | None = None
+    breaks: bool = False
+    leaks: int = 0
+    leaked_bytes: int = 0
+    fill_events: list[np.ndarray] | None = None
+    fill_sizes: list[np.ndarray] | None = None
+
+
+def _scan_ids(op: np.ndarray, ids: np.ndarray, size: np.ndarray, limit: int) -> _IdScan:
+    """Match the ids of the first ``limit`` events, part by part (see :data:`_PART_EVENTS`)."""
+    scan = _IdScan(fill_events=[], fill_sizes=[])
+    ids, op, size = ids[:limit], op[:limit], size[:limit]
+    parts = min(_MAX_PARTS, limit // _PART_EVENTS)
+    if parts <= 1:
+        order = np.argsort(ids, kind="stable")
+        _scan_part(scan, order, ids[order], op[order], size[order])
+        return scan
+    # Part boundaries at quantiles of a sample of the ids, so that parts are about even
+    # whatever the ids' spread; an event's part is its id's, found a block at a time.
+    sample = np.sort(ids[::max(1, limit // (parts * 64))])
+    bounds = np.unique(sample[np.linspace(0, len(sample) - 1, parts + 1)[1:-1].astype(np.intp)])
+    part = np.empty(limit, dtype=np.uint8)
+    for start in range(0, limit, _BLOCK):
+        part[start:start + _BLOCK] = np.searchsorted(bounds, ids[start:start + _BLOCK],
+                                                     side="right")
+    for number in range(len(bounds) + 1):
+        # The part's events, found a block at a time (no mask of the whole trace).
+        pieces = [np.flatnonzero(part[start:start + _MASK_BLOCK] == number) + start
+                  for start in range(0, limit, _MASK_BLOCK)]
+        events = np.concatenate(pieces)
+        del pieces
+        if not len(events):
+            continue
+        part_ids = ids[events]
+        local = np.argsort(part_ids, kind="stable")
+        order = events[local]
+        del events
+        _scan_part(scan, order, part_ids[local], op[order], size[order])
+    return scan
+
+
+def _scan_part(scan: _IdScan, order: np.ndarray, s_ids: np.ndarray, s_ops: np.ndarray,
+               s_size: np.ndarray) -> None:
+    """Match the ids of one part, its events stably sorted by id (``order``: their event
+    indices), into ``scan``."""
+    count = len(order)
+    same = s_ids[1:] == s_ids[:-1]  # sorted row j+1 has the same id as row j
+    # A break: a free opening an id's sequence, or two equal ops in a row for one id.
+    breaks = np.empty(count, dtype=bool)
+    if count:
+        breaks[0] = s_ops[0] == OP_FREE
+        breaks[1:] = np.where(same, s_ops[1:] == s_ops[:-1], s_ops[1:] == OP_FREE)
+    # A free right after its alloc (the normal pair); its stated size must match.
+    paired = np.zeros(count, dtype=bool)
+    if count:
+        paired[1:] = same & (s_ops[1:] == OP_FREE) & (s_ops[:-1] == OP_ALLOC)
+    del same
+    mismatched = paired.copy()
+    if count:
+        mismatched[1:] &= (s_size[1:] != SIZE_UNKNOWN) & (s_size[1:] != s_size[:-1])
+    scan.breaks = scan.breaks or bool(breaks.any())
+    scan.first_problem = _earliest(scan.first_problem, breaks | mismatched, order, s_ids,
+                                   s_ops, s_size)
+    scan.first_mismatch = _earliest(scan.first_mismatch, mismatched, order, s_ids, s_ops,
+                                    s_size)
+    leaks, leaked = _count_leaks(s_ids, s_ops, s_size)
+    scan.leaks += leaks
+    scan.leaked_bytes += leaked
+    unknown = paired
+    unknown[1:] &= s_size[1:] == SIZE_UNKNOWN
+    rows = np.flatnonzero(unknown)
+    if len(rows):
+        assert scan.fill_events is not None and scan.fill_sizes is not None
+        scan.fill_events.append(order[rows])
+        scan.fill_sizes.append(s_size[rows - 1].astype(np.int64))
+
+
+def _earliest(found: _Problem | None, bad: np.ndarray, order: np.ndarray, s_ids: np.ndarray,
+              s_ops: np.ndarray, s_size: np.ndarray) -> _Problem | None:
+    """The earlier (by event index) of ``found`` and the first of this part's ``bad`` rows."""
+    if not bad.any():
+        return found
+    positions = np.flatnonzero(bad)
+    first = int(np.argmin(order[positions]))  # smallest event index
+    if found is not None and found.event < int(order[positions[first]]):
+        return found
+    return _id_problem(int(positions[first]), order, s_ids, s_ops, s_size)
 
 
 def _id_problem(j: int, order: np.ndarray, s_ids: np.ndarray, s_ops: np.ndarray,
@@ -314,17 +418,16 @@ def _repair(trace: Trace, report: ValidationReport) -> Trace:
                  tags=list(trace.tags), metadata=dict(trace.metadata))
 
 
-def _fill_free_sizes(trace: Trace, paired: np.ndarray, order: np.ndarray,
-                     s_size: np.ndarray, report: ValidationReport) -> Trace:
-    """Lenient mode on a cleanly alternating trace: only free sizes may need filling in."""
-    unknown = paired.copy()
-    unknown[1:] &= s_size[1:] == SIZE_UNKNOWN
-    rows = np.flatnonzero(unknown)
-    if not len(rows):
+def _fill_free_sizes(trace: Trace, scan: _IdScan, report: ValidationReport) -> Trace:
+    """Lenient mode on a cleanly alternating trace: only free sizes may need filling in
+    (the frees of unknown size the id scan found, each given its alloc's size)."""
+    if not scan.fill_events:
         return trace
+    assert scan.fill_sizes is not None
     size = trace.size.copy()
-    size[order[rows]] = s_size[rows - 1]
-    report.free_sizes_filled = len(rows)
+    events = np.concatenate(scan.fill_events)
+    size[events] = np.concatenate(scan.fill_sizes)
+    report.free_sizes_filled = len(events)
     columns = {name: getattr(trace, name) for name in COLUMN_DTYPES}
     columns["size"] = size
     return Trace(**columns, tags=list(trace.tags), metadata=dict(trace.metadata))
@@ -342,12 +445,11 @@ def _fresh_ids(ids: np.ndarray, count: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- counting
-def _count_leaks(report: ValidationReport, s_ids: np.ndarray, s_ops: np.ndarray,
-                 s_size: np.ndarray) -> None:
-    """Leaks of a valid trace, given its events stably sorted by id: a leak is an id whose
-    last event is an alloc (a renamed duplicate alloc is such an id too)."""
+def _count_leaks(s_ids: np.ndarray, s_ops: np.ndarray, s_size: np.ndarray) -> tuple[int, int]:
+    """``(leaks, leaked bytes)`` of a valid trace (or part of one: every event of its ids),
+    given its events stably sorted by id: a leak is an id whose last event is an alloc (a
+    renamed duplicate alloc is such an id too)."""
     last = np.ones(len(s_ids), dtype=bool)
     last[:-1] = s_ids[1:] != s_ids[:-1]
     leaked = last & (s_ops == OP_ALLOC)
-    report.leaks = int(np.count_nonzero(leaked))
-    report.leaked_bytes = int(s_size[leaked].sum())
+    return int(np.count_nonzero(leaked)), int(s_size[leaked].astype(np.int64).sum())

@@ -258,7 +258,7 @@ class ChunkPolicy {
     if (rounded > available) return false;
     bool increased = false;
     while (rounded > curr_region_) {
-      curr_region_ *= 2;
+      double_region();
       increased = true;
     }
     int64_t nbytes = std::min(curr_region_, available);
@@ -270,12 +270,23 @@ class ChunkPolicy {
       if (nbytes < rounded) return false;
       base = device_.reserve(nbytes);
     }
-    if (!increased) curr_region_ *= 2;
+    if (!increased) double_region();
     add_region(base, nbytes);
     pool_bytes_ += nbytes;
     peak_pool_bytes_ = std::max(peak_pool_bytes_, pool_bytes_);
     return true;
   }
+
+  // curr_region_allocation_bytes *= 2, which Python's ints never overflow: every successful
+  // Extend without growth doubles it, so a run that garbage-collects and extends again 62
+  // times would wrap an int64 to 0 and spin in the loop above. Held at kRegionCap instead:
+  // above every memory limit the bridge passes (< 2**60, sim/kernel/native.py) and so above
+  // every `available`, where Extend reads it only as min(curr, available) = available and
+  // `rounded > curr` is false, exactly as for the Python's larger value.
+  void double_region() {
+    curr_region_ = curr_region_ >= kRegionCap / 2 ? kRegionCap : curr_region_ * 2;
+  }
+  static constexpr int64_t kRegionCap = int64_t{1} << 62;
 
   bool region_is_free(const Region& r) const {
     return r.live && r.first == r.last && chunks_[r.first].free;

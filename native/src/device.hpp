@@ -18,12 +18,15 @@ struct CostModel {
 
 class Device {
  public:
-  // capacity: whole granules (SimulatedDevice.capacity); next_address: the bump pointer now.
-  Device(int64_t capacity, int64_t granularity, int64_t map_granularity, int64_t range_align,
-         int64_t gib, int64_t next_address, CostModel costs)
+  // capacity: whole granules (SimulatedDevice.capacity); context: the device's own share,
+  // taken before any process allocates (SimulatedDevice.context: whole granules, at most the
+  // capacity), so `used` starts at it, as the Python device's does; next_address: the bump
+  // pointer now.
+  Device(int64_t capacity, int64_t context, int64_t granularity, int64_t map_granularity,
+         int64_t range_align, int64_t gib, int64_t next_address, CostModel costs)
       : capacity(capacity), granularity(granularity), map_granularity(map_granularity),
-        range_align_(range_align), gib_(static_cast<double>(gib)), next_address_(next_address),
-        costs_(costs) {}
+        used(context), peak_used(context), range_align_(range_align),
+        gib_(static_cast<double>(gib)), next_address_(next_address), costs_(costs) {}
 
   // cudaMalloc (ProcessDevice.reserve): nbytes rounded up to the granularity at a fresh
   // range; -1 when the device is full.
@@ -33,9 +36,11 @@ class Device {
     if (now_used > capacity) {
       charge(costs_.malloc_base_s);  // CostModel.refused_malloc
       ++failed_mallocs;
+      refused(now_used);
       return -1;
     }
     used = now_used;
+    granted(now_used);
     if (used > peak_used) peak_used = used;
     ++mallocs;
     int64_t base = bump(taken);
@@ -65,9 +70,11 @@ class Device {
     if (now_used > capacity) {
       charge(costs_.map_base_s);  // CostModel.refused_map
       ++failed_mallocs;
+      refused(now_used);
       return false;
     }
     used = now_used;
+    granted(now_used);
     if (used > peak_used) peak_used = used;
     charge(costs_.map_base_s + costs_.map_per_gib_s * static_cast<double>(nbytes) / gib_);
     ++mallocs;
@@ -84,12 +91,20 @@ class Device {
   }
 
   const int64_t capacity, granularity, map_granularity;
-  int64_t used = 0, peak_used = 0;
+  int64_t used, peak_used;  // bytes taken: the context and this process
   int64_t reserved = 0, peak_reserved = 0;
   int64_t calls = 0, mallocs = 0, frees = 0, failed_mallocs = 0;
   double cost_s = 0.0;
+  // min-capacity's record (sim/questions/capacity_oracle.py, _RecordingDevice): the largest
+  // `used + bytes` the device granted and the smallest it refused (-1: none), so the oracle
+  // knows the capacities at which every call would be answered alike.
+  int64_t granted_most = 0, refused_least = -1;
 
  private:
+  void granted(int64_t need) { if (need > granted_most) granted_most = need; }
+  void refused(int64_t need) {
+    if (refused_least < 0 || need < refused_least) refused_least = need;
+  }
   static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }  // a >= 0, b > 0
   int64_t bump(int64_t nbytes) {  // SimulatedDevice._address_range
     int64_t base = next_address_;

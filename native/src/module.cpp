@@ -74,7 +74,9 @@ Device make_device(const nb::dict& d) {
                   get<double>(d, "free_base_s"),   get<double>(d, "free_per_gib_s"),
                   get<double>(d, "map_base_s"),    get<double>(d, "map_per_gib_s"),
                   get<double>(d, "unmap_base_s")};
-  return Device(get<int64_t>(d, "capacity"), get<int64_t>(d, "granularity"),
+  int64_t capacity = get<int64_t>(d, "capacity"), context = get<int64_t>(d, "context");
+  if (context < 0 || context > capacity) throw std::invalid_argument("context out of range");
+  return Device(capacity, context, get<int64_t>(d, "granularity"),
                 get<int64_t>(d, "map_granularity"), get<int64_t>(d, "range_align"),
                 get<int64_t>(d, "gib"), get<int64_t>(d, "next_address"), costs);
 }
@@ -182,6 +184,9 @@ class PolicyReplay final : public Replay {
                           {"mallocs", device_.mallocs}, {"frees", device_.frees},
                           {"failed_mallocs", device_.failed_mallocs}, {"calls", device_.calls}});
     d["cost_s"] = device_.cost_s;
+    d["peak_used"] = device_.peak_used;
+    d["granted_most"] = device_.granted_most;
+    d["refused_least"] = device_.refused_least;
     s["device"] = d;
     // PolicyStats' fields, in its order.
     s["policy_stats"] = dict_of(

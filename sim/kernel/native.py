@@ -130,12 +130,11 @@ def device_config(profile: DeviceProfile, device: SimulatedDevice) -> dict[str, 
     costs = profile.costs
     if type(costs) is not CostModel or type(device) is not SimulatedDevice:
         return None
-    if device.context:
-        # The core's device knows no share of its own yet (issue 26.3 came beside it): a run
-        # on a device whose context holds memory runs in Python, with the same answers.
-        return None
     return {
-        "capacity": device.capacity, "granularity": profile.granularity,
+        # The core's device starts with the context taken (SimulatedDevice starts its `used`
+        # at it): the same refusals, and the same peak of the device's bytes.
+        "capacity": device.capacity, "context": device.context,
+        "granularity": profile.granularity,
         "map_granularity": profile.map_granularity, "range_align": RANGE_ALIGN, "gib": GiB,
         "next_address": device._next_address,
         "malloc_base_s": costs.malloc_base_s, "malloc_per_gib_s": costs.malloc_per_gib_s,
@@ -169,6 +168,8 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
     config: dict[str, Any] = {"family": family, "bin_of_bits": list(BIN),
                               "alignment": policy.alignment, "max_slack": policy.max_slack}
     if isinstance(policy, BFCAllocator):
+        if not 0 <= policy.memory_limit < _SIZE_LIMIT:
+            return None       # the core's int64 Extend (its region size held below 2**62)
         config.update(growth="bfc", memory_limit=policy.memory_limit,
                       first_region=policy.curr_region_allocation_bytes,
                       min_allocation=MIN_ALLOCATION,

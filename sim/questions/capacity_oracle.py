@@ -69,7 +69,8 @@ from allocsim.policies.pytorch_records import HOME as BLOCK_HOME
 from allocsim.policies.pytorch_records import REQ as BLOCK_REQ
 from allocsim.policies.pytorch_records import SIZE as BLOCK_SIZE
 from allocsim.sim.kernel.device import DeviceProfile, ProcessDevice, SimulatedDevice
-from allocsim.sim.kernel.engine import ProcessReplay, replay
+from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
+from allocsim.sim.kernel.native import open_run as open_native_run
 from allocsim.sim.questions.capacity_period import Period, find_period
 from allocsim.sim.questions.capacity_regions import RegionWatch, bfc_state
 from allocsim.traces.model import Trace
@@ -148,13 +149,14 @@ class CompletionOracle:
     generous probe included). With ``shortcuts=False`` every capacity is replayed."""
 
     def __init__(self, trace: Trace, spec: PolicySpec, device: DeviceProfile, *,
-                 shortcuts: bool = True) -> None:
+                 shortcuts: bool = True, native: bool = True) -> None:
         if len(trace.processes()) > 1:
             replay(trace, spec, device)     # raises replay's UserInputError for this trace
         self.trace = trace
         self.spec = spec
         self.device = device
         self.shortcuts = shortcuts
+        self.native = native            # replays in the core where it can (_native_replay)
         resolved = spec.resolved()
         self.kind = capacity_use_of(resolved.policy_class, dict(resolved.params))
         self._resolved = resolved
@@ -172,6 +174,16 @@ class CompletionOracle:
 
     def _probe(self) -> Probe:
         """The replay at :data:`PROBE_CAPACITY` (to the end, OOMs or not), watched."""
+        native = self._native_replay(PROBE_CAPACITY, stop_on_oom=False)
+        if native is not None:
+            completed, device = native
+            # The core's policy reads nothing of the device but its answers: what the
+            # capacity decides, the Python policy built for the run read at its build.
+            watched = _RecordingDevice(self.device.with_capacity(PROBE_CAPACITY)).view(0)
+            self._resolved.build(watched)
+            assert isinstance(watched, _WatchedView)
+            return Probe(completed, device["peak_reserved"], device["peak_used"],
+                         watched.capacity_read)
         simulated = _RecordingDevice(self.device.with_capacity(PROBE_CAPACITY))
         run = ProcessReplay(self.trace, self.spec, simulated)
         watch = self._watch(run, simulated)
@@ -234,6 +246,9 @@ class CompletionOracle:
 
     def _replay(self, capacity: int) -> bool:
         """The replay at ``capacity``, to its first OOM."""
+        native = self._native_replay(capacity, stop_on_oom=True)
+        if native is not None:
+            return native[0]
         simulated = _RecordingDevice(self.device.with_capacity(capacity))
         run = ProcessReplay(self.trace, self.spec, simulated, stop_on_oom=True,
                             call_log=False)         # no timeline is read of a probe
@@ -242,6 +257,45 @@ class CompletionOracle:
         self.replays += 1
         self._keep(simulated, watch, completed)
         return completed
+
+    def _native_replay(self, capacity: int, *, stop_on_oom: bool
+                       ) -> tuple[bool, dict[str, int]] | None:
+        """The replay at ``capacity`` in the native core (sim/kernel/native.py), with its
+        interval kept as :meth:`_keep` keeps a Python replay's: whether it completed and the
+        core's device figures. None where the Python replay is needed: a repeating trace the
+        Python run stops early on (its policy's decision state known), the reference search
+        (no shortcuts), ``native=False``, or a run the core does not take. Either way the
+        answer is the replay's (tests/test_native_differential.py holds the two to the same
+        runs, device calls included). A BFC run in the core keeps no region watch: a Python
+        replay costs ~20 of the core's, more than the watch saves unless it answers nearly
+        every capacity (on the 1M-event transformer trace it answered none of 31); without
+        the core (or with ``native=False``) the watch runs, as before."""
+        if not self.shortcuts or not self.native:
+            return None
+        policy_class = self._resolved.policy_class
+        if ((policy_class in _DECISION_STATE or policy_class in _ORDER_ONLY_STATE)
+                and self._period() is not None):
+            return None
+        profile = self.device.with_capacity(capacity)
+        run = open_native_run(self.trace, self.spec, profile, stop_on_oom=stop_on_oom,
+                              timeline_points=TIMELINE_POINTS)
+        if run is None:
+            return None
+        done = 0
+        while done < run.n and not run.stopped:
+            done = run.advance(run.n)
+        state = run.state()
+        device: dict[str, int] = state["device"]
+        completed = state["ooms"] == 0 and not state["stopped"]
+        self.replays += 1
+        if self.kind in (CAPACITY_LIMIT, CAPACITY_LIMIT_FATAL):
+            # _RecordingDevice's lo and hi: the largest `used + bytes` granted, the smallest
+            # refused minus one.
+            refused = device["refused_least"]
+            self._intervals.append(_Interval(profile.capacity, device["granted_most"],
+                                             refused - 1 if refused >= 0 else _NEVER,
+                                             completed))
+        return completed, device
 
     def _run(self, run: ProcessReplay) -> bool:
         """Run ``run`` to its end (or its first OOM, with ``stop_on_oom``); whether it

@@ -15,7 +15,10 @@ register there first; an importer for another tool's files is one more module th
 - ``recorded``: True for other tools' recordings, which are validated leniently by default
   (unmatched frees dropped, leaks kept, every repair counted) — native files strictly;
 - ``options``: the keyword options the reader accepts (e.g. ``device_index``), passed through
-  from :func:`load`; an option the format does not take is a one-line error.
+  from :func:`load`; an option the format does not take is a one-line error;
+- ``streams``: the reader also takes the open file (a seekable binary stream, from
+  ``limits.open_input``) in place of ``data``, and :func:`load` hands it that when the file
+  is not gzip: it reads only what it needs, never the whole file at once (``npz``).
 
 Choosing a reader: gzip is recognised by its magic bytes, whatever the name. Then among the
 formats whose ``detect`` accepts the content, the one owning the file's extension wins, else
@@ -29,10 +32,17 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from allocsim.atomic_files import atomic_output
-from allocsim.traces.formats.limits import MAX_INPUT_ENV, max_input_bytes, read_input
+from allocsim.traces.formats.limits import (
+    GZIP_MAGIC,
+    MAX_INPUT_ENV,
+    max_input_bytes,
+    open_input,
+    read_input,
+)
 from allocsim.traces.formats.registry import (
     FOLDER_FORMATS,
     FORMATS,
@@ -107,6 +117,26 @@ def _read_bytes(path: Path, source: str) -> bytes:
     return read_input(path, source=source, gunzip=True)
 
 
+def _read_file(path: Path, source: str, given: dict[str, object]) -> tuple[Trace, bool]:
+    """The trace in the file at ``path`` and whether its format is a recording: a reader that
+    streams gets the open file (not gzip), any other the file's bytes, un-gzipped."""
+    with open_input(path, source=source) as stream:
+        head = stream.read(_HEAD_BYTES)
+        if not head.startswith(GZIP_MAGIC):
+            name = format_for(source, head)
+            fmt = FORMATS[name]
+            if fmt.streams:
+                _check_options(name, fmt.options, given, source)
+                stream.seek(0)
+                reader: Callable[..., Trace] = fmt.reader    # takes the stream (``streams``)
+                return reader(stream, source, _stem(path), **given), fmt.recorded
+    data = _read_bytes(path, source)
+    name = format_for(source, data[:_HEAD_BYTES])
+    fmt = FORMATS[name]
+    _check_options(name, fmt.options, given, source)
+    return fmt.reader(data, source, _stem(path), **given), fmt.recorded
+
+
 def _check_options(name: str, accepted: tuple[str, ...], given: dict[str, object],
                    source: str) -> None:
     unknown = sorted(set(given) - set(accepted))
@@ -143,12 +173,8 @@ def load_with_report(path: str | os.PathLike[str], *, strict: bool | None = None
         except RecursionError:
             raise TraceError("is nested too deeply to read", source=source) from None
     else:
-        data = _read_bytes(p, source)
-        name = format_for(source, data[:_HEAD_BYTES])
-        fmt = FORMATS[name]
-        _check_options(name, fmt.options, given, source)
         try:
-            trace = fmt.reader(data, source, _stem(p), **given)
+            trace, recorded = _read_file(p, source, given)
         except OverflowError:
             # The class "numbers a format cannot hold": readers refuse them by field; this
             # catches any one that a reader does not name, still as one line for the file.
@@ -156,7 +182,6 @@ def load_with_report(path: str | os.PathLike[str], *, strict: bool | None = None
                              source=source) from None
         except RecursionError:
             raise TraceError("is nested too deeply to read", source=source) from None
-        recorded = fmt.recorded
     _check_text(trace, source)
     if strict is None:
         strict = not recorded

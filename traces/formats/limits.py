@@ -4,8 +4,10 @@
 baseline, a results file, a sweep file): only a regular file, checked before it is opened, so a
 FIFO never blocks and ``/dev/zero`` is never read; at most the input limit, counted as it is
 read (``st_size`` is not trusted: ``/proc`` files say 0); gzip streamed through a bounded
-decompressor that stops a bomb by its ratio long before the limit. Every problem is one
-:class:`TraceError` line naming the file.
+decompressor that stops a bomb by its ratio long before the limit. :func:`open_input` is the
+same guard for a reader that takes the open file piece by piece (the ``.npz`` reader), with
+the file's size held to the limit up front. Every problem is one :class:`TraceError` line
+naming the file.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import zlib
 from allocsim.traces.model import TraceError
 
 __all__ = ["DEFAULT_MAX_INPUT_BYTES", "GZIP_MAGIC", "MAX_GZIP_RATIO", "MAX_INPUT_ENV",
-           "decompress_gzip", "max_input_bytes", "read_input", "read_input_text",
+           "decompress_gzip", "max_input_bytes", "open_input", "read_input", "read_input_text",
            "regular_file_problem", "too_large"]
 
 MAX_INPUT_ENV = "ALLOCSIM_MAX_INPUT_BYTES"
@@ -69,6 +71,40 @@ def read_input(path: str | os.PathLike[str], *, source: str | None = None,
     where = source if source is not None else os.fspath(path)
     limit = max_input_bytes() if limit is None else limit
     try:
+        with _open_regular(path, where) as stream:
+            raw = _read_bounded(stream, limit, where)
+    except OSError as err:
+        raise TraceError(f"cannot read: {err.strerror or err}", source=where) from None
+    if gunzip and raw.startswith(GZIP_MAGIC):
+        return decompress_gzip(raw, where, limit)
+    return raw
+
+
+def open_input(path: str | os.PathLike[str], *, source: str | None = None,
+               limit: int | None = None) -> io.BufferedReader:
+    """The regular file at ``path``, open for reading, for a reader that takes what it needs
+    from it piece by piece rather than the whole file at once (the ``.npz`` reader: a column
+    at a time, straight into its packed array). The guards of :func:`read_input`, and a file
+    larger than ``limit`` is refused before a byte is read; the reader bounds what it reads
+    by what the file's own structure claims."""
+    where = source if source is not None else os.fspath(path)
+    limit = max_input_bytes() if limit is None else limit
+    stream = _open_regular(path, where)
+    try:
+        if os.fstat(stream.fileno()).st_size > limit:
+            raise too_large(limit, where, "the file holds")
+        return io.BufferedReader(stream)     # small reads (zip headers) buffered
+    except OSError as err:
+        stream.close()
+        raise TraceError(f"cannot read: {err.strerror or err}", source=where) from None
+    except BaseException:
+        stream.close()
+        raise
+
+
+def _open_regular(path: str | os.PathLike[str], where: str) -> io.FileIO:
+    """``path`` opened unbuffered, if it is a regular file (before and after the open)."""
+    try:
         # stat first: a FIFO is refused without being opened (opening one blocks).
         problem = regular_file_problem(os.stat(path).st_mode)
         if problem:
@@ -81,17 +117,18 @@ def read_input(path: str | os.PathLike[str], *, source: str | None = None,
         raise TraceError("is a directory, not a regular file", source=where) from None
     except OSError as err:
         raise TraceError(f"cannot read: {err.strerror or err}", source=where) from None
+    stream = io.FileIO(fd, "rb")
     try:
-        with os.fdopen(fd, "rb", buffering=0) as stream:
-            problem = regular_file_problem(os.fstat(stream.fileno()).st_mode)
-            if problem:
-                raise TraceError(problem, source=where)
-            raw = _read_bounded(stream, limit, where)
+        problem = regular_file_problem(os.fstat(fd).st_mode)
+        if problem:
+            raise TraceError(problem, source=where)
     except OSError as err:
+        stream.close()
         raise TraceError(f"cannot read: {err.strerror or err}", source=where) from None
-    if gunzip and raw.startswith(GZIP_MAGIC):
-        return decompress_gzip(raw, where, limit)
-    return raw
+    except BaseException:
+        stream.close()
+        raise
+    return stream
 
 
 def _read_bounded(stream: object, limit: int, where: str) -> bytes:

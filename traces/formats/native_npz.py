@@ -10,6 +10,8 @@ import json
 import math
 import zipfile
 import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -22,7 +24,15 @@ from allocsim.traces.formats.native_common import (
     file_metadata,
     metadata_json,
 )
-from allocsim.traces.model import COLUMN_DTYPES, NO_TAG, Held, Trace, TraceError, pack_column
+from allocsim.traces.model import (
+    COLUMN_DTYPES,
+    NO_TAG,
+    Held,
+    Trace,
+    TraceError,
+    pack_column,
+    packed_dtype,
+)
 
 __all__ = ["NPZ_FORMAT", "detect_npz", "read_npz", "write_npz"]
 
@@ -46,18 +56,34 @@ def write_npz(trace: Trace, stream: BinaryIO) -> None:
     np.savez(stream, allow_pickle=False, **arrays)
 
 
-def read_npz(data: bytes, source: str, name: str) -> Trace:
-    """Read an ``.npz`` written by :func:`write_npz` (never unpickles anything).
+def read_npz(data: bytes | BinaryIO, source: str, name: str) -> Trace:
+    """Read an ``.npz`` written by :func:`write_npz` (never unpickles anything), from its
+    bytes or from the open file (``load`` hands it the file: :func:`open_input`).
 
-    Each column is held packed as soon as it is checked, and its array as read dropped
-    (:meth:`Trace.from_owned_columns`: the arrays are this reader's own), so the trace comes
-    back at ~18 bytes/event for a training trace rather than the file's 37."""
-    arrays = _read_members(data, source)
+    Each column is read in pieces of :data:`_PIECE` values straight from the archive, twice:
+    once for its range (which says the dtype the trace holds it in,
+    :func:`~allocsim.traces.model.packed_dtype`) and once into that packed array
+    (:meth:`Trace.from_owned_columns` takes the arrays over). Loading so holds the packed
+    trace (~18 bytes/event for a training trace; the file has 37) and one piece: never a
+    column as stored, nor the file."""
+    stream = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    try:
+        with zipfile.ZipFile(stream) as archive:
+            return _read_trace(_members(archive, source), source, name)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError,
+            KeyError, NotImplementedError, zlib.error) as err:
+        if isinstance(err, TraceError):
+            raise
+        raise TraceError(f"not a readable .npz file: {err}", source=source) from None
+
+
+def _read_trace(members: dict[str, _Member], source: str, name: str) -> Trace:
+    """The trace in the archive's ``members``, each judged before it is read."""
 
     def text(key: str, default: Any) -> Any:
-        if key not in arrays:
+        if key not in members:
             return default
-        value = arrays[key]
+        value = members[key].array()
         if value.dtype.kind != "U" or value.size != 1:
             raise TraceError(f"array {key!r} should hold JSON text", source=source)
         try:
@@ -65,13 +91,13 @@ def read_npz(data: bytes, source: str, name: str) -> Trace:
         except ValueError as err:
             raise TraceError(f"array {key!r} is not valid JSON: {err}", source=source) from None
 
-    fmt: Any = arrays.get("format")
+    fmt: Any = members["format"].array() if "format" in members else None
     if fmt is not None:
         if fmt.dtype.kind != "U" or fmt.size != 1:
             raise TraceError(f"array 'format' should hold one string such as {NPZ_FORMAT!r}, "
                              f"not a {fmt.dtype} array of shape {fmt.shape}", source=source)
         fmt = str(fmt.reshape(()))
-    missing = [c for c in REQUIRED_COLUMNS if c not in arrays]
+    missing = [c for c in REQUIRED_COLUMNS if c not in members]
     if missing:
         raise TraceError("not an allocsim trace .npz: missing array(s) "
                          + ", ".join(repr(c) for c in missing), source=source)
@@ -79,28 +105,21 @@ def read_npz(data: bytes, source: str, name: str) -> Trace:
         raise TraceError(f"unsupported .npz format {fmt!r} (this version reads {NPZ_FORMAT!r})",
                          source=source)
     columns: dict[str, Held] = {}
-    if arrays["time_ns"].ndim != 1:
-        raise TraceError(f"array 'time_ns' has shape {arrays['time_ns'].shape}, expected 1-D",
+    if len(members["time_ns"].shape) != 1:
+        raise TraceError(f"array 'time_ns' has shape {members['time_ns'].shape}, expected 1-D",
                          source=source)
-    n = len(arrays["time_ns"])
+    n = members["time_ns"].shape[0]
     for column, dtype in COLUMN_DTYPES.items():
-        if column not in arrays:
+        if column not in members:
             continue
-        values = arrays[column]
-        if values.ndim != 1 or len(values) != n:
-            raise TraceError(f"array {column!r} has shape {values.shape}, expected ({n},)",
+        member = members[column]
+        if len(member.shape) != 1 or member.shape[0] != n:
+            raise TraceError(f"array {column!r} has shape {member.shape}, expected ({n},)",
                              source=source)
-        if values.dtype.kind not in "iu":
-            raise TraceError(f"array {column!r} has dtype {values.dtype}, expected integers",
+        if member.dtype.kind not in "iu":
+            raise TraceError(f"array {column!r} has dtype {member.dtype}, expected integers",
                              source=source)
-        if values.dtype != dtype and len(values):
-            info = np.iinfo(dtype)
-            out = np.flatnonzero((values < info.min) | (values > info.max))
-            if len(out):
-                raise TraceError(f"{column} {values[out[0]]} does not fit in {np.dtype(dtype)}",
-                                 source=source, event=int(out[0]))
-        columns[column] = pack_column(values, dtype)
-        del arrays[column], values
+        columns[column] = member.packed(column, dtype)
     tags = text("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise TraceError("array 'tags' should be a JSON list of strings", source=source)
@@ -116,61 +135,112 @@ def read_npz(data: bytes, source: str, name: str) -> Trace:
 
 # The members a trace .npz holds; any other member is not read.
 _MEMBERS = frozenset(COLUMN_DTYPES) | {"tags", "metadata", "format"}
+# Values of a column read at a time: 128 KiB of int64 (the zip reader holds a copy or two of
+# a piece as it reads), a rounding error beside a trace of a million events, and few enough
+# reads that a piece costs nothing to ask for.
+_PIECE = 1 << 14
 
 
-def _read_members(data: bytes, source: str) -> dict[str, np.ndarray]:
+def _members(archive: zipfile.ZipFile, source: str) -> dict[str, _Member]:
     """The known arrays of the archive, each judged by its zip entry and its ``.npy`` header
     before a byte of it is read: the sizes the archive claims (against the input limit and,
     for a compressed member, the compression ratio a bomb shows), and a header whose shape
     and dtype must account for the member's bytes exactly. Never unpickles."""
     limit = max_input_bytes()
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            infos = {info.filename[:-4]: info for info in archive.infolist()
-                     if info.filename.endswith(".npy") and info.filename[:-4] in _MEMBERS}
-            claimed = sum(info.file_size for info in infos.values())
-            if claimed > limit:
-                raise too_large(limit, source, "its arrays hold")
-            return {key: _read_member(archive, info, key, source)
-                    for key, info in infos.items()}
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError,
-            KeyError, NotImplementedError, zlib.error) as err:
-        if isinstance(err, TraceError):
-            raise
-        raise TraceError(f"not a readable .npz file: {err}", source=source) from None
+    infos = {info.filename[:-4]: info for info in archive.infolist()
+             if info.filename.endswith(".npy") and info.filename[:-4] in _MEMBERS}
+    claimed = sum(info.file_size for info in infos.values())
+    if claimed > limit:
+        raise too_large(limit, source, "its arrays hold")
+    return {key: _Member.judged(archive, info, key, source) for key, info in infos.items()}
 
 
-def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str,
-                 source: str) -> np.ndarray:
-    where = f"array {key!r}"
-    if (info.compress_type != zipfile.ZIP_STORED and info.file_size > 16 << 20
-            and info.file_size > MAX_GZIP_RATIO * max(info.compress_size, 1)):
-        raise TraceError(f"{where} decompresses more than {MAX_GZIP_RATIO} times over "
-                         f"({info.file_size:,} bytes from {info.compress_size:,}): a "
-                         "compression bomb, not a trace", source=source)
-    with archive.open(info) as stream:
-        try:
-            version = np.lib.format.read_magic(stream)
-            if version == (1, 0):
-                shape, _, dtype = np.lib.format.read_array_header_1_0(stream)
-            elif version in ((2, 0), (3, 0)):
-                shape, _, dtype = np.lib.format.read_array_header_2_0(stream)
-            else:
-                raise ValueError(f"npy format version {version}")
-        except (ValueError, SyntaxError, TypeError) as err:
-            raise TraceError(f"{where} is not a .npy array: {str(err).splitlines()[0]}",
-                             source=source) from None
-        header = stream.tell()
-    if dtype.hasobject:
-        raise TraceError(f"{where} holds Python objects (a pickle), which allocsim never "
-                         "loads", source=source)
-    body = math.prod(shape) * dtype.itemsize
-    if header + body != info.file_size:
-        raise TraceError(f"{where}: its header claims shape {shape} of {dtype} "
-                         f"({body:,} bytes) but the member holds {info.file_size - header:,}",
-                         source=source)
-    with archive.open(info) as stream:
-        return np.lib.format.read_array(stream, allow_pickle=False)
+@dataclass(frozen=True)
+class _Member:
+    """One ``.npy`` member whose entry and header were judged (:meth:`judged`); its values
+    are read only when asked for, as an array (:meth:`array`) or packed (:meth:`packed`)."""
+
+    archive: zipfile.ZipFile
+    info: zipfile.ZipInfo
+    key: str
+    source: str
+    header: int                 # bytes of the .npy header before the values
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @classmethod
+    def judged(cls, archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str,
+               source: str) -> _Member:
+        where = f"array {key!r}"
+        if (info.compress_type != zipfile.ZIP_STORED and info.file_size > 16 << 20
+                and info.file_size > MAX_GZIP_RATIO * max(info.compress_size, 1)):
+            raise TraceError(f"{where} decompresses more than {MAX_GZIP_RATIO} times over "
+                             f"({info.file_size:,} bytes from {info.compress_size:,}): a "
+                             "compression bomb, not a trace", source=source)
+        with archive.open(info) as stream:
+            try:
+                version = np.lib.format.read_magic(stream)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(stream)
+                elif version in ((2, 0), (3, 0)):
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(stream)
+                else:
+                    raise ValueError(f"npy format version {version}")
+            except (ValueError, SyntaxError, TypeError) as err:
+                raise TraceError(f"{where} is not a .npy array: {str(err).splitlines()[0]}",
+                                 source=source) from None
+            header = stream.tell()
+        if dtype.hasobject:
+            raise TraceError(f"{where} holds Python objects (a pickle), which allocsim never "
+                             "loads", source=source)
+        body = math.prod(shape) * dtype.itemsize
+        if header + body != info.file_size:
+            raise TraceError(f"{where}: its header claims shape {shape} of {dtype} "
+                             f"({body:,} bytes) but the member holds {info.file_size - header:,}",
+                             source=source)
+        return cls(archive, info, key, source, header, tuple(shape), dtype)
+
+    def array(self) -> np.ndarray:
+        """The member's values as stored (for the small ones: format, tags, metadata)."""
+        with self.archive.open(self.info) as stream:
+            return np.lib.format.read_array(stream, allow_pickle=False)
+
+    def pieces(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(index of its first value, values) of a 1-D member, :data:`_PIECE` at a time."""
+        n = self.shape[0]
+        with self.archive.open(self.info) as stream:
+            stream.read(self.header)
+            for start in range(0, n, _PIECE):
+                count = min(_PIECE, n - start)
+                raw = stream.read(count * self.dtype.itemsize)
+                if len(raw) != count * self.dtype.itemsize:
+                    raise EOFError(f"array {self.key!r} ends early")
+                yield start, np.frombuffer(raw, dtype=self.dtype)
+
+    def packed(self, column: str, dtype: type) -> Held:
+        """The column held as the trace holds it (:func:`pack_column`'s rule), read twice
+        piece by piece: its range first (every value must fit ``dtype``), then its values
+        into the packed array."""
+        n = self.shape[0]
+        if not n:
+            return pack_column(np.zeros(0, dtype=self.dtype), dtype)
+        info = np.iinfo(dtype)
+        lo, hi = info.max, info.min
+        for start, values in self.pieces():
+            if self.dtype != dtype:
+                out = np.flatnonzero((values < info.min) | (values > info.max))
+                if len(out):
+                    raise TraceError(f"{column} {values[out[0]]} does not fit in "
+                                     f"{np.dtype(dtype)}", source=self.source,
+                                     event=start + int(out[0]))
+            lo, hi = min(lo, int(values.min())), max(hi, int(values.max()))
+        held = packed_dtype(lo, hi, dtype)
+        if held is None:
+            return lo
+        packed: np.ndarray = np.empty(n, dtype=held)
+        for start, values in self.pieces():
+            packed[start:start + len(values)] = values
+        return packed
 
 
 def _check_tag_indices(tag: np.ndarray, count: int, source: str) -> None:

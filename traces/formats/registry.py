@@ -33,6 +33,9 @@ class Format(NamedTuple):
     detect: Detect | None
     recorded: bool = False
     options: tuple[str, ...] = ()
+    # The reader also takes the open file (a binary stream) in place of its bytes, and reads
+    # only what it needs from it (the .npz reader: a column at a time); load hands it the file.
+    streams: bool = False
 
 
 FORMATS: dict[str, Format] = {}
@@ -56,10 +59,11 @@ FOLDER_FORMATS: dict[str, FolderFormat] = {}
 
 def register_format(name: str, extensions: tuple[str, ...] | list[str], reader: Reader,
                     writer: Writer | None = None, detect: Detect | None = None, *,
-                    recorded: bool = False, options: tuple[str, ...] = ()) -> Format:
+                    recorded: bool = False, options: tuple[str, ...] = (),
+                    streams: bool = False) -> Format:
     """Add (or replace) format ``name``; returns its :class:`Format`."""
     fmt = Format(tuple(e.lower() for e in extensions), reader, writer, detect, recorded,
-                 tuple(options))
+                 tuple(options), streams)
     FORMATS.pop(name, None)  # re-registering moves it to the end (most specific)
     FORMATS[name] = fmt
     return fmt
@@ -74,7 +78,8 @@ def register_folder_format(name: str, reader: FolderReader, detect: DetectFolder
     return fmt
 
 
-register_format("npz", (".npz",), native.read_npz, native.write_npz, native.detect_npz)
+register_format("npz", (".npz",), native.read_npz, native.write_npz, native.detect_npz,
+                streams=True)
 register_format("csv", (".csv", ".csv.gz"), native.read_csv, native.write_csv, native.detect_csv)
 register_format("jsonl", (".jsonl", ".jsonl.gz"), native.read_jsonl, native.write_jsonl,
                 native.detect_jsonl)
