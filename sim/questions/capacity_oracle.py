@@ -56,11 +56,6 @@ from allocsim.policies.base import (
     capacity_use_of,
 )
 from allocsim.policies.bfc import BFCAllocator, PreallocateAllocator
-from allocsim.policies.chunk_records import ADDRESS as CHUNK_ADDRESS
-from allocsim.policies.chunk_records import KEY as CHUNK_KEY
-from allocsim.policies.chunk_records import NEXT as CHUNK_NEXT
-from allocsim.policies.chunk_records import PREV as CHUNK_PREV
-from allocsim.policies.chunk_records import SIZE as CHUNK_SIZE
 from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.policies.cupy_pool import ADDRESS_MASK as CUPY_ADDRESS_MASK
 from allocsim.policies.cupy_pool import CuPyPoolAllocator
@@ -348,12 +343,12 @@ def _cuda_async_places(policy: Policy) -> tuple[object, dict[int, object]]:
     for base in rank:
         place = rank[base]
         chunk = pool.chunks.record[base]
-        ring = chunk[CHUNK_PREV]
+        ring = chunk.prev
         while chunk is not ring:
-            address = chunk[CHUNK_ADDRESS]
+            address = chunk.address
             places[address] = name = (place, address - base)
-            chunks[name] = (chunk[CHUNK_SIZE], not chunk[CHUNK_KEY])
-            chunk = chunk[CHUNK_NEXT]
+            chunks[name] = (chunk.size, not chunk.key)
+            chunk = chunk.next
     state = (chunks, [regions[base] for base in rank],
              frozenset(rank[base] for base in pool.free_regions),
              {places[address]: owner for address, owner in pool.owner_of.items()},
