@@ -80,7 +80,8 @@ Which statistics are kept: everything by default. A caller that will not read me
 says so before the first malloc with :meth:`PyTorchCachingAllocator.keep_memory_stats`
 (False) — the replay engine does, as it reads only ``bytes_in_use`` and ``stats()`` — and the
 counters only memory_stats() reads (pytorch_stats.MEMORY_STATS_ONLY) are then not counted:
-memory_stats() raises and those attributes are absent, so nothing reads a stale number.
+memory_stats() raises and those attributes are absent from ``counters``, so nothing reads a
+stale number.
 
 Layout: one class, :class:`PyTorchCachingAllocator` (this module: the parameters, malloc and
 free — one of each for every setting — get_free_block and free_block's merges), composed of
