@@ -144,6 +144,7 @@ class CudaAsyncAllocator(Policy):
         self.requested: MutableMapping[int, int] = self.chunks.requested
         self._record = self.chunks.record
         self._ring = self.chunks.ring
+        self._spare = self.chunks.spare
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(
         __init__,
@@ -268,8 +269,15 @@ class CudaAsyncAllocator(Policy):
         rest = chunk.address + rounded
         after = chunk.next
         chunk.size = rounded
-        self._record[rest] = chunk.next = after.prev = Chunk(
-            rest_size, chunk, after, rest_size << KEY_SHIFT | rest, rest, 0)
+        key = rest_size << KEY_SHIFT | rest
+        spare = self._spare
+        if spare:                       # a chunk a merge dropped, reused (ChunkMap.spare)
+            piece = spare.pop()
+            piece.size, piece.prev, piece.next = rest_size, chunk, after
+            piece.key, piece.address = key, rest
+        else:
+            piece = Chunk(rest_size, chunk, after, key, rest, 0)
+        self._record[rest] = chunk.next = after.prev = piece
         self.indexes[owner].add(rest_size, rest)
         if not self.sync_on_free:
             self.owner_of[rest] = owner
@@ -312,7 +320,7 @@ class CudaAsyncAllocator(Policy):
                     neighbour_index = None
             if neighbour_index is not None:
                 neighbour_index.remove(after.size, after.address)
-                del record[after.address]
+                self._spare.append(record.pop(after.address))
                 if owner_of is not None:
                     del owner_of[after.address]
                 size += after.size
@@ -328,7 +336,7 @@ class CudaAsyncAllocator(Policy):
                     neighbour_index = None
             if neighbour_index is not None:
                 neighbour_index.remove(before.size, before.address)
-                del record[address]
+                self._spare.append(record.pop(address))
                 size += before.size
                 chunk, address = before, before.address
                 chunk.next = after
