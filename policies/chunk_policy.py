@@ -15,7 +15,7 @@ from collections.abc import Iterator, MutableMapping
 from typing import Protocol
 
 from allocsim.policies.base import DeviceMemory, Policy
-from allocsim.policies.chunk_records import ADDRESS_MASK, KEY, KEY_SHIFT, REQUESTED, SIZE
+from allocsim.policies.chunk_records import ADDRESS_MASK, KEY_SHIFT
 from allocsim.policies.chunks import ChunkMap
 
 
@@ -109,14 +109,14 @@ class ChunkPolicy(Policy):
             if not key:
                 raise AssertionError(f"{self.name}: growth for {rounded} bytes left no chunk "
                                      "that fits")
-        # Hand the chunk out (in use: KEY 0, with its request), split by the rule.
+        # Hand the chunk out (in use: key 0, with its request), split by the rule.
         address = key & ADDRESS_MASK
         chunk = self._record[address]
-        chunk[KEY] = 0
-        chunk[REQUESTED] = size
+        chunk.key = 0
+        chunk.requested = size
         if key >> KEY_SHIFT >= self.smallest_split(rounded):        # ShouldSplitChunk
             self._split(chunk, rounded)
-        in_use = self.bytes_in_use + chunk[SIZE]
+        in_use = self.bytes_in_use + chunk.size
         self.bytes_in_use = in_use
         if in_use > self.peak_bytes_in_use:
             self.peak_bytes_in_use = in_use

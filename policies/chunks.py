@@ -3,10 +3,10 @@
 The shared machinery of the coalescing allocators (BFC, preallocate, best-fit), in the spirit of
 bfc_allocator.h's Chunk and Bin: memory arrives in regions; a region is cut into chunks that
 tile it exactly; a chunk is either in use (handed to a caller) or free. Each chunk is one
-record (a list: size, neighbours, free-index key, address, request — the slots of
-policies/chunk_records.py, with the dict views the checks and tests read), its
-neighbours linked as records in a circle through the region's sentinel, so that malloc and
-free read and write list slots and touch the address → record dict only to find a chunk, add
+:class:`~allocsim.policies.chunk_records.Chunk` (named fields: size, neighbours, free-index
+key, address, request; policies/chunk_records.py also holds the dict views the checks and
+tests read), its neighbours linked in a circle through the region's sentinel, so that malloc
+and free read and write fields and touch the address → chunk dict only to find a chunk, add
 a split's rest or drop a merged one (:class:`~allocsim.policies.chunk_policy.ChunkPolicy`'s
 malloc and free, in policies/chunk_policy.py).
 
@@ -14,8 +14,8 @@ Invariants, kept by every method here and asserted by :meth:`ChunkMap.check`:
 - the chunks of a region tile it: each chunk's ``next`` starts where it ends, the last one ends
   at the region's end; chunks never link across regions (GPU regions never merge);
 - no two neighbouring chunks are both free (freeing coalesces immediately);
-- a chunk is in :attr:`ChunkMap.free_index` exactly when it is free, under the key its record
-  holds (0 in the record while it is in use).
+- a chunk is in :attr:`ChunkMap.free_index` exactly when it is free, under the key it holds
+  (``key``; 0 while it is in use).
 
 Best-fit index (:class:`FreeIndex`): BFC's own structure — 21 bins by size class, each a plain
 sorted list of (size, address) keys; search bin(rounded), then the first chunk of the next
@@ -33,19 +33,15 @@ from itertools import pairwise
 
 from allocsim.policies.base import fail, require
 from allocsim.policies.chunk_records import (
-    ADDRESS,
     ADDRESS_MASK,
-    KEY,
     KEY_SHIFT,
-    NEXT,
     NONE,
-    PREV,
-    REQUESTED,
-    SIZE,
+    Chunk,
     InUseView,
     RequestedView,
     SlotView,
     TailView,
+    ring_of,
 )
 
 NUM_BINS = 21           # BFC's bins: [256·2^b, 256·2^(b+1)), the last one open-ended
@@ -230,25 +226,26 @@ def check_tiling(regions: Mapping[int, int], size_of: Mapping[int, int],
 
 
 class ChunkMap:
-    """The chunks of all regions a policy holds: one record per chunk (the slots above) in
-    :attr:`record`, keyed by address, linked in each region's ring. Every method states its
+    """The chunks of all regions a policy holds: one Chunk each in :attr:`record`, keyed by
+    address, linked in each region's ring. Every method states its
     cost: n = chunks, k = free chunks in the FreeIndex bin touched (see :class:`FreeIndex`).
 
     :attr:`size`, :attr:`prev`, :attr:`next` (address → size / neighbour's address, NONE at a
     region's ends), :attr:`in_use` (addresses), :attr:`tail` (region end → last chunk) and
-    :attr:`requested` (in-use address → its request) are live views of the records, for
-    checks, reports and tests; writing through them changes the records (only a test
+    :attr:`requested` (in-use address → its request) are live views of the chunks, for
+    checks, reports and tests; writing through them changes the chunks (only a test
     corrupting the map on purpose does)."""
 
     def __init__(self) -> None:
-        self.record: dict[int, list] = {}       # chunk address -> its record
-        self.ring: dict[int, list] = {}         # region base -> the region's ring
+        self.record: dict[int, Chunk] = {}      # chunk address -> its chunk
+        self.ring: dict[int, Chunk] = {}        # region base -> the region's ring
         self.regions: dict[int, int] = {}       # region base -> region size
         self.free_index = FreeIndex()           # the free chunks (see module docstring)
         self.strays: set[int] = set()           # marked in use through the view, no chunk
-        self.size: MutableMapping[int, int] = SlotView(self, SIZE)
-        self.prev: MutableMapping[int, int] = SlotView(self, PREV)
-        self.next: MutableMapping[int, int] = SlotView(self, NEXT)
+        self.spare: list[Chunk] = []            # chunks merges dropped, for splits to reuse
+        self.size: MutableMapping[int, int] = SlotView(self, "size")
+        self.prev: MutableMapping[int, int] = SlotView(self, "prev")
+        self.next: MutableMapping[int, int] = SlotView(self, "next")
         self.in_use: MutableSet[int] = InUseView(self)
         self.tail: MutableMapping[int, int] = TailView(self)
         self.requested: MutableMapping[int, int] = RequestedView(self)
@@ -256,11 +253,9 @@ class ChunkMap:
     # -- regions ---------------------------------------------------------------------
     def add_region(self, base: int, nbytes: int) -> None:
         """A new region becomes one free chunk. O(log k + k)."""
-        ring: list = [0, None, None, 0, NONE, 0]
-        chunk = [nbytes, ring, ring, nbytes << KEY_SHIFT | base, base, 0]
-        ring[PREV] = ring[NEXT] = chunk
+        chunk = ring_of(nbytes, base)
         self.regions[base] = nbytes
-        self.ring[base] = ring
+        self.ring[base] = chunk.prev
         self.record[base] = chunk
         self.free_index.add(nbytes, base)
 
@@ -269,47 +264,47 @@ class ChunkMap:
         it); the new space coalesces with a free last chunk. O(log k + k)."""
         end = base + self.regions[base]
         ring = self.ring[base]
-        last = ring[PREV]
+        last = ring.prev
         self.regions[base] += extra
-        if last[KEY]:
-            self.free_index.remove(last[SIZE], last[ADDRESS])
-            last[SIZE] += extra
-            last[KEY] = last[SIZE] << KEY_SHIFT | last[ADDRESS]
-            self.free_index.add(last[SIZE], last[ADDRESS])
+        if last.key:
+            self.free_index.remove(last.size, last.address)
+            last.size += extra
+            last.key = last.size << KEY_SHIFT | last.address
+            self.free_index.add(last.size, last.address)
         else:
-            chunk = [extra, last, ring, extra << KEY_SHIFT | end, end, 0]
-            last[NEXT] = ring[PREV] = self.record[end] = chunk
+            chunk = Chunk(extra, last, ring, extra << KEY_SHIFT | end, end, 0)
+            last.next = ring.prev = self.record[end] = chunk
             self.free_index.add(extra, end)
 
     def shrink_region(self, base: int, nbytes: int) -> None:
         """Cut ``nbytes`` off the end of region ``base``, whose last chunk must be free and at
         least that large (memory about to be unmapped). O(log k + k)."""
         ring = self.ring[base]
-        last = ring[PREV]
-        size, address = last[SIZE], last[ADDRESS]
-        if not last[KEY] or size < nbytes or nbytes >= self.regions[base]:
+        last = ring.prev
+        size, address = last.size, last.address
+        if not last.key or size < nbytes or nbytes >= self.regions[base]:
             raise ValueError("only free space at the end of a region, short of all of it, can go")
         self.regions[base] -= nbytes
         self.free_index.remove(size, address)
         if size == nbytes:
-            before = last[PREV]
+            before = last.prev
             del self.record[address]
-            before[NEXT] = ring
-            ring[PREV] = before
+            before.next = ring
+            ring.prev = before
         else:
-            last[SIZE] = size - nbytes
-            last[KEY] = (size - nbytes) << KEY_SHIFT | address
+            last.size = size - nbytes
+            last.key = (size - nbytes) << KEY_SHIFT | address
             self.free_index.add(size - nbytes, address)
 
     def last_chunk(self, base: int) -> tuple[int, int, bool]:
         """``(address, size, in_use)`` of the last chunk of region ``base``. O(1)."""
-        last = self.ring[base][PREV]
-        return last[ADDRESS], last[SIZE], not last[KEY]
+        last = self.ring[base].prev
+        return last.address, last.size, not last.key
 
     def region_is_free(self, base: int) -> bool:
         """True when the region is one free chunk. O(1)."""
         chunk = self.record[base]
-        return bool(chunk[KEY]) and chunk[NEXT] is self.ring[base]
+        return bool(chunk.key) and chunk.next is self.ring[base]
 
     def remove_region(self, base: int) -> int:
         """Forget a wholly free region; returns its size. O(log k + k)."""
@@ -319,8 +314,8 @@ class ChunkMap:
         # The ring and the region's one chunk point at each other: cut the loop so that both
         # go with their last reference rather than at the next cyclic garbage collection.
         ring = self.ring.pop(base)
-        ring[PREV] = ring[NEXT] = None
-        self.free_index.remove(self.record.pop(base)[SIZE], base)
+        ring.prev = ring.next = None                                  # type: ignore[assignment]
+        self.free_index.remove(self.record.pop(base).size, base)
         return nbytes
 
     # -- handing out, splitting and giving back ------------------------------------------
@@ -352,26 +347,32 @@ class ChunkMap:
         and its split rule. O(log k + k)."""
         self.free_index.remove(chunk_size, address)
         chunk = self.record[address]
-        chunk[KEY] = 0
-        chunk[REQUESTED] = requested
+        chunk.key = 0
+        chunk.requested = requested
         if split:
             self.split(chunk, rounded)
-        return int(chunk[SIZE])
+        return int(chunk.size)
 
-    def split(self, chunk: list, rounded: int) -> None:
+    def split(self, chunk: Chunk, rounded: int) -> None:
         """BFC's SplitChunk: chunk ``chunk`` (in use, out of the free index) keeps its low
         ``rounded`` bytes and the rest, if any, becomes a free chunk after it. The chunk after a
         free chunk is never free (invariant), so the rest needs no merge. O(1), plus O(log k +
         k) to index the rest."""
-        rest_size = chunk[SIZE] - rounded
+        rest_size = chunk.size - rounded
         if not rest_size:
             return
-        rest = chunk[ADDRESS] + rounded
-        after = chunk[NEXT]
-        chunk[SIZE] = rounded
-        piece = [rest_size, chunk, after, 0, rest, 0]
-        self.record[rest] = chunk[NEXT] = after[PREV] = piece
-        piece[KEY] = self.free_index.add(rest_size, rest)
+        rest = chunk.address + rounded
+        after = chunk.next
+        chunk.size = rounded
+        key = self.free_index.add(rest_size, rest)
+        spare = self.spare
+        if spare:                       # a chunk a merge dropped, reused (no allocation)
+            piece = spare.pop()
+            piece.size, piece.prev, piece.next = rest_size, chunk, after
+            piece.key, piece.address = key, rest
+        else:
+            piece = Chunk(rest_size, chunk, after, key, rest, 0)
+        self.record[rest] = chunk.next = after.prev = piece
 
     def give_back(self, address: int) -> int:
         """Free chunk ``address``: merge with the next chunk if free, then the previous one
@@ -379,27 +380,27 @@ class ChunkMap:
         one FreeIndex remove per merged neighbour and one add, each O(log k + k)."""
         record = self.record
         chunk = record[address]
-        if chunk[KEY]:
+        if chunk.key:
             raise KeyError(f"chunk {address:#x} is not in use")
-        freed = size = chunk[SIZE]
-        after = chunk[NEXT]
-        if after[KEY]:                                  # merge the next chunk into this one
-            self.free_index.remove(after[SIZE], after[ADDRESS])
-            del record[after[ADDRESS]]
-            size += after[SIZE]
-            after = after[NEXT]
-            chunk[NEXT] = after
-            after[PREV] = chunk
-        before = chunk[PREV]
-        if before[KEY]:                                 # merge this one into the previous
-            self.free_index.remove(before[SIZE], before[ADDRESS])
-            del record[address]
-            size += before[SIZE]
-            chunk, address = before, before[ADDRESS]
-            chunk[NEXT] = after
-            after[PREV] = chunk
-        chunk[SIZE] = size
-        chunk[KEY] = size << KEY_SHIFT | address
+        freed = size = chunk.size
+        after = chunk.next
+        if after.key:                                  # merge the next chunk into this one
+            self.free_index.remove(after.size, after.address)
+            self.spare.append(record.pop(after.address))
+            size += after.size
+            after = after.next
+            chunk.next = after
+            after.prev = chunk
+        before = chunk.prev
+        if before.key:                                 # merge this one into the previous
+            self.free_index.remove(before.size, before.address)
+            self.spare.append(record.pop(address))
+            size += before.size
+            chunk, address = before, before.address
+            chunk.next = after
+            after.prev = chunk
+        chunk.size = size
+        chunk.key = size << KEY_SHIFT | address
         self.free_index.add(size, address)
         return freed
 
@@ -412,10 +413,10 @@ class ChunkMap:
         """Every chunk as ``(address, size, in_use)``, region by region in address order. O(n)."""
         for base in sorted(self.regions):
             ring = self.ring[base]
-            chunk = ring[NEXT]
+            chunk = ring.next
             while chunk is not ring:
-                yield chunk[ADDRESS], chunk[SIZE], not chunk[KEY]
-                chunk = chunk[NEXT]
+                yield chunk.address, chunk.size, not chunk.key
+                chunk = chunk.next
 
     def region_of(self, address: int) -> int | None:
         """Base of the region holding ``address``, or None. O(regions)."""
@@ -427,19 +428,19 @@ class ChunkMap:
     def check(self) -> None:
         """Assert the module docstring's invariants: the chunks tile their regions (links,
         contiguity, no strays); each region's ring closes its circle (its PREV, the tail, is
-        the region's last chunk); every record sits at its own address; in-use chunks exist;
+        the region's last chunk); every chunk sits at its own address; in-use chunks exist;
         no two neighbouring chunks are both free; the free index holds exactly the free chunks,
-        at their sizes, each record's KEY being its key there, and is itself well formed.
+        at their sizes, each chunk's ``key`` being its key there, and is itself well formed.
         O(n log n)."""
         self.free_index.check()
         self.check_layout()
         record = self.record
         for address, chunk in record.items():
-            after = chunk[NEXT]
-            if chunk[KEY] and after[KEY]:
-                fail(f"ChunkMap: neighbouring free chunks {address:#x} and {after[ADDRESS]:#x} "
+            after = chunk.next
+            if chunk.key and after.key:
+                fail(f"ChunkMap: neighbouring free chunks {address:#x} and {after.address:#x} "
                      "not merged")
-        free = sorted((c[SIZE], a) for a, c in record.items() if c[KEY])
+        free = sorted((c.size, a) for a, c in record.items() if c.key)
         indexed = sorted(self.free_index.keys())
         if free != indexed:
             missing = sorted(set(free) - set(indexed))[:3]
@@ -447,30 +448,30 @@ class ChunkMap:
             fail(f"ChunkMap: the free index is not the free chunks (free but not indexed: "
                  f"{missing}; indexed but not free: {extra})")
         for address, chunk in record.items():
-            if chunk[KEY] and chunk[KEY] != chunk[SIZE] << KEY_SHIFT | address:
-                fail(f"ChunkMap: free chunk {address:#x}'s KEY is not its free-index key")
+            if chunk.key and chunk.key != chunk.size << KEY_SHIFT | address:
+                fail(f"ChunkMap: free chunk {address:#x}'s key is not its free-index key")
 
     def check_layout(self) -> None:
         """The layout part of :meth:`check`, for a policy that keeps its own free indexes over
-        these records (the stream-ordered pool): the chunks tile their regions, each region's
-        ring closes its circle and is a sentinel, every record sits at its own address, no
+        these chunks (the stream-ordered pool): the chunks tile their regions, each region's
+        ring closes its circle and is a sentinel, every chunk sits at its own address, no
         in-use chunk is a stray. O(n log n)."""
         record = self.record
-        check_tiling(self.regions, {a: c[SIZE] for a, c in record.items()},
-                     {a: c[PREV][ADDRESS] for a, c in record.items()},
-                     {a: c[NEXT][ADDRESS] for a, c in record.items()})
+        check_tiling(self.regions, {a: c.size for a, c in record.items()},
+                     {a: c.prev.address for a, c in record.items()},
+                     {a: c.next.address for a, c in record.items()})
         require(self.ring.keys() == self.regions.keys(), "ChunkMap: a ring per region")
         for base, nbytes in self.regions.items():
             ring = self.ring[base]
-            last = ring[PREV]
-            if (last[NEXT] is not ring or last[ADDRESS] + last[SIZE] != base + nbytes
-                    or ring[NEXT] is not record[base]):
+            last = ring.prev
+            if (last.next is not ring or last.address + last.size != base + nbytes
+                    or ring.next is not record[base]):
                 fail(f"ChunkMap: tail of region {base:#x} is not its last chunk (its ring is "
                      "broken)")
-            require(ring[SIZE] == 0 and ring[KEY] == 0 and ring[ADDRESS] == NONE,
+            require(ring.size == 0 and ring.key == 0 and ring.address == NONE,
                     f"ChunkMap: region {base:#x}'s ring is not a sentinel")
         for address, chunk in record.items():
-            if chunk[ADDRESS] != address:
-                fail(f"ChunkMap: the record at {address:#x} says it is at {chunk[ADDRESS]:#x}")
+            if chunk.address != address:
+                fail(f"ChunkMap: the chunk at {address:#x} says it is at {chunk.address:#x}")
         require(not self.strays, f"ChunkMap: {len(self.strays)} in-use chunks are in no region")
 

@@ -61,8 +61,8 @@ Assumed (undocumented; each a parameter where it matters):
 - Preallocation happens at the first allocation (as this project's ``preallocate`` policy),
   so the device call shows in the timeline; the pool's stats ignore it (XLA's ClearStats).
 
-Layout: the chunks are policies/chunks.py's records (:class:`~allocsim.policies.chunks.ChunkMap`:
-one list per chunk, linked in a ring through its region's sentinel; KEY 0 while in use), each
+Layout: the chunks are policies/chunks.py's (:class:`~allocsim.policies.chunks.ChunkMap`: one
+Chunk each, linked in a ring through its region's sentinel; ``key`` 0 while in use), each
 mapped physical chunk one region. Free memory any stream may take is ChunkMap's own free index
 (``shared``); with ``sync=none`` a stream's own free chunks sit in that stream's FreeIndex, their
 owner in ``owner_of`` and each live chunk's stream in ``stream_of``. One malloc and one free
@@ -93,15 +93,7 @@ from allocsim.policies.base import (
     params_of,
     require,
 )
-from allocsim.policies.chunk_records import (
-    ADDRESS,
-    KEY,
-    NEXT,
-    NONE,
-    PREV,
-    REQUESTED,
-    SIZE,
-)
+from allocsim.policies.chunk_records import Chunk, ring_of
 from allocsim.policies.chunks import KEY_SHIFT, ChunkMap, FreeIndex
 
 SHARED = -(1 << 62)        # owner of free memory any stream may reuse (after a sync)
@@ -143,7 +135,7 @@ class CudaAsyncAllocator(Policy):
         self.mapped = 0
         self.peak_mapped = 0
         self.peak_bytes_in_use = 0
-        # Address-keyed views of the records (checks, reports, tests): chunk -> size,
+        # Address-keyed views of the chunks (checks, reports, tests): chunk -> size,
         # -> neighbour's address (NONE at a region's ends), the chunks in use, their requests.
         self.size_of: MutableMapping[int, int] = self.chunks.size
         self.prev_of: MutableMapping[int, int] = self.chunks.prev
@@ -152,6 +144,7 @@ class CudaAsyncAllocator(Policy):
         self.requested: MutableMapping[int, int] = self.chunks.requested
         self._record = self.chunks.record
         self._ring = self.chunks.ring
+        self._spare = self.chunks.spare
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(
         __init__,
@@ -189,10 +182,10 @@ class CudaAsyncAllocator(Policy):
         return address
 
     def _hand_to(self, address: int, size: int, stream: int) -> None:
-        """Chunk ``address`` is in use by ``stream`` (its record's KEY 0) for ``size`` bytes."""
+        """Chunk ``address`` is in use by ``stream`` (its ``key`` 0) for ``size`` bytes."""
         chunk = self._record[address]
-        chunk[KEY] = 0
-        chunk[REQUESTED] = size
+        chunk.key = 0
+        chunk.requested = size
         if not self.sync_on_free:
             self.stream_of[address] = stream
 
@@ -236,16 +229,16 @@ class CudaAsyncAllocator(Policy):
 
     def _map_chunk(self, rounded: int) -> int | None:
         """Map a new physical chunk of round_up(rounded, chunk) bytes in a virtual range of its
-        own: a region of one chunk, in use (KEY 0) and in no index yet. Returns its base or
+        own: a region of one chunk, in use (``key`` 0) and in no index yet. Returns its base or
         None if refused."""
         nbytes = -(-rounded // self.chunk) * self.chunk
         base = self.device.address_range(nbytes)
         if not self.device.map(base, nbytes):
             return None
-        ring: list = [0, None, None, 0, NONE, 0]
-        ring[PREV] = ring[NEXT] = self._record[base] = [nbytes, ring, ring, 0, base, 0]
+        chunk = self._record[base] = ring_of(nbytes, base)
+        chunk.key = 0                               # in use until indexed
         self.regions[base] = nbytes
-        self._ring[base] = ring
+        self._ring[base] = chunk.prev
         self.mapped += nbytes
         if self.mapped > self.peak_mapped:
             self.peak_mapped = self.mapped
@@ -260,24 +253,31 @@ class CudaAsyncAllocator(Policy):
         """Hand out free chunk ``address``; the rest (if any) stays free with the same owner."""
         self.indexes[owner].remove(chunk_size, address)
         chunk = self._record[address]
-        if chunk[NEXT] is chunk[PREV]:             # both its ring: the region was wholly free
+        if chunk.next is chunk.prev:             # both its ring: the region was wholly free
             self.free_regions.discard(address)
         if not self.sync_on_free:
             del self.owner_of[address]
-        chunk[KEY] = 0
+        chunk.key = 0
         self._split_off(chunk, rounded, owner)
 
-    def _split_off(self, chunk: list, rounded: int, owner: int) -> None:
+    def _split_off(self, chunk: Chunk, rounded: int, owner: int) -> None:
         """``chunk`` (in use) keeps its low ``rounded`` bytes; the rest, if any, becomes a free
         chunk of ``owner`` (the chunk after it is never free: no merge)."""
-        rest_size = chunk[SIZE] - rounded
+        rest_size = chunk.size - rounded
         if not rest_size:
             return
-        rest = chunk[ADDRESS] + rounded
-        after = chunk[NEXT]
-        chunk[SIZE] = rounded
-        self._record[rest] = chunk[NEXT] = after[PREV] = [
-            rest_size, chunk, after, rest_size << KEY_SHIFT | rest, rest, 0]
+        rest = chunk.address + rounded
+        after = chunk.next
+        chunk.size = rounded
+        key = rest_size << KEY_SHIFT | rest
+        spare = self._spare
+        if spare:                       # a chunk a merge dropped, reused (ChunkMap.spare)
+            piece = spare.pop()
+            piece.size, piece.prev, piece.next = rest_size, chunk, after
+            piece.key, piece.address = key, rest
+        else:
+            piece = Chunk(rest_size, chunk, after, key, rest, 0)
+        self._record[rest] = chunk.next = after.prev = piece
         self.indexes[owner].add(rest_size, rest)
         if not self.sync_on_free:
             self.owner_of[rest] = owner
@@ -285,9 +285,9 @@ class CudaAsyncAllocator(Policy):
     # -- free --------------------------------------------------------------------------
     def free(self, address: int) -> None:
         chunk = self._record[address]
-        if chunk[KEY]:
+        if chunk.key:
             raise KeyError(f"chunk {address:#x} is not in use")
-        self.bytes_in_use -= chunk[SIZE]
+        self.bytes_in_use -= chunk.size
         self.num_frees += 1
         if self.sync_on_free:
             self._give_back(address, SHARED)
@@ -309,44 +309,44 @@ class CudaAsyncAllocator(Policy):
         if index is None:
             index = indexes[owner] = FreeIndex()
         chunk = record[address]
-        size = chunk[SIZE]
-        after = chunk[NEXT]
-        if after[KEY]:                                   # free (a ring never is)
+        size = chunk.size
+        after = chunk.next
+        if after.key:                                   # free (a ring never is)
             neighbour_index: FreeIndex | None = index
             if owner_of is not None:
-                neighbour_owner = owner_of[after[ADDRESS]]
+                neighbour_owner = owner_of[after.address]
                 neighbour_index = indexes[neighbour_owner]
                 if neighbour_owner != owner and neighbour_owner != SHARED:
                     neighbour_index = None
             if neighbour_index is not None:
-                neighbour_index.remove(after[SIZE], after[ADDRESS])
-                del record[after[ADDRESS]]
+                neighbour_index.remove(after.size, after.address)
+                self._spare.append(record.pop(after.address))
                 if owner_of is not None:
-                    del owner_of[after[ADDRESS]]
-                size += after[SIZE]
-                after = chunk[NEXT] = after[NEXT]
-                after[PREV] = chunk
-        before = chunk[PREV]
-        if before[KEY]:
+                    del owner_of[after.address]
+                size += after.size
+                after = chunk.next = after.next
+                after.prev = chunk
+        before = chunk.prev
+        if before.key:
             neighbour_index = index
             if owner_of is not None:
-                neighbour_owner = owner_of[before[ADDRESS]]
+                neighbour_owner = owner_of[before.address]
                 neighbour_index = indexes[neighbour_owner]
                 if neighbour_owner != owner and neighbour_owner != SHARED:
                     neighbour_index = None
             if neighbour_index is not None:
-                neighbour_index.remove(before[SIZE], before[ADDRESS])
-                del record[address]
-                size += before[SIZE]
-                chunk, address = before, before[ADDRESS]
-                chunk[NEXT] = after
-                after[PREV] = chunk
-        chunk[SIZE] = size
-        chunk[KEY] = size << KEY_SHIFT | address
+                neighbour_index.remove(before.size, before.address)
+                self._spare.append(record.pop(address))
+                size += before.size
+                chunk, address = before, before.address
+                chunk.next = after
+                after.prev = chunk
+        chunk.size = size
+        chunk.key = size << KEY_SHIFT | address
         index.add(size, address)
         if owner_of is not None:
             owner_of[address] = owner
-        if owner == SHARED and after is chunk[PREV]:     # both its ring: wholly free
+        if owner == SHARED and after is chunk.prev:     # both its ring: wholly free
             self.free_regions.add(address)
 
     # -- synchronisation and release ---------------------------------------------------
@@ -400,7 +400,7 @@ class CudaAsyncAllocator(Policy):
         base = self._map_chunk(self.threshold)
         if base is not None:
             nbytes = self.regions[base]
-            self._record[base][KEY] = nbytes << KEY_SHIFT | base
+            self._record[base].key = nbytes << KEY_SHIFT | base
             self.shared.add(nbytes, base)
             self.free_regions.add(base)
             if not self.sync_on_free:
@@ -442,12 +442,12 @@ class CudaAsyncAllocator(Policy):
             index.check()
             for size, address in index.keys():
                 chunk = record.get(address)
-                if address in owner_of or chunk is None or not chunk[KEY]:
+                if address in owner_of or chunk is None or not chunk.key:
                     fail(f"cuda-async: chunk {address:#x} is indexed twice or in use")
-                if chunk[SIZE] != size or chunk[KEY] != size << KEY_SHIFT | address:
+                if chunk.size != size or chunk.key != size << KEY_SHIFT | address:
                     fail(f"cuda-async: chunk {address:#x} is indexed at the wrong size")
                 owner_of[address] = owner
-        in_use = {address for address, chunk in record.items() if not chunk[KEY]}
+        in_use = {address for address, chunk in record.items() if not chunk.key}
         require(len(owner_of) + len(in_use) == len(record),
                 "cuda-async: a free chunk is in no index")
         require(self.indexes[SHARED] is self.shared, "cuda-async: the shared index moved")
@@ -461,7 +461,7 @@ class CudaAsyncAllocator(Policy):
             require(self.stream_of.keys() == in_use,
                     "cuda-async: the stream table is not the chunks in use")
         for address, chunk in record.items():
-            after = chunk[NEXT][ADDRESS]
+            after = chunk.next.address
             if address not in owner_of or after not in owner_of:
                 continue
             first, second = owner_of[address], owner_of[after]
@@ -469,7 +469,7 @@ class CudaAsyncAllocator(Policy):
                 fail(f"cuda-async: neighbouring free chunks {address:#x} and {after:#x} not "
                      "merged")
         wholly_free = {base for base, ring in self._ring.items()
-                       if ring[NEXT] is ring[PREV] and owner_of.get(base) == SHARED}
+                       if ring.next is ring.prev and owner_of.get(base) == SHARED}
         require(self.free_regions == wholly_free,
                 "cuda-async: free_regions is not the regions that are one shared free chunk")
         require(self.mapped == sum(self.regions.values()),

@@ -51,14 +51,14 @@ the non-pooled allocators. In cupy/cuda/memory.pyx a limit hit triggers the free
 retry, except that a request larger than the limit fails at once; v14.1+ breaks ties between
 equal free chunks by the chunk object's address.
 
-Layout: each chunk is one record (a list: size, neighbours, arena key while free, address,
-request, arena, creation id above the address — the slots of policies/cupy_records.py, with
-the dict views the checks and tests read), its neighbours linked as records, a block's ends
-linked to the pool's end record where CuPy has None; one dict maps an address to its record.
-Free chunks live in one :class:`_Arena` per stream: sorted key lists binned by size bit length,
-with a bitmask of the non-empty bins. malloc and free read and write record slots, go through
-the arena's own methods (``pop_lower_bound``, ``add``, ``remove``), and touch the address → record
-dict only to find a chunk, add a split's rest or a new block, or drop a merged chunk.
+Layout: each chunk is one CuPyChunk (policies/cupy_records.py: size, neighbours, arena key
+while free, address, request, arena, creation id above the address, with the dict views the
+checks and tests read), its neighbours linked as chunks, a block's ends linked to the pool's
+end chunk where CuPy has None; one dict maps an address to its chunk. Free chunks live in one
+:class:`_Arena` per stream: sorted key lists binned by size bit length, with a bitmask of the
+non-empty bins. malloc and free read and write chunk fields, go through the arena's own
+methods (``pop_lower_bound``, ``add``, ``remove``), and touch the address → chunk dict only to
+find a chunk, add a split's rest or a new block, or drop a merged chunk.
 
 Costs (k = free chunks in the arena bin touched, bins by size bit length): malloc is an
 O(log k) bisection in bin(rounded), else an O(1) bitmask jump to the next non-empty bin, plus an
@@ -86,22 +86,15 @@ from allocsim.policies.base import (
 )
 from allocsim.policies.chunks import check_tiling
 from allocsim.policies.cupy_records import (
-    ADDRESS,
     ADDRESS_MASK,
-    ARENA,
     CID_SHIFT,
-    KEY,
-    NEXT,
     NONE,
-    PREV,
-    REQUESTED,
-    SIZE,
     SIZE_SHIFT,
-    TIE,
+    CuPyChunk,
     InUseView,
     RequestedView,
     SlotView,
-    end_record,
+    end_chunk,
     tie,
 )
 
@@ -200,16 +193,16 @@ class CuPyPoolAllocator(Policy):
     description = "CuPy MemoryPool: 512 B rounding, per-stream best fit, always split"
     def __init__(self, device: DeviceMemory, limit: int = 0, fraction: float = 0.0) -> None:
         super().__init__(device)
-        self.record: dict[int, list] = {}       # chunk address -> its record (cupy_records)
-        self.end: list = end_record()           # every block's ends link here (CuPy: None)
+        self.record: dict[int, CuPyChunk] = {}  # chunk address -> its chunk (cupy_records)
+        self.end = end_chunk()                  # every block's ends link here (CuPy: None)
         self.held: dict[int, int] = {}          # cudaMalloc'd block base -> bytes
         self.arenas: dict[int, _Arena] = {}     # stream -> arena
         # The chunks as the dicts they once were (views: writes change the records), for
         # check(), min-capacity's repeat check and the tests; malloc and free read the records.
-        self.size_of = SlotView(self, SIZE)     # chunk address -> size
-        self.prev_of = SlotView(self, PREV)     # chunk address -> previous chunk in block / NONE
-        self.next_of = SlotView(self, NEXT)     # chunk address -> next chunk in block / NONE
-        self.cid_of = SlotView(self, TIE)       # chunk address -> creation id (object identity)
+        self.size_of = SlotView(self, "size")   # chunk address -> size
+        self.prev_of = SlotView(self, "prev")   # chunk address -> previous chunk in block / NONE
+        self.next_of = SlotView(self, "next")   # chunk address -> next chunk in block / NONE
+        self.cid_of = SlotView(self, "tie")     # chunk address -> creation id (object identity)
         self.in_use = InUseView(self)           # chunk address in use -> its arena
         self.requested = RequestedView(self)    # chunk address in use -> requested bytes
         self.strays: dict[int, object] = {}     # in_use entries written for no chunk (check())
@@ -272,11 +265,11 @@ class CuPyPoolAllocator(Policy):
                 for key in keys:
                     address = key & ADDRESS_MASK
                     chunk = record[address]
-                    if chunk[PREV] is not end or chunk[NEXT] is not end:
+                    if chunk.prev is not end or chunk.next is not end:
                         kept.append(key)
                         continue
                     del record[address], self.held[address]
-                    self._total_bytes -= chunk[SIZE]
+                    self._total_bytes -= chunk.size
                     self.device.release(address)
                 if len(kept) != len(keys):
                     arena.bins[number] = kept
@@ -284,12 +277,12 @@ class CuPyPoolAllocator(Policy):
                         arena.nonempty &= ~(1 << number)
 
     # -- allocation ------------------------------------------------------------------
-    # malloc and free over the records (cupy_records' slots) and the arenas' methods.
-    # Invariants they keep (check() asserts them): a chunk is in its ARENA's bin of
-    # its size's bit length exactly while free, under the key its KEY slot holds (SIZE <<
-    # SIZE_SHIFT | TIE; 0 while in use); the chunk after or before a free chunk is never free
-    # (free merges at once); a block's chunks all share one ARENA, so a free neighbour is in
-    # the freed chunk's arena; a block's ends link to the end record, in use for ever.
+    # malloc and free over the chunks (cupy_records' CuPyChunk) and the arenas' methods.
+    # Invariants they keep (check() asserts them): a chunk is in its ``arena``'s bin of
+    # its size's bit length exactly while free, under the key its ``key`` holds (size <<
+    # SIZE_SHIFT | tie; 0 while in use); the chunk after or before a free chunk is never free
+    # (free merges at once); a block's chunks all share one arena, so a free neighbour is in
+    # the freed chunk's arena; a block's ends link to the end chunk, in use for ever.
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
@@ -303,22 +296,22 @@ class CuPyPoolAllocator(Policy):
         address = key & ADDRESS_MASK
         record = self.record
         chunk = record[address]
-        chunk[KEY] = 0
-        chunk[REQUESTED] = size
-        rest_size = chunk[SIZE] - rounded
+        chunk.key = 0
+        chunk.requested = size
+        rest_size = chunk.size - rounded
         if rest_size:
             # _Chunk.split: the caller keeps the low end; the rest is a new (younger) chunk
             # object of the same arena, free at once without merging (the chunk after a free
             # chunk is never free).
             rest = address + rounded
-            after = chunk[NEXT]
-            chunk[SIZE] = rounded
+            after = chunk.next
+            chunk.size = rounded
             cid = self._next_cid
             self._next_cid = cid + 1
             low = cid << CID_SHIFT | rest                   # its TIE
             key = rest_size << SIZE_SHIFT | low
-            record[rest] = chunk[NEXT] = after[PREV] = [
-                rest_size, chunk, after, key, rest, 0, arena, low]
+            record[rest] = chunk.next = after.prev = CuPyChunk(
+                rest_size, chunk, after, key, rest, 0, arena, low)
             arena.add(key, rest_size)
         in_use = self.bytes_in_use + rounded
         self.bytes_in_use = in_use
@@ -337,7 +330,8 @@ class CuPyPoolAllocator(Policy):
         cid = self._next_cid
         self._next_cid = cid + 1
         end = self.end
-        self.record[address] = [rounded, end, end, 0, address, size, arena, tie(cid, address)]
+        self.record[address] = CuPyChunk(rounded, end, end, 0, address, size, arena,
+                                         tie(cid, address))
         in_use = self.bytes_in_use + rounded
         self.bytes_in_use = in_use
         if in_use > self.peak_bytes_in_use:
@@ -383,32 +377,33 @@ class CuPyPoolAllocator(Policy):
         key read from its record."""
         record = self.record
         chunk = record[address]
-        size, before, after, key, _, _, arena, low = chunk
-        if key:
+        size, before, after = chunk.size, chunk.prev, chunk.next
+        arena, low = chunk.arena, chunk.tie
+        if chunk.key:
             raise KeyError(f"chunk {address:#x} is not in use")
         self.bytes_in_use -= size
         self.num_frees += 1
         # _Arena.try_merge_chunk: the next chunk if free (this chunk object survives) ...
-        key = after[KEY]
+        key = after.key
         if key:
-            merged = after[SIZE]
+            merged = after.size
             arena.remove(key, merged)
-            del record[after[ADDRESS]]
+            del record[after.address]
             size += merged
-            after = chunk[NEXT] = after[NEXT]
-            after[PREV] = chunk
+            after = chunk.next = after.next
+            after.prev = chunk
         # ... then the previous chunk if free (the previous chunk's object survives).
-        key = before[KEY]
+        key = before.key
         if key:
-            merged = before[SIZE]
+            merged = before.size
             arena.remove(key, merged)
             del record[address]
             size += merged
-            chunk, low = before, before[TIE]
-            chunk[NEXT] = after
-            after[PREV] = chunk
-        chunk[SIZE] = size
-        chunk[KEY] = key = size << SIZE_SHIFT | low
+            chunk, low = before, before.tie
+            chunk.next = after
+            after.prev = chunk
+        chunk.size = size
+        chunk.key = key = size << SIZE_SHIFT | low
         arena.add(key, size)
 
     def empty_cache(self) -> None:
@@ -420,34 +415,34 @@ class CuPyPoolAllocator(Policy):
         for base in sorted(self.held):
             chunk = self.record[base]
             while chunk is not end:
-                yield chunk[ADDRESS], chunk[SIZE], not chunk[KEY]
-                chunk = chunk[NEXT]
+                yield chunk.address, chunk.size, not chunk.key
+                chunk = chunk.next
 
     def check(self) -> None:
         """Assert: the chunks tile their cudaMalloc'd blocks (links, contiguity, no strays);
-        every record sits at its own address and the end record is a sentinel; every chunk has
-        a creation id, all distinct and already issued, its TIE being that id above its
+        every chunk sits at its own address and the end chunk is a sentinel; every chunk has
+        a creation id, all distinct and already issued, its ``tie`` being that id above its
         address, and a size that is a multiple of 512;
         each arena is well formed and holds exactly the free chunks, each once, in its own
-        ARENA, under its (size, creation id, address) key, the key its KEY slot holds; all
+        ``arena``, under its (size, creation id, address) key, the key its ``key`` holds; all
         chunks of one block belong to one arena; no two neighbouring chunks are both free;
         total_bytes = the blocks' sum, within the limit; used bytes, requests and allocs − frees
         agree with a recount; peaks ≥ current values."""
         record = self.record
-        size_of = {a: c[SIZE] for a, c in record.items()}
+        size_of = {a: c.size for a, c in record.items()}
         block_of = check_tiling(self.held, size_of,
-                                {a: c[PREV][ADDRESS] for a, c in record.items()},
-                                {a: c[NEXT][ADDRESS] for a, c in record.items()})
+                                {a: c.prev.address for a, c in record.items()},
+                                {a: c.next.address for a, c in record.items()})
         for address, chunk in record.items():
-            if chunk[ADDRESS] != address:
-                fail(f"CuPy: the record at {address:#x} says it is at {chunk[ADDRESS]:#x}")
+            if chunk.address != address:
+                fail(f"CuPy: the record at {address:#x} says it is at {chunk.address:#x}")
         end = self.end
-        require(end[SIZE] == 0 and end[KEY] == 0 and end[ADDRESS] == NONE,
+        require(end.size == 0 and end.key == 0 and end.address == NONE,
                 "CuPy: the end record is not a sentinel")
-        cid_of = {a: c[TIE] >> CID_SHIFT for a, c in record.items() if c[TIE] is not None}
+        cid_of = {a: c.tie >> CID_SHIFT for a, c in record.items() if c.tie is not None}
         require(cid_of.keys() == size_of.keys(), "CuPy: creation ids are not the chunks'")
         for address in cid_of:
-            if record[address][TIE] & ADDRESS_MASK != address:
+            if record[address].tie & ADDRESS_MASK != address:
                 fail(f"CuPy: chunk {address:#x}'s TIE does not end in its address")
         cids = list(cid_of.values())
         require(len(set(cids)) == len(cids), "CuPy: two chunks share a creation id")
@@ -456,7 +451,7 @@ class CuPyPoolAllocator(Policy):
             if size % ALLOCATION_UNIT_SIZE:
                 fail(f"CuPy: chunk {address:#x} of {size} bytes is not a multiple of 512")
         require(not self.strays, f"CuPy: {len(self.strays)} chunks in use are in no block")
-        in_use = {a: c[ARENA] for a, c in record.items() if not c[KEY]}
+        in_use = {a: c.arena for a, c in record.items() if not c.key}
         seen = set(in_use)
         for arena in self.arenas.values():
             arena.check()
@@ -465,24 +460,24 @@ class CuPyPoolAllocator(Policy):
                 if address in seen:
                     fail(f"CuPy: chunk {address:#x} is free in an arena and in use, or free twice")
                 free = record.get(address)
-                if (free is None or free[SIZE] != key >> SIZE_SHIFT
+                if (free is None or free.size != key >> SIZE_SHIFT
                         or cid_of.get(address) != (key >> CID_SHIFT) & ADDRESS_MASK):
                     fail(f"CuPy: arena key of chunk {address:#x} disagrees with its size or id")
-                if free[KEY] != key:
-                    fail(f"CuPy: free chunk {address:#x}'s KEY is not its arena key")
-                if free[ARENA] is not arena:
+                if free.key != key:
+                    fail(f"CuPy: free chunk {address:#x}'s key is not its arena key")
+                if free.arena is not arena:
                     fail(f"CuPy: free chunk {address:#x} sits in an arena not its own")
                 seen.add(address)
         require(len(seen) == len(record), "CuPy: a free chunk is in no arena")
         owner: dict[int, object] = {}
         for address, base in block_of.items():
-            arena = record[address][ARENA]
+            arena = record[address].arena
             if owner.setdefault(base, arena) is not arena:
                 fail(f"CuPy: the chunks of block {base:#x} belong to two arenas")
         for address, chunk in record.items():
-            after = chunk[NEXT]
-            if chunk[KEY] and after[KEY]:
-                fail(f"CuPy: neighbouring free chunks {address:#x} and {after[ADDRESS]:#x} "
+            after = chunk.next
+            if chunk.key and after.key:
+                fail(f"CuPy: neighbouring free chunks {address:#x} and {after.address:#x} "
                      "not merged")
         require(self._total_bytes == sum(self.held.values()),
                 "CuPy: total_bytes is not the blocks' sum")
@@ -493,7 +488,7 @@ class CuPyPoolAllocator(Policy):
         require(self.peak_total_bytes >= self._total_bytes, "CuPy: peak_total_bytes < current")
 
     def stats(self) -> PolicyStats:
-        requested = sum(c[REQUESTED] for c in self.record.values() if not c[KEY])
+        requested = sum(c.requested for c in self.record.values() if not c.key)
         return PolicyStats(
             num_allocs=self.num_allocs, num_frees=self.num_frees, num_ooms=self.num_ooms,
             bytes_in_use=self.bytes_in_use, peak_bytes_in_use=self.peak_bytes_in_use,

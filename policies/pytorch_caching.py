@@ -79,36 +79,42 @@ pool only as current values (computed on demand), peaks are kept for the aggrega
 Which statistics are kept: everything by default. A caller that will not read memory_stats()
 says so before the first malloc with :meth:`PyTorchCachingAllocator.keep_memory_stats`
 (False) — the replay engine does, as it reads only ``bytes_in_use`` and ``stats()`` — and the
-counters only memory_stats() reads (pytorch_blocks.MEMORY_STATS_ONLY) are then not counted:
-memory_stats() raises and those attributes are absent, so nothing reads a stale number.
+counters only memory_stats() reads (pytorch_stats.MEMORY_STATS_ONLY) are then not counted:
+memory_stats() raises and those attributes are absent from ``counters``, so nothing reads a
+stale number.
 
-Layout: the class is built in layers, one module each, each layer a subclass of the one before:
-pytorch_settings (configuration and size rules, functions) → pytorch_blocks (the state, the
-free lists, check()) → pytorch_expandable (expandable segments) → pytorch_oom (the miss path
-and release steps) → pytorch_snapshot (seed, segments, memory_stats) → this module (the
-parameters, malloc and free: one of each for every setting, each rule in it written once —
-should_split in pytorch_settings, get_free_block's expandable walk in pytorch_expandable,
-free_block's merges here; memory_stats()'s own counters are counted only while kept, and
-tests/test_fast_path_equivalence.py holds a lean and a kept allocator to the same decisions).
-Each block is one
-record (a list: size, the records before and after it, pool key, requested bytes, address;
-policies/pytorch_records.py), found by address in ``block_map.record``; the address-keyed
-tables ``_size``, ``_prev``, ``_next``, ``_home``, ``_req`` and ``_unmapped`` are views of the
-records. Costs: malloc is an O(log k) bisection in the (stream, pool) free list plus O(k) list
+Layout: one class, :class:`PyTorchCachingAllocator` (this module: the parameters, malloc and
+free — one of each for every setting — get_free_block and free_block's merges), composed of
+parts held as fields, one module each, as DeviceCachingAllocator holds its BlockPools and
+DeviceStats: ``pools`` (pytorch_blocks.BlockPools: blocks, segments, free lists, GC stamps),
+``counters`` (pytorch_stats.DeviceStats: memory_stats()'s counters), ``expandable_segments``
+(pytorch_expandable.ExpandableSegments, or None without the setting), ``release``
+(pytorch_oom.ReleasePath: the miss path, the release steps, empty_cache) and ``snapshots``
+(pytorch_snapshot.Snapshots: seed, segments, memory_stats). The configuration and the size
+rules are functions of pytorch_settings; a block is pytorch_records.Block (named fields: size,
+prev, next, pool_key, requested, address), found by address in ``pools.record``. Each rule is
+written once: should_split in pytorch_settings, get_free_block here, its expandable walk in
+pytorch_expandable, free_block's merges here, try_merge_blocks (for map and unmap) in
+pytorch_expandable; memory_stats()'s own counters are counted only while kept, and
+tests/test_fast_path_equivalence.py holds a lean and a kept allocator to the same decisions.
+Costs: malloc is an O(log k) bisection in the (stream, pool) free list plus O(k) list
 deletion and, for a split, insertion (k = free blocks of that pool); free is O(1) link updates
 plus one O(log k + k) update per merged neighbour and one for the joined block; a miss adds
 the steps in pytorch_oom.
 """
 
+
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
-from allocsim.policies.base import DeviceMemory, Param, params_of
-from allocsim.policies.pytorch_blocks import MASK, SHIFT
-from allocsim.policies.pytorch_records import ADDRESS, NEXT, PREV, REQ, SIZE
+from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats, params_of
+from allocsim.policies.pytorch_blocks import MASK, SHIFT, BlockPools
+from allocsim.policies.pytorch_expandable import ExpandableSegments, check_no_unmapped
+from allocsim.policies.pytorch_oom import ReleasePath
+from allocsim.policies.pytorch_records import Block
 from allocsim.policies.pytorch_settings import (
     K_LARGE_BUFFER,
     K_SMALL_BUFFER,
@@ -125,6 +131,7 @@ from allocsim.policies.pytorch_settings import (
     validate,
 )
 from allocsim.policies.pytorch_snapshot import Snapshots
+from allocsim.policies.pytorch_stats import DeviceStats
 
 # Importable from here as before the split (sim/questions and the tests use them); their home
 # is policies/pytorch_settings.py.
@@ -135,11 +142,11 @@ __all__ = [
 ]
 
 
-class PyTorchCachingAllocator(Snapshots):
-    """See the module docstring. Each block is one record (a list, pytorch_records.py's
-    slots), its neighbours linked as records; malloc and free find it with one dict lookup
-    by address and then read and write list slots — a split adds one dict entry (the rest's
-    record), a merge drops one — plus one ``bisect`` and one ``insort`` in the free list."""
+class PyTorchCachingAllocator(Policy):
+    """See the module docstring. Each block is one :class:`Block`, its neighbours linked as
+    blocks; malloc and free find it with one dict lookup by address and then read and write
+    its fields — a split adds one dict entry (the rest's block), a merge drops one — plus one
+    ``bisect`` and one ``insort`` in the free list."""
 
     name = "pytorch"
     capacity_use = "limit; unless per_process_memory_fraction, expandable_segments"
@@ -154,14 +161,15 @@ class PyTorchCachingAllocator(Snapshots):
         super().__init__(device)
         validate(max_split_size_mb, garbage_collection_threshold, max_non_split_rounding_mb,
                  per_process_memory_fraction)
+        # -- the settings (read by the native core's bridge and the questions too) --
         table = parse_roundup_power2_divisions(roundup_power2_divisions)
-        self.divisions = table
-        self._divisions = table if any(d > 1 for d in table) else None
+        self.divisions = table                            # roundup_power2_divisions, 16 entries
+        self._divisions = table if any(d > 1 for d in table) else None   # None: none rounds
         self.max_split_size = max_split_size_mb * MiB if max_split_size_mb else NO_LIMIT
         self.max_non_split_rounding = max_non_split_rounding_mb * MiB
         self.gc_threshold = float(garbage_collection_threshold)
         self.expandable = bool(expandable_segments)
-        self.set_fraction = per_process_memory_fraction > 0.0
+        self.set_fraction = per_process_memory_fraction > 0.0     # a memory fraction was set
         self.allowed_memory_maximum = (int(per_process_memory_fraction * device.capacity)
                                        if self.set_fraction else device.capacity)
         self._gc_on = self.set_fraction and self.gc_threshold > 0.0
@@ -174,6 +182,25 @@ class PyTorchCachingAllocator(Snapshots):
         # counters may be left out (keep_memory_stats).
         self._default_settings = (self._divisions is None and not self._gc_on
                                   and self.max_split_size == NO_LIMIT)
+        # -- the allocator's own counters (Policy's four, and these) --
+        self.peak_bytes_in_use = 0                # allocated_bytes.all.peak
+        self.requested = 0                        # requested_bytes.all.current
+        # -- the parts --
+        self.pools = BlockPools(self._gc_on)
+        self.counters = DeviceStats()
+        self.expandable_segments = (ExpandableSegments(self.pools, self.counters, device)
+                                    if self.expandable else None)
+        self.release = ReleasePath(
+            self.pools, self.counters, device, self.expandable_segments,
+            max_split_size=self.max_split_size, set_fraction=self.set_fraction,
+            allowed_memory_maximum=self.allowed_memory_maximum, gc_threshold=self.gc_threshold)
+        self.snapshots = Snapshots(self.pools, self.counters, device, self.expandable_segments,
+                                   self.max_split_size)
+        # Bound once, for malloc and free.
+        self._record = self.pools.record
+        self._free_lists = self.pools.free_lists
+        self._gc_searches = self.pools.gc_searches
+        self._gc_stamps = self.pools.gc_stamps
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(
         __init__,
@@ -199,105 +226,164 @@ class PyTorchCachingAllocator(Snapshots):
         ``size`` asks of its pool (public for the fidelity tools and explain-oom)."""
         return round_size(size, self._divisions)
 
+    @property
+    def pool_bytes(self) -> int:
+        """Bytes reserved from the device (reserved_bytes.all.current)."""
+        return self.counters.pool_bytes
+
+    @property
+    def segment_map(self) -> dict:
+        """Segment base → its :class:`~allocsim.policies.pytorch_blocks.Segment`."""
+        return self.pools.segment_map
+
     # -- which statistics are kept --------------------------------------------------------
+    @property
+    def memory_stats_kept(self) -> bool:
+        """Whether memory_stats() may be read (:meth:`keep_memory_stats`)."""
+        return self.counters.kept
+
     def keep_memory_stats(self, keep: bool) -> None:
         """Say whether :meth:`memory_stats` will be read (default: yes, everything is kept).
 
         With ``False`` the allocator may leave out the counters only that report reads
-        (MEMORY_STATS_ONLY in pytorch_blocks.py: inactive splits, requested-bytes totals and
+        (MEMORY_STATS_ONLY in pytorch_stats.py: inactive splits, requested-bytes totals and
         peak, allocated total, peak allocation count): with PyTorch's default settings
         (expandable segments or not) malloc and free then skip them, memory_stats()
-        raises RuntimeError and a read of one of those counters AttributeError — never a
-        stale number. stats(), bytes_in_use, segments(), blocks(), seed() and check() stay
-        exact. With other settings they are kept anyway (``memory_stats_kept`` says which).
-        The replay engine says ``False`` (sim/kernel/engine.py, ProcessReplay's
-        ``memory_stats``). Only before the first malloc or seed(): a peak missed cannot be
-        recounted later."""
+        raises RuntimeError and a read of one of those counters (on ``counters``)
+        AttributeError — never a stale number. stats(), bytes_in_use, segments(), blocks(),
+        seed() and check() stay exact. With other settings they are kept anyway
+        (``memory_stats_kept`` says which). The replay engine says ``False``
+        (sim/kernel/engine.py, ProcessReplay's ``memory_stats``). Only before the first malloc
+        or seed(): a peak missed cannot be recounted later."""
         keep = bool(keep) or not self._default_settings
         if keep == self.memory_stats_kept:
             return
-        if self.num_allocs or self.segment_map:
+        if self.num_allocs or self.pools.segment_map:
             raise ValueError("keep_memory_stats() must come before the first malloc or seed(): "
                              "peaks and totals missed until then cannot be recounted")
-        self._keep_memory_stats_only(keep)
+        self.counters.keep_report_only(keep)
 
+    # -- the state in and out (pytorch_snapshot.py) --------------------------------------
     def memory_stats(self) -> dict[str, int]:
-        """Snapshots.memory_stats, refused (RuntimeError) when it was said not to be read."""
+        """torch.cuda.memory_stats()-style names (Snapshots.memory_stats), refused
+        (RuntimeError) when it was said not to be read."""
         if not self.memory_stats_kept:
             raise RuntimeError("pytorch: memory_stats() was not kept: this allocator was told it "
                                "would not be read (keep_memory_stats(False), as the replay "
                                "engine does unless ProcessReplay(..., memory_stats=True))")
-        return super().memory_stats()
+        return self.snapshots.memory_stats(self)
 
     def seed(self, segments: Iterable[dict[str, Any]]) -> dict[int, int]:
-        """Snapshots.seed, with or without the counters of memory_stats() kept."""
+        """Start from a recorded state (Snapshots.seed: its docstring says how), with or
+        without the counters of memory_stats() kept. Returns {recorded block address: this
+        model's address} of the active blocks."""
         if self.memory_stats_kept:
-            return super().seed(segments)
-        # Snapshots.seed counts every counter; the ones not kept are dropped again after it.
-        self._keep_memory_stats_only(True)
+            return self.snapshots.seed(segments, self)
+        # Seeding counts every counter; the ones not kept are dropped again after it.
+        self.counters.keep_report_only(True)
         try:
-            return super().seed(segments)
+            return self.snapshots.seed(segments, self)
         finally:
-            self._keep_memory_stats_only(False)
+            self.counters.keep_report_only(False)
+
+    def segments(self) -> list[dict[str, Any]]:
+        """Like torch.cuda.memory_snapshot()'s segments (Snapshots.segments)."""
+        return self.snapshots.segments()
+
+    def blocks(self) -> Iterator[tuple[int, int, bool]]:
+        return self.snapshots.blocks()
+
+    def stats(self) -> PolicyStats:
+        largest = 0
+        count = 0
+        for keys in self._free_lists.values():
+            if keys:
+                count += len(keys)
+                largest = max(largest, keys[-1] >> SHIFT)
+        return PolicyStats(
+            num_allocs=self.num_allocs, num_frees=self.num_frees, num_ooms=self.num_ooms,
+            bytes_in_use=self.bytes_in_use, peak_bytes_in_use=self.peak_bytes_in_use,
+            bytes_requested=self.requested, pool_bytes=self.counters.pool_bytes,
+            peak_pool_bytes=self.counters.peak_pool_bytes, largest_free_block=largest,
+            free_blocks=count)
+
+    def empty_cache(self) -> None:
+        """torch.cuda.empty_cache(): release_cached_blocks."""
+        self.release.release_cached_blocks()
+
+    def check(self) -> None:
+        """Assert the invariants of every part: the blocks and free lists
+        (BlockPools.check), unmapped space (ExpandableSegments.check; without expandable
+        segments, none: every segment mapped whole) and every counter against a recount
+        (DeviceStats.check). O(n log n)."""
+        self.pools.check()
+        if self.expandable_segments is not None:
+            self.expandable_segments.check()
+        else:
+            check_no_unmapped(self.pools)
+        self.counters.check(self.pools, self.bytes_in_use, self.peak_bytes_in_use,
+                            self.requested, self.num_allocs - self.num_frees,
+                            self.max_split_size)
 
     # -- malloc and free ---------------------------------------------------------------
-    # Over the block records (pytorch_records.py's slots; invariants: pytorch_blocks.py's
-    # docstring and BlockPools.check): a free list holds exactly the free mapped blocks of its
-    # pool, keyed size << 52 | address; a block is free and mapped exactly when its REQ slot is
-    # 0 (allocated: its request, > 0; unmapped: UNMAPPED), so the merge test is one slot read;
-    # links are records or None at a segment's ends; no two neighbours are both free and mapped.
+    # Over the blocks (invariants: BlockPools.check): a free list holds exactly the free
+    # mapped blocks of its pool, keyed size << 52 | address; a block is free and mapped
+    # exactly when its ``requested`` is 0 (allocated: its request, > 0; unmapped: UNMAPPED),
+    # so the merge test is one field read; links are blocks or None at a segment's ends; no
+    # two neighbours are both free and mapped.
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
             return None
         rounded = round_size(size, self._divisions)
         small = rounded <= K_SMALL_SIZE
         pool_key = stream << 1 | small
-        keys = self._free.get(pool_key)
+        keys = self._free_lists.get(pool_key)
         if keys is None:
-            keys = self._free[pool_key] = []
+            keys = self._free_lists[pool_key] = []
         if self._gc_on:
-            self._gc_calls[small] += 1
+            self._gc_searches[small] += 1
         # get_free_block: the smallest block of this stream and pool that fits, or none.
         block = self._get_free_block(keys, rounded)
         if block is None:
-            block = self._malloc_miss(rounded, small, stream, pool_key)
+            block = self.release.miss(rounded, small, stream, pool_key)
             if block is None:
+                self.num_ooms += 1
                 return None
         # should_split, then alloc_found_block (the caller keeps the low end; the block after
         # a free block is never free, so the rest needs no merge).
-        block_size = block[SIZE]
+        block_size = block.size
         remaining = block_size - rounded
         split = should_split(remaining, rounded, small or self.expandable, self.max_split_size)
-        counts_splits = self.memory_stats_kept and not self.expandable
-        if counts_splits:
-            self._count_inactive_split_on_alloc(block, split, rounded, remaining)
+        kept = self.counters.kept
+        if kept and not self.expandable:
+            self.counters.split_on_alloc(block, split, rounded, remaining)
         if split:
-            address = block[ADDRESS]
-            rest = address + rounded
-            after = block[NEXT]
-            block[SIZE] = rounded
-            self.block_map.record[rest] = block[NEXT] = piece = [
-                remaining, block, after, pool_key, 0, rest]
+            rest = block.address + rounded
+            after = block.next
+            block.size = rounded
+            self._record[rest] = block.next = piece = Block(remaining, block, after, pool_key,
+                                                            0, rest)
             if after is not None:
-                after[PREV] = piece
+                after.prev = piece
             insort(keys, remaining << SHIFT | rest)
             if self._gc_on:
-                self._gc_base[rest] = self._gc_calls[small]
+                self._gc_stamps[rest] = self._gc_searches[small]
             block_size = rounded
-        block[REQ] = size
+        block.requested = size
         in_use = self.bytes_in_use + block_size
         self.bytes_in_use = in_use
         if in_use > self.peak_bytes_in_use:
             self.peak_bytes_in_use = in_use
         self.requested += size
         self.num_allocs += 1
-        if self.memory_stats_kept:
-            self._count_alloc(block_size, size)
+        if kept:
+            self.counters.count_alloc(block_size, size, self.requested,
+                                      self.num_allocs - self.num_frees)
         if block_size >= self.max_split_size:
-            self._oversize_allocation()
-        return block[ADDRESS]
+            self.counters.oversize_allocation()
+        return block.address
 
-    def _get_free_block(self, keys: list[int], rounded: int) -> list | None:
+    def _get_free_block(self, keys: list[int], rounded: int) -> Block | None:
         """get_free_block: the first block of the pool's free list with size ≥ ``rounded``
         (smallest, lowest address on ties), moved on by the expandable walk with expandable
         segments; None when there is none or the max_split_size rules reject it (no search
@@ -305,8 +391,8 @@ class PyTorchCachingAllocator(Snapshots):
         position = bisect_left(keys, rounded << SHIFT)
         if position == len(keys):
             return None
-        if self.expandable:
-            position = self._expandable_best_fit(keys, position)
+        if self.expandable_segments is not None:
+            position = self.expandable_segments.best_fit(keys, position)
         key = keys[position]
         block_size = key >> SHIFT
         max_split = self.max_split_size
@@ -316,112 +402,59 @@ class PyTorchCachingAllocator(Snapshots):
         elif block_size >= rounded + self.max_non_split_rounding:
             return None
         del keys[position]
-        return self.block_map.record[key & MASK]
-
-    def _count_inactive_split_on_alloc(self, block: list, split: bool, rounded: int,
-                                       remaining: int) -> None:
-        """alloc_found_block's change of inactive_split(_bytes) (memory_stats() only; not kept
-        for expandable segments)."""
-        already_split = block[PREV] is not None or block[NEXT] is not None
-        if split:
-            if already_split:
-                self.inactive_split_bytes -= rounded
-            else:
-                count = self.inactive_split + 1
-                self.inactive_split = count
-                self.inactive_split_total += 1
-                if count > self.peak_inactive_split:
-                    self.peak_inactive_split = count
-                nbytes = self.inactive_split_bytes + remaining
-                self.inactive_split_bytes = nbytes
-                self.inactive_split_bytes_total += remaining
-                if nbytes > self.peak_inactive_split_bytes:
-                    self.peak_inactive_split_bytes = nbytes
-        elif already_split:
-            self.inactive_split -= 1
-            self.inactive_split_bytes -= block[SIZE]
-
-    def _count_alloc(self, block_size: int, size: int) -> None:
-        """The totals and peaks only memory_stats() reads, after an allocation."""
-        self.allocated_total += block_size
-        if self.requested > self.peak_requested:
-            self.peak_requested = self.requested
-        self.requested_total += size
-        live = self.num_allocs - self.num_frees
-        if live > self.peak_allocations:
-            self.peak_allocations = live
+        return self._record[key & MASK]
 
     def free(self, address: int) -> None:
-        record = self.block_map.record
+        record = self._record
         block = record[address]
-        size, before, after, pool_key, requested, _ = block
+        size = block.size
+        requested = block.requested
         if requested <= 0:
             raise KeyError(f"pytorch: block {address:#x} is not allocated")
-        block[REQ] = 0
+        block.requested = 0
         self.bytes_in_use -= size
         self.requested -= requested
         self.num_frees += 1
         if size >= self.max_split_size:
-            self.oversize_allocations -= 1
-        keys = self._free[pool_key]
+            self.counters.oversize_allocations -= 1
+        keys = self._free_lists[block.pool_key]
         # free_block: try_merge_blocks with the previous block, then with the next one, each
-        # when free and mapped (REQ 0: an allocated neighbour's is its request, an unmapped
-        # one's UNMAPPED, so unmapped pages never join a mapped free block).
+        # when free and mapped (``requested`` 0: an allocated neighbour's is its request, an
+        # unmapped one's UNMAPPED, so unmapped pages never join a mapped free block).
+        before = block.prev
+        after = block.next
         total = size
         subsumed_count = 0
         subsumed_bytes = 0
-        if before is not None and not before[REQ]:
-            before_size = before[SIZE]
-            del keys[bisect_left(keys, before_size << SHIFT | before[ADDRESS])]
+        if before is not None and not before.requested:
+            before_size = before.size
+            del keys[bisect_left(keys, before_size << SHIFT | before.address)]
             del record[address]
-            before[NEXT] = after
+            before.next = after
             if after is not None:
-                after[PREV] = before
+                after.prev = before
             block = before
             total += before_size
             subsumed_count = 1
             subsumed_bytes = before_size
-        if after is not None and not after[REQ]:
-            after_size = after[SIZE]
-            del keys[bisect_left(keys, after_size << SHIFT | after[ADDRESS])]
-            del record[after[ADDRESS]]
-            beyond = block[NEXT] = after[NEXT]
+        if after is not None and not after.requested:
+            after_size = after.size
+            del keys[bisect_left(keys, after_size << SHIFT | after.address)]
+            del record[after.address]
+            beyond = block.next = after.next
             if beyond is not None:
-                beyond[PREV] = block
+                beyond.prev = block
             total += after_size
             subsumed_count += 1
             subsumed_bytes += after_size
-        block[SIZE] = total
-        insort(keys, total << SHIFT | block[ADDRESS])
+        block.size = total
+        insort(keys, total << SHIFT | block.address)
         if self._gc_on:
             # The freed block's stamp and the next block's (merged or not) go; the joined
             # block is stamped anew.
-            gc_base = self._gc_base
-            gc_base.pop(address, None)
-            gc_base.pop(0 if after is None else after[ADDRESS], None)
-            gc_base[block[ADDRESS]] = self._gc_calls[pool_key & 1]
-        if self.memory_stats_kept and not self.expandable:
-            self._count_inactive_split_on_free(block, size, subsumed_count, subsumed_bytes)
-
-    def _count_inactive_split_on_free(self, block: list, size: int, subsumed_count: int,
-                                      subsumed_bytes: int) -> None:
-        """free_block's net change of inactive_split(_bytes) (memory_stats() only): the
-        neighbours it swallowed stop counting; the joined block counts while its segment is
-        still split."""
-        if block[PREV] is not None or block[NEXT] is not None:
-            nbytes = self.inactive_split_bytes + size
-            self.inactive_split_bytes = nbytes
-            self.inactive_split_bytes_total += size
-            if nbytes > self.peak_inactive_split_bytes:
-                self.peak_inactive_split_bytes = nbytes
-            if not subsumed_count:
-                count = self.inactive_split + 1
-                self.inactive_split = count
-                self.inactive_split_total += 1
-                if count > self.peak_inactive_split:
-                    self.peak_inactive_split = count
-            elif subsumed_count == 2:
-                self.inactive_split -= 1
-        elif subsumed_count:
-            self.inactive_split -= subsumed_count
-            self.inactive_split_bytes -= subsumed_bytes
+            gc_stamps = self._gc_stamps
+            gc_stamps.pop(address, None)
+            gc_stamps.pop(0 if after is None else after.address, None)
+            gc_stamps[block.address] = self._gc_searches[block.pool_key & 1]
+        if self.counters.kept and not self.expandable:
+            self.counters.split_on_free(block, size, subsumed_count, subsumed_bytes)

@@ -3,90 +3,94 @@
 With ``expandable_segments`` each (stream, pool) grows one virtual range instead of taking
 new segments: pages (2 MiB small pool, 20 MiB large pool) are mapped behind free space on a
 miss and unmapped by release_cached_blocks. Unmapped space is held as blocks too (their
-records' requested bytes are UNMAPPED, and per pool an address-sorted list holds them). A
-recorded start state is laid out in the same terms by ``Snapshots.seed``
-(pytorch_snapshot.py): mapped ranges and the unmapped space around them in one virtual range
-of :meth:`ExpandableSegments._range_size` bytes. The steps here take and return block records
-(pytorch_records.py). Costs: find_expandable_block walks this pool's unmapped blocks in
-address order, O(u · blocks walked); map_block and unmap_block are O(1) link updates plus
-O(log k + k) free-list and unmapped-list updates and one device call; the get_free_block walk
-over growable blocks is O(blocks passed).
+``requested`` is UNMAPPED, and per pool an address-sorted list holds them).
+:class:`ExpandableSegments` is that part of DeviceCachingAllocator, held by the allocator as
+a field when the setting is on: it owns the unmapped lists and the bases of the virtual ranges,
+works on the allocator's :class:`~allocsim.policies.pytorch_blocks.BlockPools` and counts its
+device calls into its :class:`~allocsim.policies.pytorch_stats.DeviceStats`. A recorded start
+state is laid out in the same terms by pytorch_snapshot.py (mapped ranges and the unmapped
+space around them in one virtual range of :meth:`ExpandableSegments.range_size` bytes).
+Costs: find_expandable_block walks this pool's unmapped blocks in address order,
+O(u · blocks walked); map_block and unmap_block are O(1) link updates plus O(log k + k)
+free-list and unmapped-list updates and one device call; get_free_block's walk over growable
+blocks is O(blocks passed).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from allocsim.policies.base import fail, require
+from allocsim.policies.base import DeviceMemory, fail, require
 from allocsim.policies.pytorch_blocks import MASK, BlockPools, Segment
-from allocsim.policies.pytorch_records import ADDRESS, HOME, NEXT, PREV, REQ, SIZE, UNMAPPED
+from allocsim.policies.pytorch_records import UNMAPPED, Block
 from allocsim.policies.pytorch_settings import K_LARGE_BUFFER, K_SMALL_BUFFER
+from allocsim.policies.pytorch_stats import DeviceStats
 
 
-class ExpandableSegments(BlockPools):
-    """The expandable-segments steps of DeviceCachingAllocator (find_expandable_block,
-    try_allocate_expandable_block, map_block, unmap_block, release_expandable_segment)."""
+class ExpandableSegments:
+    """The expandable-segments steps of DeviceCachingAllocator (get_free_block's walk,
+    find_expandable_block, try_allocate_expandable_block, map_block, unmap_block,
+    release_expandable_segment) over the allocator's blocks."""
 
-    def _segment_of(self, address: int) -> Segment:
+    def __init__(self, pools: BlockPools, stats: DeviceStats, device: DeviceMemory) -> None:
+        self.pools = pools
+        self.stats = stats
+        self.device = device
+        self.unmapped_lists: dict[int, list[int]] = {}   # pool key -> sorted unmapped addresses
+        self.bases: list[int] = []                       # sorted bases of the virtual ranges
+
+    def segment_of(self, address: int) -> Segment:
         """The expandable segment whose virtual range holds ``address``."""
-        bases = self._es_bases
-        return self.segment_map[bases[bisect_left(bases, address + 1) - 1]]
+        bases = self.bases
+        return self.pools.segment_map[bases[bisect_left(bases, address + 1) - 1]]
 
-    def _expandable_best_fit(self, keys: list[int], position: int) -> int:
-        """get_free_block's walk with expandable segments: from the first fitting block, move
-        on to the next bigger block while its expandable size is smaller (a tie stays)."""
-        record = self.block_map.record
+    def best_fit(self, keys: list[int], position: int) -> int:
+        """get_free_block's walk with expandable segments: from the first fitting block (at
+        ``position`` of the free list ``keys``), move on to the next bigger block while its
+        expandable size is smaller (a tie stays). Returns the position chosen."""
+        record = self.pools.record
         block = record[keys[position] & MASK]
-        after = block[NEXT]
-        if after is None or after[REQ] != UNMAPPED:
+        after = block.next
+        if after is None or after.requested != UNMAPPED:
             # Its expandable size is its own size, and every block after it in the list is at
             # least that big: the walk stops here (without reading them).
             return position
-        current = self._expandable_size(block)
+        current = expandable_size(block)
         last = len(keys) - 1
         while position < last:
-            following = self._expandable_size(record[keys[position + 1] & MASK])
+            following = expandable_size(record[keys[position + 1] & MASK])
             if following >= current:
                 break
             position += 1
             current = following
         return position
 
-    @staticmethod
-    def _expandable_size(block: list) -> int:
-        """A block's expandable size: its own plus the unmapped block right behind it."""
-        after = block[NEXT]
-        if after is not None and after[REQ] == UNMAPPED:
-            return int(block[SIZE] + after[SIZE])
-        return int(block[SIZE])
-
-    def _find_expandable_block(self, stream: int, small: bool, size: int) -> list:
+    def find_block(self, stream: int, small: bool, size: int) -> Block:
         """find_expandable_block: over this stream's unmapped blocks of this pool in address
         order, the first where a free block just before it plus the free and unmapped space
         from there holds ``size``; else a new virtual range of ceil(1.125 × capacity) pages."""
         pool_key = stream << 1 | small
-        record = self.block_map.record
-        for address in self._unmapped_lists.get(pool_key, ()):
+        record = self.pools.record
+        for address in self.unmapped_lists.get(pool_key, ()):
             candidate = record[address]
-            before = candidate[PREV]
-            if before is not None and before[REQ] <= 0:
+            before = candidate.prev
+            if before is not None and before.requested <= 0:
                 candidate = before
             nbytes = 0
-            block = candidate
-            while nbytes < size and block is not None and block[REQ] <= 0:
-                nbytes += block[SIZE]
-                block = block[NEXT]
+            block: Block | None = candidate
+            while nbytes < size and block is not None and block.requested <= 0:
+                nbytes += block.size
+                block = block.next
             if nbytes >= size:
                 return candidate
         page = K_SMALL_BUFFER if small else K_LARGE_BUFFER
-        nbytes = self._range_size(page)
+        nbytes = self.range_size(page)
         base = self.device.address_range(nbytes)
-        block = self._new_segment(Segment(base, nbytes, stream, small, True, page))
-        insort(self._es_bases, base)
-        self._add_unmapped(block)
-        return block
+        new = self.add_range(Segment(base, nbytes, stream, small, True, page))
+        self.add_unmapped(new)
+        return new
 
-    def _range_size(self, page: int) -> int:
+    def range_size(self, page: int) -> int:
         """The bytes of a new virtual range with pages of ``page`` bytes: ceil(1.125 ×
         capacity / page) pages (ExpandableSegment's constructor: ``max_handles_ =
         numSegments(prop.totalGlobalMem + prop.totalGlobalMem / 8)``, reserved as
@@ -94,177 +98,211 @@ class ExpandableSegments(BlockPools):
         capacity = self.device.capacity
         return -(-(capacity + capacity // 8) // page) * page
 
-    def _add_unmapped(self, block: list) -> None:
-        block[REQ] = UNMAPPED
-        insort(self._unmapped_lists.setdefault(block[HOME], []), block[ADDRESS])
+    def add_range(self, segment: Segment) -> Block:
+        """A new virtual range: its one block, free and mapped as far as the pools know."""
+        insort(self.bases, segment.base)
+        return self.pools.new_segment(segment)
 
-    def _drop_unmapped(self, block: list) -> None:
-        if block[REQ] != UNMAPPED:
-            raise KeyError(f"block {block[ADDRESS]:#x} is not unmapped")
-        block[REQ] = 0
-        addresses = self._unmapped_lists[block[HOME]]
-        del addresses[bisect_left(addresses, block[ADDRESS])]
+    def add_unmapped(self, block: Block) -> None:
+        block.requested = UNMAPPED
+        insort(self.unmapped_lists.setdefault(block.pool_key, []), block.address)
 
-    def _try_merge(self, dst: list, src: list | None, dst_mapped: bool) -> list:
+    def drop_unmapped(self, block: Block) -> None:
+        if block.requested != UNMAPPED:
+            raise KeyError(f"block {block.address:#x} is not unmapped")
+        block.requested = 0
+        addresses = self.unmapped_lists[block.pool_key]
+        del addresses[bisect_left(addresses, block.address)]
+
+    def try_merge(self, dst: Block, src: Block | None, dst_mapped: bool) -> Block:
         """try_merge_blocks: join ``dst`` (in no index) with its neighbour ``src`` if that is
         not allocated and equally mapped; ``src`` leaves its index. Returns the joined block
         (the lower of the two), or ``dst`` when they do not join."""
-        if src is None or src[REQ] > 0 or (src[REQ] != UNMAPPED) != dst_mapped:
+        if src is None or src.requested > 0 or (src.requested != UNMAPPED) != dst_mapped:
             return dst
         if dst_mapped:
-            self._remove_free(src)
+            self.pools.remove_free(src)
         else:
-            self._drop_unmapped(src)
-        low, high = (src, dst) if src[ADDRESS] < dst[ADDRESS] else (dst, src)
-        beyond = high[NEXT]
-        low[SIZE] += high[SIZE]
-        low[NEXT] = beyond
+            self.drop_unmapped(src)
+        low, high = (src, dst) if src.address < dst.address else (dst, src)
+        beyond = high.next
+        low.size += high.size
+        low.next = beyond
         if beyond is not None:
-            beyond[PREV] = low
-        self._forget(high)
+            beyond.prev = low
+        self.pools.forget(high)
         return low
 
-    def _map_block(self, block: list, size: int) -> list | None:
+    def map_block(self, block: Block, size: int) -> Block | None:
         """map_block: map the whole pages covering [address, address + size) of unmapped
         ``block`` (one device call); what is left stays unmapped; the mapped block joins its
         free neighbours and the free list. Returns it, or None if the device refused."""
-        address = block[ADDRESS]
-        page = self._segment_of(address).page
+        address = block.address
+        page = self.segment_of(address).page
         nbytes = -(-size // page) * page
         if not self.device.map(address, nbytes):
             return None
-        self._drop_unmapped(block)
-        if nbytes < block[SIZE]:
+        self.drop_unmapped(block)
+        if nbytes < block.size:
             rest = address + nbytes
-            after = block[NEXT]
-            piece = [block[SIZE] - nbytes, block, after, block[HOME], 0, rest]
-            self.block_map.record[rest] = block[NEXT] = piece
+            after = block.next
+            piece = Block(block.size - nbytes, block, after, block.pool_key, 0, rest)
+            self.pools.record[rest] = block.next = piece
             if after is not None:
-                after[PREV] = piece
-            self._add_unmapped(piece)
-            block[SIZE] = nbytes
-        block = self._try_merge(block, block[PREV], True)
-        block = self._try_merge(block, block[NEXT], True)
-        self._insert_free(block)
-        self._reserved_change(nbytes)
-        self.num_device_alloc += 1
+                after.prev = piece
+            self.add_unmapped(piece)
+            block.size = nbytes
+        block = self.try_merge(block, block.prev, True)
+        block = self.try_merge(block, block.next, True)
+        self.pools.insert_free(block)
+        self.stats.reserved_change(nbytes)
+        self.stats.num_device_alloc += 1
         return block
 
-    def _try_allocate_expandable_block(self, stream: int, small: bool,
-                                       size: int) -> list | None:
+    def try_allocate(self, stream: int, small: bool, size: int) -> Block | None:
         """try_allocate_expandable_block: map pages from the block find_expandable_block chose
         until it holds ``size``. Pages mapped before a refusal stay mapped, as free blocks.
         Returns the block, in no free list."""
-        block = self._find_expandable_block(stream, small, size)
-        if block[REQ] == UNMAPPED:
-            mapped = self._map_block(block, min(block[SIZE], size))
+        block = self.find_block(stream, small, size)
+        if block.requested == UNMAPPED:
+            mapped = self.map_block(block, min(block.size, size))
             if mapped is None:
                 return None
             block = mapped
-        while block[SIZE] < size:
-            following = block[NEXT]
-            mapped = self._map_block(following, min(size - block[SIZE], following[SIZE]))
+        while block.size < size:
+            following: Block = block.next                            # type: ignore[assignment]
+            mapped = self.map_block(following, min(size - block.size, following.size))
             if mapped is None:
                 return None
             block = mapped
-        self._remove_free(block)
+        self.pools.remove_free(block)
         return block
 
-    def _unmap_block(self, block: list) -> list | None:
+    def unmap_block(self, block: Block) -> Block | None:
         """unmap_block: unmap the whole pages inside free ``block`` (one device call); the
         parts before and after them stay free; the unmapped range joins unmapped neighbours.
         Returns the unmapped block, or None when no whole page lies inside."""
-        address = block[ADDRESS]
-        segment = self._segment_of(address)
+        pools = self.pools
+        address = block.address
+        segment = self.segment_of(address)
         page, base = segment.page, segment.base
-        size = block[SIZE]
+        size = block.size
         begin = -(-(address - base) // page)
         end = (address + size - base) // page
         if begin >= end:
             return None
-        self._remove_free(block)
-        self._gc_base.pop(address, None)
+        pools.remove_free(block)
+        pools.gc_stamps.pop(address, None)
         start = base + begin * page
         length = (end - begin) * page
         before_size = start - address
         after_size = size - before_size - length
-        pool_key = block[HOME]
         pieces = [(start, length)]
         if before_size:
             pieces.insert(0, (address, before_size))
         if after_size:
             pieces.append((start + length, after_size))
-        # The first piece starts at ``address``: it keeps the block's record.
-        record = self.block_map.record
-        following = block[NEXT]
-        previous = block[PREV]
+        # The first piece starts at ``address``: it keeps the block.
+        record = pools.record
+        following = block.next
+        previous = block.prev
         for piece, piece_size in pieces:
             if piece == address:
                 current = block
-                current[SIZE] = piece_size
+                current.size = piece_size
             else:
-                current = record[piece] = [piece_size, previous, None, pool_key, 0, piece]
+                current = record[piece] = Block(piece_size, previous, None, block.pool_key, 0,
+                                                piece)
             if previous is not None:
-                previous[NEXT] = current
+                previous.next = current
             previous = current
-        current[NEXT] = following
+        current.next = following
         if following is not None:
-            following[PREV] = current
+            following.prev = current
         if before_size:
-            self._insert_free(block)
+            pools.insert_free(block)
         if after_size:
-            self._insert_free(current)
+            pools.insert_free(current)
         unmapped = record[start]
-        unmapped = self._try_merge(unmapped, unmapped[PREV], False)
-        unmapped = self._try_merge(unmapped, unmapped[NEXT], False)
-        self._add_unmapped(unmapped)
+        unmapped = self.try_merge(unmapped, unmapped.prev, False)
+        unmapped = self.try_merge(unmapped, unmapped.next, False)
+        self.add_unmapped(unmapped)
         self.device.unmap(start, length)
-        self._reserved_change(-length)
-        self.num_device_free += 1
+        self.stats.reserved_change(-length)
+        self.stats.num_device_free += 1
         return unmapped
 
-    def _release_expandable_segment(self, block: list) -> None:
+    def release_range(self, block: Block) -> None:
         """release_expandable_segment: forget a virtual range that is one unmapped block."""
-        address = block[ADDRESS]
-        segment = self.segment_map.pop(address)
-        if block[SIZE] != segment.size or block[REQ] != UNMAPPED:
+        address = block.address
+        segment = self.pools.segment_map.pop(address)
+        if block.size != segment.size or block.requested != UNMAPPED:
             raise AssertionError(f"expandable segment {address:#x} is not wholly unmapped")
-        self._drop_unmapped(block)
-        self._forget(block)
-        del self._es_bases[bisect_left(self._es_bases, address)]
+        self.drop_unmapped(block)
+        self.pools.forget(block)
+        del self.bases[bisect_left(self.bases, address)]
+
+    def release_cached(self, pool_keys: list[int]) -> None:
+        """release_cached_blocks with expandable segments: unmap the whole pages of every free
+        block (pools in ``pool_keys``' order), and forget a virtual range left wholly
+        unmapped."""
+        free_lists = self.pools.free_lists
+        record = self.pools.record
+        to_unmap = [key & MASK for pool_key in pool_keys for key in free_lists[pool_key]]
+        for address in to_unmap:
+            unmapped = self.unmap_block(record[address])
+            if unmapped is not None and unmapped.prev is None and unmapped.next is None:
+                self.release_range(unmapped)
 
     def check(self) -> None:
-        """BlockPools' invariants, and those of unmapped space: ``_es_bases`` lists exactly the
-        expandable segments, and all segments are of the configured kind; only expandable
-        segments hold unmapped blocks (never allocated ones: a record is one or the other,
-        and BlockPools.check names a request written for unmapped space), each starting and
-        ending on a page boundary of its segment; no two neighbouring blocks are both
-        unmapped; each pool's unmapped list is the address-sorted unmapped blocks of that
-        pool."""
-        super().check()
-        expected = sorted(b for b, s in self.segment_map.items() if s.expandable)
-        require(self._es_bases == expected, "pytorch: _es_bases is not the expandable segments")
+        """The invariants of unmapped space: ``bases`` lists exactly the expandable segments,
+        and all segments are expandable; only they hold unmapped blocks (never allocated ones:
+        a block is one or the other, and BlockPools.check names a request written for
+        unmapped space), each starting and ending on a page boundary of its segment; no two
+        neighbouring blocks are both unmapped; each pool's unmapped list is the
+        address-sorted unmapped blocks of that pool."""
+        pools = self.pools
+        expected = sorted(b for b, s in pools.segment_map.items() if s.expandable)
+        require(self.bases == expected, "pytorch: the expandable bases are not the expandable "
+                                        "segments")
         by_pool: dict[int, list[int]] = {}
-        for segment in self.segment_map.values():
-            if segment.expandable != self.expandable:
+        for segment in pools.segment_map.values():
+            if not segment.expandable:
                 fail(f"pytorch: segment {segment.base:#x} of the other kind")
-            for block in self.block_map.chain(segment.base):
-                if block[REQ] != UNMAPPED:
+            for block in pools.block_map.chain(segment.base):
+                if block.requested != UNMAPPED:
                     continue
-                address = block[ADDRESS]
-                if not segment.expandable:
-                    fail(f"pytorch: unmapped block {address:#x} is in a segment that is not "
-                         "expandable")
+                address = block.address
                 offset = address - segment.base
-                if offset % segment.page or block[SIZE] % segment.page:
+                if offset % segment.page or block.size % segment.page:
                     fail(f"pytorch: unmapped block {address:#x} is not whole pages")
-                after = block[NEXT]
-                if after is not None and after[REQ] == UNMAPPED:
+                after = block.next
+                if after is not None and after.requested == UNMAPPED:
                     fail(f"pytorch: neighbouring unmapped blocks at {address:#x} not merged")
                 by_pool.setdefault(segment.pool_key, []).append(address)
-        require(sum(map(len, by_pool.values())) == len(self._unmapped),
+        require(sum(map(len, by_pool.values())) == len(pools.unmapped),
                 "pytorch: unmapped blocks that are in no segment")
-        for pool_key, addresses in self._unmapped_lists.items():
+        for pool_key, addresses in self.unmapped_lists.items():
             if addresses != sorted(by_pool.pop(pool_key, [])):
                 fail(f"pytorch: unmapped list of pool {pool_key} is not its unmapped blocks")
         require(not by_pool, "pytorch: unmapped blocks of a pool with no unmapped list")
+
+
+def expandable_size(block: Block) -> int:
+    """A block's expandable size: its own plus the unmapped block right behind it."""
+    after = block.next
+    if after is not None and after.requested == UNMAPPED:
+        return int(block.size + after.size)
+    return int(block.size)
+
+
+def check_no_unmapped(pools: BlockPools) -> None:
+    """Without expandable segments: every segment is an ordinary one, mapped whole."""
+    for segment in pools.segment_map.values():
+        if segment.expandable:
+            fail(f"pytorch: segment {segment.base:#x} of the other kind")
+        for block in pools.block_map.chain(segment.base):
+            if block.requested == UNMAPPED:
+                fail(f"pytorch: unmapped block {block.address:#x} is in a segment that is not "
+                     "expandable")
+    require(not pools.unmapped, "pytorch: unmapped blocks that are in no segment")

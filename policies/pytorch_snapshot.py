@@ -1,29 +1,33 @@
 """PyTorch caching allocator: its state in and out, as memory_snapshot() shows it.
 
-:meth:`Snapshots.seed` lays out a recorded segment list before the first malloc (a snapshot
-recorded mid-run: cudaMalloc'd segments, or the mapped ranges of expandable segments, each
-(stream, pool)'s in one virtual range); :meth:`Snapshots.segments` and
-:meth:`Snapshots.memory_stats` report the state in torch.cuda.memory_snapshot()'s and
-memory_stats()'s shapes; ``blocks`` and ``stats`` are the Policy views. All O(n) in the
-blocks held (seed: in the blocks recorded).
+:class:`Snapshots`, held by the allocator as a field, works on its
+:class:`~allocsim.policies.pytorch_blocks.BlockPools` and
+:class:`~allocsim.policies.pytorch_stats.DeviceStats`: :meth:`Snapshots.seed` lays out a
+recorded segment list before the first malloc (a snapshot recorded mid-run: cudaMalloc'd
+segments, or the mapped ranges of expandable segments, each (stream, pool)'s in one virtual
+range) and counts it as the mallocs would have; :meth:`Snapshots.segments`,
+:meth:`Snapshots.memory_stats` and :meth:`Snapshots.blocks` report the state in
+torch.cuda.memory_snapshot()'s, memory_stats()'s and the Policy view's shapes. The
+allocator's own counters (bytes in use, requested bytes, allocations) are handed in with each
+call as :class:`Allocations`. All O(n) in the blocks held (seed: in the blocks recorded).
 """
 
 from __future__ import annotations
 
-from bisect import insort
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
-from allocsim.policies.base import PolicyStats
-from allocsim.policies.pytorch_blocks import SHIFT, Segment
-from allocsim.policies.pytorch_oom import ReleasePath
-from allocsim.policies.pytorch_records import ADDRESS, NEXT, REQ, SIZE, UNMAPPED
+from allocsim.policies.base import DeviceMemory
+from allocsim.policies.pytorch_blocks import BlockPools, Segment
+from allocsim.policies.pytorch_expandable import ExpandableSegments
+from allocsim.policies.pytorch_records import UNMAPPED, Block
 from allocsim.policies.pytorch_settings import (
     K_LARGE_BUFFER,
     K_SMALL_BUFFER,
     K_SMALL_SIZE,
     NO_LIMIT,
 )
+from allocsim.policies.pytorch_stats import DeviceStats
 
 FREE = -1                  # a seeded piece that is a cached free block
 UNMAPPED_PIECE = -2        # a seeded piece that is unmapped space of an expandable segment
@@ -81,10 +85,33 @@ def _pieces(seg: dict[str, Any]) -> tuple[int, int, list[list[int]]]:
     return recorded, total, pieces
 
 
-class Snapshots(ReleasePath):
-    """Seeding from and reporting in memory_snapshot()'s terms."""
 
-    def seed(self, segments: Iterable[dict[str, Any]]) -> dict[int, int]:
+
+class Allocations(Protocol):
+    """The allocator's own counters (Policy's and its requested bytes), which seeding counts
+    into and memory_stats() reports."""
+
+    bytes_in_use: int
+    peak_bytes_in_use: int
+    requested: int
+    num_allocs: int
+    num_frees: int
+    num_ooms: int
+
+
+class Snapshots:
+    """Seeding from and reporting in memory_snapshot()'s terms, over the allocator's blocks
+    and counters (``expandable``: its expandable-segments part, None without them)."""
+
+    def __init__(self, pools: BlockPools, stats: DeviceStats, device: DeviceMemory,
+                 expandable: ExpandableSegments | None, max_split_size: int) -> None:
+        self.pools = pools
+        self.stats = stats
+        self.device = device
+        self.expandable = expandable
+        self.max_split_size = max_split_size
+
+    def seed(self, segments: Iterable[dict[str, Any]], allocs: Allocations) -> dict[int, int]:
         """Start from a recorded state instead of an empty cache (a snapshot recorded mid-run).
 
         ``segments`` have the shape of :meth:`segments` (and of memory_snapshot()'s, as the
@@ -117,19 +144,20 @@ class Snapshots(ReleasePath):
         for blocks that do not tile their segment, mapped ranges that are not whole pages of
         their virtual range, and segments the device cannot hold.
         """
-        if self.num_allocs or self.segment_map:
+        if allocs.num_allocs or self.pools.segment_map:
             raise ValueError("seed() needs a fresh allocator (no malloc before it)")
+        expandable = self.expandable is not None
         ordered = sorted(segments, key=lambda s: int(s["address"]))
         for seg in ordered:
-            if bool(seg.get("is_expandable")) != self.expandable:
+            if bool(seg.get("is_expandable")) != expandable:
                 raise ValueError(
                     f"segment {int(seg['address']):#x} is "
                     f"{'an' if seg.get('is_expandable') else 'not an'} expandable segment and "
-                    f"this model {'uses' if self.expandable else 'does not use'} expandable "
+                    f"this model {'uses' if expandable else 'does not use'} expandable "
                     "segments (all segments are one kind)")
         mapping: dict[int, int] = {}
-        if self.expandable:
-            self._seed_ranges(ordered, mapping)
+        if self.expandable is not None:
+            self._seed_ranges(self.expandable, ordered, mapping, allocs)
             return mapping
         for seg in ordered:
             recorded, total, pieces = _pieces(seg)
@@ -139,38 +167,31 @@ class Snapshots(ReleasePath):
                 raise ValueError(f"the device cannot hold the recorded segment {recorded:#x} "
                                  f"({total} bytes)")
             self._seed_segment(Segment(base, total, int(seg.get("stream", 0)), small, False),
-                               pieces, recorded, mapping)
+                               pieces, recorded, mapping, allocs)
         return mapping
 
     def _seed_segment(self, segment: Segment, pieces: list[list[int]], recorded: int,
-                      mapping: dict[int, int]) -> None:
+                      mapping: dict[int, int], allocs: Allocations) -> None:
         """Lay out one seeded segment's blocks and count them as malloc/free would have."""
-        self._new_segment(segment)
-        blocks = self._link(segment.base, segment.pool_key, pieces)
+        pools, stats = self.pools, self.stats
+        pools.new_segment(segment)
+        blocks = pools.lay_out(segment.base, segment.pool_key, [size for _, size, _ in pieces])
         split = len(pieces) > 1
         for (offset, size, requested), block in zip(pieces, blocks, strict=True):
             if requested < 0:
-                self._insert_free(block)
+                pools.insert_free(block)
                 if split:
-                    self.inactive_split += 1
-                    self.inactive_split_total += 1
-                    self.inactive_split_bytes += size
-                    self.inactive_split_bytes_total += size
+                    stats.inactive_split += 1
+                    stats.inactive_split_total += 1
+                    stats.inactive_split_bytes += size
+                    stats.inactive_split_bytes_total += size
                 continue
-            self._seed_allocated(block, requested, recorded + offset, mapping)
-        self._seed_peaks()
-        self._reserved_change(segment.size)
-        self.num_segments += 1
-        self.segments_total += 1
-        self.peak_segments = max(self.peak_segments, self.num_segments)
-        if segment.size >= self.max_split_size:
-            self.oversize_segments += 1
-            self.oversize_segments_total += 1
-            self.peak_oversize_segments = max(self.peak_oversize_segments,
-                                              self.oversize_segments)
-        self.num_device_alloc += 1
+            self._seed_allocated(block, requested, recorded + offset, mapping, allocs)
+        self._seed_peaks(allocs)
+        stats.segment_added(segment.size, segment.size >= self.max_split_size)
 
-    def _seed_ranges(self, ordered: list[dict[str, Any]], mapping: dict[int, int]) -> None:
+    def _seed_ranges(self, expandable: ExpandableSegments, ordered: list[dict[str, Any]],
+                     mapping: dict[int, int], allocs: Allocations) -> None:
         """Seed recorded mapped ranges of expandable segments (sorted by address).
 
         The rules followed (c10/cuda/CUDACachingAllocator.cpp): each (stream, pool) grows one
@@ -238,7 +259,7 @@ class Snapshots(ReleasePath):
                         runs.append([recorded - base + offset, size, requested])
                 ranges.append((recorded - base, total))
                 cursor = recorded + total
-            nbytes = max(self._range_size(page), -(-(cursor - base) // page) * page)
+            nbytes = max(expandable.range_size(page), -(-(cursor - base) // page) * page)
             if cursor < base + nbytes:
                 runs.append([cursor - base, base + nbytes - cursor, UNMAPPED_PIECE])
             layouts.append((base, Segment(0, nbytes, stream, small, True, page), runs, ranges))
@@ -249,107 +270,81 @@ class Snapshots(ReleasePath):
                 if not self.device.map(segment.base + offset, total):
                     raise ValueError(f"the device cannot hold the recorded mapped range "
                                      f"{recorded_base + offset:#x} ({total} bytes)")
-            self._seed_range(segment, runs, ranges, recorded_base, mapping)
+            self._seed_range(expandable, segment, runs, ranges, recorded_base, mapping, allocs)
 
-    def _seed_range(self, segment: Segment, runs: list[list[int]],
-                    ranges: list[tuple[int, int]], recorded: int,
-                    mapping: dict[int, int]) -> None:
+    def _seed_range(self, expandable: ExpandableSegments, segment: Segment,
+                    runs: list[list[int]], ranges: list[tuple[int, int]], recorded: int,
+                    mapping: dict[int, int], allocs: Allocations) -> None:
         """Lay out one seeded virtual range (mapped blocks and unmapped space) and count it
         as the map_block calls and mallocs would have."""
-        self._new_segment(segment)
-        insort(self._es_bases, segment.base)
-        blocks = self._link(segment.base, segment.pool_key, runs)
+        expandable.add_range(segment)
+        blocks = self.pools.lay_out(segment.base, segment.pool_key, [size for _, size, _ in runs])
         for (offset, _, requested), block in zip(runs, blocks, strict=True):
             if requested == UNMAPPED_PIECE:
-                self._add_unmapped(block)
+                expandable.add_unmapped(block)
             elif requested == FREE:
-                self._insert_free(block)
+                self.pools.insert_free(block)
             else:
-                self._seed_allocated(block, requested, recorded + offset, mapping)
-        self._seed_peaks()
+                self._seed_allocated(block, requested, recorded + offset, mapping, allocs)
+        self._seed_peaks(allocs)
         for _, total in ranges:
-            self._reserved_change(total)
-            self.num_device_alloc += 1
+            self.stats.reserved_change(total)
+            self.stats.num_device_alloc += 1
 
-    def _link(self, base: int, pool_key: int, pieces: list[list[int]]) -> list[list]:
-        """Blocks at ``base`` + each piece's offset, linked in order, in pool ``pool_key``, free
-        and mapped (the first replaces the segment's whole block); their records in order."""
-        record = self.block_map.record
-        blocks: list[list] = []
-        previous: list | None = None
-        for offset, size, _ in pieces:
-            address = base + offset
-            block = record[address] = [size, previous, None, pool_key, 0, address]
-            if previous is not None:
-                previous[NEXT] = block
-            blocks.append(block)
-            previous = block
-        return blocks
-
-    def _seed_allocated(self, block: list, requested: int, recorded: int,
-                        mapping: dict[int, int]) -> None:
+    def _seed_allocated(self, block: Block, requested: int, recorded: int,
+                        mapping: dict[int, int], allocs: Allocations) -> None:
         """Count a seeded allocated block as malloc would have."""
-        size = block[SIZE]
-        mapping[recorded] = block[ADDRESS]
-        block[REQ] = requested
-        self.bytes_in_use += size
-        self.allocated_total += size
-        self.requested += requested
-        self.requested_total += requested
-        self.num_allocs += 1
+        size = block.size
+        mapping[recorded] = block.address
+        block.requested = requested
+        allocs.bytes_in_use += size
+        allocs.requested += requested
+        allocs.num_allocs += 1
+        self.stats.allocated_total += size
+        self.stats.requested_total += requested
         if size >= self.max_split_size:
-            self._oversize_allocation()
+            self.stats.oversize_allocation()
 
-    def _seed_peaks(self) -> None:
-        self.peak_bytes_in_use = max(self.peak_bytes_in_use, self.bytes_in_use)
-        self.peak_requested = max(self.peak_requested, self.requested)
-        self.peak_allocations = max(self.peak_allocations, self.num_allocs - self.num_frees)
-        self.peak_inactive_split = max(self.peak_inactive_split, self.inactive_split)
-        self.peak_inactive_split_bytes = max(self.peak_inactive_split_bytes,
-                                             self.inactive_split_bytes)
+    def _seed_peaks(self, allocs: Allocations) -> None:
+        stats = self.stats
+        allocs.peak_bytes_in_use = max(allocs.peak_bytes_in_use, allocs.bytes_in_use)
+        stats.peak_requested = max(stats.peak_requested, allocs.requested)
+        stats.peak_allocations = max(stats.peak_allocations,
+                                     allocs.num_allocs - allocs.num_frees)
+        stats.peak_inactive_split = max(stats.peak_inactive_split, stats.inactive_split)
+        stats.peak_inactive_split_bytes = max(stats.peak_inactive_split_bytes,
+                                              stats.inactive_split_bytes)
 
     def blocks(self) -> Iterator[tuple[int, int, bool]]:
         """Every block of memory held from the device, in address order. Unmapped address
         space of expandable segments is not memory held, so it is left out."""
-        for base in sorted(self.segment_map):
-            for block in self.block_map.chain(base):
-                if block[REQ] != UNMAPPED:
-                    yield block[ADDRESS], block[SIZE], block[REQ] > 0
-
-    def stats(self) -> PolicyStats:
-        largest = 0
-        count = 0
-        for keys in self._free.values():
-            if keys:
-                count += len(keys)
-                largest = max(largest, keys[-1] >> SHIFT)
-        return PolicyStats(
-            num_allocs=self.num_allocs, num_frees=self.num_frees, num_ooms=self.num_ooms,
-            bytes_in_use=self.bytes_in_use, peak_bytes_in_use=self.peak_bytes_in_use,
-            bytes_requested=self.requested, pool_bytes=self.pool_bytes,
-            peak_pool_bytes=self.peak_pool_bytes, largest_free_block=largest, free_blocks=count)
+        pools = self.pools
+        for base in sorted(pools.segment_map):
+            for block in pools.block_map.chain(base):
+                if block.requested != UNMAPPED:
+                    yield block.address, block.size, block.requested > 0
 
     def segments(self) -> list[dict[str, Any]]:
         """Like torch.cuda.memory_snapshot()'s segments: one per cudaMalloc'd segment, or per
         contiguous mapped range of an expandable segment, sorted by address. Inactive blocks
         report requested_size 0."""
         result: list[dict[str, Any]] = []
-        for base in sorted(self.segment_map):
-            segment = self.segment_map[base]
+        for base in sorted(self.pools.segment_map):
+            segment = self.pools.segment_map[base]
             current: dict[str, Any] | None = None
-            for block in self.block_map.chain(base):
-                requested = block[REQ]
+            for block in self.pools.block_map.chain(base):
+                requested = block.requested
                 if requested == UNMAPPED:
                     current = None
                     continue
-                address = block[ADDRESS]
+                address = block.address
                 if current is None:
                     current = {"address": address, "total_size": 0, "allocated_size": 0,
                                "active_size": 0, "requested_size": 0, "stream": segment.stream,
                                "segment_type": "small" if segment.small else "large",
                                "is_expandable": segment.expandable, "blocks": []}
                     result.append(current)
-                size = block[SIZE]
+                size = block.size
                 current["total_size"] += size
                 if requested:
                     current["allocated_size"] += size
@@ -361,43 +356,44 @@ class Snapshots(ReleasePath):
         result.sort(key=lambda s: s["address"])
         return result
 
-    def memory_stats(self) -> dict[str, int]:
+    def memory_stats(self, allocs: Allocations) -> dict[str, int]:
         """torch.cuda.memory_stats()-style names. The ".all" stats carry current, peak,
         allocated and freed; ".small_pool"/".large_pool" only current (counted from the blocks)."""
-        stats: dict[str, int] = {}
+        stats = self.stats
+        report: dict[str, int] = {}
 
         def put(name: str, current: int, peak: int, allocated: int) -> None:
-            stats[f"{name}.all.current"] = current
-            stats[f"{name}.all.peak"] = peak
-            stats[f"{name}.all.allocated"] = allocated
-            stats[f"{name}.all.freed"] = allocated - current
+            report[f"{name}.all.current"] = current
+            report[f"{name}.all.peak"] = peak
+            report[f"{name}.all.allocated"] = allocated
+            report[f"{name}.all.freed"] = allocated - current
 
-        live = self.num_allocs - self.num_frees
-        put("allocation", live, self.peak_allocations, self.num_allocs)
-        put("active", live, self.peak_allocations, self.num_allocs)
-        put("allocated_bytes", self.bytes_in_use, self.peak_bytes_in_use, self.allocated_total)
-        put("active_bytes", self.bytes_in_use, self.peak_bytes_in_use, self.allocated_total)
-        put("requested_bytes", self.requested, self.peak_requested, self.requested_total)
-        put("reserved_bytes", self.pool_bytes, self.peak_pool_bytes, self.reserved_total)
-        put("segment", self.num_segments, self.peak_segments, self.segments_total)
-        put("inactive_split", self.inactive_split, self.peak_inactive_split,
-            self.inactive_split_total)
-        put("inactive_split_bytes", self.inactive_split_bytes, self.peak_inactive_split_bytes,
-            self.inactive_split_bytes_total)
+        live = allocs.num_allocs - allocs.num_frees
+        put("allocation", live, stats.peak_allocations, allocs.num_allocs)
+        put("active", live, stats.peak_allocations, allocs.num_allocs)
+        for name in ("allocated_bytes", "active_bytes"):
+            put(name, allocs.bytes_in_use, allocs.peak_bytes_in_use, stats.allocated_total)
+        put("requested_bytes", allocs.requested, stats.peak_requested, stats.requested_total)
+        put("reserved_bytes", stats.pool_bytes, stats.peak_pool_bytes, stats.reserved_total)
+        put("segment", stats.num_segments, stats.peak_segments, stats.segments_total)
+        put("inactive_split", stats.inactive_split, stats.peak_inactive_split,
+            stats.inactive_split_total)
+        put("inactive_split_bytes", stats.inactive_split_bytes, stats.peak_inactive_split_bytes,
+            stats.inactive_split_bytes_total)
         names = ("allocation", "allocated_bytes", "requested_bytes", "reserved_bytes", "segment",
                  "inactive_split", "inactive_split_bytes")
         per_pool = {pool: dict.fromkeys(names, 0) for pool in ("small_pool", "large_pool")}
-        for segment in self.segment_map.values():
+        record = self.pools.record
+        for segment in self.pools.segment_map.values():
             counts = per_pool["small_pool" if segment.small else "large_pool"]
             if not segment.expandable:
                 counts["segment"] += 1
-            chain = self.block_map.chain(segment.base)
-            split = not segment.expandable and self.block_map.record[segment.base][NEXT] is not None
-            for block in chain:
-                requested = block[REQ]
+            split = not segment.expandable and record[segment.base].next is not None
+            for block in self.pools.block_map.chain(segment.base):
+                requested = block.requested
                 if requested == UNMAPPED:
                     continue
-                size = block[SIZE]
+                size = block.size
                 counts["reserved_bytes"] += size
                 if requested:
                     counts["allocation"] += 1
@@ -408,22 +404,22 @@ class Snapshots(ReleasePath):
                     counts["inactive_split_bytes"] += size
         for pool, counts in per_pool.items():
             for name, value in counts.items():
-                stats[f"{name}.{pool}.current"] = value
-            stats[f"active.{pool}.current"] = counts["allocation"]
-            stats[f"active_bytes.{pool}.current"] = counts["allocated_bytes"]
+                report[f"{name}.{pool}.current"] = value
+            report[f"active.{pool}.current"] = counts["allocation"]
+            report[f"active_bytes.{pool}.current"] = counts["allocated_bytes"]
         for name, current, peak, total in (
-                ("oversize_allocations", self.oversize_allocations,
-                 self.peak_oversize_allocations, self.oversize_allocations_total),
-                ("oversize_segments", self.oversize_segments, self.peak_oversize_segments,
-                 self.oversize_segments_total)):
-            stats[f"{name}.current"] = current
-            stats[f"{name}.peak"] = peak
-            stats[f"{name}.allocated"] = total
-            stats[f"{name}.freed"] = total - current
-        stats["num_alloc_retries"] = self.num_alloc_retries
-        stats["num_ooms"] = self.num_ooms
-        stats["num_sync_all_streams"] = self.num_sync_all_streams
-        stats["num_device_alloc"] = self.num_device_alloc
-        stats["num_device_free"] = self.num_device_free
-        stats["max_split_size"] = -1 if self.max_split_size == NO_LIMIT else self.max_split_size
-        return stats
+                ("oversize_allocations", stats.oversize_allocations,
+                 stats.peak_oversize_allocations, stats.oversize_allocations_total),
+                ("oversize_segments", stats.oversize_segments, stats.peak_oversize_segments,
+                 stats.oversize_segments_total)):
+            report[f"{name}.current"] = current
+            report[f"{name}.peak"] = peak
+            report[f"{name}.allocated"] = total
+            report[f"{name}.freed"] = total - current
+        report["num_alloc_retries"] = stats.num_alloc_retries
+        report["num_ooms"] = allocs.num_ooms
+        report["num_sync_all_streams"] = stats.num_sync_all_streams
+        report["num_device_alloc"] = stats.num_device_alloc
+        report["num_device_free"] = stats.num_device_free
+        report["max_split_size"] = -1 if self.max_split_size == NO_LIMIT else self.max_split_size
+        return report

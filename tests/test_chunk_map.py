@@ -12,13 +12,7 @@ from hypothesis import strategies as st
 from policy_checks import small_device
 
 from allocsim.policies.best_fit import BestFitAllocator
-from allocsim.policies.chunks import (
-    KEY,
-    KEY_SHIFT,
-    NONE,
-    SIZE,
-    ChunkMap,
-)
+from allocsim.policies.chunks import KEY_SHIFT, NONE, ChunkMap
 from allocsim.sim.kernel.device import SimulatedDevice
 
 
@@ -59,10 +53,10 @@ def test_chunkmaps_general_methods_keep_its_invariants(steps: Any) -> None:
             chunks.give_back(live.pop(pick % len(live)))
         chunks.check()
         for address, chunk in chunks.record.items():
-            assert chunks.size[address] == chunk[SIZE]
-            assert (address in chunks.in_use) == (not chunk[KEY])
-            if chunk[KEY]:
-                assert chunk[KEY] == chunk[SIZE] << KEY_SHIFT | address
+            assert chunks.size[address] == chunk.size
+            assert (address in chunks.in_use) == (not chunk.key)
+            if chunk.key:
+                assert chunk.key == chunk.size << KEY_SHIFT | address
     for address in live:
         chunks.give_back(address)
     chunks.check()

@@ -3,7 +3,7 @@
 There is one malloc and one free per policy (the Python models are the specification, written
 once); what PyTorch's model may leave out when memory_stats() will not be read (the replay
 engine's case, keep_memory_stats(False)) is only the counters that report reads
-(pytorch_blocks.MEMORY_STATS_ONLY). Here a lean and a kept allocator run the same random
+(pytorch_stats.MEMORY_STATS_ONLY). Here a lean and a kept allocator run the same random
 workloads, with and without expandable segments: the same addresses, the same device calls,
 the same blocks, tables and every counter both keep, after every step (tests/test_fast_paths.py
 holds both to results recorded before the speed work, when these were two code paths).
@@ -16,8 +16,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from policy_checks import play_both, small_device, workload_actions
 
-from allocsim.policies.pytorch_blocks import MEMORY_STATS_ONLY
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
+from allocsim.policies.pytorch_stats import MEMORY_STATS_ONLY
 from allocsim.sim.kernel.device import SimulatedDevice
 
 
@@ -52,14 +52,16 @@ def same_pytorch_state(fast: PyTorchCachingAllocator, slow: PyTorchCachingAlloca
     """Every block with its state and request, every counter both keep and the block tables
     (the address-keyed views of the block records)."""
     assert fast.segments() == slow.segments()
-    for table in ("_size", "_prev", "_next", "_home", "_req"):
-        assert dict(getattr(fast, table)) == dict(getattr(slow, table)), table
-    assert set(fast._unmapped) == set(slow._unmapped)
-    kept = {name for name, value in vars(slow).items()
-            if isinstance(value, (int, dict, list, set)) and not isinstance(value, bool)
-            and name not in MEMORY_STATS_ONLY and name != "segment_map"}
-    assert {name: getattr(fast, name) for name in kept} == {
-        name: getattr(slow, name) for name in kept}
+    for table in ("size", "prev", "next", "pool_key", "requested"):
+        assert dict(getattr(fast.pools, table)) == dict(getattr(slow.pools, table)), table
+    assert set(fast.pools.unmapped) == set(slow.pools.unmapped)
+    for lean, full in ((fast, slow), (fast.pools, slow.pools), (fast.counters, slow.counters)):
+        kept = {name for name, value in vars(full).items()
+                if isinstance(value, (int, dict, list, set)) and not isinstance(value, bool)
+                and name not in MEMORY_STATS_ONLY
+                and name not in ("segment_map", "record", "_record")}
+        assert kept and {name: getattr(lean, name) for name in kept} == {
+            name: getattr(full, name) for name in kept}
 
 
 def views() -> tuple[Any, Any]:

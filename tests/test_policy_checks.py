@@ -352,25 +352,26 @@ def pytorch_with_a_hole(**params: Any) -> tuple[PyTorchCachingAllocator, int]:
 
 def test_pytorch_catches_a_free_block_left_out_of_its_free_list() -> None:
     policy, hole = pytorch_with_a_hole()
-    keys = policy._free[policy._home[hole]]
-    broken(policy, lambda: keys.remove(policy._size[hole] << SHIFT | hole), "in no free list")
+    keys = policy.pools.free_lists[policy.pools.pool_key[hole]]
+    broken(policy, lambda: keys.remove(policy.pools.size[hole] << SHIFT | hole),
+           "in no free list")
 
 
 def test_pytorch_catches_two_neighbouring_free_blocks_not_merged() -> None:
     policy, hole = pytorch_with_a_hole()
 
     def split_the_hole() -> None:
-        keys = policy._free[policy._home[hole]]
-        keys.remove(policy._size[hole] << SHIFT | hole)
+        keys = policy.pools.free_lists[policy.pools.pool_key[hole]]
+        keys.remove(policy.pools.size[hole] << SHIFT | hole)
         upper = hole + 512
-        policy._size[upper] = policy._size[hole] - 512
-        policy._size[hole] = 512
-        policy._prev[upper], policy._next[upper] = hole, policy._next[hole]
-        policy._prev[policy._next[hole]] = upper
-        policy._next[hole] = upper
-        policy._home[upper] = policy._home[hole]
+        policy.pools.size[upper] = policy.pools.size[hole] - 512
+        policy.pools.size[hole] = 512
+        policy.pools.prev[upper], policy.pools.next[upper] = hole, policy.pools.next[hole]
+        policy.pools.prev[policy.pools.next[hole]] = upper
+        policy.pools.next[hole] = upper
+        policy.pools.pool_key[upper] = policy.pools.pool_key[hole]
         insort(keys, 512 << SHIFT | hole)
-        insort(keys, policy._size[upper] << SHIFT | upper)
+        insort(keys, policy.pools.size[upper] << SHIFT | upper)
 
     broken(policy, split_the_hole, "neighbouring free blocks")
 
@@ -381,26 +382,29 @@ def test_pytorch_catches_counters_that_disagree() -> None:
                                ("pool_bytes", "reserved"), ("num_segments", "segment count"),
                                ("requested", "requested bytes")):
         policy, _ = pytorch_with_a_hole()
-        broken(policy, lambda p=policy, c=counter: setattr(p, c, getattr(p, c) + 512), invariant)
+        owner = policy if counter in ("bytes_in_use", "requested") else policy.counters
+        broken(policy, lambda o=owner, c=counter: setattr(o, c, getattr(o, c) + 512), invariant)
     policy, _ = pytorch_with_a_hole()
-    broken(policy, lambda: setattr(policy, "peak_pool_bytes", 0), "peak")
+    broken(policy, lambda: setattr(policy.counters, "peak_pool_bytes", 0), "peak")
 
 
 def test_pytorch_catches_a_free_block_without_its_gc_stamp() -> None:
     policy, hole = pytorch_with_a_hole(garbage_collection_threshold=0.5,
                                        per_process_memory_fraction=0.5)
-    broken(policy, lambda: policy._gc_base.pop(hole), "GC stamp")
+    broken(policy, lambda: policy.pools.gc_stamps.pop(hole), "GC stamp")
 
 
 def test_pytorch_expandable_segments_catch_unmapped_bookkeeping_that_disagrees() -> None:
     policy, _ = pytorch_with_a_hole(expandable_segments=True)
-    addresses = next(v for v in policy._unmapped_lists.values() if v)
+    assert policy.expandable_segments is not None
+    addresses = next(v for v in policy.expandable_segments.unmapped_lists.values() if v)
     broken(policy, addresses.pop, "unmapped list")
     policy, _ = pytorch_with_a_hole(expandable_segments=True)
-    broken(policy, policy._es_bases.clear, "_es_bases")
+    assert policy.expandable_segments is not None
+    broken(policy, policy.expandable_segments.bases.clear, "expandable bases")
     policy, _ = pytorch_with_a_hole(expandable_segments=True)
-    unmapped = next(iter(policy._unmapped))
-    broken(policy, lambda: policy._req.__setitem__(unmapped, 1), "unmapped")
+    unmapped = next(iter(policy.pools.unmapped))
+    broken(policy, lambda: policy.pools.requested.__setitem__(unmapped, 1), "unmapped")
 
 
 def test_pytorch_check_holds_for_a_seeded_state_and_after_it() -> None:

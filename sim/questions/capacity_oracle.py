@@ -56,18 +56,10 @@ from allocsim.policies.base import (
     capacity_use_of,
 )
 from allocsim.policies.bfc import BFCAllocator, PreallocateAllocator
-from allocsim.policies.chunk_records import ADDRESS as CHUNK_ADDRESS
-from allocsim.policies.chunk_records import KEY as CHUNK_KEY
-from allocsim.policies.chunk_records import NEXT as CHUNK_NEXT
-from allocsim.policies.chunk_records import PREV as CHUNK_PREV
-from allocsim.policies.chunk_records import SIZE as CHUNK_SIZE
 from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.policies.cupy_pool import ADDRESS_MASK as CUPY_ADDRESS_MASK
 from allocsim.policies.cupy_pool import CuPyPoolAllocator
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
-from allocsim.policies.pytorch_records import HOME as BLOCK_HOME
-from allocsim.policies.pytorch_records import REQ as BLOCK_REQ
-from allocsim.policies.pytorch_records import SIZE as BLOCK_SIZE
 from allocsim.sim.kernel.device import DeviceProfile, ProcessDevice, SimulatedDevice
 from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
 from allocsim.sim.kernel.native import open_run as open_native_run
@@ -372,16 +364,17 @@ def _pytorch_state(policy: Policy) -> object:
     each free block (its pool's searches since it entered; an allocated block's old stamp is
     never read). Not: the statistics, the requested sizes. The settings are the run's own."""
     pool: PyTorchCachingAllocator = policy                          # type: ignore[assignment]
-    blocks = {address: (block[BLOCK_SIZE], block[BLOCK_HOME], min(block[BLOCK_REQ], 1))
-              for address, block in pool.block_map.record.items()}
+    pools = pool.pools
+    blocks = {address: (block.size, block.pool_key, min(block.requested, 1))
+              for address, block in pools.record.items()}
     segments = [(s.base, s.size, s.stream, s.small, s.expandable, s.page)
-                for s in pool.segment_map.values()]
+                for s in pools.segment_map.values()]
     ages: dict[int, int] = {}
-    if pool._gc_on:
-        calls = pool._gc_calls
-        ages = {address: calls[state[1] & 1] - pool._gc_base[address]
+    if pools.gc_on:
+        searches = pools.gc_searches
+        ages = {address: searches[state[1] & 1] - pools.gc_stamps[address]
                 for address, state in blocks.items() if state[2] == 0}
-    return blocks, segments, pool.pool_bytes, tuple(pool._free), ages
+    return blocks, segments, pool.pool_bytes, tuple(pools.free_lists), ages
 
 
 def _cuda_async_places(policy: Policy) -> tuple[object, dict[int, object]]:
@@ -404,12 +397,12 @@ def _cuda_async_places(policy: Policy) -> tuple[object, dict[int, object]]:
     for base in rank:
         place = rank[base]
         chunk = pool.chunks.record[base]
-        ring = chunk[CHUNK_PREV]
+        ring = chunk.prev
         while chunk is not ring:
-            address = chunk[CHUNK_ADDRESS]
+            address = chunk.address
             places[address] = name = (place, address - base)
-            chunks[name] = (chunk[CHUNK_SIZE], not chunk[CHUNK_KEY])
-            chunk = chunk[CHUNK_NEXT]
+            chunks[name] = (chunk.size, not chunk.key)
+            chunk = chunk.next
     state = (chunks, [regions[base] for base in rank],
              frozenset(rank[base] for base in pool.free_regions),
              {places[address]: owner for address, owner in pool.owner_of.items()},
