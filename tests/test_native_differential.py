@@ -248,10 +248,10 @@ STEPS = st.lists(st.tuples(st.booleans(),
 CAPACITIES_MIB = st.sampled_from([16, 40, 96, 81920])
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 CONTEXTS_MIB = st.sampled_from([0, 0, 8, 64])
 
 
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=STEPS, spec=st.sampled_from(cases.NATIVE_SPECS), capacity_mib=CAPACITIES_MIB,
        context_mib=CONTEXTS_MIB)
 def test_random_workloads_match_after_every_event(steps: list[tuple[bool, int, int]], spec: str,

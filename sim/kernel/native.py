@@ -183,8 +183,9 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
 
 def _pytorch_config(policy: PyTorchCachingAllocator) -> dict[str, Any]:
     """PyTorch's constants and settings for the core (it has every setting)."""
-    ranges = ({"range_small": policy._range_size(K_SMALL_BUFFER),
-               "range_large": policy._range_size(K_LARGE_BUFFER)} if policy.expandable else {})
+    segments = policy.expandable_segments
+    ranges = ({"range_small": segments.range_size(K_SMALL_BUFFER),
+               "range_large": segments.range_size(K_LARGE_BUFFER)} if segments is not None else {})
     return {"family": "pytorch", "min_block_size": K_MIN_BLOCK_SIZE, "small_size": K_SMALL_SIZE,
             "small_buffer": K_SMALL_BUFFER, "large_buffer": K_LARGE_BUFFER,
             "min_large_alloc": K_MIN_LARGE_ALLOC, "round_large": K_ROUND_LARGE,
