@@ -87,12 +87,12 @@ def test_an_unknown_family_is_a_definition_error() -> None:
 
 
 def test_the_xla_plan_is_the_modules_allocations_rounded_up() -> None:
-    class Fake:
-        metadata = {"xla": {"total_bytes": 10 * MiB + 1}}
-
-    assert pop._xla_plan(Fake(), MiB) == 11 * MiB  # type: ignore[arg-type]
-    Fake.metadata = {}
-    assert pop._xla_plan(Fake(), MiB) is None  # type: ignore[arg-type]
+    from allocsim.traces.model import Trace
+    trace = Trace.from_events([(0, "alloc", 1, 64), (1, "free", 1, 64)])
+    trace.metadata["xla"] = {"total_bytes": 10 * MiB + 1}
+    assert pop._xla_plan(trace, MiB) == 11 * MiB
+    trace.metadata.pop("xla")
+    assert pop._xla_plan(trace, MiB) is None
 
 
 @pytest.mark.parametrize("name", SHIPPED)

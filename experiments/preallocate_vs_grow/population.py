@@ -50,23 +50,33 @@ import re
 import statistics
 import sys
 from dataclasses import replace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+from allocsim.atomic_files import write_text
 from allocsim.policies import format_size
 from allocsim.sim.kernel.device import resolve_device
-from allocsim.atomic_files import write_text
 from allocsim.sim.questions.capacity import min_capacity
 from allocsim.sim.questions.compare import compare
 from allocsim.traces import formats, synth
 from allocsim.traces.model import Trace
-from experiments.runner.execute import (HERE, ROOT, DefinitionError, resolution, sensitivity_grid,
-                                        winners_across)
+from experiments.runner.execute import (
+    HERE,
+    ROOT,
+    DefinitionError,
+    resolution,
+    sensitivity_grid,
+    winners_across,
+)
+from experiments.runner.render import sensitivity_line
 
 START, END = "<!-- population:start -->", "<!-- population:end -->"
 _DECLARED = re.compile(r"<!--\s*numbers:(.*?)-->", re.S)
@@ -149,7 +159,8 @@ def measure(definition: dict[str, Any], say: Any) -> dict[str, Any]:
     return {"title": definition["title"], "device": definition["device"],
             "reserved": bool(definition.get("reserved")),
             "policies": policies, "families": families, "skipped": skipped,
-            "claims": [judge(claim, families) for claim in definition.get("claims", [])],
+            "claims": [judge(claim, families, skipped)
+                       for claim in definition.get("claims", [])],
             **({"sensitivity": {"cost_scale": grid[0], "max_slowdown": grid[1]}}
                if grid else {})}
 
@@ -195,13 +206,16 @@ def _key(family: dict[str, Any], row: dict[str, Any]) -> str:
     return row["member"] if family["kind"] == "compiled" else f"{family['label']}: {row['member']}"
 
 
-def judge_pairs(claim: dict[str, Any], families: list[dict[str, Any]]) -> dict[str, Any]:
+def judge_pairs(claim: dict[str, Any], families: list[dict[str, Any]],
+                skipped: list[str]) -> dict[str, Any]:
     """Is ``policy``'s headroom lower on the first family of each pair of ``pairs`` than on
     the second, member by member (the i-th of each: the same seed, or the same job with other
     shapes)?"""
     by_label = {f["label"]: f for f in families}
     outcomes = []
     for first, second in claim["pairs"]:
+        if first in skipped or second in skipped:
+            continue
         for label in (first, second):
             if label not in by_label:
                 raise DefinitionError(f"claim {claim['text']!r}: unknown family {label!r}")
@@ -226,12 +240,15 @@ def _finite(value: float | None) -> float:
     return float("inf") if value is None else value
 
 
-def judge(claim: dict[str, Any], families: list[dict[str, Any]]) -> dict[str, Any]:
-    """Where ``lower``'s metric is below ``higher``'s (beyond the resolution), where above."""
+def judge(claim: dict[str, Any], families: list[dict[str, Any]],
+          skipped: Sequence[str] = ()) -> dict[str, Any]:
+    """Where ``lower``'s metric is below ``higher``'s (beyond the resolution), where above.
+    Families in ``skipped`` (no member present) are left out of the claim."""
     if "policy" in claim:
-        return judge_pairs(claim, families)
+        return judge_pairs(claim, families, list(skipped))
     metric, lower, higher = claim.get("metric", "min_capacity"), claim["lower"], claim["higher"]
-    chosen = claim.get("families") or [f["label"] for f in families]
+    chosen = [c for c in claim.get("families") or [f["label"] for f in families]
+              if c not in skipped]
     unknown = [c for c in chosen if c not in {f["label"] for f in families}]
     if unknown:
         raise DefinitionError(f"claim {claim['text']!r}: unknown family {unknown[0]!r}")
@@ -308,8 +325,10 @@ def markdown(results: dict[str, Any]) -> str:
             if not all(m["peak_reserved"] for m in f["members"]):
                 continue
             for policy in results["policies"]:
-                rows.append([f["label"], f"`{policy}`", *_spread(
-                    [m["peak_reserved"][policy] / m["peak_live"] - 1 for m in f["members"]])])
+                if policy in f["members"][0]["peak_reserved"]:
+                    rows.append([f["label"], f"`{policy}`", *_spread(
+                        [m["peak_reserved"][policy] / m["peak_live"] - 1
+                         for m in f["members"]])])
         parts += [*_table(rows, ["family", "policy", "min", "median", "max"]), ""]
     if results["claims"]:
         parts += ["**Claims** (on a member, `lower` needs less than `higher` when it is below "
@@ -335,49 +354,51 @@ def markdown(results: dict[str, Any]) -> str:
                                      "not holding at"]), ""]
     sens = results.get("sensitivity")
     if sens:
-        rows = []
-        for f in results["families"]:
-            for m in f["members"]:
-                if "winners" in m:
-                    won = sorted({w["winner"] or "none" for w in m["winners"]})
-                    rows.append([f"{f['label']}: {m['member']}", ", ".join(f"`{w}`" for w in won),
-                                 "yes" if len(won) == 1 else "**no**"])
-        if rows:
-            parts += ["**Winner (least memory within the slowdown budget)** on members with "
-                      "measured times, over device-call costs "
-                      + ", ".join(f"×{s:g}" for s in sens["cost_scale"]) + " and budgets "
-                      + ", ".join(f"{b:.2f}x" for b in sens["max_slowdown"]) + ":", "",
-                      *_table(rows, ["member", "winners", "one winner"]), ""]
+        lines = [f"- {f['label']}: {m['member']}: " + sensitivity_line(
+                    {"budget_applied": True, "winners": m["winners"],
+                     "stable": len({w["winner"] for w in m["winners"]}) == 1}, sens)
+                 for f in results["families"] for m in f["members"] if "winners" in m]
+        if lines:
+            parts += ["**Winner** (least memory within the slowdown budget) on the recorded "
+                      "members, whose times are measured (CPU times; no other member's time is "
+                      "a finding):", "", *lines, ""]
     parts.append("![population.png](population.png)")
     return "\n".join(parts)
 
 
 def figure(results: dict[str, Any], path: Path) -> None:
-    """Each family's headroom per policy: one dot per member, a bar at the median."""
-    from allocsim.sim.output.colours import policy_colours
+    """Families x policies: the colour is the median headroom (capped at +100%), the text the
+    median over min-max, so a direction that flips within a family shows as a wide range."""
     from allocsim.sim.output.figures import pyplot
     from allocsim.sim.output.files import atomic_savefig
     plt = pyplot()
     families, policies = results["families"], results["policies"]
-    colours = policy_colours(policies)
-    fig, axes = plt.subplots(len(families), 1, figsize=(9, 2.3 * len(families) + 0.6),
-                             squeeze=False)
-    for ax, f in zip(axes[:, 0], families):
-        for k, policy in enumerate(policies):
-            values = [100 * h for m in f["members"]
-                      if (h := _headroom(m, policy)) is not None]
-            if values:
-                ax.scatter([k] * len(values), values, s=14, color=colours[policy], alpha=0.7)
-                ax.hlines(statistics.median(values), k - 0.3, k + 0.3, color="black", lw=1.5)
-        ax.set_xticks(range(len(policies)), policies if f is families[-1] else
-                      [""] * len(policies), rotation=12, ha="right", fontsize=8)
-        ax.set_ylabel("headroom %", fontsize=8)
-        ax.set_title(f"{f['label']} ({len(f['members'])} members)", fontsize=9, loc="left")
-        ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(f"{results['title']}: minimum capacity over peak live "
-                 "(dot = member, bar = median)", fontsize=10)
+    grid = np.full((len(families), len(policies)), np.nan)
+    fig, ax = plt.subplots(figsize=(1.45 * len(policies) + 3.6, 0.52 * len(families) + 1.6))
+    for i, f in enumerate(families):
+        for j, policy in enumerate(policies):
+            values = sorted(100 * h for m in f["members"]
+                            if (h := _headroom(m, policy)) is not None)
+            if not values:
+                ax.text(j, i, "-", ha="center", va="center", fontsize=7, color="grey")
+                continue
+            median = statistics.median(values)
+            grid[i, j] = min(median, 100.0)
+            digits = 1 if values[-1] < 10 else 0
+            ax.text(j, i, f"{median:+.{digits}f}%\n{values[0]:.{digits}f}–{values[-1]:.{digits}f}",
+                    ha="center",
+                    va="center", fontsize=6.5, color="white" if median > 55 else "black")
+    image = ax.imshow(grid, cmap="YlOrRd", vmin=0, vmax=100,
+                      aspect="auto")
+    ax.set_xticks(range(len(policies)), policies, rotation=25, ha="right", fontsize=7.5)
+    ax.set_yticks(range(len(families)),
+                  [f"{f['label']} ({len(f['members'])})" for f in families], fontsize=7.5)
+    fig.colorbar(image, ax=ax, fraction=0.03, pad=0.02).set_label(
+        "median headroom % (capped at 100)", fontsize=7)
+    ax.set_title(f"{results['title']}: minimum capacity over peak live — median, min–max over "
+                 "each family's members (count in brackets)", fontsize=8.5)
     fig.tight_layout()
-    atomic_savefig(fig, path, dpi=100)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -422,11 +443,15 @@ def population_problems(folder: Path) -> list[str]:
     return problems
 
 
-def run(name: str, say: Any = None) -> dict[str, Any]:
+def run(name: str, say: Any = None, *, render_only: bool = False) -> dict[str, Any]:
+    """Measure (or, ``render_only``, read population.json) and write the results."""
     folder = HERE / name
     say = say or (lambda *a: print(*a, file=sys.stderr))
-    definition = tomllib.loads((folder / "population.toml").read_text())
-    results = {"experiment": name, **measure(definition, say)}
+    if render_only:
+        results = json.loads((folder / "population.json").read_text())
+    else:
+        definition = tomllib.loads((folder / "population.toml").read_text())
+        results = {"experiment": folder.name, **measure(definition, say)}
     write_text(folder / "population.json", json.dumps(results, indent=1) + "\n")
     figure(results, folder / "population.png")
     update_readme(folder / "README.md", markdown(results))
@@ -436,14 +461,17 @@ def run(name: str, say: Any = None) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="+")
-    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--check", action="store_true",
+                        help="run nothing: hold each README to its population.json")
+    parser.add_argument("--render", action="store_true",
+                        help="measure nothing: redraw the figure and README from population.json")
     args = parser.parse_args(argv)
     if args.check:
         problems = [p for n in args.names for p in population_problems(HERE / n)]
         print("\n".join(problems) or f"{len(args.names)} population section(s) agree")
         return 1 if problems else 0
     for name in args.names:
-        run(name)
+        run(name, render_only=args.render)
         print(f"experiments/{name}: population.json, population.png and README updated")
     return 0
 

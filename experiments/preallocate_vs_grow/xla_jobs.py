@@ -21,7 +21,7 @@ sizes from 0.13B to 6.7B parameters (GPT-3's 125M / 350M / 1.3B / 2.7B / 6.7B sh
 autotuning scratch, NCCL buffers, CUDA-graph memory, the CUDA context. Times are synthesised
 (``synthetic_times``): no slowdown measured on them is a finding.
 
-Compiling all of :data:`JOBS` takes about 10 minutes on 2 cores; the files are committed, so the
+Compiling all of :data:`JOBS` took about 45 minutes on 2 shared cores; the files are committed, so the
 experiments never compile.
 """
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -82,18 +81,17 @@ def _jobs() -> list[Job]:
     jobs = []
     for size in SIZES:       # sizes x remat x donation, at batch 8 x 1024 on an H100
         jobs.append(Job(size, buffers=True, tags=("size", "remat", "donate")))
+        if size == "6.7b":   # its remat-off and undonated steps: not compiled (time budget)
+            continue
         jobs.append(Job(size, remat=False, buffers=True, tags=("remat",)))
         jobs.append(Job(size, donate=False, tags=("donate",)))
     for batch, length in ((2, 512), (32, 512), (2, 4096)):   # batch and length sweep
         jobs.append(Job("1.3b", batch=batch, length=length, tags=("batch-length",)))
-    for size in ("350m", "1.3b"):
-        # fixed shapes (every batch padded to the longest) against length buckets
-        jobs.append(Job(size, length=2048, steps=8, tags=("fixed",)))
-        jobs.append(Job(size, length=256, buckets=(512, 1024, 2048), steps=8,
-                        tags=("bucketed",)))
-    for size, target in (("125m", "a100-40g"), ("350m", "l4-24g"), ("1.3b", "a100-80g")):
-        jobs.append(Job(size, target=target, tags=("target",)))   # other GPUs
-    jobs.append(Job("1.3b", devices=4, tags=("devices",)))   # FSDP over 4 GPUs (one's share)
+    jobs.append(Job("350m", length=2048, steps=8, tags=("batch-length",)))
+    # fixed shapes (every batch padded to the longest) against length buckets
+    jobs.append(Job("125m", length=2048, steps=8, tags=("fixed",)))
+    jobs.append(Job("125m", length=256, buckets=(512, 1024, 2048), steps=8, tags=("bucketed",)))
+    jobs.append(Job("125m", target="a100-40g", tags=("target",)))   # another GPU
     return jobs
 
 
@@ -164,6 +162,8 @@ def _clean(trace: Any, job: Job, view: str) -> None:
     meta = trace.metadata
     for key in ("path", "listing", "dump"):
         meta.pop(key, None)
+    for key in ("allocations", "files"):   # the dump's own listing: large, and in the dump
+        meta.get("xla", {}).pop(key, None)
     meta["name"] = f"{job.name} ({view})"
     meta["source"] = f"experiments/preallocate_vs_grow/xla_jobs.py:{job.name}"
 
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-tag", nargs="*", default=[], help="leave out jobs so tagged")
     args = parser.parse_args(argv)
     DATA.mkdir(parents=True, exist_ok=True)
-    index_path = DATA / os.environ.get("ALLOCSIM_JOBS_INDEX", "index.json")
+    index_path = DATA / "index.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else {}
     for job in JOBS:
         if (args.only and job.name not in args.only) or set(args.skip_tag) & set(job.tags):
