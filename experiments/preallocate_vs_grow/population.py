@@ -79,7 +79,9 @@ from experiments.runner.execute import (
 from experiments.runner.render import sensitivity_line
 
 START, END = "<!-- population:start -->", "<!-- population:end -->"
-_DECLARED = re.compile(r"<!--\s*numbers:(.*?)-->", re.S)
+# Numbers the findings quote from outside the population (the old verdicts', facts): declared as
+# ``<!-- findings-numbers: ... -->`` (readme_check's ``numbers:`` belong to the Verdict).
+_DECLARED = re.compile(r"<!--\s*findings-numbers:(.*?)-->", re.S)
 JOBS = ROOT / "experiments" / "data" / "xla-gpu"
 XLA_PLAN = "xla-plan"   # pseudo-policy: XLA's own buffer assignment (buffers-view members)
 
@@ -420,7 +422,8 @@ def update_readme(path: Path, body: str) -> None:
 
 def population_problems(folder: Path) -> list[str]:
     """The README's population section against population.json, and every size or percentage
-    of its ``## Findings`` section against that section (declared numbers as readme_check)."""
+    of its ``## Findings`` section against that section (numbers from outside it declared in
+    ``<!-- findings-numbers: ... -->``)."""
     from experiments.runner.readme_check import declared, quantities
     name = folder.name
     readme, stored = folder / "README.md", folder / "population.json"
@@ -436,7 +439,9 @@ def population_problems(folder: Path) -> list[str]:
     if len(found) < 2:
         return [*problems, f"{name}: README.md has no ## Findings section"]
     findings = found[1].split("\n## ", 1)[0]
-    table, marked = quantities(rendered), declared(findings)
+    table = quantities(rendered)
+    marked = declared("".join(f"<!-- numbers:{block}-->"
+                              for block in _DECLARED.findall(findings)))
     for q in quantities(_DECLARED.sub("", findings)):
         if not any(q.matches(t) for t in table) and not any(
                 q.matches(d) and d.matches(q) for d in marked):

@@ -21,8 +21,8 @@ sizes from 0.13B to 6.7B parameters (GPT-3's 125M / 350M / 1.3B / 2.7B / 6.7B sh
 autotuning scratch, NCCL buffers, CUDA-graph memory, the CUDA context. Times are synthesised
 (``synthetic_times``): no slowdown measured on them is a finding.
 
-Compiling all of :data:`JOBS` took about 45 minutes on 2 shared cores; the files are committed, so the
-experiments never compile.
+Compiling all of :data:`JOBS` took about 45 minutes on 2 shared cores; the files are
+committed, so the experiments never compile.
 """
 
 from __future__ import annotations
