@@ -1,0 +1,132 @@
+"""Findings over a population (experiments/preallocate_vs_grow/population.py): how a claim is
+judged on members, and every shipped population section held to its population.json.
+
+Reads files only for the shipped experiments: nothing is rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from experiments.preallocate_vs_grow import population as pop
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+SHIPPED = sorted(p.parent.name for p in EXPERIMENTS.glob("*/population.toml"))
+MiB = 1 << 20
+
+
+def row(member: str, **capacities: int | None) -> dict[str, Any]:
+    """A member with peak live 100 MiB, resolution 1 MiB and these minimum capacities (MiB)."""
+    return {"member": member, "device": "a100-80g", "peak_live": 100 * MiB, "resolution": MiB,
+            "events": 10, "peak_reserved": {},
+            "min_capacity": {p: None if c is None else c * MiB for p, c in capacities.items()}}
+
+
+def family(label: str, kind: str, *rows: dict[str, Any]) -> dict[str, Any]:
+    return {"label": label, "kind": kind, "source": None, "note": "", "members": list(rows)}
+
+
+CLAIM = {"text": "a below b", "lower": "a", "higher": "b"}
+
+
+def test_a_claim_holding_on_every_member_is_supported() -> None:
+    fams = [family("f", "generated", row("seed 0", a=110, b=130), row("seed 1", a=101, b=150))]
+    judged = pop.judge(CLAIM, fams)
+    assert (judged["verdict"], judged["holds"], judged["members"]) == ("supported", 2, 2)
+    assert judged["gap"] == pytest.approx([0.2, 0.345, 0.49])
+
+
+def test_a_claim_reversed_on_one_seed_depends_and_names_it() -> None:
+    fams = [family("f", "generated", row("seed 0", a=110, b=130), row("seed 3", a=140, b=130))]
+    judged = pop.judge(CLAIM, fams)
+    assert (judged["verdict"], judged["holds"], judged["reversed"]) == ("depends", 1, 1)
+    assert [o["member"] for o in judged["outcomes"] if o["outcome"] == "reversed"] == ["seed 3"]
+
+
+def test_a_difference_within_the_resolution_is_a_tie_not_a_win() -> None:
+    fams = [family("f", "generated", row("seed 0", a=130, b=131))]
+    judged = pop.judge(CLAIM, fams)
+    assert (judged["verdict"], judged["tie"]) == ("not supported", 1)
+
+
+def test_never_fitting_is_above_every_size() -> None:
+    fams = [family("f", "generated", row("seed 0", a=None, b=130))]
+    judged = pop.judge(CLAIM, fams)
+    assert (judged["verdict"], judged["reversed"], judged["gap"]) == ("not supported", 1, None)
+
+
+def test_a_compiled_job_in_two_families_counts_once() -> None:
+    job = row("1.3b-b8-t1024-h100-80g", a=110, b=130)
+    fams = [family("sizes", "compiled", job), family("remat", "compiled", job,
+                                                     row("1.3b-noremat", a=140, b=130))]
+    judged = pop.judge(CLAIM, fams)
+    assert (judged["members"], judged["holds"], judged["reversed"]) == (2, 1, 1)
+    # ... while the same seed of two generated families is two members
+    seeds = [family("g1", "generated", row("seed 0", a=1, b=3)),
+             family("g2", "generated", row("seed 0", a=1, b=3))]
+    assert pop.judge(CLAIM, seeds)["members"] == 2
+
+
+def test_paired_families_compare_one_policy_member_by_member() -> None:
+    static = family("static", "generated", row("seed 0", bfc=104), row("seed 1", bfc=104))
+    dynamic = family("dynamic", "generated", row("seed 0", bfc=180), row("seed 1", bfc=101))
+    claim = {"text": "dynamic hurts", "policy": "bfc", "pairs": [["static", "dynamic"]]}
+    judged = pop.judge(claim, [static, dynamic])
+    assert (judged["verdict"], judged["holds"], judged["reversed"]) == ("depends", 1, 1)
+    assert judged["gap"][0] == pytest.approx(-0.03)
+
+
+def test_an_unknown_family_is_a_definition_error() -> None:
+    with pytest.raises(pop.DefinitionError, match="unknown family"):
+        pop.judge({**CLAIM, "families": ["nope"]}, [family("f", "generated")])
+
+
+def test_the_xla_plan_is_the_modules_allocations_rounded_up() -> None:
+    from allocsim.traces.model import Trace
+    trace = Trace.from_events([(0, "alloc", 1, 64), (1, "free", 1, 64)])
+    trace.metadata["xla"] = {"total_bytes": 10 * MiB + 1}
+    assert pop._xla_plan(trace, MiB) == 11 * MiB
+    trace.metadata.pop("xla")
+    assert pop._xla_plan(trace, MiB) is None
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_population_section_and_findings_agree_with_population_json(name: str) -> None:
+    assert pop.population_problems(EXPERIMENTS / name) == []
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_no_result_names_a_machine_path(name: str) -> None:
+    text = (EXPERIMENTS / name / "population.json").read_text()
+    assert "/work/" not in text and "/tmp/" not in text and "/home/" not in text
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    """A shipped experiment folder's population.json and README, copied."""
+    name = SHIPPED[0]
+    folder = tmp_path / name
+    folder.mkdir()
+    for file in ("population.json", "README.md"):
+        shutil.copy(EXPERIMENTS / name / file, folder / file)
+    assert pop.population_problems(folder) == []
+    return folder
+
+
+def test_a_findings_number_no_table_has_fails(copy: Path) -> None:
+    readme = copy / "README.md"
+    readme.write_text(readme.read_text().replace("## Findings", "## Findings\n\nIt is +987.6%.\n",
+                                                 1))
+    assert any("987.6%" in p for p in pop.population_problems(copy))
+
+
+def test_an_edited_population_table_fails(copy: Path) -> None:
+    results = json.loads((copy / "population.json").read_text())
+    results["families"][0]["members"][0]["peak_live"] += 1 << 30
+    (copy / "population.json").write_text(json.dumps(results))
+    assert any("not what population.json renders" in p for p in pop.population_problems(copy))
