@@ -331,12 +331,12 @@ class ChunkMap:
         if base is None:
             return None
         ring = self.ring[base]
-        chunk = ring[NEXT]
+        chunk = ring.next
         while chunk is not ring:
-            start, size = chunk[ADDRESS], chunk[SIZE]
-            if chunk[KEY] and start <= address and address + nbytes <= start + size:
+            start, size = chunk.address, chunk.size
+            if chunk.key and start <= address and address + nbytes <= start + size:
                 return start, size
-            chunk = chunk[NEXT]
+            chunk = chunk.next
         return None
 
     def take(self, address: int, chunk_size: int, rounded: int, split: bool,
