@@ -22,11 +22,9 @@ SHIPPED = sorted(p.parent.name for p in ROOT.glob("*/experiment.toml"))
 # run. The verdict rewrite of issue 15 declares (<!-- numbers: ... -->) or fixes them and takes
 # the experiment off this list; strict, so a README that passes must leave it.
 PENDING: set[str] = set()
-# The binding check (issue 30: a number must be the subject's its clause names) finds one
-# clause in fragmentation's verdict, "(+65.0% vs PyTorch's +0.9%)", whose first number is best
-# fit's but names only PyTorch. That folder is being reworked (exp-a); strict, so the entry
-# must go once its verdict names each number's subject.
-PENDING_BINDING: set[str] = {"fragmentation"}
+# Verdicts whose numbers the binding check (issue 30: a number must be the subject's its clause
+# names) cannot yet bind; strict, so a README that passes must leave it. None today.
+PENDING_BINDING: set[str] = set()
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -15,11 +15,9 @@ ROOT = Path(__file__).resolve().parents[1] / "experiments"
 SHIPPED = sorted(p.parent.name for p in ROOT.glob("*/experiment.toml"))
 
 
-# Committed before the runner named trace files relative to the repository and sized without
-# the named device's context share: their results.json hold absolute paths and old minimum
-# capacities until they are rerun (`python -m experiments.run NAME`; being reworked on the
-# exp-a branch). Strict: an entry must go once its folder regenerates as committed.
-PENDING: set[str] = {"preallocate_vs_grow", "fragmentation", "arena_vs_growth"}
+# Experiments whose committed results are known not to regenerate (strict: an entry must go
+# once its folder regenerates as committed). None today.
+PENDING: set[str] = set()
 
 
 @pytest.mark.slow
