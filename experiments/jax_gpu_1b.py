@@ -18,8 +18,10 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from allocsim.traces.record import xla_gpu
+from experiments import gpt_step
 
 xla_gpu.prepare()  # before jax is imported: the CUDA plugin with no device visible
 
@@ -27,56 +29,10 @@ D_MODEL, LAYERS, HEADS, MLP, VOCAB = 2048, 24, 16, 8192, 32000
 BATCH, LENGTH = 8, 1024
 
 
-def build(remat: bool = True):  # returns (step, state, tokens): jax types
-    import jax
-    import jax.numpy as jnp
-
-    def init(key):
-        keys = iter(jax.random.split(key, 4 * LAYERS + 2))
-
-        def dense(n_in, n_out):
-            return jax.random.normal(next(keys), (n_in, n_out), jnp.float32) * n_in ** -0.5
-
-        layers = [{"qkv": dense(D_MODEL, 3 * D_MODEL), "out": dense(D_MODEL, D_MODEL),
-                   "up": dense(D_MODEL, MLP), "down": dense(MLP, D_MODEL),
-                   "norm1": jnp.ones(D_MODEL), "norm2": jnp.ones(D_MODEL)}
-                  for _ in range(LAYERS)]
-        return {"embed": dense(VOCAB, D_MODEL), "layers": layers, "norm": jnp.ones(D_MODEL),
-                "head": dense(D_MODEL, VOCAB)}
-
-    def norm(x, scale):
-        return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * scale
-
-    def block(x, p):
-        b, t, _ = x.shape
-        q, k, v = jnp.split(norm(x, p["norm1"]) @ p["qkv"], 3, axis=-1)
-        heads = lambda a: a.reshape(b, t, HEADS, D_MODEL // HEADS)  # noqa: E731
-        scores = jnp.einsum("bqhd,bkhd->bhqk", heads(q), heads(k)) / (D_MODEL // HEADS) ** 0.5
-        mask = jnp.tril(jnp.ones((t, t), bool))
-        attn = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
-        x = x + jnp.einsum("bhqk,bkhd->bqhd", attn, heads(v)).reshape(b, t, D_MODEL) @ p["out"]
-        return x + jax.nn.gelu(norm(x, p["norm2"]) @ p["up"]) @ p["down"]
-
-    def loss(params, tokens):
-        x = params["embed"][tokens[:, :-1]]
-        for p in params["layers"]:
-            # Rematerialised in the backward pass (as 1B runs do) unless --no-remat.
-            x = jax.checkpoint(block)(x, p) if remat else block(x, p)
-        logits = norm(x, params["norm"]) @ params["head"]
-        labels = jax.nn.one_hot(tokens[:, 1:], VOCAB)
-        return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * labels, -1))
-
-    def train_step(state, tokens):
-        params, momentum = state
-        value, grads = jax.value_and_grad(loss)(params, tokens)
-        momentum = jax.tree.map(lambda m, g: 0.9 * m + g, momentum, grads)
-        params = jax.tree.map(lambda p, m: p - 1e-4 * m, params, momentum)
-        return (params, momentum), value
-
-    params = jax.eval_shape(init, jax.random.key(0))
-    state = (params, params)
-    tokens = jax.ShapeDtypeStruct((BATCH, LENGTH + 1), jnp.int32)
-    return train_step, state, tokens
+def build(remat: bool = True) -> tuple[Any, Any, Any]:
+    """The 1.3B step, its abstract state and token batch (experiments/gpt_step.py)."""
+    step, state = gpt_step.build(D_MODEL, LAYERS, HEADS, MLP, remat=remat, vocab=VOCAB)
+    return step, state, gpt_step.tokens(BATCH, LENGTH)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,8 +22,10 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from allocsim.traces.record import xla_gpu
+from experiments import gpt_step
 
 xla_gpu.prepare()  # before jax is imported: the CUDA plugin with no device visible
 
@@ -41,57 +43,10 @@ VARIANTS = {"1.3b-b2": ("1.3b", 2, 1), "1.3b-b32": ("1.3b", 32, 1), "1.3b-4gpu":
 
 
 def build(d_model: int, layers: int, heads: int, mlp: int, remat: bool,
-          batch: int = BATCH):  # jax types
-    import jax
-    import jax.numpy as jnp
-
-    def init(key):
-        keys = iter(jax.random.split(key, 4 * layers + 2))
-
-        def dense(n_in, n_out):
-            return jax.random.normal(next(keys), (n_in, n_out), jnp.float32) * n_in ** -0.5
-
-        blocks = [{"qkv": dense(d_model, 3 * d_model), "out": dense(d_model, d_model),
-                   "up": dense(d_model, mlp), "down": dense(mlp, d_model),
-                   "norm1": jnp.ones(d_model), "norm2": jnp.ones(d_model)}
-                  for _ in range(layers)]
-        return {"embed": dense(VOCAB, d_model), "layers": blocks, "norm": jnp.ones(d_model),
-                "head": dense(d_model, VOCAB)}
-
-    def norm(x, scale):
-        return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * scale
-
-    def block(x, p):
-        b, t, _ = x.shape
-        q, k, v = jnp.split(norm(x, p["norm1"]) @ p["qkv"], 3, axis=-1)
-        split = lambda a: a.reshape(b, t, heads, d_model // heads)  # noqa: E731
-        scores = jnp.einsum("bqhd,bkhd->bhqk", split(q), split(k)) / (d_model // heads) ** 0.5
-        mask = jnp.tril(jnp.ones((t, t), bool))
-        attn = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
-        x = x + jnp.einsum("bhqk,bkhd->bqhd", attn, split(v)).reshape(b, t, d_model) @ p["out"]
-        return x + jax.nn.gelu(norm(x, p["norm2"]) @ p["up"]) @ p["down"]
-
-    def loss(params, tokens):
-        x = params["embed"][tokens[:, :-1]]
-        for p in params["layers"]:
-            x = jax.checkpoint(block)(x, p) if remat else block(x, p)
-        logits = norm(x, params["norm"]) @ params["head"]
-        labels = jax.nn.one_hot(tokens[:, 1:], VOCAB)
-        return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * labels, -1))
-
-    def train_step(state, tokens):
-        params, momentum = state
-        value, grads = jax.value_and_grad(loss)(params, tokens)
-        momentum = jax.tree.map(lambda m, g: 0.9 * m + g, momentum, grads)
-        params = jax.tree.map(lambda p, m: p - 1e-4 * m, params, momentum)
-        return (params, momentum), value
-
-    params = jax.eval_shape(init, jax.random.key(0))
-    # Two pytrees of the same abstract leaves would be one array per leaf object; copy them so
-    # the momentum is arrays of its own.
-    momentum = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
-    tokens = jax.ShapeDtypeStruct((batch, LENGTH + 1), jnp.int32)
-    return train_step, (params, momentum), tokens
+          batch: int = BATCH) -> tuple[Any, Any, Any]:
+    """One size's step, abstract state and token batch (experiments/gpt_step.py)."""
+    step, state = gpt_step.build(d_model, layers, heads, mlp, remat=remat, vocab=VOCAB)
+    return step, state, gpt_step.tokens(batch, LENGTH)
 
 
 def file_name(size: str, donate: bool, remat: bool) -> str:
