@@ -40,11 +40,9 @@ runs them whenever an array's last reference goes) cannot tear a row.
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import math
 import os
-import platform
 import threading
 import time
 import warnings
@@ -52,17 +50,15 @@ import weakref
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from allocsim.errors import UserInputError
-from allocsim.traces.formats import save
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 from allocsim.traces.record import jax_internals
 from allocsim.traces.record.abrupt_end import AbruptEnd, partial_reason
-from allocsim.traces.validate import validate_recording
+from allocsim.traces.record.recording_end import SavedOnce, finished, recorder_header, trace_name
 
 __all__ = ["PROLOGUE_TAG", "RECORDER", "JaxRecorder", "active_recorder"]
 
@@ -97,7 +93,7 @@ class _Executable:
     output_tags: tuple[int, ...]
 
 
-class JaxRecorder:
+class JaxRecorder(SavedOnce):
     """Records a JAX program's device buffers while its with-block runs; saves on exit.
 
     ``output``: the trace file written on exit (format from the extension; None: keep in
@@ -579,9 +575,7 @@ class JaxRecorder:
         rows = self._rows()
         device = self._device
         meta: dict[str, Any] = {
-            "recorder": RECORDER, **self._versions, "python": platform.python_version(),
-            "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                timespec="seconds"),
+            **recorder_header(RECORDER, **self._versions),
             "device": str(device) if device is not None else None,
             "platform": getattr(device, "platform", None),
             "device_kind": getattr(device, "device_kind", None),
@@ -590,23 +584,11 @@ class JaxRecorder:
         if self._end_check:
             meta["end_check"] = self._end_check
         meta.update(self.metadata)
-        name = Path(self.output).name.split(".")[0] if self.output else "jax-recording"
-        times = np.maximum.accumulate(rows[:, 0]) if len(rows) else rows[:, 0]
-        trace = Trace.from_columns(times, rows[:, 1], rows[:, 2], rows[:, 3], tag=rows[:, 4],
-                                   tags=list(self._tags), name=name,
+        trace = Trace.from_columns(rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], tag=rows[:, 4],
+                                   tags=list(self._tags),
+                                   name=trace_name(self.output, "jax-recording"),
                                    source=self.output or "<jax recorder>", **meta)
-        trace, _ = validate_recording(trace)
-        return trace
-
-    def close(self) -> Trace:
-        """Build the trace and write ``output`` once; returns the trace."""
-        if self._closed and self.trace is not None:
-            return self.trace
-        self._closed = True
-        self.trace = self.build_trace()
-        if self.output is not None:
-            save(self.trace, self.output)
-        return self.trace
+        return finished(trace)
 
 
 def _holds(ref: _Ref) -> bool:
