@@ -88,7 +88,10 @@ def _jobs() -> list[Job]:
     # fixed shapes (every batch padded to the longest) against length buckets
     jobs.append(Job("125m", length=2048, steps=8, tags=("fixed",)))
     jobs.append(Job("125m", length=256, buckets=(512, 1024, 2048), steps=8, tags=("bucketed",)))
-    jobs.append(Job("125m", target="a100-40g", tags=("target",)))   # another GPU
+    jobs.append(Job("125m", target="a100-40g", tags=("target",)))   # other GPUs
+    jobs.append(Job("125m", target="l4-24g", tags=("target",)))
+    jobs.append(Job("1.3b", target="a100-40g", tags=("target",)))
+    jobs.append(Job("1.3b", target="l4-24g", tags=("target",)))   # may not fit 24 GB: a member
     return jobs
 
 
