@@ -9,7 +9,6 @@ that prints its findings as JSON; the tests read them.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,16 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from xla_gpu_compiler import needs_cuda_plugin
 
 from allocsim.sim.cli.main import main
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("jax") is None
-    or importlib.util.find_spec("jax_plugins") is None      # find_spec of a child raises
-    or importlib.util.find_spec("jax_plugins.xla_cuda12") is None,   # without its parent
-    reason="the CUDA plugin of jax is not installed (pip install '.[jax-gpu]': "
-           "jax[cuda12-local] + nvidia-cuda-nvcc-cu12, ~0.6 GB; it compiles for a GPU "
-           "without one)")
+pytestmark = needs_cuda_plugin
 
 TARGETS = ["a100-40g", "a100-80g", "h100-80g", "h200-141g", "l4-24g", "rtx4090-24g", "t4-16g"]
 

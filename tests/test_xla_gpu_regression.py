@@ -9,23 +9,16 @@ skipped, saying so, without it.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from xla_gpu_compiler import needs_cuda_plugin
 
 from allocsim.sim.cli.main import main
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("jax") is None
-    or importlib.util.find_spec("jax_plugins") is None      # find_spec of a child raises
-    or importlib.util.find_spec("jax_plugins.xla_cuda12") is None,   # without its parent
-    reason="the CUDA plugin of jax is not installed (pip install '.[jax-gpu]': "
-           "jax[cuda12-local] + nvidia-cuda-nvcc-cu12, ~0.6 GB; it compiles for a GPU "
-           "without one)")
+pytestmark = needs_cuda_plugin
 
 PROGRAM = Path(__file__).resolve().parents[1] / "docs" / "examples" / "gpu_step.py"
 POLICIES = ["jax", "jax:preallocate=false", "jax:allocator=platform"]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from xla_gpu_compiler import HAVE_CUDA_PLUGIN
 
 from allocsim.sim.cli.main import main
 from allocsim.traces import formats
@@ -31,9 +32,6 @@ PLATFORMS = ("cpu", "gpu")
 MODULES = ("jit_train_step", "jit_train_step_donated", "jit_update_cache",
            "jit_update_cache_donated", "jit_rnn_scan")
 HAVE_JAX = importlib.util.find_spec("jax") is not None
-# find_spec of "jax_plugins.xla_cuda12" raises when "jax_plugins" itself is absent.
-HAVE_CUDA_PLUGIN = (HAVE_JAX and importlib.util.find_spec("jax_plugins") is not None
-                    and importlib.util.find_spec("jax_plugins.xla_cuda12") is not None)
 
 
 def analysis(folder: Path) -> dict[str, dict[str, int]]:

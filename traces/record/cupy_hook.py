@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import errno
 import os
-import runpy
 import sys
 import threading
 import time
@@ -50,7 +49,7 @@ from allocsim.traces.formats.cupy_log import (
 )
 from allocsim.traces.model import NO_TAG, Trace
 from allocsim.traces.record.recording_end import SavedOnce, finished, recorder_header, trace_name
-from allocsim.traces.record.script_args import split_argv
+from allocsim.traces.record.script_args import as_main, run_as_main, script_metadata, split_argv
 
 __all__ = ["CUPY_AVAILABLE", "TraceRecorderHook", "active_recorder", "run_script"]
 
@@ -272,24 +271,14 @@ def run_script(argv: list[str], output: str | os.PathLike[str], *,
     if _cupy is None:
         warnings.warn("CuPy is not importable: only allocations reported to the recorder "
                       "directly will be recorded", RuntimeWarning, stacklevel=2)
-    meta = {"script": script if script is not None else f"-m {module}", "argv": list(argv)}
-    meta.update(metadata or {})
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [script if script is not None else str(module), *args]
-    # As `python script.py` does: the script's folder comes first on the import path.
-    sys.path.insert(0, str(Path(script).resolve().parent) if script is not None else os.getcwd())
-    hook = TraceRecorderHook(output, log=log, device_index=device_index, metadata=meta)
-    try:
-        with hook:
-            if script is not None:
-                runpy.run_path(script, run_name="__main__")
-            else:
-                runpy.run_module(str(module), run_name="__main__", alter_sys=True)
-    except SystemExit as stop:
-        if stop.code not in (None, 0):
-            raise
-    finally:
-        sys.argv = saved_argv
-        sys.path[:] = saved_path
+    meta = script_metadata(script, module, argv, metadata)
+    with as_main(script, module, args):
+        hook = TraceRecorderHook(output, log=log, device_index=device_index, metadata=meta)
+        try:
+            with hook:
+                run_as_main(script, module)
+        except SystemExit as stop:
+            if stop.code not in (None, 0):
+                raise
     assert hook.trace is not None
     return hook.trace

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import errno
 import os
-import runpy
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +22,7 @@ from allocsim.traces.model import Trace
 from allocsim.traces.record import jax_internals
 from allocsim.traces.record.abrupt_end import partial_reason
 from allocsim.traces.record.jax_recorder import JaxRecorder
-from allocsim.traces.record.script_args import split_argv
+from allocsim.traces.record.script_args import as_main, run_as_main, script_metadata, split_argv
 
 __all__ = ["ScriptRun", "record_script", "run_script"]
 
@@ -55,21 +53,14 @@ def record_script(argv: list[str], output: str | os.PathLike[str], *, device: in
     if script is not None and not Path(script).is_file():
         raise FileNotFoundError(errno.ENOENT, "no such script", script)
     jax_internals.check_version()
-    meta = {"script": script if script is not None else f"-m {module}", "argv": list(argv)}
-    meta.update(metadata or {})
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [script if script is not None else str(module), *args]
-    sys.path.insert(0, str(Path(script).resolve().parent) if script is not None else os.getcwd())
-    recorder = JaxRecorder(output, device=device, metadata=meta, on_abrupt_end=on_abrupt_end)
+    meta = script_metadata(script, module, argv, metadata)
     status: int = 0
     error: BaseException | None = None
-    try:
+    with as_main(script, module, args):
+        recorder = JaxRecorder(output, device=device, metadata=meta, on_abrupt_end=on_abrupt_end)
         with recorder:
             try:
-                if script is not None:
-                    runpy.run_path(script, run_name="__main__")
-                else:
-                    runpy.run_module(str(module), run_name="__main__", alter_sys=True)
+                run_as_main(script, module)
             except SystemExit as stop:
                 if stop.code not in (None, 0):
                     status = stop.code if isinstance(stop.code, int) else 1
@@ -80,9 +71,6 @@ def record_script(argv: list[str], output: str | os.PathLike[str], *, device: in
                 status, error = 1, failure
             if error is not None:
                 recorder.metadata["partial"] = partial_reason(error) or "ended early"
-    finally:
-        sys.argv = saved_argv
-        sys.path[:] = saved_path
     assert recorder.trace is not None
     return ScriptRun(recorder.trace, status, error, recorder.metadata.get("partial"))
 

@@ -1,15 +1,21 @@
 """The command line of a recorded program: ``[python] script.py args`` or
-``[python] -m module args``, as ``allocsim record -- ...`` takes it (every recorder)."""
+``[python] -m module args``, as ``allocsim record -- ...`` takes it, and the program run as
+``python`` would run it (every recorder)."""
 
 from __future__ import annotations
 
 import os
 import re
+import runpy
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 from allocsim.errors import UserInputError
 
-__all__ = ["interpreter_note", "split_argv"]
+__all__ = ["as_main", "interpreter_note", "run_as_main", "script_metadata", "split_argv"]
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$", re.IGNORECASE)
 
@@ -40,3 +46,33 @@ def interpreter_note(argv: list[str]) -> str | None:
         return None  # a bare "python": whichever is first on PATH, taken to mean this one
     return (f"note: {first} is not the interpreter recording; the script runs in "
             f"{sys.executable} (the recorder's hooks live in its process)")
+
+
+def script_metadata(script: str | None, module: str | None, argv: list[str],
+                    extra: dict[str, Any] | None) -> dict[str, Any]:
+    """The trace metadata naming the program run (``script`` or ``-m module``, its argv)."""
+    meta: dict[str, Any] = {"script": script if script is not None else f"-m {module}",
+                            "argv": list(argv)}
+    meta.update(extra or {})
+    return meta
+
+
+@contextmanager
+def as_main(script: str | None, module: str | None, args: list[str]) -> Iterator[None]:
+    """``sys.argv`` and ``sys.path`` as ``python script.py args`` (or ``-m module``) sets them —
+    the script's folder (or the working folder) first on the import path — restored after."""
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [script if script is not None else str(module), *args]
+    sys.path.insert(0, str(Path(script).resolve().parent) if script is not None else os.getcwd())
+    try:
+        yield
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+
+
+def run_as_main(script: str | None, module: str | None) -> dict[str, Any]:
+    """Run the program as ``__main__``; returns its globals."""
+    if script is not None:
+        return runpy.run_path(script, run_name="__main__")
+    return runpy.run_module(str(module), run_name="__main__", alter_sys=True)

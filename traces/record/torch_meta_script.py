@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
-import runpy
 import signal
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +24,7 @@ from typing import Any
 
 from allocsim.errors import UserInputError
 from allocsim.traces.model import Trace
-from allocsim.traces.record.script_args import split_argv
+from allocsim.traces.record.script_args import as_main, run_as_main, script_metadata, split_argv
 from allocsim.traces.record.torch_meta import TorchMetaRecorder, ValueReadError
 
 __all__ = ["ScriptRun", "Terminated", "record_script"]
@@ -90,12 +88,7 @@ def record_script(argv: list[str], output: str | os.PathLike[str], **options: An
     except ImportError:
         raise UserInputError("record --framework torch needs PyTorch: pip install "
                              "torch==2.13.0 (the CPU wheel is enough)") from None
-    meta = {"script": script if script is not None else f"-m {module}", "argv": list(argv)}
-    meta.update(options.pop("metadata", None) or {})
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [script if script is not None else str(module), *args]
-    sys.path.insert(0, str(Path(script).resolve().parent) if script is not None else os.getcwd())
-    recorder = TorchMetaRecorder(None, metadata=meta, **options)
+    meta = script_metadata(script, module, argv, options.pop("metadata", None))
     status = 0
     error: BaseException | None = None
     explanation: str | None = None
@@ -107,13 +100,10 @@ def record_script(argv: list[str], output: str | os.PathLike[str], **options: An
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, terminate) if in_main else None
     try:
-        with recorder:
+        with as_main(script, module, args), TorchMetaRecorder(None, metadata=meta,
+                                                              **options) as recorder:
             try:
-                if script is not None:
-                    namespace = runpy.run_path(script, run_name="__main__")
-                else:
-                    namespace = runpy.run_module(str(module), run_name="__main__",
-                                                 alter_sys=True)
+                namespace = run_as_main(script, module)
             except SystemExit as stop:
                 if stop.code not in (None, 0):
                     status = stop.code if isinstance(stop.code, int) else 1
@@ -135,8 +125,6 @@ def record_script(argv: list[str], output: str | os.PathLike[str], **options: An
     finally:
         if in_main:  # None: the handler was not set from Python; the default then
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
-        sys.argv = saved_argv
-        sys.path[:] = saved_path
     trace = recorder.trace
     assert trace is not None
     if error is None and len(trace) == 0:
