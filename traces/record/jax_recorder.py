@@ -449,11 +449,7 @@ class JaxRecorder(SavedOnce):
         """An execution's arguments go to the device: a host value or a resharded array
         becomes a buffer held for that execution (freed after its outputs appear)."""
         local = self._local
-        local.inputs = getattr(local, "inputs", 0) + 1
-        try:
-            bufs = call()
-        finally:
-            local.inputs -= 1
+        bufs = _counting(local, "inputs", call)
         stack = getattr(local, "transfers", None)
         if not stack:
             return bufs
@@ -501,11 +497,7 @@ class JaxRecorder(SavedOnce):
             ref = self._tracked(base) if base is not None else None
             inputs.append((base, ref))
         local = self._local
-        local.putting = getattr(local, "putting", 0) + 1
-        try:
-            ys = call()
-        finally:
-            local.putting -= 1
+        ys = _counting(local, "putting", call)
         tag = self._tag("device_put")
         for index, y in enumerate(ys):
             out = self._base(y)
@@ -589,6 +581,16 @@ class JaxRecorder(SavedOnce):
                                    name=trace_name(self.output, "jax-recording"),
                                    source=self.output or "<jax recorder>", **meta)
         return finished(trace)
+
+
+def _counting(local: threading.local, counter: str, call: Callable[[], Any]) -> Any:
+    """``call()`` with this thread's ``counter`` raised while it runs (how a hook tells
+    the calls it makes itself from the program's)."""
+    setattr(local, counter, getattr(local, counter, 0) + 1)
+    try:
+        return call()
+    finally:
+        setattr(local, counter, getattr(local, counter) - 1)
 
 
 def _holds(ref: _Ref) -> bool:
