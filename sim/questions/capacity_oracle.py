@@ -209,6 +209,13 @@ class CompletionOracle:
             self._known[capacity] = self._replay(capacity) if known is None else known
         return self._known[capacity]
 
+    def shown(self, capacity: int) -> bool | None:
+        """The answer at ``capacity`` if it is known without a replay (asked before, or shown by
+        the replays run so far), else None."""
+        if capacity in self._known:
+            return self._known[capacity]
+        return self._shown(capacity) if self.shortcuts else None
+
     def _shown(self, capacity: int) -> bool | None:
         """The answer at ``capacity`` if the replays run so far show it (module docstring)."""
         effective = self._effective(capacity)
