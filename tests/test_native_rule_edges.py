@@ -6,9 +6,12 @@ the two implementations' agreement, so a mutation of either one's rule fails her
 (tests/rule_mutations.toml lists the native mutations; tests/test_rule_mutations.py builds the
 mutated core). Where the core is not built the native runs skip.
 
-Sources followed: pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp (get_free_block's
-expandable walk); cupy/cupy cupy/cuda/memory.pyx (_try_malloc's limit); the stream-ordered
-pool's growth and trim (cuMemPoolTrimTo), as policies/cuda_async.py models them.
+Sources followed: openxla/xla xla/tsl/framework/bfc_allocator.cc (FindChunkPtr's split
+rule, Extend); pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp (get_free_block's expandable
+walk and max_split_size checks, should_split, get_pool, get_allocation_size); cupy/cupy
+cupy/cuda/memory.pyx (_try_malloc's limit); the stream-ordered pool's growth and trim
+(cuMemPoolTrimTo), as policies/cuda_async.py models them; best-fit's growth and the buddy
+system's orders and arenas as policies/best_fit.py and policies/buddy.py model them.
 """
 
 from __future__ import annotations
@@ -56,6 +59,81 @@ EDGES = {
     "pytorch-expandable-walk-moves-on": Edge(
         "pytorch:expandable_segments=true", 64 * MiB, [("alloc", 1, 22 * MiB), *_WALK],
         lambda result, addresses: _offsets(addresses)[3] == 0),
+    # BFC's split rule (bfc_allocator.cc FindChunkPtr): split when the chunk is at least twice
+    # the request, or when the slack reaches max_internal_fragmentation (128 MiB). One region
+    # of 384 MiB: 256 MiB leaves exactly 128 MiB (under twice), which the slack rule splits
+    # off to serve the next 128 MiB; unsplit, that request finds nothing.
+    "bfc-splits-at-a-slack-of-exactly-128-mib": Edge(
+        "bfc:allow_growth=false,memory_limit=384MiB", 1 << 30,
+        [("alloc", 1, 256 * MiB), ("alloc", 2, 128 * MiB)],
+        lambda result, addresses: result.ooms == 0 and _offsets(addresses)[1] == 256 * MiB),
+    # A 4 MiB region for 2 MiB: exactly twice the request splits (slack 2 MiB is far under 128).
+    "bfc-splits-a-chunk-of-exactly-twice-the-request": Edge(
+        "bfc:allow_growth=false,memory_limit=4MiB", 1 << 30,
+        [("alloc", 1, 2 * MiB), ("alloc", 2, 2 * MiB)],
+        lambda result, addresses: result.ooms == 0 and _offsets(addresses)[1] == 2 * MiB),
+    # Extend fails only for a request above what the limit leaves: 4 MiB fits a 4 MiB limit.
+    "bfc-extends-for-exactly-what-the-limit-leaves": Edge(
+        "bfc:memory_limit=4MiB", 1 << 30, [("alloc", 1, 4 * MiB)],
+        lambda result, addresses: result.ooms == 0 and result.peak_reserved == 4 * MiB),
+    # The region size doubles only while the request is larger: 2 MiB takes the first 2 MiB.
+    "bfc-does-not-double-for-exactly-the-region-size": Edge(
+        "bfc", 1 << 30, [("alloc", 1, 2 * MiB)],
+        lambda result, addresses: result.peak_reserved == 2 * MiB),
+    # best-fit maps only what the free top of the heap lacks: 1 MiB in use leaves 1 MiB free
+    # at the top of the first 2 MiB page; 3 MiB more maps one more page, not two.
+    "best-fit-maps-only-what-the-free-top-lacks": Edge(
+        "best-fit", 1 << 30, [("alloc", 1, MiB), ("alloc", 2, 3 * MiB)],
+        lambda result, addresses: (result.peak_reserved == 4 * MiB
+                                   and _offsets(addresses)[1] == MiB)),
+    # PyTorch's should_split (CUDACachingAllocator.cpp), large pool: split only when more
+    # than 1 MiB (kSmallSize) remains. 19 MiB from a cached 20 MiB segment leaves exactly
+    # 1 MiB: handed out whole, so 1 MiB is internal fragmentation at peak live.
+    "pytorch-keeps-a-large-block-whole-at-exactly-1-mib-left": Edge(
+        "pytorch", 1 << 30, [("alloc", 1, 2 * MiB), ("free", 1, 0), ("alloc", 2, 19 * MiB)],
+        lambda result, addresses: result.internal_fragmentation == MiB),
+    # Small pool: split when at least 512 bytes (kMinBlockSize) remain. 1 MiB, then 1 MiB −
+    # 512 from a 2 MiB small segment leaves exactly 512, which serves the third request.
+    "pytorch-splits-a-small-block-at-exactly-512-bytes-left": Edge(
+        "pytorch", 1 << 30,
+        [("alloc", 1, MiB), ("alloc", 2, MiB - 512), ("alloc", 3, 512)],
+        lambda result, addresses: result.peak_reserved == 2 * MiB and result.device_mallocs == 1),
+    # get_pool: rounded <= 1 MiB is the small pool, whose 2 MiB segment splits: two 1 MiB
+    # requests share one segment.
+    "pytorch-serves-1-mib-from-the-small-pool": Edge(
+        "pytorch", 1 << 30, [("alloc", 1, MiB), ("alloc", 2, MiB)],
+        lambda result, addresses: result.peak_reserved == 2 * MiB),
+    # get_allocation_size: <= 1 MiB gets a 2 MiB segment (kSmallBuffer) ...
+    "pytorch-gives-1-mib-a-2-mib-segment": Edge(
+        "pytorch", 1 << 30, [("alloc", 1, MiB)],
+        lambda result, addresses: result.peak_reserved == 2 * MiB),
+    # ... < 10 MiB (kMinLargeAlloc) a 20 MiB one (kLargeBuffer), else its size rounded to
+    # 2 MiB: 10 MiB exactly gets 10 MiB, 10 MiB − 512 gets 20 MiB.
+    "pytorch-segment-sizes-at-10-mib": Edge(
+        "pytorch", 1 << 30, [("alloc", 1, 10 * MiB), ("alloc", 2, 10 * MiB - 512)],
+        lambda result, addresses: result.peak_reserved == 30 * MiB),
+    # get_free_block: a request under max_split_size rejects a cached block of exactly
+    # max_split_size (20 MiB): 2 MiB takes a new segment.
+    "pytorch-rejects-a-block-of-exactly-max-split-size": Edge(
+        "pytorch:max_split_size_mb=20", 1 << 30,
+        [("alloc", 1, 20 * MiB), ("free", 1, 0), ("alloc", 2, 2 * MiB)],
+        lambda result, addresses: result.device_mallocs == 2),
+    # A request of at least max_split_size takes a block only if it is less than rounded +
+    # max_non_split_rounding (20 MiB) bigger: 40 MiB for 20 MiB is rejected.
+    "pytorch-rejects-a-block-exactly-max-non-split-rounding-too-big": Edge(
+        "pytorch:max_split_size_mb=20", 1 << 30,
+        [("alloc", 1, 40 * MiB), ("free", 1, 0), ("alloc", 2, 20 * MiB)],
+        lambda result, addresses: result.device_mallocs == 2),
+    # Buddy: a request takes the smallest power of two at least its size: 1024 a block of
+    # 1024, 1025 one of 2048 (1023 bytes beyond the requests at peak live).
+    "buddy-gives-a-power-of-two-a-block-of-its-own-size": Edge(
+        "buddy", 1 << 30, [("alloc", 1, 1024), ("alloc", 2, 1025)],
+        lambda result, addresses: result.internal_fragmentation == 1023),
+    # Refused arenas are asked for in halves down to the block's own size, not below: 16 MiB
+    # on an 8 MiB device is refused, and nothing is held.
+    "buddy-never-shrinks-an-arena-below-its-block": Edge(
+        "buddy", 8 * MiB, [("alloc", 1, 16 * MiB)],
+        lambda result, addresses: result.ooms == 1 and result.peak_reserved == 0),
     # CuPy's limit holds total_bytes + size <= limit: 2 MiB fills a 2 MiB limit; 512 more not.
     "cupy-fills-its-limit-exactly": Edge(
         "cupy:limit=2MiB", 1 << 30, [("alloc", 1, 2 * MiB), ("alloc", 2, 512)],

@@ -56,6 +56,24 @@ def test_the_list_holds_the_mutations_the_issue_names() -> None:
             "native-cuda-async-trim-to-threshold"} <= native
 
 
+# Python mutations without a twin of the same name in the core, and why: the core writes BFC's
+# split rule as its two comparisons, whose twins are native-bfc-split-slack-edge and
+# native-bfc-split-twice-edge; the Python model's one comparison with the smallest chunk that
+# splits has no counterpart there.
+WITHOUT_TWIN = {"bfc-split-test"}
+
+
+def test_every_rule_edge_is_held_in_both_implementations() -> None:
+    """Issue 27.3: each listed mutation must fail a test in each implementation, so each
+    mutation of the Python models has its twin in the native core."""
+    native = {m["name"] for m in MUTATIONS if m["file"].startswith(NATIVE)}
+    python = {m["name"] for m in MUTATIONS if not m["file"].startswith(NATIVE)}
+    missing = {name for name in python - WITHOUT_TWIN if f"native-{name}" not in native}
+    assert not missing, f"no native twin: {sorted(missing)}"
+    assert WITHOUT_TWIN <= python
+    assert {f"native-{name}" for name in python} >= native, "a native mutation without its model"
+
+
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m["name"] for m in MUTATIONS])
 def test_each_mutation_still_applies_to_the_source(mutation: dict[str, Any]) -> None:
     text = (ROOT / mutation["file"]).read_text()
