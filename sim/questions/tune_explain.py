@@ -54,7 +54,7 @@ def oom_verdict(trace: Trace, spec: str, device: DeviceProfile) -> str | None:
     if oom is None:
         return None
     policy = run.policy
-    needed = (get_allocation_size(round_size(oom.size, policy._divisions))
+    needed = (get_allocation_size(round_size(oom.size, policy.divisions))
               if isinstance(policy, PyTorchCachingAllocator) else None)
     kind, reason = verdict(device.capacity, oom.allocated, oom.size, policy.bytes_in_use,
                            oom.reserved, oom.largest_free, needed)
