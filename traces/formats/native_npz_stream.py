@@ -121,6 +121,7 @@ def write_npz_blocks(stream: BinaryIO, n: int, blocks: Iterable[Mapping[str, np.
             raise TraceError(f"the blocks hold more than the {n:,} events announced")
         for name, dtype in columns:
             values = block.get(name)
+            data: np.ndarray
             if values is None:
                 data = np.full(count, _DEFAULTS[name], dtype=dtype)
             else:
@@ -128,7 +129,7 @@ def write_npz_blocks(stream: BinaryIO, n: int, blocks: Iterable[Mapping[str, np.
                     raise TraceError(f"a block's {name} column holds {len(values)} values, "
                                      f"its other columns {count}", event=done)
                 data = np.ascontiguousarray(values, dtype=dtype)
-            raw = memoryview(data).cast("B")
+            raw = data.data.cast("B")
             entry = entries[name]
             stream.seek(entry.data_offset + len(headers[name]) + written[name])
             stream.write(raw)
