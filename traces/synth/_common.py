@@ -350,10 +350,13 @@ _PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar("allocsim_synth
 def within_event_limit(events: float, what: str, *, streamable: bool = False) -> None:
     """Refuse a trace of ``events`` events (as ``what`` asks for) above :data:`MAX_EVENTS`, or
     above :data:`MAX_STREAMED_EVENTS` for a ``streamable`` trace asked for as a plan."""
-    limit = MAX_STREAMED_EVENTS if streamable and _PLANNING.get() else MAX_EVENTS
+    streamed = streamable and _PLANNING.get()
+    limit = MAX_STREAMED_EVENTS if streamed else MAX_EVENTS
     if events > limit:
+        hint = (f" in memory (`allocsim gen ... -o FILE.npz` streams up to "
+                f"{MAX_STREAMED_EVENTS:,})" if streamable and not streamed else "")
         raise UserInputError(f"{what} asks for about {events:.3g} events; a generated trace "
-                             f"holds at most {limit:,}")
+                             f"holds at most {limit:,}{hint}")
 
 
 def positive(**values: float) -> None:
