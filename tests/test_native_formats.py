@@ -516,3 +516,16 @@ def test_a_streamed_npz_column_out_of_range_names_its_event(tmp_path: Path):
     finally:
         native_npz._PIECE = native_npz_piece
     assert "does not fit in int64" in str(caught.value)
+
+
+def test_tag_indices_are_checked_a_piece_at_a_time_and_name_their_event() -> None:
+    # No mask of the whole column (2 bytes/event at loading's peak); a bad index in a later
+    # piece is still named by its event.
+    from allocsim.traces.formats.native_npz import _PIECE, _check_tag_indices
+
+    tag = np.zeros(3 * _PIECE, dtype=np.int16)
+    _check_tag_indices(tag, 1, "t.npz")
+    tag[_PIECE + 7] = 9
+    with pytest.raises(TraceError, match=f"event {_PIECE + 7}: tag index 9 is not in the "
+                                         "file's 3 tags"):
+        _check_tag_indices(tag, 3, "t.npz")

@@ -18,6 +18,7 @@ from allocsim.sim.cli.common import (
 from allocsim.sim.output.ownership import is_allocsim_trace, refuse_unless_ours
 from allocsim.sim.output.tables import format_table
 from allocsim.traces import formats, synth
+from allocsim.traces.formats.limits import MAX_INPUT_ENV, max_input_bytes
 from allocsim.traces.formats.xla_dump import SeveralModules
 from allocsim.traces.summary import summarize
 
@@ -75,12 +76,32 @@ def run_gen(args: argparse.Namespace) -> int:
                              f"--seed {args.seed}); give one")
     seed = seed if seed is not None else (args.seed if args.seed is not None else 0)
     refuse_unless_ours(args.output, "a trace", is_allocsim_trace)
-    trace = synth.generate(args.kind, seed=seed, **params)
+    if not args.output.lower().endswith(".npz"):
+        trace = synth.generate(args.kind, seed=seed, **params)
+    else:  # an .npz of a streamable kind past STREAM_ABOVE_EVENTS is written block by block
+        made = synth.plan(args.kind, seed=seed, **params)
+        if isinstance(made, synth.SynthPlan) and made.n_events > synth.STREAM_ABOVE_EVENTS:
+            ensure_parent(args.output)
+            facts = synth.save_streamed(made, args.output)
+            print(f"wrote {args.output}: {facts.events:,} events, peak live "
+                  f"{format_size(facts.peak_live)} (streamed)")
+            _note_input_limit(args.output)
+            return 0
+        trace = made.trace() if isinstance(made, synth.SynthPlan) else made
     ensure_parent(args.output)
     formats.save(trace, args.output)
     peak, _ = trace.peak_live()
     print(f"wrote {args.output}: {len(trace):,} events, peak live {format_size(peak)}")
+    _note_input_limit(args.output)
     return 0
+
+
+def _note_input_limit(path: str) -> None:
+    """A file past the input limit cannot be read back without lifting it: say how."""
+    size = Path(path).stat().st_size
+    if size > max_input_bytes():
+        print(f"note: {path} holds {format_size(size)}, past the input limit; read it with "
+              f"{MAX_INPUT_ENV}={size} set")
 
 
 def _list_modules(args: argparse.Namespace, several: SeveralModules) -> int:

@@ -244,9 +244,12 @@ class _Member:
 
 
 def _check_tag_indices(tag: np.ndarray, count: int, source: str) -> None:
-    """Every tag index names an entry of the tag table, or is NO_TAG (untagged)."""
-    if len(tag):
-        bad = np.flatnonzero((tag < NO_TAG) | (tag >= count))
+    """Every tag index names an entry of the tag table, or is NO_TAG (untagged). Checked
+    :data:`_PIECE` values at a time: the masks of the whole column were 2 bytes/event more
+    than the trace at loading's peak (500M events: 1 GB)."""
+    for start in range(0, len(tag), _PIECE):
+        piece = tag[start:start + _PIECE]
+        bad = np.flatnonzero((piece < NO_TAG) | (piece >= count))
         if len(bad):
-            raise TraceError(f"tag index {int(tag[bad[0]])} is not in the file's {count} "
-                             "tags", source=source, event=int(bad[0]))
+            raise TraceError(f"tag index {int(piece[bad[0]])} is not in the file's {count} "
+                             "tags", source=source, event=start + int(bad[0]))

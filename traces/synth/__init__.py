@@ -16,6 +16,12 @@ decrease. Use::
     from allocsim.traces.synth import generate, parse_params
     trace = generate("transformer", seed=1, events=100_000)
     trace = generate("kvcache", **parse_params("kvcache", ["bytes_per_token=8KiB", "layers=32"]))
+
+A trace too large to hold (``training`` and ``transformer``, ``pattern=eager``: up to 1e10
+events) is written to an ``.npz`` block by block, the same trace as ``generate`` makes::
+
+    from allocsim.traces.synth import plan, save_streamed
+    save_streamed(plan("transformer", events=500_000_000), "big.npz")
 """
 
 from __future__ import annotations
@@ -31,16 +37,28 @@ from allocsim.traces.synth import kvcache as _kvcache
 from allocsim.traces.synth import random_workload as _random
 from allocsim.traces.synth import training as _training
 from allocsim.traces.synth import transformer as _transformer
-from allocsim.traces.synth._common import _CHECKING, ParamsChecked, describe
+from allocsim.traces.synth._common import _CHECKING, _PLANNING, ParamsChecked, describe
+from allocsim.traces.synth.rendering import (
+    STREAM_ABOVE_EVENTS,
+    Planned,
+    StreamedFacts,
+    SynthPlan,
+    save_streamed,
+)
 
 __all__ = [
     "GENERATORS",
+    "STREAM_ABOVE_EVENTS",
     "GeneratorInfo",
+    "StreamedFacts",
+    "SynthPlan",
     "check",
     "generate",
     "kvcache",
     "parse_params",
+    "plan",
     "random_workload",
+    "save_streamed",
     "training",
     "transformer",
 ]
@@ -131,6 +149,20 @@ def check(kind: str, *, seed: int | str = 0, **params: Any) -> None:
         raise UserInputError(f"{kind}: {err}") from None
     finally:
         _CHECKING.reset(token)
+
+
+def plan(kind: str, *, seed: int = 0, **params: Any) -> SynthPlan | Trace:
+    """The ``kind`` trace :func:`generate` makes, not yet rendered where it can be streamed
+    (``training`` and ``transformer`` with ``pattern=eager``: a :class:`SynthPlan`, held to
+    :data:`~allocsim.traces.synth._common.MAX_STREAMED_EVENTS` rather than the in-memory
+    limit; :func:`save_streamed` writes it block by block), else the Trace itself."""
+    token = _PLANNING.set(True)
+    try:
+        return generate(kind, seed=seed, **params)
+    except Planned as handed:
+        return handed.plan
+    finally:
+        _PLANNING.reset(token)
 
 
 def parse_params(kind: str, items: Iterable[str]) -> dict[str, Any]:

@@ -168,6 +168,12 @@ class StepProgram:
     def live_slots(self) -> list[int]:
         return sorted(self._live)
 
+    def ids_handed_on(self, first_id: int) -> dict[int, int]:
+        """The ``initial_ids`` of the step after one rendered with ids from ``first_id``: each
+        inherited slot gets the id that step gave the slot handed on to it (a block of steps
+        rendered after others starts from the ids the step before handed on)."""
+        return {old: first_id + new for old, new in self._inherited.items() if new is not None}
+
     def table(self) -> ProgramTable:
         """The program as arrays, for renderers other than :meth:`render` (``pattern=jax``)."""
         n_features = len(self.features)
@@ -310,9 +316,13 @@ def steps_for_events(events: int, fixed_events: int, per_step: int) -> int:
     return max(1, round((events - fixed_events) / per_step))
 
 
-# The most events a generator makes: ten times the documented range (1e3-1e7), ~6 GB while
-# the columns are built. More is refused before anything is drawn, as one line.
+# The most events a generator makes in memory: ten times the documented range (1e3-1e7),
+# ~6 GB while the columns are built. More is refused before anything is drawn, as one line.
 MAX_EVENTS = 100_000_000
+# The most events of a trace streamed to a file a block at a time
+# (:mod:`allocsim.traces.synth.rendering`): memory no longer bounds it, the file does (37
+# bytes/event: 370 GB here).
+MAX_STREAMED_EVENTS = 10_000_000_000
 
 
 class ParamsChecked(Exception):
@@ -331,11 +341,22 @@ def checks_done() -> None:
         raise ParamsChecked
 
 
-def within_event_limit(events: float, what: str) -> None:
-    """Refuse a trace of ``events`` events (as ``what`` asks for) above :data:`MAX_EVENTS`."""
-    if events > MAX_EVENTS:
+# Set while :func:`allocsim.traces.synth.plan` asks a generator for its plan, to be rendered a
+# block at a time: a generator that can be streamed is then held to MAX_STREAMED_EVENTS.
+_PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar("allocsim_synth_planning",
+                                                                 default=False)
+
+
+def within_event_limit(events: float, what: str, *, streamable: bool = False) -> None:
+    """Refuse a trace of ``events`` events (as ``what`` asks for) above :data:`MAX_EVENTS`, or
+    above :data:`MAX_STREAMED_EVENTS` for a ``streamable`` trace asked for as a plan."""
+    streamed = streamable and _PLANNING.get()
+    limit = MAX_STREAMED_EVENTS if streamed else MAX_EVENTS
+    if events > limit:
+        hint = (f" in memory (`allocsim gen ... -o FILE.npz` streams up to "
+                f"{MAX_STREAMED_EVENTS:,})" if streamable and not streamed else "")
         raise UserInputError(f"{what} asks for about {events:.3g} events; a generated trace "
-                             f"holds at most {MAX_EVENTS:,}")
+                             f"holds at most {limit:,}{hint}")
 
 
 def positive(**values: float) -> None:

@@ -125,6 +125,7 @@ from allocsim.traces.synth._common import (
     within_event_limit,
 )
 from allocsim.traces.synth.jit import CPU_TEMP_ALIGNMENT, events_per_step, render_jit
+from allocsim.traces.synth.rendering import Steps, SynthPlan, planned
 
 OPTIMIZERS = ("adam", "sgd")
 MODES = ("eager", "fused", "fused_elementwise", "remat")
@@ -203,12 +204,14 @@ def training(*, layers: int = 12, hidden: int = 1024, batch: int = 512, classes:
     step, initial_ids = step_program(layers, hidden, batch, classes, dtype_bytes, optimizer,
                                      shapes, tags, mode=mode, dropout=dropout,
                                      separate_bias=separate_bias, functional=functional)
+    streamable = pattern == "eager"  # rendered a block at a time (synth.rendering)
     if events is not None:
         per_step = events_per_step(step, donate) if pattern == "jax" else step.n_events
-        within_event_limit(events, f"events={events}")
+        within_event_limit(events, f"events={events}", streamable=streamable)
         steps = steps_for_events(events, prologue.n_events, per_step)
         params["steps"] = steps
-    within_event_limit(prologue.n_events + steps * step.n_events, f"steps={steps}")
+    within_event_limit(prologue.n_events + steps * step.n_events, f"steps={steps}",
+                       streamable=streamable)
     checks_done()
 
     rng = np.random.default_rng(seed)
@@ -220,12 +223,10 @@ def training(*, layers: int = 12, hidden: int = 1024, batch: int = 512, classes:
         trace = assemble([first, columns], tags, kind="training", params=params)
         trace.metadata["jit"] = jit
         return trace
-    parts = [
-        prologue.render(np.ones((1, 1)), first_id=0, rng=rng),
-        step.render(np.ones((steps, 1)), first_id=prologue.n_slots, rng=rng,
-                    initial_ids=initial_ids),
-    ]
-    return assemble(parts, tags, kind="training", params=params)
+    return planned(SynthPlan("training", params, [
+        Steps(prologue, np.ones((1, 1)), first_id=0),
+        Steps(step, np.ones((steps, 1)), first_id=prologue.n_slots, initial_ids=initial_ids),
+    ], rng, tags))
 
 
 def parameter_shapes(layers: int, hidden: int, classes: int) -> dict[str, int]:

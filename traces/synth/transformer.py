@@ -79,6 +79,7 @@ from allocsim.traces.synth._common import (
     within_event_limit,
 )
 from allocsim.traces.synth.jit import CPU_TEMP_ALIGNMENT, events_per_step, render_jit
+from allocsim.traces.synth.rendering import Steps, SynthPlan, planned
 
 SEQ_DISTRIBUTIONS = ("uniform", "bucketed", "lognormal")
 MODES = ("eager", "fused", "fused_elementwise", "remat")
@@ -162,12 +163,14 @@ def transformer(*, layers: int = 6, d_model: int = 512, heads: int = 8, vocab: i
     functional = optimizer_mode == "functional" and (not donate or pattern == "jax")
     step, initial_ids = step_program(layers, d_model, heads, vocab, act_bytes, shapes, tags,
                                      mode=mode, functional=functional)
+    streamable = pattern == "eager"  # rendered a block at a time (synth.rendering)
     if events is not None:
         per_step = events_per_step(step, donate) if pattern == "jax" else step.n_events
-        within_event_limit(events, f"events={events}")
+        within_event_limit(events, f"events={events}", streamable=streamable)
         steps = steps_for_events(events, prologue.n_events, per_step)
         params["steps"] = steps
-    within_event_limit(prologue.n_events + steps * step.n_events, f"steps={steps}")
+    within_event_limit(prologue.n_events + steps * step.n_events, f"steps={steps}",
+                       streamable=streamable)
     checks_done()
 
     rng = np.random.default_rng(seed)
@@ -175,23 +178,24 @@ def transformer(*, layers: int = 6, d_model: int = 512, heads: int = 8, vocab: i
     seq = np.full_like(drawn, max_seq) if static_shapes else drawn
     tokens = batch * seq
     values = np.stack([np.ones_like(seq), tokens, tokens * seq], axis=1)  # one, tokens, sq
-    first = prologue.render(np.ones((1, 1)), first_id=0, rng=rng)
-    jit = None
-    if pattern == "jax":  # one executable (one compile) per sequence length
-        columns, jit = render_jit(step, values, [f"[seq={n}]" for n in seq.tolist()],
-                                  tags=tags, first_id=prologue.n_slots, rng=rng,
-                                  initial_ids=initial_ids, donate=donate,
-                                  temp_alignment=temp_alignment)
-    else:
-        columns = step.render(values, first_id=prologue.n_slots, rng=rng,
-                              initial_ids=initial_ids)
-    trace = assemble([first, columns], tags, kind="transformer", params=params)
-    if jit is not None:
-        trace.metadata["jit"] = jit
+    lengths: dict[str, list[int]] = {}
     if steps <= 10_000:  # small enough to keep: which length each step drew
-        trace.metadata["seq_lens"] = [int(s) for s in seq]
+        lengths["seq_lens"] = [int(s) for s in seq]
         if static_shapes:
-            trace.metadata["unpadded_seq_lens"] = [int(s) for s in drawn]
+            lengths["unpadded_seq_lens"] = [int(s) for s in drawn]
+    if pattern != "jax":
+        return planned(SynthPlan("transformer", params, [
+            Steps(prologue, np.ones((1, 1)), first_id=0),
+            Steps(step, values, first_id=prologue.n_slots, initial_ids=initial_ids),
+        ], rng, tags, extra_metadata=lengths))
+    # one executable (one compile) per sequence length: the temp's plan is made whole
+    first = prologue.render(np.ones((1, 1)), first_id=0, rng=rng)
+    columns, jit = render_jit(step, values, [f"[seq={n}]" for n in seq.tolist()],
+                              tags=tags, first_id=prologue.n_slots, rng=rng,
+                              initial_ids=initial_ids, donate=donate,
+                              temp_alignment=temp_alignment)
+    trace = assemble([first, columns], tags, kind="transformer", params=params)
+    trace.metadata.update(jit=jit, **lengths)
     return trace
 
 
