@@ -85,8 +85,8 @@ def test_plan_renders_nothing_and_streams_past_the_in_memory_limit():
     plan = synth.plan("training", events=500_000_000)
     assert isinstance(plan, synth.SynthPlan)
     assert abs(plan.n_events - 500_000_000) < 1000
-    with pytest.raises(UserInputError, match="a generated trace holds at most 100,000,000 in "
-                                             "memory .* streams up to 10,000,000,000"):
+    with pytest.raises(UserInputError, match=r"a generated trace holds at most 100,000,000 in "
+                                             r"memory .* streams up to 10,000,000,000"):
         synth.generate("training", events=500_000_000)
     with pytest.raises(UserInputError, match="holds at most 10,000,000,000"):
         synth.plan("transformer", events=10**11)
