@@ -4,8 +4,10 @@
 
 Generates the trace once, then per policy times one :func:`replay` on the default device and
 :func:`min_capacity` on it, in this one process (CPU time: on a shared machine wall time
-counts the neighbours), and prints both, the ratio (target ≤ 4) and
-the replays the search ran (``evaluations``). By default every policy and the settings that
+counts the neighbours), and prints both, the ratio (target ≤ 4) and the replays the search ran
+(``evaluations``); then where min-capacity's time went: its replays that completed and those
+that ran out of memory (each stops at its first OOM), and the share of its time spent on the
+capacities checked just above the answer. By default every policy and the settings that
 change how a policy depends on the capacity (fractions, limits, expandable segments, sync
 modes, the JAX presets): a setting whose capacity use is not declared, or that is not
 monotone, is where the search costs most, and the default policies alone once hid a 44×.
@@ -20,7 +22,8 @@ from pathlib import Path
 
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES
 from allocsim.sim.kernel.engine import replay
-from allocsim.sim.questions.capacity import min_capacity
+from allocsim.sim.questions import capacity_oracle
+from allocsim.sim.questions.capacity import VERIFY_ABOVE, min_capacity
 from allocsim.traces.formats import load
 from allocsim.traces.model import Trace
 
@@ -46,6 +49,39 @@ def _trace(kind: str, events: int, seed: int) -> Trace:
         return load(path)
 
 
+class _ReplayLog:
+    """While open, notes each replay the oracle runs, in the core or in Python: (capacity,
+    completed, CPU seconds). The generous first replay is noted too."""
+
+    def __enter__(self) -> _ReplayLog:
+        self.replays: list[tuple[int, bool, float]] = []
+        oracle = capacity_oracle.CompletionOracle
+        self._saved = (oracle._replay, oracle._probe)
+        replay_one, probe = self._saved
+        log = self.replays
+
+        def logged_replay(oracle_self: capacity_oracle.CompletionOracle, capacity: int) -> bool:
+            start = time.process_time()
+            completed = replay_one(oracle_self, capacity)
+            log.append((capacity, completed, time.process_time() - start))
+            return completed
+
+        def logged_probe(oracle_self: capacity_oracle.CompletionOracle) -> capacity_oracle.Probe:
+            start = time.process_time()
+            found = probe(oracle_self)
+            log.append((capacity_oracle.PROBE_CAPACITY, found.completed,
+                        time.process_time() - start))
+            return found
+
+        oracle._replay = logged_replay                          # type: ignore[method-assign]
+        oracle._probe = logged_probe                            # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        oracle = capacity_oracle.CompletionOracle
+        oracle._replay, oracle._probe = self._saved             # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -56,18 +92,28 @@ def main(argv: list[str] | None = None) -> int:
     trace = _trace(args.kind, args.events, args.seed)
     device = PROFILES[DEFAULT_PROFILE]
     width = max(len("policy"), *map(len, args.policies)) + 2
-    print(f"{'policy':<{width}}{'replay s':>10}{'min-cap s':>11}{'ratio':>8}{'runs':>6}  answer")
+    print(f"{'policy':<{width}}{'replay s':>10}{'min-cap s':>11}{'ratio':>8}{'runs':>6}"
+          f"{'passed':>8}{'failed':>8}{'checks above':>14}  answer")
     worst = 0.0
     for policy in args.policies:
         start = time.process_time()
         replay(trace, policy, device)
         one = time.process_time() - start
-        start = time.process_time()
-        answer = min_capacity(trace, policy, device)
-        search = time.process_time() - start
+        with _ReplayLog() as log:
+            start = time.process_time()
+            answer = min_capacity(trace, policy, device)
+            search = time.process_time() - start
         ratio = search / one if one else float("inf")
         worst = max(worst, ratio)
-        print(f"{policy:<{width}}{one:>10.2f}{search:>11.2f}{ratio:>8.2f}{answer.evaluations:>6}  "
+        above = set()
+        if answer.min_capacity is not None:
+            above = {answer.min_capacity + step * answer.resolution
+                     for step in range(1, VERIFY_ABOVE + 1)}
+        passed = sum(1 for _, completed, _ in log.replays if completed)
+        checks = sum(seconds for capacity, _, seconds in log.replays if capacity in above)
+        share = f"{checks / search:.0%}" if search else "-"
+        print(f"{policy:<{width}}{one:>10.2f}{search:>11.2f}{ratio:>8.2f}{answer.evaluations:>6}"
+              f"{passed:>8}{len(log.replays) - passed:>8}{share:>14}  "
               f"{answer.min_capacity} monotone={answer.monotone}", flush=True)
     print(f"worst ratio {worst:.2f} (target ≤ {TARGET:g})")
     return 0
