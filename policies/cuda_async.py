@@ -157,6 +157,13 @@ class CudaAsyncAllocator(Policy):
         sync=("str", "when the pool synchronises: free (after each) or none"),
     )
 
+    @property
+    def preallocate_pending(self) -> bool:
+        """Whether the preallocation (``preallocate`` with a threshold: XLA's
+        SetStreamAndPreallocateMemory) is still to come; the first malloc makes it. Read-only:
+        the native core and min-capacity's state read it, only the policy changes it."""
+        return self._preallocate_pending
+
     # -- allocation ----------------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
