@@ -93,7 +93,7 @@ from allocsim.policies.base import (
     params_of,
     require,
 )
-from allocsim.policies.chunk_records import Chunk, ring_of
+from allocsim.policies.chunk_records import ADDRESS_MASK, Chunk, ring_of
 from allocsim.policies.chunks import KEY_SHIFT, ChunkMap, FreeIndex
 
 SHARED = -(1 << 62)        # owner of free memory any stream may reuse (after a sync)
@@ -171,44 +171,40 @@ class CudaAsyncAllocator(Policy):
         if self._preallocate_pending:
             self._preallocate()
         rounded = -(-size // self.alignment) * self.alignment
-        found, owner = self._find(rounded, stream)
-        if found is not None:
-            address = found[0]
-            self._take(address, found[1], owner, rounded)
+        key, owner = self._find(rounded, stream)
+        if key:
+            address = key & ADDRESS_MASK
+            self._take(address, key >> KEY_SHIFT, owner, rounded)
         else:
             grown = self._grow(rounded, stream)
             if grown is None:
                 self.num_ooms += 1
                 return None
             address = grown
-        self._hand_to(address, size, stream)
-        self.bytes_in_use += rounded
-        if self.bytes_in_use > self.peak_bytes_in_use:
-            self.peak_bytes_in_use = self.bytes_in_use
-        self.num_allocs += 1
-        return address
-
-    def _hand_to(self, address: int, size: int, stream: int) -> None:
-        """Chunk ``address`` is in use by ``stream`` (its ``key`` 0) for ``size`` bytes."""
+        # The chunk is in use by ``stream`` (its ``key`` 0) for ``size`` bytes.
         chunk = self._record[address]
         chunk.key = 0
         chunk.requested = size
         if not self.sync_on_free:
             self.stream_of[address] = stream
+        in_use = self.bytes_in_use + rounded
+        self.bytes_in_use = in_use
+        if in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = in_use
+        self.num_allocs += 1
+        return address
 
-    def _find(self, rounded: int, stream: int) -> tuple[tuple[int, int] | None, int]:
+    def _find(self, rounded: int, stream: int) -> tuple[int, int]:
         """Best fit by (size, address) among shared free memory and the stream's own:
-        ``((address, size), owner)`` or ``(None, SHARED)``."""
-        found = self.shared.best_fit(rounded)
-        owner = SHARED
+        ``(free-index key, owner)``, key 0 when nothing fits (keys order as (size, address))."""
+        key = self.shared.best_key(rounded)
         if not self.sync_on_free:
             own = self.indexes.get(stream)
             if own is not None:
-                mine = own.best_fit(rounded)
-                if mine is not None and (found is None
-                                         or (mine[1], mine[0]) < (found[1], found[0])):
-                    found, owner = mine, stream
-        return found, owner
+                mine = own.best_key(rounded)
+                if mine and (not key or mine < key):
+                    return mine, stream
+        return key, SHARED
 
     def _grow(self, rounded: int, stream: int) -> int | None:
         """A miss: map a new chunk and carve the allocation from its low end. If the device
@@ -223,10 +219,11 @@ class CudaAsyncAllocator(Policy):
         """The device refused a new chunk: synchronise and retry (XLA's AllocateRaw) — the pool
         first, then (assumed) the wholly free chunks are remapped for it."""
         self.synchronize()
-        found, owner = self._find(rounded, stream)
-        if found is not None:
-            self._take(found[0], found[1], owner, rounded)
-            return found[0]
+        key, owner = self._find(rounded, stream)
+        if key:
+            address = key & ADDRESS_MASK
+            self._take(address, key >> KEY_SHIFT, owner, rounded)
+            return address
         self._trim(0)
         base = self._map_chunk(rounded)
         if base is None:
@@ -242,7 +239,7 @@ class CudaAsyncAllocator(Policy):
         base = self.device.address_range(nbytes)
         if not self.device.map(base, nbytes):
             return None
-        chunk = self._record[base] = ring_of(nbytes, base)
+        chunk = self._record[base] = ring_of(nbytes, base, self._spare)
         chunk.key = 0                               # in use until indexed
         self.regions[base] = nbytes
         self._ring[base] = chunk.prev
