@@ -173,16 +173,15 @@ class CudaAsyncAllocator(Policy):
         rounded = -(-size // self.alignment) * self.alignment
         key, owner = self._find(rounded, stream)
         if key:
-            address = key & ADDRESS_MASK
-            self._take(address, key >> KEY_SHIFT, owner, rounded)
+            chunk = self._take(key & ADDRESS_MASK, key >> KEY_SHIFT, owner, rounded)
         else:
             grown = self._grow(rounded, stream)
             if grown is None:
                 self.num_ooms += 1
                 return None
-            address = grown
+            chunk = grown
         # The chunk is in use by ``stream`` (its ``key`` 0) for ``size`` bytes.
-        chunk = self._record[address]
+        address = chunk.address
         chunk.key = 0
         chunk.requested = size
         if not self.sync_on_free:
@@ -206,35 +205,33 @@ class CudaAsyncAllocator(Policy):
                     return mine, stream
         return key, SHARED
 
-    def _grow(self, rounded: int, stream: int) -> int | None:
+    def _grow(self, rounded: int, stream: int) -> Chunk | None:
         """A miss: map a new chunk and carve the allocation from its low end. If the device
-        refuses: :meth:`_after_refusal`. Returns the allocation's address or None."""
-        base = self._map_chunk(rounded)
-        if base is None:
+        refuses: :meth:`_after_refusal`. Returns the allocation's chunk or None."""
+        chunk = self._map_chunk(rounded)
+        if chunk is None:
             return self._after_refusal(rounded, stream)
-        self._carve(base, rounded)
-        return base
+        self._carve(chunk, rounded)
+        return chunk
 
-    def _after_refusal(self, rounded: int, stream: int) -> int | None:
+    def _after_refusal(self, rounded: int, stream: int) -> Chunk | None:
         """The device refused a new chunk: synchronise and retry (XLA's AllocateRaw) — the pool
         first, then (assumed) the wholly free chunks are remapped for it."""
         self.synchronize()
         key, owner = self._find(rounded, stream)
         if key:
-            address = key & ADDRESS_MASK
-            self._take(address, key >> KEY_SHIFT, owner, rounded)
-            return address
+            return self._take(key & ADDRESS_MASK, key >> KEY_SHIFT, owner, rounded)
         self._trim(0)
-        base = self._map_chunk(rounded)
-        if base is None:
+        chunk = self._map_chunk(rounded)
+        if chunk is None:
             return None
-        self._carve(base, rounded)
-        return base
+        self._carve(chunk, rounded)
+        return chunk
 
-    def _map_chunk(self, rounded: int) -> int | None:
+    def _map_chunk(self, rounded: int) -> Chunk | None:
         """Map a new physical chunk of round_up(rounded, chunk) bytes in a virtual range of its
-        own: a region of one chunk, in use (``key`` 0) and in no index yet. Returns its base or
-        None if refused."""
+        own: a region of one chunk, in use (``key`` 0) and in no index yet. Returns that chunk
+        or None if refused."""
         nbytes = -(-rounded // self.chunk) * self.chunk
         base = self.device.address_range(nbytes)
         if not self.device.map(base, nbytes):
@@ -246,15 +243,16 @@ class CudaAsyncAllocator(Policy):
         self.mapped += nbytes
         if self.mapped > self.peak_mapped:
             self.peak_mapped = self.mapped
-        return base
+        return chunk
 
-    def _carve(self, base: int, rounded: int) -> None:
+    def _carve(self, chunk: Chunk, rounded: int) -> None:
         """A new region's chunk keeps its low ``rounded`` bytes; the rest becomes shared free
         memory."""
-        self._split_off(self._record[base], rounded, SHARED)
+        self._split_off(chunk, rounded, SHARED)
 
-    def _take(self, address: int, chunk_size: int, owner: int, rounded: int) -> None:
-        """Hand out free chunk ``address``; the rest (if any) stays free with the same owner."""
+    def _take(self, address: int, chunk_size: int, owner: int, rounded: int) -> Chunk:
+        """Hand out free chunk ``address``; the rest (if any) stays free with the same owner.
+        Returns the chunk."""
         self.indexes[owner].remove(chunk_size, address)
         chunk = self._record[address]
         if chunk.next is chunk.prev:             # both its ring: the region was wholly free
@@ -263,6 +261,7 @@ class CudaAsyncAllocator(Policy):
             del self.owner_of[address]
         chunk.key = 0
         self._split_off(chunk, rounded, owner)
+        return chunk
 
     def _split_off(self, chunk: Chunk, rounded: int, owner: int) -> None:
         """``chunk`` (in use) keeps its low ``rounded`` bytes; the rest, if any, becomes a free
@@ -294,15 +293,15 @@ class CudaAsyncAllocator(Policy):
         self.bytes_in_use -= chunk.size
         self.num_frees += 1
         if self.sync_on_free:
-            self._give_back(address, SHARED)
+            self._give_back(chunk, SHARED)
             # The synchronisation after the free applies the release threshold.
             if self.free_regions and self.mapped > self.threshold:
                 self._trim(self.threshold)
         else:
-            self._give_back(address, self.stream_of.pop(address))
+            self._give_back(chunk, self.stream_of.pop(address))
 
-    def _give_back(self, address: int, owner: int) -> None:
-        """Return a chunk (in no index) as free memory of ``owner``, merging with the next free
+    def _give_back(self, chunk: Chunk, owner: int) -> None:
+        """Return ``chunk`` (in no index) as free memory of ``owner``, merging with the next free
         neighbour, then the previous one (as BFC and CuPy). With per-stream ownership a
         neighbour merges if it is shared or ``owner``'s: both parts are usable by ``owner``, and
         the merged chunk is ``owner``'s until the next synchronisation."""
@@ -312,7 +311,7 @@ class CudaAsyncAllocator(Policy):
         index = indexes.get(owner)
         if index is None:
             index = indexes[owner] = FreeIndex()
-        chunk = record[address]
+        address = chunk.address
         size = chunk.size
         after = chunk.next
         if after.key:                                   # free (a ring never is)
@@ -363,7 +362,7 @@ class CudaAsyncAllocator(Policy):
             for size, address in list(index.keys()):
                 index.remove(size, address)
                 del self.owner_of[address]
-                self._give_back(address, SHARED)
+                self._give_back(self._record[address], SHARED)
         if self.free_regions and self.mapped > self.threshold:
             self._trim(self.threshold)
 
@@ -401,10 +400,10 @@ class CudaAsyncAllocator(Policy):
         """XLA's SetStreamAndPreallocateMemory: AllocateRaw(threshold) then DeallocateRaw; the
         chunk stays as shared free memory (it is not above the threshold)."""
         self._preallocate_pending = False
-        base = self._map_chunk(self.threshold)
-        if base is not None:
-            nbytes = self.regions[base]
-            self._record[base].key = nbytes << KEY_SHIFT | base
+        chunk = self._map_chunk(self.threshold)
+        if chunk is not None:
+            base, nbytes = chunk.address, chunk.size
+            chunk.key = nbytes << KEY_SHIFT | base
             self.shared.add(nbytes, base)
             self.free_regions.add(base)
             if not self.sync_on_free:
