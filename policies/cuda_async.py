@@ -211,7 +211,7 @@ class CudaAsyncAllocator(Policy):
         chunk = self._map_chunk(rounded)
         if chunk is None:
             return self._after_refusal(rounded, stream)
-        self._carve(chunk, rounded)
+        self._split_off(chunk, rounded, SHARED)      # the rest: shared free memory
         return chunk
 
     def _after_refusal(self, rounded: int, stream: int) -> Chunk | None:
@@ -225,7 +225,7 @@ class CudaAsyncAllocator(Policy):
         chunk = self._map_chunk(rounded)
         if chunk is None:
             return None
-        self._carve(chunk, rounded)
+        self._split_off(chunk, rounded, SHARED)
         return chunk
 
     def _map_chunk(self, rounded: int) -> Chunk | None:
@@ -244,11 +244,6 @@ class CudaAsyncAllocator(Policy):
         if self.mapped > self.peak_mapped:
             self.peak_mapped = self.mapped
         return chunk
-
-    def _carve(self, chunk: Chunk, rounded: int) -> None:
-        """A new region's chunk keeps its low ``rounded`` bytes; the rest becomes shared free
-        memory."""
-        self._split_off(chunk, rounded, SHARED)
 
     def _take(self, address: int, chunk_size: int, owner: int, rounded: int) -> Chunk:
         """Hand out free chunk ``address``; the rest (if any) stays free with the same owner.
