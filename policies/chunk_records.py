@@ -48,11 +48,20 @@ class Chunk:
         return f"Chunk({self.address:#x}, size={self.size}, key={self.key:#x})"
 
 
-def ring_of(nbytes: int, base: int) -> Chunk:
+def ring_of(nbytes: int, base: int, spare: list[Chunk] | None = None) -> Chunk:
     """A new region's ring around its one free chunk of ``nbytes`` at ``base``; returns the
-    chunk."""
-    ring = Chunk(0, None, None, 0, NONE, 0)                          # type: ignore[arg-type]
-    chunk = Chunk(nbytes, ring, ring, nbytes << KEY_SHIFT | base, base, 0)
+    chunk. Made of two chunks from ``spare`` (chunks a map dropped) when it holds two: the
+    stream-ordered pool maps and releases a region at nearly every event with its default
+    threshold, and a class instantiation costs more than writing the fields."""
+    if spare is not None and len(spare) >= 2:
+        ring, chunk = spare.pop(), spare.pop()
+        ring.size, ring.key, ring.address, ring.requested = 0, 0, NONE, 0
+        chunk.size, chunk.key, chunk.address, chunk.requested = (
+            nbytes, nbytes << KEY_SHIFT | base, base, 0)
+        chunk.prev = chunk.next = ring
+    else:
+        ring = Chunk(0, None, None, 0, NONE, 0)                      # type: ignore[arg-type]
+        chunk = Chunk(nbytes, ring, ring, nbytes << KEY_SHIFT | base, base, 0)
     ring.prev = ring.next = chunk
     return chunk
 

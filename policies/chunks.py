@@ -103,21 +103,25 @@ class FreeIndex:
         if not keys:
             self.nonempty &= ~(1 << number)
 
-    def best_fit(self, rounded: int) -> tuple[int, int] | None:
-        """``(address, size)`` of the smallest free chunk ≥ ``rounded``, lowest address first:
-        search bin(rounded), then the first chunk of the next non-empty bin above it."""
+    def best_key(self, rounded: int) -> int:
+        """The key of the smallest free chunk ≥ ``rounded``, lowest address first (0: none
+        fits; keys order as ``(size, address)``): search bin(rounded), then the first chunk of
+        the next non-empty bin above it. The chunk stays indexed."""
         number = BIN[rounded.bit_length()]
         keys = self.bins[number]
         if keys:
             position = bisect_left(keys, rounded << KEY_SHIFT)
             if position < len(keys):
-                key = keys[position]
-                return key & ADDRESS_MASK, key >> KEY_SHIFT
+                return keys[position]
         above = self.nonempty >> (number + 1)
         if not above:
-            return None
-        key = self.bins[number + (above & -above).bit_length()][0]
-        return key & ADDRESS_MASK, key >> KEY_SHIFT
+            return 0
+        return self.bins[number + (above & -above).bit_length()][0]
+
+    def best_fit(self, rounded: int) -> tuple[int, int] | None:
+        """:meth:`best_key` as ``(address, size)``, None when nothing fits."""
+        key = self.best_key(rounded)
+        return (key & ADDRESS_MASK, key >> KEY_SHIFT) if key else None
 
     def pop_best_fit(self, rounded: int) -> int:
         """:meth:`best_fit`, and the chunk found leaves the index (one search, not two). Returns
@@ -242,7 +246,8 @@ class ChunkMap:
         self.regions: dict[int, int] = {}       # region base -> region size
         self.free_index = FreeIndex()           # the free chunks (see module docstring)
         self.strays: set[int] = set()           # marked in use through the view, no chunk
-        self.spare: list[Chunk] = []            # chunks merges dropped, for splits to reuse
+        self.spare: list[Chunk] = []            # chunks merges and removed regions dropped,
+                                                # for splits and new regions to reuse
         self.size: MutableMapping[int, int] = SlotView(self, "size")
         self.prev: MutableMapping[int, int] = SlotView(self, "prev")
         self.next: MutableMapping[int, int] = SlotView(self, "next")
@@ -253,7 +258,7 @@ class ChunkMap:
     # -- regions ---------------------------------------------------------------------
     def add_region(self, base: int, nbytes: int) -> None:
         """A new region becomes one free chunk. O(log k + k)."""
-        chunk = ring_of(nbytes, base)
+        chunk = ring_of(nbytes, base, self.spare)
         self.regions[base] = nbytes
         self.ring[base] = chunk.prev
         self.record[base] = chunk
@@ -311,11 +316,11 @@ class ChunkMap:
         if not self.region_is_free(base):
             raise ValueError(f"region {base:#x} still has chunks in use")
         nbytes = self.regions.pop(base)
-        # The ring and the region's one chunk point at each other: cut the loop so that both
-        # go with their last reference rather than at the next cyclic garbage collection.
-        ring = self.ring.pop(base)
-        ring.prev = ring.next = None                                  # type: ignore[assignment]
-        self.free_index.remove(self.record.pop(base).size, base)
+        # The region's one chunk and its ring (pointing at each other, nothing else) become
+        # spare chunks: the next region's ring (ring_of) or a split's rest is made of them.
+        chunk = self.record.pop(base)
+        self.free_index.remove(chunk.size, base)
+        self.spare += (chunk, self.ring.pop(base))
         return nbytes
 
     # -- handing out, splitting and giving back ------------------------------------------

@@ -93,7 +93,7 @@ from allocsim.policies.base import (
     params_of,
     require,
 )
-from allocsim.policies.chunk_records import Chunk, ring_of
+from allocsim.policies.chunk_records import ADDRESS_MASK, Chunk, ring_of
 from allocsim.policies.chunks import KEY_SHIFT, ChunkMap, FreeIndex
 
 SHARED = -(1 << 62)        # owner of free memory any stream may reuse (after a sync)
@@ -157,6 +157,13 @@ class CudaAsyncAllocator(Policy):
         sync=("str", "when the pool synchronises: free (after each) or none"),
     )
 
+    @property
+    def preallocate_pending(self) -> bool:
+        """Whether the preallocation (``preallocate`` with a threshold: XLA's
+        SetStreamAndPreallocateMemory) is still to come; the first malloc makes it. Read-only:
+        the native core and min-capacity's state read it, only the policy changes it."""
+        return self._preallocate_pending
+
     # -- allocation ----------------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
@@ -164,93 +171,83 @@ class CudaAsyncAllocator(Policy):
         if self._preallocate_pending:
             self._preallocate()
         rounded = -(-size // self.alignment) * self.alignment
-        found, owner = self._find(rounded, stream)
-        if found is not None:
-            address = found[0]
-            self._take(address, found[1], owner, rounded)
+        key, owner = self._find(rounded, stream)
+        if key:
+            chunk = self._take(key & ADDRESS_MASK, key >> KEY_SHIFT, owner, rounded)
         else:
             grown = self._grow(rounded, stream)
             if grown is None:
                 self.num_ooms += 1
                 return None
-            address = grown
-        self._hand_to(address, size, stream)
-        self.bytes_in_use += rounded
-        if self.bytes_in_use > self.peak_bytes_in_use:
-            self.peak_bytes_in_use = self.bytes_in_use
-        self.num_allocs += 1
-        return address
-
-    def _hand_to(self, address: int, size: int, stream: int) -> None:
-        """Chunk ``address`` is in use by ``stream`` (its ``key`` 0) for ``size`` bytes."""
-        chunk = self._record[address]
+            chunk = grown
+        # The chunk is in use by ``stream`` (its ``key`` 0) for ``size`` bytes.
+        address = chunk.address
         chunk.key = 0
         chunk.requested = size
         if not self.sync_on_free:
             self.stream_of[address] = stream
+        in_use = self.bytes_in_use + rounded
+        self.bytes_in_use = in_use
+        if in_use > self.peak_bytes_in_use:
+            self.peak_bytes_in_use = in_use
+        self.num_allocs += 1
+        return address
 
-    def _find(self, rounded: int, stream: int) -> tuple[tuple[int, int] | None, int]:
+    def _find(self, rounded: int, stream: int) -> tuple[int, int]:
         """Best fit by (size, address) among shared free memory and the stream's own:
-        ``((address, size), owner)`` or ``(None, SHARED)``."""
-        found = self.shared.best_fit(rounded)
-        owner = SHARED
+        ``(free-index key, owner)``, key 0 when nothing fits (keys order as (size, address))."""
+        key = self.shared.best_key(rounded)
         if not self.sync_on_free:
             own = self.indexes.get(stream)
             if own is not None:
-                mine = own.best_fit(rounded)
-                if mine is not None and (found is None
-                                         or (mine[1], mine[0]) < (found[1], found[0])):
-                    found, owner = mine, stream
-        return found, owner
+                mine = own.best_key(rounded)
+                if mine and (not key or mine < key):
+                    return mine, stream
+        return key, SHARED
 
-    def _grow(self, rounded: int, stream: int) -> int | None:
+    def _grow(self, rounded: int, stream: int) -> Chunk | None:
         """A miss: map a new chunk and carve the allocation from its low end. If the device
-        refuses: :meth:`_after_refusal`. Returns the allocation's address or None."""
-        base = self._map_chunk(rounded)
-        if base is None:
+        refuses: :meth:`_after_refusal`. Returns the allocation's chunk or None."""
+        chunk = self._map_chunk(rounded)
+        if chunk is None:
             return self._after_refusal(rounded, stream)
-        self._carve(base, rounded)
-        return base
+        self._split_off(chunk, rounded, SHARED)      # the rest: shared free memory
+        return chunk
 
-    def _after_refusal(self, rounded: int, stream: int) -> int | None:
+    def _after_refusal(self, rounded: int, stream: int) -> Chunk | None:
         """The device refused a new chunk: synchronise and retry (XLA's AllocateRaw) — the pool
         first, then (assumed) the wholly free chunks are remapped for it."""
         self.synchronize()
-        found, owner = self._find(rounded, stream)
-        if found is not None:
-            self._take(found[0], found[1], owner, rounded)
-            return found[0]
+        key, owner = self._find(rounded, stream)
+        if key:
+            return self._take(key & ADDRESS_MASK, key >> KEY_SHIFT, owner, rounded)
         self._trim(0)
-        base = self._map_chunk(rounded)
-        if base is None:
+        chunk = self._map_chunk(rounded)
+        if chunk is None:
             return None
-        self._carve(base, rounded)
-        return base
+        self._split_off(chunk, rounded, SHARED)
+        return chunk
 
-    def _map_chunk(self, rounded: int) -> int | None:
+    def _map_chunk(self, rounded: int) -> Chunk | None:
         """Map a new physical chunk of round_up(rounded, chunk) bytes in a virtual range of its
-        own: a region of one chunk, in use (``key`` 0) and in no index yet. Returns its base or
-        None if refused."""
+        own: a region of one chunk, in use (``key`` 0) and in no index yet. Returns that chunk
+        or None if refused."""
         nbytes = -(-rounded // self.chunk) * self.chunk
         base = self.device.address_range(nbytes)
         if not self.device.map(base, nbytes):
             return None
-        chunk = self._record[base] = ring_of(nbytes, base)
+        chunk = self._record[base] = ring_of(nbytes, base, self._spare)
         chunk.key = 0                               # in use until indexed
         self.regions[base] = nbytes
         self._ring[base] = chunk.prev
         self.mapped += nbytes
         if self.mapped > self.peak_mapped:
             self.peak_mapped = self.mapped
-        return base
+        return chunk
 
-    def _carve(self, base: int, rounded: int) -> None:
-        """A new region's chunk keeps its low ``rounded`` bytes; the rest becomes shared free
-        memory."""
-        self._split_off(self._record[base], rounded, SHARED)
-
-    def _take(self, address: int, chunk_size: int, owner: int, rounded: int) -> None:
-        """Hand out free chunk ``address``; the rest (if any) stays free with the same owner."""
+    def _take(self, address: int, chunk_size: int, owner: int, rounded: int) -> Chunk:
+        """Hand out free chunk ``address``; the rest (if any) stays free with the same owner.
+        Returns the chunk."""
         self.indexes[owner].remove(chunk_size, address)
         chunk = self._record[address]
         if chunk.next is chunk.prev:             # both its ring: the region was wholly free
@@ -259,6 +256,7 @@ class CudaAsyncAllocator(Policy):
             del self.owner_of[address]
         chunk.key = 0
         self._split_off(chunk, rounded, owner)
+        return chunk
 
     def _split_off(self, chunk: Chunk, rounded: int, owner: int) -> None:
         """``chunk`` (in use) keeps its low ``rounded`` bytes; the rest, if any, becomes a free
@@ -290,15 +288,15 @@ class CudaAsyncAllocator(Policy):
         self.bytes_in_use -= chunk.size
         self.num_frees += 1
         if self.sync_on_free:
-            self._give_back(address, SHARED)
+            self._give_back(chunk, SHARED)
             # The synchronisation after the free applies the release threshold.
             if self.free_regions and self.mapped > self.threshold:
                 self._trim(self.threshold)
         else:
-            self._give_back(address, self.stream_of.pop(address))
+            self._give_back(chunk, self.stream_of.pop(address))
 
-    def _give_back(self, address: int, owner: int) -> None:
-        """Return a chunk (in no index) as free memory of ``owner``, merging with the next free
+    def _give_back(self, chunk: Chunk, owner: int) -> None:
+        """Return ``chunk`` (in no index) as free memory of ``owner``, merging with the next free
         neighbour, then the previous one (as BFC and CuPy). With per-stream ownership a
         neighbour merges if it is shared or ``owner``'s: both parts are usable by ``owner``, and
         the merged chunk is ``owner``'s until the next synchronisation."""
@@ -308,7 +306,7 @@ class CudaAsyncAllocator(Policy):
         index = indexes.get(owner)
         if index is None:
             index = indexes[owner] = FreeIndex()
-        chunk = record[address]
+        address = chunk.address
         size = chunk.size
         after = chunk.next
         if after.key:                                   # free (a ring never is)
@@ -359,7 +357,7 @@ class CudaAsyncAllocator(Policy):
             for size, address in list(index.keys()):
                 index.remove(size, address)
                 del self.owner_of[address]
-                self._give_back(address, SHARED)
+                self._give_back(self._record[address], SHARED)
         if self.free_regions and self.mapped > self.threshold:
             self._trim(self.threshold)
 
@@ -397,10 +395,10 @@ class CudaAsyncAllocator(Policy):
         """XLA's SetStreamAndPreallocateMemory: AllocateRaw(threshold) then DeallocateRaw; the
         chunk stays as shared free memory (it is not above the threshold)."""
         self._preallocate_pending = False
-        base = self._map_chunk(self.threshold)
-        if base is not None:
-            nbytes = self.regions[base]
-            self._record[base].key = nbytes << KEY_SHIFT | base
+        chunk = self._map_chunk(self.threshold)
+        if chunk is not None:
+            base, nbytes = chunk.address, chunk.size
+            chunk.key = nbytes << KEY_SHIFT | base
             self.shared.add(nbytes, base)
             self.free_regions.add(base)
             if not self.sync_on_free:

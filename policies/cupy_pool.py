@@ -207,6 +207,9 @@ class CuPyPoolAllocator(Policy):
         self.requested = RequestedView(self)    # chunk address in use -> requested bytes
         self.strays: dict[int, object] = {}     # in_use entries written for no chunk (check())
         self._next_cid = 0
+        # Chunk objects free's merges dropped, for malloc's splits to reuse (a class
+        # instantiation costs more than writing the fields; the chunk's age is its tie's id).
+        self._spare: list[CuPyChunk] = []
         self._total_bytes = 0
         self._limit = 0
         self.peak_bytes_in_use = 0
@@ -310,8 +313,20 @@ class CuPyPoolAllocator(Policy):
             self._next_cid = cid + 1
             low = cid << CID_SHIFT | rest                   # its TIE
             key = rest_size << SIZE_SHIFT | low
-            record[rest] = chunk.next = after.prev = CuPyChunk(
-                rest_size, chunk, after, key, rest, 0, arena, low)
+            spare = self._spare
+            if spare:
+                piece = spare.pop()
+                piece.size = rest_size
+                piece.prev = chunk
+                piece.next = after
+                piece.key = key
+                piece.address = rest
+                piece.requested = 0
+                piece.arena = arena
+                piece.tie = low
+            else:
+                piece = CuPyChunk(rest_size, chunk, after, key, rest, 0, arena, low)
+            record[rest] = chunk.next = after.prev = piece
             arena.add(key, rest_size)
         in_use = self.bytes_in_use + rounded
         self.bytes_in_use = in_use
@@ -388,7 +403,7 @@ class CuPyPoolAllocator(Policy):
         if key:
             merged = after.size
             arena.remove(key, merged)
-            del record[after.address]
+            self._spare.append(record.pop(after.address))
             size += merged
             after = chunk.next = after.next
             after.prev = chunk
@@ -397,7 +412,7 @@ class CuPyPoolAllocator(Policy):
         if key:
             merged = before.size
             arena.remove(key, merged)
-            del record[address]
+            self._spare.append(record.pop(address))
             size += merged
             chunk, low = before, before.tie
             chunk.next = after

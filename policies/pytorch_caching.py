@@ -201,6 +201,9 @@ class PyTorchCachingAllocator(Policy):
         self._free_lists = self.pools.free_lists
         self._gc_searches = self.pools.gc_searches
         self._gc_stamps = self.pools.gc_stamps
+        # Blocks free's merges dropped, for malloc's splits to reuse: a class instantiation
+        # costs more than writing six fields (as ChunkMap.spare).
+        self._spare: list[Block] = []
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(
         __init__,
@@ -361,8 +364,18 @@ class PyTorchCachingAllocator(Policy):
             rest = block.address + rounded
             after = block.next
             block.size = rounded
-            self._record[rest] = block.next = piece = Block(remaining, block, after, pool_key,
-                                                            0, rest)
+            spare = self._spare
+            if spare:
+                piece = spare.pop()
+                piece.size = remaining
+                piece.prev = block
+                piece.next = after
+                piece.pool_key = pool_key
+                piece.requested = 0
+                piece.address = rest
+            else:
+                piece = Block(remaining, block, after, pool_key, 0, rest)
+            self._record[rest] = block.next = piece
             if after is not None:
                 after.prev = piece
             insort(keys, remaining << SHIFT | rest)
@@ -430,6 +443,7 @@ class PyTorchCachingAllocator(Policy):
             before_size = before.size
             del keys[bisect_left(keys, before_size << SHIFT | before.address)]
             del record[address]
+            self._spare.append(block)
             before.next = after
             if after is not None:
                 after.prev = before
@@ -441,6 +455,7 @@ class PyTorchCachingAllocator(Policy):
             after_size = after.size
             del keys[bisect_left(keys, after_size << SHIFT | after.address)]
             del record[after.address]
+            self._spare.append(after)
             beyond = block.next = after.next
             if beyond is not None:
                 beyond.prev = block

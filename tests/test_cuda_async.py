@@ -111,6 +111,17 @@ def test_jax_fraction_sets_the_threshold_and_preallocate_takes_it_up_front() -> 
     assert policy.num_allocs == 1 and policy.num_frees == 1
 
 
+def test_preallocate_pending_says_the_preallocation_is_still_to_come_and_is_read_only() -> None:
+    policy, _ = pool(capacity=64 * MiB, fraction=0.5, preallocate=True)
+    assert policy.preallocate_pending is True
+    policy.free(policy.malloc(MiB))                # the first malloc makes the preallocation
+    assert policy.preallocate_pending is False
+    with pytest.raises(AttributeError):
+        policy.preallocate_pending = True  # type: ignore[misc]
+    assert pool(preallocate=True)[0].preallocate_pending is False     # no threshold: nothing
+    assert pool(fraction=0.5)[0].preallocate_pending is False
+
+
 def test_placement_is_best_fit_by_size_then_address_with_coalescing() -> None:
     policy, _ = pool()
     blocks = {}

@@ -161,7 +161,7 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
     if isinstance(policy, CudaAsyncAllocator):
         return {"family": family, "threshold": policy.threshold, "chunk": policy.chunk,
                 "alignment": policy.alignment, "sync_on_free": bool(policy.sync_on_free),
-                "preallocate": bool(policy._preallocate_pending), "bin_of_bits": list(BIN)}
+                "preallocate": bool(policy.preallocate_pending), "bin_of_bits": list(BIN)}
     if isinstance(policy, BuddyAllocator):
         return {"family": family, "min_block": policy.min_block, "arena": policy.arena,
                 "release": bool(policy.release)}

@@ -414,7 +414,7 @@ def _cuda_async_places(policy: Policy) -> tuple[object, dict[int, object]]:
              frozenset(rank[base] for base in pool.free_regions),
              {places[address]: owner for address, owner in pool.owner_of.items()},
              {places[address]: stream for address, stream in pool.stream_of.items()},
-             tuple(pool.indexes), pool._preallocate_pending)
+             tuple(pool.indexes), pool.preallocate_pending)
     return state, places
 
 
