@@ -79,6 +79,12 @@ class SimulatedDevice:
             self.views[process] = ProcessDevice(self, process)
         return self.views[process]
 
+    @property
+    def next_address(self) -> int:
+        """Where the next range will start (the bump pointer; the native core starts its own
+        device's from it)."""
+        return self._next_address
+
     def _address_range(self, nbytes: int) -> int:
         base = self._next_address
         # A gap of one alignment unit keeps any two ranges from touching.
