@@ -21,12 +21,14 @@ from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.policies.cupy_pool import CuPyPoolAllocator
 from allocsim.policies.on_demand import OnDemandAllocator
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
+from allocsim.policies.tpu import TpuRuntimeAllocator
 from allocsim.policies.units import parse_size
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (OnDemandAllocator, PreallocateAllocator, BestFitAllocator, BFCAllocator,
-                PyTorchCachingAllocator, CuPyPoolAllocator, CudaAsyncAllocator, BuddyAllocator)
+                PyTorchCachingAllocator, CuPyPoolAllocator, CudaAsyncAllocator, BuddyAllocator,
+                TpuRuntimeAllocator)
 }
 DEFAULT_POLICIES = ("on-demand", "preallocate", "best-fit", "bfc", "pytorch")
 

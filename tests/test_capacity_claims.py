@@ -130,7 +130,7 @@ def test_every_policy_declares_what_its_rules_say() -> None:
         "on-demand": CAPACITY_LIMIT_FATAL, "best-fit": CAPACITY_LIMIT_FATAL,
         "buddy": CAPACITY_LIMIT, "pytorch": CAPACITY_LIMIT, "cupy": CAPACITY_LIMIT,
         "cuda-async": CAPACITY_LIMIT, "bfc": CAPACITY_BFC_REGIONS,
-        "preallocate": CAPACITY_BFC_REGIONS,
+        "preallocate": CAPACITY_BFC_REGIONS, "tpu": CAPACITY_UNKNOWN,
     }
 
 

@@ -211,6 +211,31 @@ def _profile(name: str, mib: int, card: str, context_mib: int) -> DeviceProfile:
                          + f"; {context_mib} MiB {DEFAULT_CONTEXT_NOTE}")
 
 
+# TPUs (JAX on a TPU; policies/tpu.py). The v5e's limit is measured: memory_stats()'s
+# bytes_limit on a TPU v5e chip, JAX 0.10.2, libtpu 0.0.42.1 (experiments/tpu/chip_probe.py).
+# The others are their public HBM sizes, assumed (not measured here): the runtime's own limit
+# on those chips is not known.
+TPU_V5E_BYTES_LIMIT = 16_909_336_064
+
+
+def _tpu_profile(name: str, capacity: int, source: str) -> DeviceProfile:
+    return DeviceProfile(name, capacity, granularity=512, map_granularity=512,
+                         context_bytes=0, source=source)
+
+
+TPU_PROFILES = (
+    _tpu_profile("tpu-v5e", TPU_V5E_BYTES_LIMIT,
+                 "TPU v5e: bytes_limit measured on the chip (JAX 0.10.2, libtpu 0.0.42.1); "
+                 "512 B granules measured; the runtime's own 26,624 B are the tpu policy's "
+                 "runtime_bytes"),
+    _tpu_profile("tpu-v4", 32 * GiB, "TPU v4: 32 GiB HBM (public figure), assumed, not "
+                 "measured; runtime bytes and granules assumed as on a v5e"),
+    _tpu_profile("tpu-v5p", 95 * GiB, "TPU v5p: 95 GiB HBM (public figure), assumed, not "
+                 "measured; runtime bytes and granules assumed as on a v5e"),
+    _tpu_profile("tpu-v6e", 32 * GiB, "TPU v6e (Trillium): 32 GiB HBM (public figure), "
+                 "assumed, not measured; runtime bytes and granules assumed as on a v5e"),
+)
+
 PROFILES: dict[str, DeviceProfile] = {
     profile.name: profile
     for profile in (
@@ -221,6 +246,7 @@ PROFILES: dict[str, DeviceProfile] = {
         _profile("l4-24g", 23034, "L4", 384),
         _profile("rtx4090-24g", 24564, "GeForce RTX 4090", 384),
         _profile("t4-16g", 15360, "Tesla T4", 256),
+        *TPU_PROFILES,
     )
 }
 DEFAULT_PROFILE = "a100-80g"

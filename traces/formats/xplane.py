@@ -144,6 +144,66 @@ def _allocator_order(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]
     return out, ties
 
 
+_FREE_SIZES = ("requested_bytes", "allocation_bytes")
+_SIZE_FROM_ALLOC = -1
+
+
+def _free_sizes_from_allocs(ordered: list[dict[str, Any]], source: str) -> None:
+    """Give each size-less free (the TPU runtime's) its buffer's sizes: those of the alloc
+    live at its address, or for a buffer allocated before the recording the drop in the
+    runtime's running total (``bytes_allocated`` before − after)."""
+    live: dict[int, tuple[int, int]] = {}
+    in_use: int | None = None
+    for record in ordered:
+        addr = record["addr"]
+        if record["kind"] == "alloc":
+            live[addr] = (record["requested_bytes"], record["allocation_bytes"])
+        elif record["requested_bytes"] == _SIZE_FROM_ALLOC:
+            found = live.pop(addr, None)
+            if found is None:
+                if in_use is None or in_use - record["bytes_allocated"] <= 0:
+                    raise TraceError("a free record carries no size and frees a buffer "
+                                     "allocated before the recording, with no running total "
+                                     "before it to tell its size", source=source,
+                                     event=record["order"])
+                size = in_use - record["bytes_allocated"]
+                found = (size, size)
+            record["requested_bytes"], record["allocation_bytes"] = found
+        else:
+            live.pop(addr, None)
+        in_use = record["bytes_allocated"]
+
+
+def _follow_compactions(ordered: list[dict[str, Any]]) -> None:
+    """The TPU runtime compacts when no hole fits: every live buffer slides to the top of HBM
+    in address order (policies/tpu.py, ``compact``), and the runtime records no move. An
+    allocation placed over a live buffer is the sign of one: the live buffers are moved as the
+    rule moves them, so that each later free finds its buffer (``addr_key``: the address the
+    buffer was allocated at; ``addr`` stays the one recorded)."""
+    if not ordered or ordered[0]["kind"] != "alloc":
+        return
+    first = ordered[0]
+    limit = first["bytes_available"] + first["bytes_reserved"] + first["bytes_allocated"]
+    top = limit - (first["bytes_allocated"] - first["allocation_bytes"])
+    live: dict[int, tuple[int, int]] = {}   # address now -> (size, address at allocation)
+    for record in ordered:
+        addr = record["addr"]
+        if record["kind"] == "alloc":
+            size = record["allocation_bytes"]
+            if any(a < addr + size and addr < a + s for a, (s, _) in live.items()):
+                moved: dict[int, tuple[int, int]] = {}
+                at = top
+                for _, (s, key) in sorted(live.items(), reverse=True):
+                    at -= s
+                    moved[at] = (s, key)
+                live = moved
+            live[addr] = (size, addr)
+        else:
+            found = live.pop(addr, None)
+            if found is not None:
+                record["addr_key"] = found[1]
+
+
 def _tag(record: dict[str, Any]) -> str | None:
     op = record.get("tf_op")
     shape = record.get("shape")
@@ -182,7 +242,12 @@ def trace_from_records(records: list[dict[str, Any]], source: str, name: str,
                          source=source)
     allocator = str(allocator)
     mine = [r for r in records if str(r.get("allocator_name") or "") == allocator]
+    sizes_from_allocs = 0
     for record in mine:
+        if record["kind"] == "free" and not any(k in record for k in _FREE_SIZES):
+            # The TPU runtime's frees carry no sizes: the freed buffer's alloc says them.
+            record.update(dict.fromkeys(_FREE_SIZES, _SIZE_FROM_ALLOC))
+            sizes_from_allocs += 1
         for key in _NUMERIC:
             if key == "bytes_reserved" and key not in record:
                 record[key] = 0
@@ -190,6 +255,13 @@ def trace_from_records(records: list[dict[str, Any]], source: str, name: str,
         record["in_use"] = record["bytes_allocated"]
         record["signed"] = (record["allocation_bytes"] if record["kind"] == "alloc"
                             else -record["allocation_bytes"])
+    if sizes_from_allocs:
+        ordered, ties = _allocator_order(mine)
+        _free_sizes_from_allocs(ordered, source)
+        _follow_compactions(ordered)
+        for record in mine:
+            record["signed"] = (record["allocation_bytes"] if record["kind"] == "alloc"
+                                else -record["allocation_bytes"])
     ordered, ties = _allocator_order(mine)
     origin = ordered[0]["time_ps"]
 
@@ -208,11 +280,12 @@ def trace_from_records(records: list[dict[str, Any]], source: str, name: str,
     prologue: list[dict[str, Any]] = []
     seen: set[int] = set()
     for record in ordered:
+        key = record.get("addr_key", record["addr"])
         if record["kind"] == "alloc":
-            seen.add(record["addr"])
-        elif record["addr"] not in seen:
+            seen.add(key)
+        elif key not in seen:
             prologue.append(record)
-            seen.add(record["addr"])   # an address is live once; later allocs reopen it
+            seen.add(key)   # an address is live once; later allocs reopen it
     times: list[int] = []
     ops: list[int] = []
     ids: list[int] = []
@@ -232,13 +305,14 @@ def trace_from_records(records: list[dict[str, Any]], source: str, name: str,
     for record in ordered:
         time_ns = (record["time_ps"] - origin) // 1000
         addr = record["addr"]
+        key = record.get("addr_key", addr)
         if record["kind"] == "alloc":
             live[addr] = (next_id, record["requested_bytes"])
             buffer, size, tag = next_id, record["requested_bytes"], intern(_tag(record))
             next_id += 1
             op = OP_ALLOC
         else:
-            found = live.pop(addr, None)
+            found = live.pop(key, None)
             if found is None:   # freed twice with no alloc between: keep the record only
                 buffer, size = next_id, record["requested_bytes"]
                 next_id += 1
