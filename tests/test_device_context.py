@@ -101,7 +101,9 @@ def test_min_capacity_includes_the_context() -> None:
 def test_every_built_in_profile_has_a_documented_context() -> None:
     for profile in PROFILES.values():
         assert 0 < profile.context_bytes < profile.capacity // 10
-        assert "context" in profile.source and "assumed" in profile.source
+        # Measured only where a chip was at hand (the TPU v5e's runtime bytes).
+        documented = "measured" if profile.name == "tpu-v5e" else "assumed"
+        assert "context" in profile.source and documented in profile.source
 
 
 def test_a_device_profile_file_reads_context_bytes(tmp_path: Path) -> None:

@@ -128,14 +128,14 @@ def test_the_v5e_profile_is_the_chips_own_limit() -> None:
     profile = resolve_device("tpu-v5e")
     env = json.loads((DATA / "env.json").read_text())
     assert profile.capacity == TPU_V5E_BYTES_LIMIT == env["stats_before_any_array"]["bytes_limit"]
-    assert env["stats_before_any_array"]["bytes_in_use"] == V5E_RUNTIME_BYTES
+    assert env["stats_before_any_array"]["bytes_in_use"] == V5E_RUNTIME_BYTES == profile.context_bytes
     for name in ("tpu-v4", "tpu-v5p", "tpu-v6e"):
         assert "assumed" in resolve_device(name).source
 
 
 # -- against the chip's own records ---------------------------------------------------------
 # The probes, then three bundled traces replayed on the chip as u8[n] buffers, each in a fresh
-# process (the four larger replays, 52,000 records more, matched too but are not committed:
+# process (the four larger replays, 53,002 records more, matched too but are not committed:
 # see CHANGELOG.md).
 RECORDED = ["placement", "random-small", "random-large", "compaction-2", "compaction-4",
             "compaction-8", "replay-sample-jax-cpu-train", "replay-sample-torch-cpu-mlp",

@@ -218,22 +218,27 @@ def _profile(name: str, mib: int, card: str, context_mib: int) -> DeviceProfile:
 TPU_V5E_BYTES_LIMIT = 16_909_336_064
 
 
+TPU_RUNTIME_BYTES = 26_624   # in use before the first array (memory_stats), measured on a v5e
+
+
 def _tpu_profile(name: str, capacity: int, source: str) -> DeviceProfile:
+    # The runtime's own bytes are the device's context: any policy replayed on a TPU starts
+    # without them; the tpu policy keeps them at the top of HBM (runtime_bytes).
     return DeviceProfile(name, capacity, granularity=512, map_granularity=512,
-                         context_bytes=0, source=source)
+                         context_bytes=TPU_RUNTIME_BYTES, source=source)
 
 
 TPU_PROFILES = (
     _tpu_profile("tpu-v5e", TPU_V5E_BYTES_LIMIT,
                  "TPU v5e: bytes_limit measured on the chip (JAX 0.10.2, libtpu 0.0.42.1); "
-                 "512 B granules measured; the runtime's own 26,624 B are the tpu policy's "
-                 "runtime_bytes"),
+                 "512 B granules measured; context 26,624 B measured (the runtime's own bytes "
+                 "before any array)"),
     _tpu_profile("tpu-v4", 32 * GiB, "TPU v4: 32 GiB HBM (public figure), assumed, not "
-                 "measured; runtime bytes and granules assumed as on a v5e"),
+                 "measured; context and granules assumed as on a v5e"),
     _tpu_profile("tpu-v5p", 95 * GiB, "TPU v5p: 95 GiB HBM (public figure), assumed, not "
-                 "measured; runtime bytes and granules assumed as on a v5e"),
+                 "measured; context and granules assumed as on a v5e"),
     _tpu_profile("tpu-v6e", 32 * GiB, "TPU v6e (Trillium): 32 GiB HBM (public figure), "
-                 "assumed, not measured; runtime bytes and granules assumed as on a v5e"),
+                 "assumed, not measured; context and granules assumed as on a v5e"),
 )
 
 PROFILES: dict[str, DeviceProfile] = {
