@@ -195,13 +195,17 @@ def test_replay_takes_the_core_and_allocsim_native_0_the_python_models(
     assert_same(replay(trace, "bfc", device), core, "ALLOCSIM_NATIVE=0")
 
 
+PYTHON_ONLY = {"tpu"}
+
+
 def test_every_registered_policy_is_native_and_what_the_core_lacks_runs_in_python(
         monkeypatch: pytest.MonkeyPatch) -> None:
     cases.need_core()
     for spec in cases.NATIVE_SPECS:
         assert native.is_native(parse_policy(spec)), spec
     for name in POLICIES:
-        assert native.is_native(parse_policy(name)), name
+        # The tpu policy has no twin in the core yet (issue 41): it runs in Python.
+        assert native.is_native(parse_policy(name)) == (name not in PYTHON_ONLY), name
     # A class the core does not know (here a subclass, as a user's own policy would be) runs
     # in Python, whatever it derives from.
     trace = TRACES["default-training"]

@@ -128,7 +128,8 @@ def test_the_v5e_profile_is_the_chips_own_limit() -> None:
     profile = resolve_device("tpu-v5e")
     env = json.loads((DATA / "env.json").read_text())
     assert profile.capacity == TPU_V5E_BYTES_LIMIT == env["stats_before_any_array"]["bytes_limit"]
-    assert env["stats_before_any_array"]["bytes_in_use"] == V5E_RUNTIME_BYTES == profile.context_bytes
+    before = env["stats_before_any_array"]["bytes_in_use"]
+    assert before == V5E_RUNTIME_BYTES == profile.context_bytes
     for name in ("tpu-v4", "tpu-v5p", "tpu-v6e"):
         assert "assumed" in resolve_device(name).source
 
