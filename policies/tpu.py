@@ -42,6 +42,7 @@ from allocsim.policies.base import (
     params_of,
     require,
 )
+from allocsim.policies.units import round_up
 
 GRANULE = 512
 V5E_RUNTIME_BYTES = 26_624
@@ -53,7 +54,7 @@ V5E_RUNTIME_BYTES = 26_624
 
 def round_to_granule(size: int, granule: int = GRANULE) -> int:
     """The bytes a buffer of ``size`` takes: a whole number of 512 B granules."""
-    return -(-size // granule) * granule
+    return round_up(size, granule)
 
 
 def _fit_compaction_cost() -> tuple[float, float]:

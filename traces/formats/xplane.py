@@ -52,6 +52,7 @@ Metadata
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from pathlib import Path
@@ -186,21 +187,27 @@ def _follow_compactions(ordered: list[dict[str, Any]]) -> None:
     limit = first["bytes_available"] + first["bytes_reserved"] + first["bytes_allocated"]
     top = limit - (first["bytes_allocated"] - first["allocation_bytes"])
     live: dict[int, tuple[int, int]] = {}   # address now -> (size, address at allocation)
+    starts: list[int] = []                  # the live addresses, sorted (overlap by bisection)
     for record in ordered:
         addr = record["addr"]
         if record["kind"] == "alloc":
             size = record["allocation_bytes"]
-            if any(a < addr + size and addr < a + s for a, (s, _) in live.items()):
+            at = bisect.bisect_left(starts, addr + size)   # live buffers starting below its end
+            if at and starts[at - 1] + live[starts[at - 1]][0] > addr:
                 moved: dict[int, tuple[int, int]] = {}
-                at = top
-                for _, (s, key) in sorted(live.items(), reverse=True):
-                    at -= s
-                    moved[at] = (s, key)
+                below = top
+                for start in reversed(starts):
+                    held, key = live[start]
+                    below -= held
+                    moved[below] = (held, key)
                 live = moved
+                starts = sorted(live)
             live[addr] = (size, addr)
+            bisect.insort(starts, addr)
         else:
             found = live.pop(addr, None)
             if found is not None:
+                del starts[bisect.bisect_left(starts, addr)]
                 record["addr_key"] = found[1]
 
 
