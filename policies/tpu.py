@@ -219,6 +219,31 @@ class TpuRuntimeAllocator(Policy):
         """Where the buffer is in HBM now (the runtime's ``addr``)."""
         return self._live[handle][0]
 
+    def place_at(self, offset: int, size: int) -> int | None:
+        """A buffer live before a recording began, put where the runtime's records say it is
+        (a start state, not a rule: the runtime never places by request); None when that
+        span is not free."""
+        if self.heap_base is None and not self._start_heap():
+            return None
+        size = round_to_granule(size, self.granule)
+        block = next(((start, length) for start, length in self._free.items()
+                      if start <= offset and offset + size <= start + length), None)
+        if block is None:
+            return None
+        start, length = block
+        self._remove_free(start)
+        if offset > start:
+            self._add_free(start, offset - start)
+        if offset + size < start + length:
+            self._add_free(offset + size, start + length - offset - size)
+        handle = self._next_handle
+        self._next_handle += 1
+        self._live[handle] = (offset, size)
+        self.bytes_in_use += size
+        self.peak_bytes_in_use = max(self.peak_bytes_in_use, self.bytes_in_use)
+        self.num_allocs += 1
+        return handle
+
     # -- the Policy interface --------------------------------------------------------
     def blocks(self) -> Iterator[tuple[int, int, bool]]:
         base = self.heap_base or 0

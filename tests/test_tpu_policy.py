@@ -193,3 +193,40 @@ def test_a_tpu_profiles_frees_take_their_sizes_from_the_allocs() -> None:
         else:
             assert sizes.pop(int(buffer)) == int(size)
     assert not sizes
+
+
+# -- fidelity: a TPU profile replayed through the model, record by record -------------------
+def test_fidelity_of_a_recording_started_mid_run_places_its_earlier_buffers_first() -> None:
+    from allocsim.sim.questions.tpu_fidelity import tpu_fidelity
+    report = tpu_fidelity(formats.load(DATA / "midrun"))
+    assert report.live_before > 0 and report.notes
+    assert report.exact, report.lines()
+
+
+def test_fidelity_names_the_first_record_the_model_places_elsewhere() -> None:
+    from allocsim.sim.questions.tpu_fidelity import tpu_fidelity
+    trace = formats.load(DATA / "placement")
+    refs = trace.metadata["reference_events"]
+    moved = next(k for k in range(10, len(refs)) if refs[k]["action"] == "alloc")
+    refs[moved]["addr"] += 512       # as if the runtime had chosen another place
+    report = tpu_fidelity(trace)
+    assert report.matched == report.total - 1
+    assert report.first_divergence is not None and report.first_divergence["record"] == moved
+    assert "best fit" in report.first_divergence["rule"]
+
+
+def test_fidelity_refuses_a_profile_that_is_not_a_tpus() -> None:
+    from allocsim.sim.questions.tpu_fidelity import tpu_fidelity
+    from allocsim.traces.model import TraceError
+    trace = formats.load(DATA / "placement")
+    trace.metadata["memory_runtime"] = "bfc"
+    with pytest.raises(TraceError, match="not a TPU runtime's profile"):
+        tpu_fidelity(trace)
+
+
+def test_the_fidelity_command_judges_a_tpu_profile_by_the_tpu_model(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from allocsim.sim.cli.main import main
+    assert main(["fidelity", str(DATA / "compaction-4")]) == 0
+    out = capsys.readouterr().out
+    assert "512/512 matched" in out and "compactions in the model: 1" in out

@@ -14,6 +14,8 @@ session of its own (``OUT/NAME/plugins/profile/RUN/HOST.xplane.pb``) beside ``OU
 - ``placement``: hand-made patterns whose answer differs between best, first and last fit,
   top-down and bottom-up, with and without coalescing;
 - ``random-small`` / ``random-large``: seeded random workloads (ground truth for the model);
+- ``too-large``: XLA:TPU's message for a program larger than HBM;
+- ``midrun``: a recording started mid-run (buffers live before the profiler starts);
 - ``compaction-K``: the chip filled with equal blocks, all but one in K freed, then a request
   no hole fits (compaction), then one the free total cannot hold (the runtime's OOM);
 - ``replay-NAME``: each ``.npz`` trace in ``--traces`` replayed as ``u8[n]`` buffers
@@ -255,6 +257,55 @@ def probe_random(out: Path, name: str, *, seed: int, events: int, low: int, high
                 key += 1
 
 
+def probe_midrun(out: Path, *, seed: int = 3, before: int = 300, events: int = 900) -> None:
+    """A recording started mid-run: buffers allocated (and some freed) before the profiler
+    starts, then random work that frees many of them (``tpu_fidelity``'s start state)."""
+    rng = np.random.default_rng(seed)
+    p = Probe(out, "midrun")
+    sizes: dict[int, int] = {}
+    for key in range(before):
+        n = int(np.exp(rng.uniform(np.log(512), np.log(4 * MiB))))
+        if p.alloc(key, n, stats=False):
+            sizes[key] = n
+    for key in list(sizes)[::3]:
+        p.free(key, stats=False)
+        sizes.pop(key)
+    p.notes["before_recording"] = {"log": p.log, "stats": _stats(p.device)}
+    p.log = []
+    with p:
+        key = before
+        for _ in range(events):
+            if sizes and rng.random() < 0.5:
+                victim = list(sizes)[int(rng.integers(len(sizes)))]
+                sizes.pop(victim)
+                p.free(victim)
+            else:
+                n = int(np.exp(rng.uniform(np.log(512), np.log(4 * MiB))))
+                if p.alloc(key, n):
+                    sizes[key] = n
+                key += 1
+
+
+def probe_too_large(out: Path) -> None:
+    """What XLA:TPU says when a program's buffers exceed HBM (at compile, not at run)."""
+    import jax
+    import jax.numpy as jnp
+
+    def step(a: Any, b: Any) -> Any:
+        return jnp.tanh(a @ b) @ a
+
+    record: dict[str, Any] = {"probe": "too-large"}
+    shape = jax.ShapeDtypeStruct((40000, 40000), jnp.float32)   # 6.4 GB each
+    try:
+        compiled = jax.jit(step).lower(shape, shape).compile()
+        record["memory_analysis"] = str(compiled.memory_analysis())
+    except Exception as err:
+        record["error_type"] = type(err).__name__
+        record["error"] = str(err)[:4000]
+    (out / "too-large.json").write_text(json.dumps(record, indent=1))
+    print(f"too-large: {record.get('error', record.get('memory_analysis'))[:300]}", flush=True)
+
+
 def probe_compaction(out: Path, keep_one_in: int, block: int) -> None:
     import jax
     with Probe(out, f"compaction-{keep_one_in}") as p:
@@ -431,6 +482,8 @@ def main() -> None:
                                               low=64 * 1024, high=256 * MiB, cap=6 << 30)),
         ("compaction", lambda: [probe_compaction(args.out, k, 64 * MiB) for k in (2, 4, 8)]),
         ("train", lambda: probe_training(args.out)),
+        ("midrun", lambda: probe_midrun(args.out)),
+        ("too-large", lambda: probe_too_large(args.out)),
     ]
     for name, step in steps:
         if not wanted(name):

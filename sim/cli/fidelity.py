@@ -23,13 +23,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "fidelity", help="replay a recording through the model of the allocator that made it "
                          "and compare decisions: PyTorch snapshots (pytorch), TensorFlow/JAX "
-                         "profiles (bfc), XLA dumps (buffer assignment)",
+                         "profiles (bfc), TPU profiles (tpu), XLA dumps (buffer assignment)",
         description="Replays a recording through the model of the allocator that made it and "
                     "compares what the model does with what was recorded: a PyTorch memory "
                     "snapshot (torch.cuda.memory._dump_snapshot) through the pytorch model "
                     "configured as recorded (device calls); a TensorFlow or JAX profile "
                     "(.xplane.pb, or a TensorBoard/Keras log folder) through the bfc model "
-                    "(each chunk handed out, its address, the bytes in use); an XLA "
+                    "(each chunk handed out, its address, the bytes in use); a JAX profile "
+                    "from a TPU through the tpu model (each buffer's HBM offset and size, the "
+                    "bytes in use); an XLA "
                     "buffer-assignment dump against the offline plan and the policies. Exit 0 "
                     "when all match, 1 on divergence.")
     p.add_argument("snapshot", metavar="RECORDING",
@@ -47,6 +49,11 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "xla_view", None) is None and is_dump_path(args.snapshot):
         args.xla_view = "buffers"  # a dump is judged by its logical buffers against XLA's plan
     trace = load_trace(args.snapshot, args)
+    from allocsim.sim.questions.tpu_fidelity import is_tpu_recording, tpu_fidelity
+    if is_tpu_recording(trace):   # a TPU runtime's profile: the tpu model, record by record
+        tpu = tpu_fidelity(trace)
+        print_json(tpu.as_dict()) if args.json else print("\n".join(tpu.lines()))
+        return 0 if tpu.exact else 1
     from allocsim.sim.questions.bfc_fidelity import bfc_fidelity, is_bfc_recording
     if is_bfc_recording(trace):   # a TF/JAX profile (.xplane.pb): the bfc model, not pytorch
         bfc = bfc_fidelity(trace)

@@ -2,6 +2,7 @@
 measurements are compared with (:data:`BACKENDS`). How each runs:
 :mod:`allocsim.sim.validation.host_device` (``host``),
 :mod:`allocsim.sim.validation.tensorflow_backend` (``tensorflow``, on the CPU),
+:mod:`allocsim.sim.validation.jax_backend` (``jax``, on a TPU),
 :mod:`allocsim.sim.validation.gpu_backends` (the others)."""
 
 from __future__ import annotations
@@ -36,5 +37,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             True),
     Backend("tensorflow", "TensorFlow's BFC allocator on the CPU (TF_CPU_ALLOCATOR_USE_BFC, "
             "a child process, its profile) vs the bfc model, call by call", "bfc", True, False),
+    Backend("jax", "the TPU runtime through JAX (u8[n] arrays, a child process, its profile) "
+            "vs the tpu model, record by record", "tpu", True, False),
 )}
 DEFAULT_BACKEND = "policy"

@@ -27,6 +27,8 @@ Backends (:data:`~allocsim.sim.validation.backends.BACKENDS`):
 - ``cupy-async``: CuPy's MemoryAsyncPool (cudaMallocAsync) against ``cuda-async``.
 - ``torch``: ``torch.cuda.caching_allocator_alloc``/``_delete`` against the ``pytorch`` model,
   ``memory_reserved()``/``memory_allocated()`` after every event, byte for byte.
+- ``jax``: the TPU runtime's allocator through JAX, in a child process, against the ``tpu``
+  model, record by record (:mod:`~allocsim.sim.validation.jax_backend`).
 - ``tensorflow``: TensorFlow's BFC allocator on the CPU, in a child process, against the
   ``bfc`` model at TensorFlow's limit (:mod:`~allocsim.sim.validation.tensorflow_backend`):
   every allocator call from its profile (chunk size, place, bytes in use), and reserved / in
@@ -176,7 +178,16 @@ def validate(trace: Trace | str | Path, policy_spec: str | PolicySpec | None = N
                              f"has {len(trace.processes())}; extract one first")
     tolerance: int | None = None
     tf_run = None
-    if chosen.name == "tensorflow":
+    jax_run = None
+    if chosen.name == "jax":
+        from allocsim.sim.validation import jax_backend as jb
+        jax_run = jb.run_jax(trace, size)
+        trace = jax_run.replayed     # each buffer at the HBM its u8[n] array takes
+        profile = jb.jax_profile(jax_run, None if device_profile is None else profile)
+        if policy_spec is None:
+            spec = parse_policy(jb.model_spec_text(jax_run.runtime_bytes))
+        measured = jax_run.measured
+    elif chosen.name == "tensorflow":
         from allocsim.sim.validation import tensorflow_backend as tfb
         tf_run = tfb.run_tensorflow(trace, size)
         trace = tf_run.replayed      # with TensorFlow's own calls, as its allocator saw them
@@ -225,6 +236,9 @@ def validate(trace: Trace | str | Path, policy_spec: str | PolicySpec | None = N
     if tf_run is not None:
         from allocsim.sim.validation.tensorflow_backend import add_tensorflow_checks
         add_tensorflow_checks(report, tf_run)
+    if jax_run is not None:
+        from allocsim.sim.validation.jax_backend import add_jax_checks
+        add_jax_checks(report, jax_run)
     return report
 
 

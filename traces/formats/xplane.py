@@ -347,6 +347,8 @@ def trace_from_records(records: list[dict[str, Any]], source: str, name: str,
         "allocators": dict(sorted(counts.items())), "plane": first["plane"],
         "bfc_memory_limit": limit, "prologue_events": len(prologue), "time_ties": ties,
         "time_origin_ps": origin, "reference_events": refs,
+        # A TPU runtime's frees carry no sizes: that marks its profiles (the tpu model's).
+        "memory_runtime": "tpu" if sizes_from_allocs else "bfc",
     }
     meta.update(extra)
     meta["listing"] = marked + list(meta.pop("listing_extra", []))
