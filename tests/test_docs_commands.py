@@ -26,7 +26,6 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FOLDERS_SEEN = ("traces", "tests", "docs", "experiments")
 OUTPUT_OPTIONS = {"-o", "--out", "--output"}
-PATHLIKE = re.compile(r"/|\.(npz|pickle|json|gz|pb|csv|jsonl|toml|rep|txtpb|html|py)$")
 
 # Commands another test already runs and checks word for word: not run twice.
 RUN_ELSEWHERE = {
@@ -134,23 +133,18 @@ def test_each_shown_command_parses(shown: Shown) -> None:
 
 
 def _inputs(argv: list[str]) -> list[str]:
-    """The paths a command reads: what looks like a file and is not an output."""
-    inputs, skip = [], False
-    for token in argv:
-        if token == "--":
-            break
-        if skip:
-            skip = False
-            continue
-        if token in OUTPUT_OPTIONS:
-            skip = True
-            continue
-        if token.startswith("-"):
-            continue
-        base = token.split("@")[0].split(":")[0]
-        if base == "default" or PATHLIKE.search(base):
-            inputs.append(base)
-    return inputs[:1] if argv[0] == "convert" else inputs     # convert IN OUT
+    """The paths a command reads: its positional arguments as its parser names them (not a
+    generator's kind or parameters, not `record`'s program, not `convert`'s output), and
+    --device-profile; a share spec's TRACE of TRACE:POLICY@START."""
+    from allocsim.sim.cli.main import build_parser
+    parsed = build_parser().parse_args(argv)
+    not_inputs = {"kind", "params", "command", "output_file"}
+    inputs = [getattr(parsed, "device_profile", None)]
+    for action in _subcommands()[argv[0]]._actions:
+        if not action.option_strings and action.dest not in not_inputs:
+            value = getattr(parsed, action.dest)
+            inputs += value if isinstance(value, list) else [value]
+    return [str(path).split("@")[0].split(":")[0] for path in inputs if path]
 
 
 def _outputs(argv: list[str]) -> list[str]:
