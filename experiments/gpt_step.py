@@ -2,7 +2,7 @@
 
 One SGD-with-momentum step (f32) of a GPT-style model — pre-norm blocks of causal attention and
 a GELU MLP, a tied-nothing embedding and head — written once here and compiled by
-experiments/jax_gpu_1b.py (the README's 1.3B step), experiments/xla_gpu_sizes.py (compilation,
+experiments/jax_gpu_1b.py (docs/jax.md's 1.3B step), experiments/xla_gpu_sizes.py (compilation,
 donation) and experiments/preallocate_vs_grow/xla_jobs.py (the population experiments). The
 arguments are abstract (``jax.eval_shape`` of the initialiser): no array is ever allocated.
 """

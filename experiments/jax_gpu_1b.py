@@ -1,5 +1,5 @@
-"""A 1.3B-parameter transformer training step compiled for GPUs without one (README, "JAX at
-full size on XLA:GPU").
+"""A 1.3B-parameter transformer training step compiled for GPUs without one (docs/jax.md, "JAX
+at full size on XLA:GPU").
 
 ``python -m experiments.jax_gpu_1b -o DIR [--targets h100-80g a100-40g l4-24g] [--steps 3]``
 compiles one SGD-with-momentum step of a decoder-only transformer (d_model 2048, 24 layers,

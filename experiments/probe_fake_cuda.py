@@ -9,7 +9,7 @@ its output, or the last line of its error. The cases are what the meta recorder
 CUDA tensors instead of meta ones: factories and ``.to("cuda")``, a GEMM, a training step
 (backward and AdamW), the device's properties, streams, ``torch.autocast("cuda")``, and which
 kernel ``F.scaled_dot_product_attention`` runs (the ATen ops a dispatch mode sees). The answer,
-from torch 2.14.1+cu130 with no driver (README, "PyTorch jobs at full size"), is that forward
+from torch 2.14.1+cu130 with no driver (docs/pytorch.md, "Fake CUDA tensors"), is that forward
 ops work and a backward pass, streams, autocast and the device's properties do not, so the
 recorder stays on meta.
 """

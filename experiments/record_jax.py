@@ -16,7 +16,7 @@ process so that nothing of one run is live in the next, and writes
   (``XLA_FLAGS=--xla_dump_to``), the text files ``allocsim fidelity DIR`` reads.
 
 Seeded: the buffers and their order repeat; times are the run's. On CPU the temp sizes are
-XLA:CPU's buffer assignment (see the README, "What a JAX recording on a CPU measures").
+XLA:CPU's buffer assignment (see docs/jax.md, "What a recording measures").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The question at full size (README, "PyTorch jobs at full size, without a GPU"): does a
+"""The question at full size (docs/pytorch.md, "PyTorch jobs at full size, without a GPU"): does a
 1.3B-parameter GPT training step fit on an RTX 4090 (24 GB), an A100 40 GB and an H100 80 GB,
 what card does it need, and which setting to paste?
 
@@ -12,7 +12,7 @@ heads, a 32,000-way head, AdamW, two steps of batch 8 x 1024) with ``allocsim re
 own profile (its capacity and the memory its CUDA context holds): ``compare --policies
 pytorch`` (fits under the defaults?), ``min-capacity --policies pytorch
 pytorch:expandable_segments=true`` and ``tune --framework pytorch`` (the setting to paste).
-Prints one markdown table (the README's) and the seconds each step took; no GPU is used.
+Prints one markdown table (docs/pytorch.md's) and the seconds each step took; no GPU is used.
 """
 
 from __future__ import annotations

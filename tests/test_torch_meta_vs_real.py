@@ -98,14 +98,15 @@ def test_pytorch_replays_the_meta_recording_as_it_replays_the_real_one(tmp_path)
 
 
 @pytest.mark.slow
-def test_the_readmes_full_size_row_is_real_output(tmp_path, capsys):
-    """One row of the README's 1.3B table (bf16 autocast on an A100 40 GB: record, compare,
-    min-capacity and a full tune search), rerun: the README prints what the experiment does."""
+def test_the_pytorch_guides_full_size_row_is_real_output(tmp_path, capsys):
+    """One row of docs/pytorch.md's 1.3B table (bf16 autocast on an A100 40 GB: record,
+    compare, min-capacity and a full tune search), rerun: the guide prints what the experiment
+    does."""
     from experiments import torch_1b
 
     assert torch_1b.main(["-o", str(tmp_path), "--targets", "a100-40g",
                           "--precisions", "bf16"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines()
             if line.startswith("| a100-40g |")]
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert len(rows) == 1 and rows[0] in readme.splitlines()
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "pytorch.md").read_text()
+    assert len(rows) == 1 and rows[0] in guide.splitlines()

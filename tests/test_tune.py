@@ -361,11 +361,11 @@ def test_a_recorded_snapshot_is_rechecked_from_its_start_state() -> None:
     "allocsim tune traces/data/sample-jax-cpu-train.npz --framework jax --capacity 32MiB",
     "allocsim tune default traces/data/sample-jax-cpu-train.npz --framework jax --capacity 2GiB",
 ])
-def test_the_readme_shows_what_tune_prints(command: str, capsys, monkeypatch) -> None:
-    """The README's worked examples are real output: rerun, they print the same."""
+def test_the_user_guide_shows_what_tune_prints(command: str, capsys, monkeypatch) -> None:
+    """The user guide's worked examples are real output: rerun, they print the same."""
     import re
-    readme = (REPO / "README.md").read_text()
-    block = re.search(r"\$ " + re.escape(command) + r"\n(.*?)\n```", readme, flags=re.S)
+    guide = (REPO / "docs" / "user-guide.md").read_text()
+    block = re.search(r"\$ " + re.escape(command) + r"\n(.*?)\n```", guide, flags=re.S)
     assert block, command
     monkeypatch.chdir(REPO)
     status, out, _ = run_cli(command.split()[1:], capsys)

@@ -2,7 +2,7 @@
 a step compiled with XLA:GPU, and ``allocsim check`` failing when a change to the program grows
 its GPU memory past what the card's default settings hold.
 
-The program is docs/examples/gpu_step.py (the README's example), compiled in a child process
+The program is docs/examples/gpu_step.py (docs/jax.md's example), compiled in a child process
 (the CUDA plugin loads with no device visible before anything imports jax). Needs the plugin:
 skipped, saying so, without it.
 """

@@ -7,7 +7,7 @@ An MLP of ``--layers`` square ``--hidden`` layers trained by SGD with momentum (
 momentum donated), compiled with XLA:GPU for ``--target`` (a device profile of ``allocsim
 devices``) by :func:`allocsim.traces.record.xla_gpu.compile_for`: no GPU, no array allocated.
 ``allocsim baseline step.npz --device TARGET`` records what the allocators need for it;
-``allocsim check`` after a change to the program says whether its GPU memory grew (the README,
+``allocsim check`` after a change to the program says whether its GPU memory grew (docs/jax.md,
 "CI for a JAX program's GPU memory"). Needs ``pip install -e ".[jax-gpu]"``.
 """
 

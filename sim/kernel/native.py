@@ -78,7 +78,8 @@ NATIVE_POLICIES: dict[type, str] = {
     CuPyPoolAllocator: "cupy",
     CudaAsyncAllocator: "cuda-async",
 }
-# What the core has of each policy, in words (``allocsim policies``, the README).
+# What the core has of each policy, in words (``allocsim policies``; docs/architecture.md,
+# "Native core").
 NATIVE_SETTINGS = {
     "preallocate": "every setting",
     "best-fit": "every setting",

@@ -136,7 +136,7 @@ window.addEventListener('load', function () {
 });
 """
 
-# What each column of the comparison table means (README, "The JSON schema").
+# What each column of the comparison table means (docs/formats.md, "The JSON schema").
 COLUMN_LEGEND = (
     ("peak reserved", "most bytes held from the device at once (counted by the device)"),
     ("peak allocated", "peak live requested bytes (counted from the trace)"),
