@@ -54,6 +54,7 @@ def test_a_plain_buffer_is_a_u8_array() -> None:
     column = np.array([0, 4, 600, 2048, 2049], dtype=np.int64)
     assert u8_buffer_sizes(column).tolist() == [0, 512, 1024, 2048, 3072]
     assert u8_buffer_bytes(1500) == tpu_layout("u8[1500]").bytes
+    assert tpu_layout("u8[1500]").layout == "u8[1500]{0:T(1024)(128)(4,1)}"
 
 
 @pytest.mark.parametrize("text, problem", [
@@ -84,3 +85,39 @@ def test_every_array_the_chip_sized_has_the_rules_bytes_and_layout() -> None:
                                                          tuple(reversed(major_to_minor)), tile):
             wrong.append((text, array["bytes"], got.bytes))
     assert not wrong
+
+
+def test_the_size_command_prints_bytes_and_layouts(capsys: pytest.CaptureFixture[str]) -> None:
+    from allocsim.sim.cli.main import main
+    assert main(["size", "--device", "tpu-v5e", "--json", "f32[17,129]", "pred[100]"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == [
+        {"shape": "f32[17,129]", "bytes": 24576, "layout": "f32[17,129]{1,0:T(8,128)}",
+         "nbytes": 8772},
+        {"shape": "pred[100]", "bytes": 512, "layout": "pred[100]{0:T(512)(128)(4,1)}",
+         "nbytes": 100}]
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["size", "f32[3,5]", "f32[3,x]"], "dimension 'x'"),
+    (["size", "--device", "a100-80g", "f32[3]"], "not a TPU")])
+def test_the_size_command_refuses_in_one_line_and_prints_nothing(
+        argv: list[str], problem: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from allocsim.sim.cli.main import main
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert problem in captured.err and len(captured.err.strip().splitlines()) == 1
+
+
+def test_on_a_tpu_device_every_policy_sees_u8_buffers_as_the_chip_held_them() -> None:
+    from allocsim.sim.kernel.device_profile import resolve_device
+    from allocsim.sim.kernel.engine import replay
+    from allocsim.traces.bundled import bundled_path
+    from allocsim.traces.formats import load
+    log = json.loads((SIZES.parent / "replay-sample-torch-cpu-mlp.json").read_text())
+    chip_peak = max(e["stats"]["bytes_in_use"] for e in log["events"]) - 26_624
+    trace = load(str(bundled_path("sample-torch-cpu-mlp.npz")))
+    for policy in ("tpu", "bfc"):
+        assert replay(trace, policy, resolve_device("tpu-v5e")).peak_allocated == chip_peak
+    assert replay(trace, "bfc", resolve_device("a100-80g")).peak_allocated < chip_peak

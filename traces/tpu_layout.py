@@ -66,14 +66,15 @@ class TpuLayout:
 
     @property
     def layout(self) -> str:
-        """XLA's text form, as the runtime's profile records it: ``f32[3,5]{1,0:T(4,128)}``."""
+        """XLA's text form, as the runtime's profile records it: ``f32[3,5]{1,0:T(4,128)}``,
+        ``s8[1000]{0:T(1024)(128)(4,1)}`` (narrow types add their packing tiles)."""
         order = ",".join(str(d) for d in self.minor_to_major)
-        tile = "(" + ",".join(str(t) for t in self.tile) + ")"
+        tiles = "(" + ",".join(str(t) for t in self.tile) + ")"
         bits = TYPE_BITS[self.dtype]
-        packing = f"({32 // bits},1)" if bits < 32 and len(self.dims) >= 2 else ""
-        minor = "(128)" if bits < 32 and len(self.dims) < 2 else ""
+        if bits < 32 and self.dims:   # a narrow array packs 32 // bits values per word
+            tiles += ("" if len(self.dims) >= 2 else f"({LANES})") + f"({32 // bits},1)"
         dims = ",".join(str(d) for d in self.dims)
-        return f"{self.dtype}[{dims}]{{{order}:T{tile}{minor}{packing}}}"
+        return f"{self.dtype}[{dims}]{{{order}:T{tiles}}}"
 
     def as_dict(self) -> dict[str, object]:
         return {"shape": self.shape, "bytes": self.bytes, "layout": self.layout,

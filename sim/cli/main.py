@@ -45,6 +45,7 @@ from allocsim.sim.cli import (
     record,
     report,
     share,
+    size,
     sweep,
     trace_files,
     tune,
@@ -89,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.register(sub)
     listing.register_policies(sub)
     listing.register_devices(sub)
+    size.register(sub)
     return parser
 
 

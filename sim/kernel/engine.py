@@ -27,6 +27,7 @@ import simpy
 from allocsim.errors import UserInputError
 from allocsim.policies import PolicySpec, parse_policy
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
+from allocsim.sim.kernel.device_buffers import buffers_on_device
 from allocsim.sim.kernel.native import native_replay
 from allocsim.sim.kernel.results import CallLog, RunResult, Timeline
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
@@ -115,6 +116,7 @@ class ProcessReplay:
     def __init__(self, trace: Trace, policy: PolicySpec, device: SimulatedDevice, process: int = 0,
                  *, start_ns: int = 0, stop_on_oom: bool = False,
                  memory_stats: bool = False, call_log: bool | None = None) -> None:
+        trace = buffers_on_device(trace, device.profile)   # a TPU holds u8[n] buffers
         self.trace = trace
         self.spec = policy
         self.view = device.view(process)
@@ -436,6 +438,7 @@ def replay(trace: Trace, policy: str | PolicySpec, device: DeviceProfile, *,
                              "replay them together with `allocsim share` / run_shared, or one "
                              "at a time with trace.for_process(p)")
     spec = _as_spec(policy)
+    trace = buffers_on_device(trace, device)   # a TPU holds u8[n] buffers
     step = CHUNK_EVENTS * 4
     # The native core replays the run when it has the policy and the run needs no Python
     # objects (sim/kernel/native.py); else the Python models below, with the same answers.

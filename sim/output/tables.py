@@ -8,6 +8,7 @@ from typing import Any
 
 from allocsim.policies.units import format_size
 from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.kernel.device_buffers import is_tpu
 from allocsim.sim.kernel.engine import SharedRun
 from allocsim.sim.kernel.results import RunResult
 from allocsim.sim.questions.compare import Comparison
@@ -57,6 +58,9 @@ def _context(device: DeviceProfile) -> str:
     """The device's own share, where it has one (its size assumed unless --context set it)."""
     if not device.context_bytes:
         return ""
+    if is_tpu(device):   # measured on a v5e: memory_stats() before any array
+        return (f", of which {format_size(device.context_bytes)} the TPU runtime holds "
+                "(measured on a v5e; --context sets it)")
     return (f", of which {format_size(device.context_bytes)} the CUDA context and libraries "
             "hold (assumed; --context sets it)")
 

@@ -61,6 +61,7 @@ from allocsim.policies.cupy_pool import ADDRESS_MASK as CUPY_ADDRESS_MASK
 from allocsim.policies.cupy_pool import CuPyPoolAllocator
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
 from allocsim.sim.kernel.device import DeviceProfile, ProcessDevice, SimulatedDevice
+from allocsim.sim.kernel.device_buffers import buffers_on_device
 from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
 from allocsim.sim.kernel.native import open_run as open_native_run
 from allocsim.sim.questions.capacity_period import Period, find_period
@@ -144,7 +145,7 @@ class CompletionOracle:
                  shortcuts: bool = True, native: bool = True) -> None:
         if len(trace.processes()) > 1:
             replay(trace, spec, device)     # raises replay's UserInputError for this trace
-        self.trace = trace
+        self.trace = buffers_on_device(trace, device)   # a TPU holds u8[n] buffers
         self.spec = spec
         self.device = device
         self.shortcuts = shortcuts

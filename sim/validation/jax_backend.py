@@ -39,13 +39,13 @@ import numpy as np
 
 from allocsim.policies import format_size
 from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.kernel.device_buffers import buffers_on_device
 from allocsim.sim.kernel.device_profile import resolve_device
 from allocsim.sim.questions.tpu_fidelity import TpuFidelity, tpu_fidelity
 from allocsim.sim.validation.errors import ValidatorError, one_line
 from allocsim.sim.validation.measured import CallLog, Measured
 from allocsim.sim.validation.report import Check, ValidationReport
 from allocsim.traces.model import OP_ALLOC, Trace
-from allocsim.traces.tpu_layout import u8_buffer_sizes
 
 __all__ = ["JaxRun", "add_jax_checks", "jax_profile", "model_spec_text", "require_jax",
            "run_jax", "tpu_buffers"]
@@ -77,14 +77,7 @@ class JaxRun:
 
 def tpu_buffers(trace: Trace) -> Trace:
     """The trace with every buffer at the HBM its ``u8[n]`` array takes on a TPU."""
-    columns = {name: getattr(trace, name) for name in ("time_ns", "op", "id", "stream",
-                                                       "process", "tag")}
-    sizes = np.asarray(trace.size, dtype=np.int64)
-    allocs = np.asarray(trace.op) == OP_ALLOC
-    sizes = np.where(allocs, u8_buffer_sizes(sizes), sizes)
-    meta = dict(trace.metadata)
-    meta["sizes"] = "u8[n] on a TPU (traces/tpu_layout.py)"
-    return Trace(**columns, size=sizes, tags=list(trace.tags), metadata=meta)
+    return buffers_on_device(trace, resolve_device("tpu-v5e"))
 
 
 def model_spec_text(runtime_bytes: int) -> str:

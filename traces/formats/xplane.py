@@ -350,6 +350,8 @@ def trace_from_records(records: list[dict[str, Any]], source: str, name: str,
         # A TPU runtime's frees carry no sizes: that marks its profiles (the tpu model's).
         "memory_runtime": "tpu" if sizes_from_allocs else "bfc",
     }
+    if sizes_from_allocs:   # the runtime records the bytes each array takes on the chip
+        meta["sizes_on_device"] = "tpu: as the runtime recorded them"
     meta.update(extra)
     meta["listing"] = marked + list(meta.pop("listing_extra", []))
     return Trace.from_columns(times, ops, ids, sizes, tag=tag_col, tags=tags, **meta)

@@ -1,0 +1,208 @@
+"""Compile a JAX step for a TPU without one, and replay it as the TPU runtime holds it.
+
+``compile_for(step, args, donate_argnums=(0,), target="tpu-v5e", steps=3)`` compiles
+``jax.jit(step, donate_argnums=...)`` with XLA:TPU for a TPU topology (libtpu's own compiler,
+``jax.experimental.topologies.get_topology_desc(topology_name="v5e:1x1", platform="tpu")``, as
+MaxText's train_compile.py does) on a machine with no TPU, and returns the trace of what the
+TPU runtime's allocator is asked over ``steps`` calls. Needs libtpu (``pip install
+"jax[tpu]"``); the prediction names the libtpu it compiled with (another libtpu gives other
+numbers: 0.0.52 differs from the chip's 0.0.42.1).
+
+How the TPU runtime holds a step (read off a v5e chip, tests/data/tpu/exec-*.json, JAX 0.10.2,
+libtpu 0.0.42.1):
+
+- the **arguments** are arrays allocated before the first call, each its parameter's
+  allocation in XLA's buffer assignment (the tiled layout's bytes);
+- the executable's **generated code** is an ordinary buffer of ``generated_code_size`` bytes,
+  allocated at its first call and held while it is loaded;
+- each call allocates its **outputs** that no donated argument aliases; a donated argument's
+  buffer passes to the output;
+- the **temp** (scratch) is not an allocation: the runtime holds it as ``bytes_reserved`` (the
+  largest temp of the executables loaded, a little under ``memory_analysis()``'s), off the
+  free total. The trace records it in metadata (``xla_tpu.scratch_bytes``), not as events.
+
+So on the chip ``peak_bytes_in_use`` = the runtime's own bytes + arguments + outputs −
+aliased + code, which is this trace's peak live on the ``tpu`` policy.
+
+Topologies: ``target`` is a TPU device profile (``tpu-v5e``, ``tpu-v4``, ``tpu-v5p``,
+``tpu-v6e``) compiled as one chip; ``topology="v5e:2x2"`` compiles for a slice and the trace is
+one device's. A topology libtpu does not know, or a program larger than HBM, is one line.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from allocsim.errors import UserInputError
+from allocsim.traces.formats.xla_dump import list_modules
+from allocsim.traces.formats.xla_dump_files import parse_assignment, parse_live_range, read_text
+from allocsim.traces.formats.xla_runtime import Executable, RuntimeReplay, executable_of
+from allocsim.traces.model import Trace
+
+__all__ = ["TOPOLOGIES", "TpuStep", "compile_for", "compile_step"]
+
+# A device profile's chip and its one-chip topology name in libtpu's notation.
+TOPOLOGIES = {"tpu-v5e": "v5e:1x1", "tpu-v4": "v4:1x1x1", "tpu-v5p": "v5p:1x1x1",
+              "tpu-v6e": "v6e:1x1"}
+_HINT = 'pip install "jax[tpu]" (libtpu compiles for a TPU without one)'
+
+
+class TpuStep:
+    """One step compiled for a TPU: its executable, argument leaves and memory analysis."""
+
+    def __init__(self, executable: Executable, leaves: list[Any], memory: dict[str, int],
+                 code_bytes: int) -> None:
+        self.executable = executable
+        self.leaves = leaves
+        self.memory = memory
+        self.code_bytes = code_bytes
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self.memory["temp"]
+
+
+def _jax() -> Any:
+    try:
+        import jax
+        from jax.experimental import topologies  # noqa: F401
+    except ImportError:
+        raise UserInputError(f"jax is not installed: {_HINT}") from None
+    return jax
+
+
+def libtpu_version() -> str | None:
+    try:
+        return importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _topology(target: str, topology: str | None) -> Any:
+    from jax.experimental import topologies
+    if target not in TOPOLOGIES:
+        raise UserInputError(f"target {target!r} is not a TPU (TPUs: {', '.join(TOPOLOGIES)})")
+    name = topology or TOPOLOGIES[target]
+    if libtpu_version() is None:
+        raise UserInputError(f"libtpu is not installed: {_HINT}")
+    try:
+        return topologies.get_topology_desc(topology_name=name, platform="tpu",
+                                            chips_per_host_bounds=(1, 1, 1) if topology is None
+                                            else None)
+    except Exception as err:   # libtpu's errors are XlaRuntimeErrors with long texts
+        text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserInputError(f"topology {name!r}: libtpu {libtpu_version()} does not know it "
+                             f"({text[:200]})") from None
+
+
+def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
+                 donate_argnums: int | Sequence[int] = (), target: str = "tpu-v5e",
+                 topology: str | None = None, keep_dump: str | Path | None = None,
+                 _topo: Any = None) -> TpuStep:
+    """Compile ``step`` for ``target`` with no TPU (module docstring)."""
+    jax = _jax()
+    from jax.experimental import topologies
+    from jax.sharding import NamedSharding, PartitionSpec
+    topo = _topo if _topo is not None else _topology(target, topology)
+    devices = list(topo.devices)
+    mesh = topologies.make_mesh(topo, (len(devices),), ("d",))
+    sharding = NamedSharding(mesh, PartitionSpec())
+
+    def abstract(leaf: Any) -> Any:
+        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+            raise UserInputError(f"an argument leaf has no shape and dtype ({type(leaf).__name__}"
+                                 "): give jax.ShapeDtypeStruct or arrays")
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+
+    abstract_args = tuple(jax.tree.map(abstract, a) for a in args)
+    donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+    name = getattr(step, "__name__", "step")
+    with tempfile.TemporaryDirectory(prefix="allocsim-xla-tpu-") as tmp:
+        folder = Path(keep_dump) if keep_dump is not None else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            compiled = jax.jit(step, donate_argnums=donate, keep_unused=True).lower(
+                *abstract_args).compile(compiler_options={"xla_dump_to": str(folder)})
+        except Exception as err:
+            text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise UserInputError(f"{name} does not compile for {target}: {text[:300]}") \
+                from None
+        memory = compiled.memory_analysis()
+        stats = {key: int(getattr(memory, f"{key}_size_in_bytes"))
+                 for key in ("argument", "output", "alias", "temp", "generated_code")}
+        modules = [m for m in list_modules(folder) if not m.problem
+                   and "buffer-assignment" in m.paths and "live-range" in m.paths]
+        if not modules:
+            raise UserInputError(f"XLA:TPU wrote no buffer assignment for {name} (in {folder})")
+        module = modules[-1]
+        assign_path = module.paths["buffer-assignment"]
+        live = parse_live_range(read_text(module.paths["live-range"]), module.paths["live-range"])
+        executable = executable_of(module.name, parse_assignment(read_text(assign_path),
+                                                                 assign_path), live.length)
+    leaves = jax.tree.leaves(tuple(args))
+    if len(leaves) != len(executable.parameters):
+        raise UserInputError(f"{module.name}: {len(executable.parameters)} parameters for "
+                             f"{len(leaves)} argument leaves (tuple-shaped parameters are not "
+                             "read)")
+    # On a TPU the temp is scratch held as bytes_reserved, not an allocation.
+    return TpuStep(replace(executable, temps=()), leaves, stats, stats["generated_code"])
+
+
+def compile_for(step: Callable[..., Any], args: Sequence[Any], *,
+                donate_argnums: int | Sequence[int] = (), target: str = "tpu-v5e",
+                topology: str | None = None, steps: int = 1,
+                keep_dump: str | Path | None = None,
+                output: str | Path | None = None) -> Trace:
+    """The trace of ``steps`` calls of ``step`` compiled for ``target``, as the TPU runtime
+    holds them (module docstring); ``output``: also save it there."""
+    if steps < 1:
+        raise UserInputError(f"steps must be at least 1, got {steps}")
+    _jax()
+    topo = _topology(target, topology)
+    compiled = compile_step(step, args, donate_argnums=donate_argnums, target=target,
+                            topology=topology, keep_dump=keep_dump, _topo=topo)
+    executable = compiled.executable
+    replay = RuntimeReplay()
+    state = {b.parameter: replay.array(b.size, f"argument {b.parameter}: {b.label}"
+                                       + (" [donated]" if b.donated else ""))
+             for b in executable.parameters if b.parameter is not None}
+    replay.tick()
+    code = replay.array(compiled.code_bytes, f"{executable.name}: generated code")
+    held: list[int] = []
+    for _ in range(steps):
+        for ident in held:             # the previous call's outputs, rebound by this call
+            replay.release(ident)
+        replay.tick()
+        made = replay.execute(executable, state)
+        donated = {b.parameter: made[b.allocation] for b in executable.parameters
+                   if b.donated and b.parameter is not None}
+        held = [i for i in made.values() if i not in set(state.values())]
+        state.update(donated)
+    replay.release(code)
+    replay.release_all()
+    chips = list(topo.devices)
+    devices = len(chips)
+    kind = str(getattr(chips[0], "device_kind", "?"))
+    metadata = {
+        "name": f"{getattr(step, '__name__', 'step')}@{target}", "source": "compile_for",
+        "format": "xla-tpu-compile", "synthetic_times": True,
+        "sizes_on_device": "tpu: XLA:TPU's buffer assignment",
+        "xla_tpu": {"target": target, "topology": topology or TOPOLOGIES[target],
+                    "devices": devices, "device_kind": kind, "steps": steps,
+                    "libtpu": libtpu_version(), "jax": _jax().__version__,
+                    "memory_analysis": compiled.memory,
+                    "scratch_bytes": compiled.scratch_bytes,
+                    "code_bytes": compiled.code_bytes,
+                    "not_modelled": "scratch (temp) is held as bytes_reserved, not allocated: "
+                                    "it is in scratch_bytes, not in the events"},
+    }
+    trace = replay.trace(**metadata)
+    if output is not None:
+        from allocsim.traces.formats import save
+        save(trace, output)
+    return trace
