@@ -246,3 +246,20 @@ def tpu_runs(trace: Trace, spec: str, profile: DeviceProfile
     assert isinstance(python.policy, TpuRuntimeAllocator)
     assert_same_tpu_state(python.policy, core.state(), f"{trace.name} | {spec} | {profile.name}")
     return python_result, native_result, python_handles, native_handles
+
+
+def tpu_run(trace: Trace, spec: str, profile: DeviceProfile, implementation: str
+            ) -> tuple[RunResult, dict[str, Any]]:
+    """One implementation's run of the tpu policy: its RunResult and its compaction counters
+    and blocks (:func:`python_tpu_state`'s shape)."""
+    if implementation == "python":
+        python = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(profile))
+        python.advance(python.n)
+        assert isinstance(python.policy, TpuRuntimeAllocator)
+        return python.result(profile.name), python_tpu_state(python.policy)
+    result, _ = native_run(trace, spec, profile)
+    core = native.open_run(trace, parse_policy(spec), profile, stop_on_oom=False,
+                           timeline_points=TIMELINE_POINTS)
+    assert core is not None, f"the native core declined {spec} on {trace.name}"
+    core.advance(core.n)
+    return result, native_tpu_state(core.state())
