@@ -98,6 +98,11 @@ class TpuRuntimeAllocator(Policy):
         self.granule = int(granule)
         if self.granule < 1:
             raise ValueError("granule must be at least 1 byte")
+        # HBM's size, read once as the runtime starts: the heap is all of it below the
+        # runtime's bytes (reserved at the first allocation). Read here, at the build, so a
+        # watcher of the build (min-capacity's probe in the native core) sees that the
+        # capacity decides every placement.
+        self.hbm_bytes = device.capacity
         self.heap_base: int | None = None
         self.heap_size = 0
         self.peak_bytes_in_use = 0
@@ -133,7 +138,7 @@ class TpuRuntimeAllocator(Policy):
 
     def _start_heap(self) -> bool:
         # The runtime owns HBM whole: one reservation of everything below its own bytes.
-        self.heap_size = self.device.capacity - self.runtime_bytes
+        self.heap_size = self.hbm_bytes - self.runtime_bytes
         if self.heap_size <= 0:
             return False
         base = self.device.reserve(self.heap_size)

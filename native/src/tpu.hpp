@@ -41,7 +41,7 @@ struct TpuConfig {
 class TpuPolicy {
  public:
   TpuPolicy(TpuConfig config, Device& device)
-      : c_(config), device_(device), free_(&bit_length_bins()) {
+      : c_(config), device_(device), hbm_bytes_(device.capacity), free_(&bit_length_bins()) {
     if (c_.granule < 1) throw std::invalid_argument("granule must be at least 1 byte");
   }
 
@@ -128,7 +128,7 @@ class TpuPolicy {
 
   // _start_heap: the runtime owns HBM whole, one reservation of everything below its bytes.
   bool start_heap() {
-    heap_size_ = device_.capacity - c_.runtime_bytes;
+    heap_size_ = hbm_bytes_ - c_.runtime_bytes;
     if (heap_size_ <= 0) return false;
     int64_t base = device_.reserve(heap_size_);
     if (base < 0) return false;
@@ -265,6 +265,7 @@ class TpuPolicy {
 
   const TpuConfig c_;
   Device& device_;
+  const int64_t hbm_bytes_;  // HBM's size, read as the runtime starts (TpuRuntimeAllocator's)
   Records<Block> blocks_;
   SortedBins free_;
   int32_t first_ = -1, last_ = -1;  // the heap's lowest and highest blocks
