@@ -5,8 +5,10 @@ Whole runs on every bundled trace and generator, at a roomy, a tight and a too-s
 (growth's back-off, OOMs, BFC's failed Extend and garbage collection), through every native
 setting: every RunResult field, every timeline bucket, the policy's stats and the address of
 every malloc, in order. Runs that stop at their first OOM too. Then hypothesis workloads,
-compared after every event (the device's reserved bytes and calls, the policy's stats). And
-the switch: ``ALLOCSIM_NATIVE=0`` runs the Python models through the same public call.
+compared after every event (the device's reserved bytes and calls, the policy's stats; for
+the tpu policy, whose buffers move when it compacts, its compaction counters and every block
+of HBM with each live buffer's offset, on TPU devices too). And the switch:
+``ALLOCSIM_NATIVE=0`` runs the Python models through the same public call.
 """
 
 from __future__ import annotations
