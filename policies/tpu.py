@@ -13,14 +13,19 @@ by tests/test_tpu_policy.py against those records:
 - ``best_fit``: the smallest free block that holds the request; among equal sizes the one at
   the highest address; the block at the bottom of HBM only when no other holds it; the buffer
   is placed at the block's **top** end (so a fresh heap fills from the top down).
+- ``place``: the buffer goes at the top end of the block best fit chose; the rest of the
+  block stays free below it.
 - ``coalesce``: a freed buffer merges with free neighbours at once.
 - ``compact``: when no free block holds the request but the free total does, every live buffer
   slides to the top of HBM in address order (live buffers are moved, not lost), leaving one
   free block below them; the request is then placed by ``best_fit``. Cost: measured 16–39 ms
   for 1.9–4.2 GB moved on the v5e (``compaction_seconds``), against ~0.2 ms for an ordinary
   allocation.
-- ``oom``: a request fails only when the free total is short ("Attempting to allocate 7.78G.
-  That was not possible. There are 7.72G free.").
+- ``free_total_short`` (the OOM): a request fails only when the free total is short
+  ("Attempting to allocate 7.78G. That was not possible. There are 7.72G free.").
+
+The native core's twin (native/src/tpu.hpp) has each rule under the same name and is handed
+this module's constants (the granule, the runtime's bytes, the compaction cost line).
 
 Buffers move, so :meth:`malloc` returns a handle (stable for the buffer's life) and
 :meth:`hbm_offset` says where the buffer is now. Not modelled: executables' generated code and
@@ -93,6 +98,11 @@ class TpuRuntimeAllocator(Policy):
         self.granule = int(granule)
         if self.granule < 1:
             raise ValueError("granule must be at least 1 byte")
+        # HBM's size, read once as the runtime starts: the heap is all of it below the
+        # runtime's bytes (reserved at the first allocation). Read here, at the build, so a
+        # watcher of the build (min-capacity's probe in the native core) sees that the
+        # capacity decides every placement.
+        self.hbm_bytes = device.capacity
         self.heap_base: int | None = None
         self.heap_size = 0
         self.peak_bytes_in_use = 0
@@ -128,7 +138,7 @@ class TpuRuntimeAllocator(Policy):
 
     def _start_heap(self) -> bool:
         # The runtime owns HBM whole: one reservation of everything below its own bytes.
-        self.heap_size = self.device.capacity - self.runtime_bytes
+        self.heap_size = self.hbm_bytes - self.runtime_bytes
         if self.heap_size <= 0:
             return False
         base = self.device.reserve(self.heap_size)
@@ -153,6 +163,29 @@ class TpuRuntimeAllocator(Policy):
         if start == 0 and at + 1 < len(index):   # the bottom block is the last resort
             return -index[at + 1][1]
         return start
+
+    def place(self, start: int, size: int) -> int:
+        """Take ``size`` bytes at the top end of the free block at ``start``; the rest stays
+        free below. Returns the buffer's offset."""
+        block = self._remove_free(start)
+        if block > size:
+            self._add_free(start, block - size)
+        return start + block - size
+
+    def coalesce(self, offset: int, size: int) -> None:
+        """Free the span at ``offset``, merged with the free block below it and the one above."""
+        start, end = offset, offset + size
+        before = self._free_end.get(start)
+        if before is not None:
+            self._remove_free(before)
+            start = before
+        if end in self._free:
+            end += self._remove_free(end)
+        self._add_free(start, end - start)
+
+    def free_total_short(self, size: int) -> bool:
+        """The OOM rule: a request fails only when the heap's free total cannot hold it."""
+        return self.heap_size - self.bytes_in_use < size
 
     def compact(self) -> None:
         """Slide every live buffer to the top of the heap, in address order."""
@@ -181,17 +214,14 @@ class TpuRuntimeAllocator(Policy):
         size = round_to_granule(size, self.granule)
         start = self.best_fit(size)
         if start is None:
-            if self.heap_size - self.bytes_in_use < size:   # oom: the free total is short
+            if self.free_total_short(size):
                 self.num_ooms += 1
                 return None
             self.compact()
             start = self.best_fit(size)
             if start is None:
                 fail("tpu: compaction left no block for a request the free total holds")
-        block = self._remove_free(start)
-        offset = start + block - size       # the block's top end
-        if block > size:
-            self._add_free(start, block - size)
+        offset = self.place(start, size)
         handle = self._next_handle
         self._next_handle += 1
         self._live[handle] = (offset, size)
@@ -204,14 +234,7 @@ class TpuRuntimeAllocator(Policy):
 
     def free(self, address: int) -> None:
         offset, size = self._live.pop(address)
-        start, end = offset, offset + size
-        before = self._free_end.get(start)
-        if before is not None:                  # coalesce with the free block below
-            self._remove_free(before)
-            start = before
-        if end in self._free:                   # and with the one above
-            end += self._remove_free(end)
-        self._add_free(start, end - start)
+        self.coalesce(offset, size)
         self.bytes_in_use -= size
         self.num_frees += 1
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from allocsim.policies import parse_policy
+from allocsim.policies.tpu import TpuRuntimeAllocator
+from allocsim.policies.units import round_up
 from allocsim.sim.kernel import native
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice, resolve_device
 from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay
@@ -22,6 +25,7 @@ from allocsim.traces import synth
 from allocsim.traces.bundled import load_bundled_traces
 from allocsim.traces.model import Trace
 
+TPU_SPECS = ("tpu", "tpu:runtime_bytes=0", "tpu:granule=4096")
 # Every setting of the native families: growth, fractions, back-off (a limit above the
 # device, fraction 1 with the device's 512-byte granules over BFC's 256), preallocation's
 # sizes, BFC's garbage collection and split slack, best-fit's trim, pages and an alignment
@@ -65,8 +69,12 @@ NATIVE_SPECS = (
     "cuda-async:sync=none,fraction=0.5,preallocate=true",
     "jax:allocator=cuda_async", "jax:allocator=cuda_async,preallocate=false",
     "jax:allocator=cuda_async,fraction=0.5",
+    # The TPU runtime: its v5e bytes at the top, none, and a coarser granule (on these GPU
+    # profiles the heap fits only where the device has no share of its own; TPU_SPECS run on
+    # TPU profiles too, tpu_capacities).
+    *TPU_SPECS,
 )
-# The settings of the policies the core took last (expandable segments, cupy, cuda-async).
+# The settings of the policies the core took last (expandable segments, cupy, cuda-async, tpu).
 NEWER_SPECS = NATIVE_SPECS[NATIVE_SPECS.index("pytorch:expandable_segments=true"):]
 GENERATED = (("training", {"steps": 3, "layers": 3}), ("transformer", {"steps": 3}),
              ("kvcache", {"requests": 12}), ("random", {"events": 3000, "live": 200}),
@@ -175,3 +183,83 @@ def native_run(trace: Trace, spec: str, profile: DeviceProfile, *,
                                   step=1 << 18, record_addresses=addresses)
     assert result is not None, f"the native core declined {spec} on {trace.name}"
     return result, addresses
+
+
+# -- the tpu policy: TPU devices, its compactions and the layout of HBM ----------------------
+def tpu_capacities(trace: Trace) -> list[DeviceProfile]:
+    """The v5e as it is (a heap of 15.75 GB: no compaction), one just above the trace's peak
+    live bytes (holes that do not fit: compactions) and one below it (OOMs), each with the
+    runtime's 26,624 bytes as the device's share, as on the chip."""
+    v5e = resolve_device("tpu-v5e")
+    peak = max(1, trace.peak_live()[0])
+    return [v5e] + [v5e.with_capacity(round_up(room, 512) + v5e.context_bytes)
+                    for room in (peak * 9 // 8 + (1 << 20), max(1 << 20, peak * 3 // 4))]
+
+
+def python_tpu_state(policy: TpuRuntimeAllocator) -> dict[str, Any]:
+    """The Python model's compaction counters and blocks (address, size, in use)."""
+    return {"num_compactions": policy.num_compactions,
+            "compaction_moved_bytes": policy.compaction_moved_bytes,
+            "compaction_s": policy.compaction_s, "blocks": list(policy.blocks())}
+
+
+def native_tpu_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The same of the core's state (its ``policy_state``)."""
+    extra = state["policy_state"]
+    blocks = extra["blocks"]
+    return {"num_compactions": extra["num_compactions"],
+            "compaction_moved_bytes": extra["compaction_moved_bytes"],
+            "compaction_s": extra["compaction_s"],
+            "blocks": list(zip(blocks["address"].tolist(), blocks["size"].tolist(),
+                               [bool(used) for used in blocks["used"].tolist()]))}
+
+
+def native_offsets(state: dict[str, Any]) -> dict[int, int]:
+    """Each live buffer's handle -> its offset in HBM now, from the core's blocks (the heap
+    starts at HBM's offset 0, and its first block at the heap's base)."""
+    blocks = state["policy_state"]["blocks"]
+    addresses, handles = blocks["address"].tolist(), blocks["handle"].tolist()
+    return {handle: address - addresses[0] for address, handle, used
+            in zip(addresses, handles, blocks["used"].tolist()) if used}
+
+
+def assert_same_tpu_state(python: TpuRuntimeAllocator, state: dict[str, Any], where: str) -> None:
+    """The compaction counters and every block alike, and each live handle at the same
+    offset in both."""
+    assert python_tpu_state(python) == native_tpu_state(state), where
+    for handle, offset in native_offsets(state).items():
+        assert python.hbm_offset(handle) == offset, f"{where}: handle {handle}"
+
+
+def tpu_runs(trace: Trace, spec: str, profile: DeviceProfile
+             ) -> tuple[RunResult, RunResult, list[int], list[int]]:
+    """Both implementations' whole runs of the tpu policy (RunResult and handles), their
+    compaction counters and blocks held alike at the end; (python, native, their handles)."""
+    python_result, python_handles = python_run(trace, spec, profile)
+    native_result, native_handles = native_run(trace, spec, profile)
+    python = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(profile))
+    python.advance(python.n)
+    core = native.open_run(trace, parse_policy(spec), profile, stop_on_oom=False,
+                           timeline_points=TIMELINE_POINTS)
+    assert core is not None, f"the native core declined {spec} on {trace.name}"
+    core.advance(core.n)
+    assert isinstance(python.policy, TpuRuntimeAllocator)
+    assert_same_tpu_state(python.policy, core.state(), f"{trace.name} | {spec} | {profile.name}")
+    return python_result, native_result, python_handles, native_handles
+
+
+def tpu_run(trace: Trace, spec: str, profile: DeviceProfile, implementation: str
+            ) -> tuple[RunResult, dict[str, Any]]:
+    """One implementation's run of the tpu policy: its RunResult and its compaction counters
+    and blocks (:func:`python_tpu_state`'s shape)."""
+    if implementation == "python":
+        python = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(profile))
+        python.advance(python.n)
+        assert isinstance(python.policy, TpuRuntimeAllocator)
+        return python.result(profile.name), python_tpu_state(python.policy)
+    result, _ = native_run(trace, spec, profile)
+    core = native.open_run(trace, parse_policy(spec), profile, stop_on_oom=False,
+                           timeline_points=TIMELINE_POINTS)
+    assert core is not None, f"the native core declined {spec} on {trace.name}"
+    core.advance(core.n)
+    return result, native_tpu_state(core.state())

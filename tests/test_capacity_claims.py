@@ -260,3 +260,19 @@ def test_a_run_that_repeats_itself_ends_as_the_whole_replay(policy: str) -> None
             whole.completed, whole.peak_reserved)
         for capacity in _capacities(trace, 3):
             assert oracle.completes(capacity) == _completes(trace, spec, capacity), capacity
+
+
+def test_the_core_replays_the_tpu_probes_and_the_capacity_it_reads_is_seen() -> None:
+    # The tpu policy sizes its heap by the device's capacity: the oracle's probe, replayed in
+    # the core, must see that read (the watched build), so no capacity is answered from the
+    # probe's peak; every answer is a plain replay's.
+    from allocsim.sim.kernel.native import core
+
+    if core() is None:
+        pytest.skip("the native core is not in use here")
+    spec = parse_policy("tpu")
+    trace = generate("random", seed=3, events=600, live=40)
+    oracle = CompletionOracle(trace, spec, DEVICE)
+    assert oracle.probe.capacity_read
+    for capacity in _capacities(trace, 3):
+        assert oracle.completes(capacity) == _completes(trace, spec, capacity), capacity

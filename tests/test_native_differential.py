@@ -5,8 +5,10 @@ Whole runs on every bundled trace and generator, at a roomy, a tight and a too-s
 (growth's back-off, OOMs, BFC's failed Extend and garbage collection), through every native
 setting: every RunResult field, every timeline bucket, the policy's stats and the address of
 every malloc, in order. Runs that stop at their first OOM too. Then hypothesis workloads,
-compared after every event (the device's reserved bytes and calls, the policy's stats). And
-the switch: ``ALLOCSIM_NATIVE=0`` runs the Python models through the same public call.
+compared after every event (the device's reserved bytes and calls, the policy's stats; for
+the tpu policy, whose buffers move when it compacts, its compaction counters and every block
+of HBM with each live buffer's offset, on TPU devices too). And the switch:
+``ALLOCSIM_NATIVE=0`` runs the Python models through the same public call.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.policies.cupy_pool import CuPyPoolAllocator
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
 from allocsim.policies.registry import POLICIES
+from allocsim.policies.tpu import TpuRuntimeAllocator
 from allocsim.sim.kernel import native
 from allocsim.sim.kernel.device import SimulatedDevice, resolve_device
 from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
@@ -195,17 +198,13 @@ def test_replay_takes_the_core_and_allocsim_native_0_the_python_models(
     assert_same(replay(trace, "bfc", device), core, "ALLOCSIM_NATIVE=0")
 
 
-PYTHON_ONLY = {"tpu"}
-
-
 def test_every_registered_policy_is_native_and_what_the_core_lacks_runs_in_python(
         monkeypatch: pytest.MonkeyPatch) -> None:
     cases.need_core()
     for spec in cases.NATIVE_SPECS:
         assert native.is_native(parse_policy(spec)), spec
     for name in POLICIES:
-        # The tpu policy has no twin in the core yet (issue 41): it runs in Python.
-        assert native.is_native(parse_policy(name)) == (name not in PYTHON_ONLY), name
+        assert native.is_native(parse_policy(name)), name
     # A class the core does not know (here a subclass, as a user's own policy would be) runs
     # in Python, whatever it derives from.
     trace = TRACES["default-training"]
@@ -275,12 +274,15 @@ def test_random_workloads_of_the_newer_native_policies_match_after_every_event(
 
 
 def compare_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
-                              capacity_mib: int, context_mib: int) -> None:
+                              capacity_mib: int, context_mib: int | None,
+                              device: str = "a100-80g") -> None:
     cases.need_core()
     trace = workload(steps)
-    # The device's own share: none, some, or all of a small device (64 MiB fills 16 and 40).
-    profile = replace(resolve_device("a100-80g").with_capacity(capacity_mib << 20),
-                      context_bytes=context_mib << 20)
+    # The device's own share: none, some, or all of a small device (64 MiB fills 16 and 40);
+    # None: the device's own (a TPU's: the runtime's bytes).
+    profile = resolve_device(device).with_capacity(capacity_mib << 20)
+    if context_mib is not None:
+        profile = replace(profile, context_bytes=context_mib << 20)
     python = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(profile))
     core = native.open_run(trace, parse_policy(spec), profile, stop_on_oom=False,
                            timeline_points=TIMELINE_POINTS)
@@ -296,9 +298,55 @@ def compare_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
         assert state["allocated"] == python.allocated, where
         assert state["ooms"] == python.ooms, where
         assert state["policy_stats"] == python.policy.stats().as_dict(), where
+        if isinstance(python.policy, TpuRuntimeAllocator):
+            cases.assert_same_tpu_state(python.policy, state, where)
     python_result = python.result(profile.name)
     core_result, _ = cases.native_run(trace, spec, profile)
     assert_same(python_result, core_result, f"{spec} at {capacity_mib} MiB")
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=STEPS, spec=st.sampled_from(cases.TPU_SPECS),
+       capacity_mib=st.sampled_from([16, 40, 96, 160]),
+       context_mib=st.sampled_from([None, None, None, 0, 8]))
+def test_random_workloads_of_the_tpu_on_a_tpu_match_after_every_event(
+        steps: list[tuple[bool, int, int]], spec: str, capacity_mib: int,
+        context_mib: int | None) -> None:
+    # On TPU profiles (512-byte granules, the runtime's bytes as the device's share) holes
+    # that do not fit make compactions: the compaction counters and every block of HBM,
+    # with each live handle's offset, alike after every event.
+    compare_after_every_event(steps, spec, capacity_mib, context_mib, device="tpu-v5e")
+
+
+@pytest.mark.parametrize("label", sorted(TRACES))
+def test_tpu_runs_on_tpu_devices_match_compactions_and_blocks_included(label: str) -> None:
+    cases.need_core()
+    trace = TRACES[label]
+    for profile in cases.tpu_capacities(trace):
+        for spec in cases.TPU_SPECS:
+            where = f"{label} | {spec} | {profile.name}"
+            python, core, python_handles, core_handles = cases.tpu_runs(trace, spec, profile)
+            assert_same(python, core, where)
+            assert python_handles == core_handles, f"{where}: handles"
+
+
+def test_the_tpu_cases_reach_compaction_and_oom() -> None:
+    # A case list whose runs never compact (or never run short) would hold the core's
+    # compaction to nothing: the bundled traces at the tight TPU capacities do both.
+    cases.need_core()
+    compactions = ooms = moved = 0
+    for label in ("default-training", "random-seed0", "random-seed1", "kvcache-seed0"):
+        trace = TRACES[label]
+        for profile in cases.tpu_capacities(trace):
+            run = native.open_run(trace, parse_policy("tpu"), profile, stop_on_oom=False,
+                                  timeline_points=TIMELINE_POINTS)
+            assert run is not None
+            run.advance(run.n)
+            state = run.state()
+            compactions += state["policy_state"]["num_compactions"]
+            moved += state["policy_state"]["compaction_moved_bytes"]
+            ooms += state["ooms"]
+    assert compactions and moved and ooms, (compactions, moved, ooms)
 
 
 def test_what_allocsim_policies_says_is_native_is_native(capsys: pytest.CaptureFixture) -> None:

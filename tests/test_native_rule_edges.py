@@ -11,7 +11,9 @@ rule, Extend); pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp (get_free_block
 walk and max_split_size checks, should_split, get_pool, get_allocation_size); cupy/cupy
 cupy/cuda/memory.pyx (_try_malloc's limit); the stream-ordered pool's growth and trim
 (cuMemPoolTrimTo), as policies/cuda_async.py models them; best-fit's growth and the buddy
-system's orders and arenas as policies/best_fit.py and policies/buddy.py model them.
+system's orders and arenas as policies/best_fit.py and policies/buddy.py model them; the TPU
+runtime's rules as policies/tpu.py read them off the chip's records (its placements and
+compactions are seen in the heap's blocks, so its edges assert those).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import native_cases as cases
 from policy_checks import small_device
 
+from allocsim.policies.tpu import compaction_seconds
 from allocsim.sim.kernel.results import RunResult
 from allocsim.traces.model import Trace
 
@@ -168,3 +172,61 @@ def test_the_rule_holds_at_its_edge(name: str, implementation: str) -> None:
     run = cases.native_run if implementation == "native" else cases.python_run
     result, addresses = run(_trace(edge.events), edge.spec, small_device(edge.capacity))
     assert edge.holds(result, addresses), (name, implementation, _offsets(addresses), result)
+
+
+# -- the tpu policy: its edges show in the heap's blocks and its compaction counters ---------
+@dataclass(frozen=True)
+class TpuEdge:
+    capacity: int
+    events: list[tuple[str, int, int]]
+    holds: Callable[[RunResult, dict[str, Any]], bool]
+
+
+def _layout(state: dict[str, Any]) -> list[tuple[int, int, bool]]:
+    """The heap's blocks as (offset, size, in use), from its first (the heap's base)."""
+    blocks = state["blocks"]
+    return [(address - blocks[0][0], size, used) for address, size, used in blocks]
+
+
+_EIGHT_THEN_EVERY_OTHER_FREED = ([("alloc", k, MiB) for k in range(8)]
+                                 + [("free", k, 0) for k in (1, 3, 5, 7)])
+TPU_EDGES = {
+    # best_fit: the block at the bottom of HBM only when no other holds the request (the
+    # chip: compaction-2, events 376-378). 3 + 3 MiB from the top of 8 leave 2 MiB at the
+    # bottom; the top 3 MiB freed, 1 MiB goes to that hole's top, not to the smaller bottom.
+    "tpu-takes-the-bottom-block-last": TpuEdge(
+        8 * MiB, [("alloc", 1, 3 * MiB), ("alloc", 2, 3 * MiB), ("free", 1, 0),
+                  ("alloc", 3, MiB)],
+        lambda result, state: _layout(state) == [(0, 2 * MiB, False), (2 * MiB, 3 * MiB, True),
+                                                 (5 * MiB, 2 * MiB, False),
+                                                 (7 * MiB, MiB, True)]),
+    # The OOM rule: a request fails only when the free total is short. 4 MiB free in four
+    # 1 MiB holes: exactly 4 MiB compacts and fits.
+    "tpu-fails-only-when-the-free-total-is-short": TpuEdge(
+        8 * MiB, [*_EIGHT_THEN_EVERY_OTHER_FREED, ("alloc", 9, 4 * MiB)],
+        lambda result, state: result.ooms == 0 and state["num_compactions"] == 1),
+    # compact: only the bytes that move count: the top buffer is already at the top, so
+    # 3 of the 4 live MiB move, and the modelled time is of those 3 MiB.
+    "tpu-compaction-counts-only-what-moves": TpuEdge(
+        8 * MiB, [*_EIGHT_THEN_EVERY_OTHER_FREED, ("alloc", 9, 2 * MiB)],
+        lambda result, state: (state["compaction_moved_bytes"] == 3 * MiB
+                               and state["compaction_s"] == compaction_seconds(3 * MiB)
+                               and _layout(state)[-4:] == [(k * MiB, MiB, True)
+                                                            for k in (4, 5, 6, 7)])),
+    # round_to_granule: an exact multiple of 512 B takes no extra granule; 513 B takes two.
+    "tpu-an-exact-granule-multiple-takes-no-extra": TpuEdge(
+        1 * MiB, [("alloc", 1, 512), ("alloc", 2, 513)],
+        lambda result, state: [size for _, size, used in _layout(state) if used]
+        == [1024, 512]),
+}
+
+
+@pytest.mark.parametrize("implementation", ["python", "native"])
+@pytest.mark.parametrize("name", sorted(TPU_EDGES))
+def test_the_tpu_rule_holds_at_its_edge(name: str, implementation: str) -> None:
+    edge = TPU_EDGES[name]
+    if implementation == "native":
+        cases.need_core()
+    result, state = cases.tpu_run(_trace(edge.events), "tpu:runtime_bytes=0",
+                                  small_device(edge.capacity), implementation)
+    assert edge.holds(result, state), (name, implementation, _layout(state), result)

@@ -1,10 +1,13 @@
 """The ``tpu`` policy (policies/tpu.py): each rule on a hand-worked case, then the whole model
 against the TPU runtime's own records from a real v5e chip (tests/data/tpu/, recorded by
-experiments/tpu/chip_probe.py: JAX 0.10.2, libtpu 0.0.42.1)."""
+experiments/tpu/chip_probe.py: JAX 0.10.2, libtpu 0.0.42.1), in both implementations: the
+Python model driven call by call, and the native core's twin (native/src/tpu.hpp) replaying
+the recording through its engine."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,10 +20,15 @@ from allocsim.policies.tpu import (
     compaction_seconds,
     round_to_granule,
 )
+from allocsim.sim.kernel import native
 from allocsim.sim.kernel.device import SimulatedDevice
 from allocsim.sim.kernel.device_profile import TPU_V5E_BYTES_LIMIT, DeviceProfile, resolve_device
+from allocsim.sim.kernel.engine import TIMELINE_POINTS
 from allocsim.traces import formats
 from allocsim.traces.model import OP_ALLOC
+
+sys.path.insert(0, str(Path(__file__).parent))
+import native_cases as cases
 
 DATA = Path(__file__).parent / "data" / "tpu"
 MiB = 1 << 20
@@ -167,6 +175,37 @@ def replay_against_records(folder: Path) -> tuple[int, int, TpuRuntimeAllocator]
     return matched, len(refs), tpu
 
 
+def native_replay_against_records(folder: Path) -> tuple[int, int, int]:
+    """The same through the native core's engine, an event at a time: each buffer's handle is
+    the engine's record of its malloc, its offset read off the core's blocks (after an
+    allocation; before a free). Returns (matched, records, compactions)."""
+    cases.need_core()
+    trace = formats.load(folder)
+    refs = trace.metadata["reference_events"]
+    run = native.open_run(trace, parse_policy("tpu"), resolve_device("tpu-v5e"),
+                          stop_on_oom=False, timeline_points=TIMELINE_POINTS,
+                          record_addresses=True)
+    assert run is not None, "the native core declined the tpu policy"
+    handles: dict[int, int] = {}
+    matched = 0
+    for ref in refs:
+        event = ref["event"]
+        buffer = int(trace.id[event])
+        if int(trace.op[event]) == OP_ALLOC:
+            run.advance(event + 1)
+            state = run.state()
+            handle = int(state["addresses"][-1])
+            assert handle > 0 and state["ooms"] == 0, f"{folder.name}: event {event} refused"
+            handles[buffer] = handle
+            where = cases.native_offsets(state)[handle]
+        else:
+            where = cases.native_offsets(run.state())[handles.pop(buffer)]
+            run.advance(event + 1)
+        matched += where == ref["addr"]
+    assert run.advance(len(trace)) == len(trace)
+    return matched, len(refs), run.state()["policy_state"]["num_compactions"]
+
+
 @pytest.mark.parametrize("name", RECORDED)
 def test_every_placement_on_the_chip_is_the_models(name: str) -> None:
     matched, total, tpu = replay_against_records(DATA / name)
@@ -175,10 +214,19 @@ def test_every_placement_on_the_chip_is_the_models(name: str) -> None:
     tpu.check()
 
 
+@pytest.mark.parametrize("name", RECORDED)
+def test_every_placement_on_the_chip_is_the_native_twins(name: str) -> None:
+    matched, total, _ = native_replay_against_records(DATA / name)
+    assert total > 70
+    assert matched == total
+
+
 @pytest.mark.parametrize("keep_one_in", [2, 4, 8])
 def test_the_chips_compactions_are_the_models(keep_one_in: int) -> None:
     _, _, tpu = replay_against_records(DATA / f"compaction-{keep_one_in}")
     assert tpu.num_compactions == 1
+    _, _, compactions = native_replay_against_records(DATA / f"compaction-{keep_one_in}")
+    assert compactions == 1
     log = json.loads((DATA / f"compaction-{keep_one_in}.json").read_text())
     oom = next(e for e in log["events"] if e.get("key") == 300000)
     assert "RESOURCE_EXHAUSTED" in oom["error"]   # what the model does at a true shortage

@@ -27,6 +27,7 @@
 #include "engine.hpp"
 #include "on_demand.hpp"
 #include "pytorch.hpp"
+#include "tpu.hpp"
 
 namespace nb = nanobind;
 using namespace allocsim;
@@ -128,6 +129,39 @@ std::vector<int> bin_table(const nb::dict& d) {
   return table;
 }
 
+// What a policy's state holds beyond PolicyStats: nothing, but for the tpu's ...
+template <class Policy>
+void add_policy_state(nb::dict& /*state*/, const Policy& /*policy*/) {}
+
+// ... compactions (TpuRuntimeAllocator's num_compactions, compaction_moved_bytes and
+// compaction_s) and the heap's blocks in address order (its blocks(), with each live buffer's
+// handle, 0 for a hole): what the differential tests compare after every event, and where the
+// chip's offsets are read from. O(blocks); never on the per-event path.
+void add_policy_state(nb::dict& state, const TpuPolicy& policy) {
+  std::vector<int64_t> address, size, used, handle;
+  policy.each_block([&](int64_t at, int64_t bytes, bool in_use, int64_t of) {
+    address.push_back(at);
+    size.push_back(bytes);
+    used.push_back(in_use);
+    handle.push_back(of);
+  });
+  nb::dict blocks;
+  blocks["address"] = to_numpy(std::move(address));
+  blocks["size"] = to_numpy(std::move(size));
+  blocks["used"] = to_numpy(std::move(used));
+  blocks["handle"] = to_numpy(std::move(handle));
+  nb::dict extra = dict_of({{"num_compactions", policy.num_compactions},
+                            {"compaction_moved_bytes", policy.compaction_moved_bytes}});
+  extra["compaction_s"] = policy.compaction_s;
+  extra["blocks"] = blocks;
+  state["policy_state"] = extra;
+}
+
+TpuConfig tpu_config(const nb::dict& d) {
+  return TpuConfig{get<int64_t>(d, "granule"), get<int64_t>(d, "runtime_bytes"),
+                   get<double>(d, "compaction_base_s"), get<double>(d, "compaction_per_gb_s")};
+}
+
 }  // namespace
 
 // Type-erased over the policy: the bindings see one class.
@@ -196,6 +230,7 @@ class PolicyReplay final : public Replay {
          {"bytes_requested", policy_.bytes_requested()}, {"pool_bytes", policy_.pool_bytes()},
          {"peak_pool_bytes", policy_.peak_pool_bytes()},
          {"largest_free_block", policy_.largest_free()}, {"free_blocks", policy_.free_blocks()}});
+    add_policy_state(s, policy_);
     return s;
   }
 
@@ -249,13 +284,14 @@ static std::unique_ptr<Replay> make_replay(nb::tuple columns, int64_t n, int64_t
                         get<int64_t>(policy, "alignment"), get<bool>(policy, "sync_on_free"),
                         get<bool>(policy, "preallocate"), bin_table(policy)});
   }
+  if (family == "tpu") return replay_of<TpuPolicy>(columns, engine, device, tpu_config(policy));
   throw std::invalid_argument("no native policy family " + family);
 }
 
 NB_MODULE(_native, m) {
   m.doc() = "allocsim's native core: the engine's loop, the device and the policies in C++";
   m.attr("FAMILIES") = nb::make_tuple("chunk", "pytorch", "on-demand", "buddy", "cupy",
-                                      "cuda-async");
+                                      "cuda-async", "tpu");
   nb::class_<Replay>(m, "Replay")
       .def("advance", &Replay::advance, nb::arg("end"))
       .def("state", &Replay::state)

@@ -1,6 +1,7 @@
 // Free chunks ordered by (size, tie), in bins by size class: policies/chunks.py's FreeIndex
-// (tie = the address; cuda_async.hpp) and cupy_pool.py's _Arena (tie = the chunk's creation
-// id; cupy.hpp), which are the same structure over different keys.
+// (tie = the address; cuda_async.hpp), cupy_pool.py's _Arena (tie = the chunk's creation
+// id; cupy.hpp) and tpu.py's best-fit index (tie = minus the offset; tpu.hpp), which are the
+// same structure over different keys.
 //
 // The bin of a size is table[bit length] (the Python module's table, passed in: chunks.BIN, or
 // the bit length itself for CuPy's arena); bins grow with size, so the order of the keys across
@@ -69,6 +70,28 @@ class SortedBins {
     *out = above.front();
     if (pop) erase(next, above.begin());
     return true;
+  }
+
+  // The smallest key above `key` into *out (false: none). O(log k) plus an O(1) jump.
+  bool after(const Key& key, Key* out) const {
+    int number = bin(key.size);
+    const std::vector<Key>& keys = bins_[number];
+    auto it = std::upper_bound(keys.begin(), keys.end(), key);
+    if (it != keys.end()) {
+      *out = *it;
+      return true;
+    }
+    int next = next_nonempty(number + 1);
+    if (next < 0) return false;
+    *out = bins_[next].front();
+    return true;
+  }
+
+  // Every key out; the bins keep their memory.
+  void clear() {
+    for (std::vector<Key>& keys : bins_) keys.clear();
+    mask_[0] = mask_[1] = 0;
+    count_ = 0;
   }
 
   int64_t largest() const {

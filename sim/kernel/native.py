@@ -16,7 +16,8 @@ Nothing the core decides is written twice here: every table and constant it uses
 each bit length, the alignment and split slack, BFC's memory limit, first region and back-off
 factor, best-fit's page and heap base, PyTorch's sizes, settings and expandable range sizes,
 CuPy's unit, limit and arena bins, the stream-ordered pool's threshold, chunk, alignment and
-sync mode, the device's granules, alignment and costs) is read off the Python device and the
+sync mode, the TPU runtime's granule, own bytes and compaction cost line, the device's
+granules, alignment and costs) is read off the Python device and the
 Python policy built for the run's device, so the two cannot drift.
 ``ALLOCSIM_NATIVE=0`` turns the core off; without the module (no C++ compiler at install
 time) the Python models run, with the same answers (tests/test_native_differential.py).
@@ -54,6 +55,7 @@ from allocsim.policies.pytorch_settings import (
     K_SMALL_SIZE,
     NO_LIMIT,
 )
+from allocsim.policies.tpu import COMPACTION_BASE_S, COMPACTION_PER_GB_S, TpuRuntimeAllocator
 from allocsim.sim.kernel.device import (
     DEFAULT_PROFILE,
     PROFILES,
@@ -77,6 +79,7 @@ NATIVE_POLICIES: dict[type, str] = {
     BuddyAllocator: "buddy",
     CuPyPoolAllocator: "cupy",
     CudaAsyncAllocator: "cuda-async",
+    TpuRuntimeAllocator: "tpu",
 }
 # What the core has of each policy, in words (``allocsim policies``; docs/architecture.md,
 # "Native core").
@@ -90,6 +93,7 @@ NATIVE_SETTINGS = {
     "pytorch": "every setting (expandable_segments included)",
     "cupy": "every setting",
     "cuda-async": "every setting",
+    "tpu": "every setting",
 }
 _SIZE_LIMIT = 1 << 60           # the core's int64 arithmetic on sizes (rounding, doubling)
 _ID_EMPTY = np.iinfo(np.int64).min  # the core's live map cannot hold this id
@@ -163,6 +167,12 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
         return {"family": family, "threshold": policy.threshold, "chunk": policy.chunk,
                 "alignment": policy.alignment, "sync_on_free": bool(policy.sync_on_free),
                 "preallocate": bool(policy.preallocate_pending), "bin_of_bits": list(BIN)}
+    if isinstance(policy, TpuRuntimeAllocator):
+        if not (0 <= policy.runtime_bytes < _SIZE_LIMIT and policy.granule < _SIZE_LIMIT):
+            return None       # the core's int64 heap size and rounding
+        return {"family": family, "granule": policy.granule,
+                "runtime_bytes": policy.runtime_bytes, "compaction_base_s": COMPACTION_BASE_S,
+                "compaction_per_gb_s": COMPACTION_PER_GB_S}
     if isinstance(policy, BuddyAllocator):
         return {"family": family, "min_block": policy.min_block, "arena": policy.arena,
                 "release": bool(policy.release)}
