@@ -65,6 +65,7 @@ from allocsim.sim.kernel.device import (
     GiB,
     SimulatedDevice,
 )
+from allocsim.sim.kernel.device_buffers import buffers_on_device
 from allocsim.sim.kernel.results import RunResult, Timeline
 from allocsim.traces.model import Trace
 
@@ -252,6 +253,7 @@ def open_run(trace: Trace, spec: PolicySpec, profile: DeviceProfile, *, stop_on_
     resolved = spec.resolved()
     if resolved.policy_class not in NATIVE_POLICIES:
         return None
+    trace = buffers_on_device(trace, profile)   # a TPU holds u8[n] buffers
     device = SimulatedDevice(profile)
     # Built on the run's own (fresh) device: its constructor's device calls (best-fit's
     # address range) move the bump pointer exactly as the Python run's would.
