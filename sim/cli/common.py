@@ -18,10 +18,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
+from allocsim.ascii_numbers import is_whole_number
 from allocsim.errors import UserInputError
 from allocsim.policies import format_size, parse_size
 from allocsim.policies.units import parse_size_floor
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, DeviceProfile, resolve_device
+from allocsim.sim.kernel.device_profile import check_capacity
 from allocsim.traces import Trace, formats
 from allocsim.traces.bundled import resolve_trace_name
 
@@ -64,7 +66,7 @@ def load_trace(path: str, args: argparse.Namespace | None = None) -> Trace:
     path = resolve_trace_name(path)
     strict = getattr(args, "strict", None) or None
     device_index = getattr(args, "device_index", None)
-    if isinstance(device_index, str) and device_index.isdigit():
+    if isinstance(device_index, str) and is_whole_number(device_index):
         device_index = int(device_index)  # "1" means device 1; "cpu" / "cuda:1" stay text
     return formats.load(path, strict=strict, device_index=device_index,
                         module=getattr(args, "module", None),
@@ -121,7 +123,10 @@ def capacity_option(text: str, option: str = "--capacity") -> int:
               f"{nbytes:,} bytes (rounded down)", file=sys.stderr)
     if nbytes <= 0:
         raise UserError(f"{option}: capacity must be positive, e.g. 24GiB; got {text!r}")
-    return nbytes
+    try:
+        return check_capacity(nbytes, option)
+    except UserInputError as err:
+        raise UserError(str(err)) from None
 
 
 def device_from_args(args: argparse.Namespace) -> DeviceProfile:

@@ -31,6 +31,25 @@ MAX_GRANULARITY = 1 << 30
 MAX_CALL_SECONDS = 3600.0
 
 
+def check_capacity(nbytes: int, what: str = "capacity") -> int:
+    """``nbytes`` as a device's capacity; refused in one line naming ``what`` (the option or
+    field that gave it) unless from 1 byte to :data:`MAX_PROFILE_CAPACITY`, the bound a
+    profile file is held to, so ``--capacity 16EiB`` is refused where it is typed rather than
+    past the native core's 64-bit sizes."""
+    if nbytes <= 0:
+        raise UserInputError(f"{what}: capacity must be positive, e.g. 24GiB; got "
+                             f"{nbytes:,} bytes")
+    if nbytes > MAX_PROFILE_CAPACITY:
+        raise UserInputError(f"{what}: at most {format_size(MAX_PROFILE_CAPACITY)} "
+                             f"({MAX_PROFILE_CAPACITY:,} bytes), the largest device allocsim "
+                             f"models; got {_bytes_shown(nbytes)}")
+    return nbytes
+
+
+def _bytes_shown(nbytes: int) -> str:
+    return f"{nbytes:,} bytes" if nbytes < 10**30 else f"{float(nbytes):.3e} bytes"
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Seconds a device call takes, linear in size: base + per_gib × GiB.
@@ -290,8 +309,6 @@ def resolve_device(name: str | None = None, capacity: str | int | None = None,
                                  f"{', '.join(PROFILES)}")
         profile = PROFILES[key]
     if capacity is not None:
-        nbytes = parse_size(capacity)
-        if nbytes <= 0:
-            raise UserInputError(f"capacity must be positive, got {capacity!r}")
+        nbytes = check_capacity(parse_size(capacity))
         profile = replace(profile.with_capacity(nbytes), context_bytes=0)
     return profile

@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from allocsim.ascii_numbers import is_whole_number
 from allocsim.traces.formats.native import file_metadata
 from allocsim.traces.formats.registry import register_format
 from allocsim.traces.model import (
@@ -234,10 +235,10 @@ def parse_device_index(device_index: object, source: str) -> str | None:
         return f"cuda:{device_index}"
     if isinstance(device_index, str):
         text = device_index.strip().lower()
-        if text.isdigit():
+        if is_whole_number(text):
             return f"cuda:{int(text)}"
         kind, _, number = text.partition(":")
-        if kind and (not number or number.isdigit()):
+        if kind and (not number or is_whole_number(number)):
             return f"{kind}:{int(number)}" if number else kind
     raise TraceError(f"device_index {device_index!r} is not 'cpu', 'cuda:N' or an integer",
                      source=source)
