@@ -23,7 +23,7 @@ from allocsim.errors import UserInputError
 from allocsim.policies import format_size, parse_size
 from allocsim.policies.units import parse_size_floor
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, DeviceProfile, resolve_device
-from allocsim.sim.kernel.device_profile import check_capacity
+from allocsim.sim.kernel.device_profile import check_capacity, check_context
 from allocsim.traces import Trace, formats
 from allocsim.traces.bundled import resolve_trace_name
 
@@ -185,10 +185,10 @@ def context_option(text: str, option: str = "--context") -> int:
 
 def with_context(profile: DeviceProfile, nbytes: int) -> DeviceProfile:
     """``profile`` with the device's own share set to ``nbytes`` (at most its capacity)."""
-    if nbytes >= profile.capacity:
-        raise UserError(f"--context: {format_size(nbytes)} is no less than the device's "
-                        f"{format_size(profile.capacity)}: nothing is left for the allocators")
-    return replace(profile, context_bytes=nbytes)
+    try:
+        return replace(profile, context_bytes=check_context(nbytes, profile.capacity))
+    except UserInputError as err:
+        raise UserError(str(err)) from None
 
 
 def tolerance_option(text: str, option: str = "--tolerance") -> float:

@@ -46,6 +46,18 @@ def check_capacity(nbytes: int, what: str = "capacity") -> int:
     return nbytes
 
 
+def check_context(nbytes: int, capacity: int, what: str = "--context") -> int:
+    """``nbytes`` as the device's own share of a device of ``capacity``: refused in one line
+    naming ``what`` unless it leaves the allocators something (the same rule for ``--context``
+    and a profile file's ``context_bytes``; a share of the whole device would report every
+    policy out of memory at 0 B)."""
+    if nbytes >= capacity:
+        raise UserInputError(f"{what}: {format_size(nbytes)} ({_bytes_shown(nbytes)}) is no "
+                             f"less than the device's {format_size(capacity)}: nothing is "
+                             "left for the allocators")
+    return nbytes
+
+
 def _bytes_shown(nbytes: int) -> str:
     return f"{nbytes:,} bytes" if nbytes < 10**30 else f"{float(nbytes):.3e} bytes"
 
@@ -154,6 +166,8 @@ class DeviceProfile:
                 if value > most:
                     raise UserInputError(f"field {key!r} must be at most {format_size(most)} "
                                          f"({most:,} bytes), got {value:,}")
+        if "context_bytes" in values:
+            check_context(values["context_bytes"], values["capacity"], "field 'context_bytes'")
         for key in ("granularity", "map_granularity"):
             if values.get(key, 1) > values["capacity"]:
                 # Every device call would be refused: each policy would OOM at 0 B.
