@@ -247,16 +247,13 @@ def _fraction_conf_value(value: str) -> str | None:
 
     The allocator applies it at construction through setMemoryFraction, which keeps no limit at
     1.0 (``allowed_memory_maximum = nullopt`` unless fraction < 1.0,
-    c10/cuda/CUDACachingAllocator.cpp). A fraction of 0 is a limit of 0 bytes in PyTorch —
-    every allocation fails — which the registry's 0 ("unset") cannot express: refused by name.
+    c10/cuda/CUDACachingAllocator.cpp). A fraction of 0 is a limit of 0 bytes there — every
+    allocation fails — and so in the model.
     """
     fraction = _to_float(value, "per_process_memory_fraction")
     if not 0.0 <= fraction <= 1.0:
         raise ValueError("PYTORCH_CUDA_ALLOC_CONF: per_process_memory_fraction is invalid, set "
                          f"it in [0.0, 1.0], got {value!r}")
-    if fraction == 0.0:
-        raise ValueError("PYTORCH_CUDA_ALLOC_CONF: per_process_memory_fraction:0 limits the "
-                         "process to 0 bytes, so every allocation fails")
     return None if fraction == 1.0 else value
 
 
@@ -296,7 +293,7 @@ def validate_gc_threshold(threshold: float) -> None:
 
 
 def validate(max_split_size_mb: int, garbage_collection_threshold: float,
-             max_non_split_rounding_mb: int, per_process_memory_fraction: float) -> None:
+             max_non_split_rounding_mb: int, per_process_memory_fraction: float | None) -> None:
     """The policy's parameters as PyTorch checks them; ValueError with one line if not."""
     if max_split_size_mb < 0:
         raise ValueError("max_split_size_mb must be 0 (unlimited) or >= 20, "
@@ -306,7 +303,7 @@ def validate(max_split_size_mb: int, garbage_collection_threshold: float,
     validate_mb("max_non_split_rounding_mb", max_non_split_rounding_mb)
     if garbage_collection_threshold:
         validate_gc_threshold(garbage_collection_threshold)
-    if not 0.0 <= per_process_memory_fraction <= 1.0:
+    if per_process_memory_fraction is not None and not 0.0 <= per_process_memory_fraction <= 1.0:
         raise ValueError("per_process_memory_fraction must be in [0, 1], got "
                          f"{per_process_memory_fraction}")
 

@@ -106,6 +106,8 @@ def _coerce(policy: str, key: str, param: Param, text: str) -> Any:
 
 
 def _show(param: Param, value: Any) -> str:
+    if value is None:
+        return "unset"
     if param.kind == "bool":
         return "true" if value else "false"
     if param.kind == "size" and value and value % (1 << 20) == 0:
