@@ -93,3 +93,17 @@ def test_a_profile_whose_context_leaves_something_runs(capsys, tmp_path: Path):
     profile.write_text(json.dumps({"name": "x", "capacity": 1 << 30,
                                    "context_bytes": (1 << 30) - (64 << 20)}))
     assert main(["compare", str(trace), "--device-profile", str(profile)]) == 0
+
+
+def test_a_run_that_held_nothing_shows_no_utilization(capsys, tmp_path: Path):
+    # A 2**63-1 byte request is refused at once: 0 B reserved, 0 B allocated. The table said
+    # "util 100.0%, frag 0.0%" of nothing, as if the fit were perfect.
+    path = tmp_path / "huge.csv"
+    path.write_text(f"time_ns,op,id,size\n0,alloc,1,{(1 << 63) - 1}\n10,free,1,\n")
+    assert main(["compare", str(path), "--policies", "cupy", "bfc"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("cupy ", "bfc "))]
+    assert len(rows) == 2
+    for row in rows:
+        assert row[1:7] == ["NO", "0B", "0B", "-", "-", "1"], row
+    assert "100.0%" not in " ".join(" ".join(r) for r in rows)
