@@ -152,3 +152,11 @@ def test_a_range_in_unicode_digits_is_not_a_range(tmp_path: Path) -> None:
     from allocsim.sim.sweeps.grid import expand_ranges
     assert expand_ranges("x[1..3]") == ["x1", "x2", "x3"]
     assert expand_ranges("x[١..٣]") == ["x١..٣"]
+
+
+def test_a_cupy_log_pointer_in_unicode_digits_is_no_integer(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "hooks.log"
+    path.write_text('{"hook": "malloc", "device_id": 0, "size": 512, "mem_size": 512, '
+                    '"mem_ptr": "0x١٠٠٠", "pmem_id": "0x1"}\n')
+    line = refused(capsys, "info", path)
+    assert "mem_ptr '0x١٠٠٠' is not an integer" in line, line
