@@ -59,7 +59,8 @@ def test_a_whole_number_reads_as_int_does_for_ascii() -> None:
 # -- 9. numbers past 64 bits are refused where they are typed --------------------------------
 
 @pytest.mark.parametrize("value", ["16EiB", "18446744073709551616", "2EiB"])
-@pytest.mark.parametrize("command", [["compare"], ["tune", "--framework", "pytorch"]])
+@pytest.mark.parametrize("command", [["compare"], ["tune", "--framework", "pytorch"],
+                                     ["validate", "--policy", "bfc"]])
 def test_a_capacity_past_the_largest_device_is_one_line_naming_the_limit(capsys, trace, value,
                                                                        command):
     name, *rest = command
