@@ -161,3 +161,10 @@ def test_a_cupy_log_pointer_in_unicode_digits_is_no_integer(capsys, tmp_path: Pa
                     '"mem_ptr": "0x١٠٠٠", "pmem_id": "0x1"}\n')
     line = refused(capsys, "info", path)
     assert "mem_ptr '0x١٠٠٠' is not an integer" in line, line
+
+
+@pytest.mark.parametrize("param", ["events=١٠٠", "dropout=٠.١"])
+def test_a_generator_parameter_in_unicode_digits_is_one_line(capsys, tmp_path: Path, param):
+    line = refused(capsys, "gen", "training", param, "-o", tmp_path / "g.csv")
+    assert "ASCII" in line and param.split("=")[1] in line, line
+    assert not (tmp_path / "g.csv").exists()
