@@ -168,3 +168,18 @@ def test_a_generator_parameter_in_unicode_digits_is_one_line(capsys, tmp_path: P
     line = refused(capsys, "gen", "training", param, "-o", tmp_path / "g.csv")
     assert "ASCII" in line and param.split("=")[1] in line, line
     assert not (tmp_path / "g.csv").exists()
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["info", "{trace}", "--top", "٣"], "argument --top: invalid int value: '٣'"),
+    (["info", "{trace}", "--top", "²"], "argument --top: invalid int value: '²'"),
+    (["compare", "{trace}", "--max-slowdown", "١.٥"], "argument --max-slowdown: invalid float"),
+    (["sweep", "x.toml", "--workers", "٢"], "argument --workers: invalid int value"),
+])
+def test_a_numeric_option_in_unicode_digits_is_argparses_one_line(capsys, trace, argv, needle):
+    try:
+        code = main([a.format(trace=trace) for a in argv])
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and err.count("\n") == 1, err

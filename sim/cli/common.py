@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from allocsim.ascii_numbers import is_whole_number
+from allocsim.ascii_numbers import decimal_number, is_whole_number, whole_number
 from allocsim.errors import UserInputError
 from allocsim.policies import format_size, parse_size
 from allocsim.policies.units import parse_size_floor
@@ -89,6 +89,22 @@ def accept_dash_digit_values(parser: argparse.ArgumentParser) -> None:
     if parser._has_negative_number_optionals:  # an option like "-1" exists: keep argparse's
         return
     parser._negative_number_matcher = _DASH_DIGIT
+
+
+def int_argument(text: str) -> int:
+    """argparse's ``type=`` for a whole number: ASCII digits after an optional "-" (``int``
+    alone takes "٣"; allocsim/ascii_numbers.py)."""
+    return whole_number(text.strip(), signed=True)
+
+
+def float_argument(text: str) -> float:
+    """argparse's ``type=`` for a real number written in ASCII."""
+    return decimal_number(text.strip())
+
+
+# argparse names the type in its one error line: "argument --top: invalid int value: '٣'".
+int_argument.__name__ = "int"
+float_argument.__name__ = "float"
 
 
 def add_device_options(parser: argparse.ArgumentParser, *, capacity: bool = True,
