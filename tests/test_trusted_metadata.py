@@ -128,3 +128,11 @@ def test_a_results_file_whose_trace_name_holds_a_lone_surrogate_is_one_line(caps
     assert line == (f"allocsim: error: {edited}: trace.name: not text (it holds a lone UTF-16 "
                     "surrogate)"), line
     assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("command", [["compare"], ["tune", "--framework", "pytorch"]])
+def test_a_compile_target_of_another_shape_is_one_line(capsys, tmp_path, command):
+    path = saved_with(tmp_path, xla_gpu={"target": "a100-80g", "device_memory_size": [1]})
+    name, *rest = command
+    line = refused(capsys, name, path, *rest)
+    assert "metadata 'xla_gpu'['device_memory_size'] must be a number of bytes, got [1]" in line
