@@ -56,8 +56,9 @@ Rules:
 
 Modelled but worth knowing:
 - garbage collection runs only when a memory fraction is set, as in PyTorch
-  (``set_fraction`` gates it). ``per_process_memory_fraction=0`` (the default) means "never
-  set" — the whole device, no GC; any value in (0, 1], 1.0 included, counts as set.
+  (``set_fraction`` gates it). ``per_process_memory_fraction`` unset (the default) means
+  "never set" — the whole device, no GC; any value in [0, 1], 1.0 included, counts as set, and
+  0 is a limit of 0 bytes: every allocation fails, as in PyTorch (setMemoryFraction(0)).
 - roundup_power2_divisions follows the current parser: ``>`` fills the intervals after the last
   one named (older releases filled from the last named one, overwriting it). Lists may use
   ``;`` between entries as well as ``,``, because registry specs split on commas:
@@ -157,7 +158,7 @@ class PyTorchCachingAllocator(Policy):
                  roundup_power2_divisions: str | int = "",
                  garbage_collection_threshold: float = 0.0, expandable_segments: bool = False,
                  max_non_split_rounding_mb: int = 20,
-                 per_process_memory_fraction: float = 0.0) -> None:
+                 per_process_memory_fraction: float | None = None) -> None:
         super().__init__(device)
         validate(max_split_size_mb, garbage_collection_threshold, max_non_split_rounding_mb,
                  per_process_memory_fraction)
@@ -169,9 +170,10 @@ class PyTorchCachingAllocator(Policy):
         self.max_non_split_rounding = max_non_split_rounding_mb * MiB
         self.gc_threshold = float(garbage_collection_threshold)
         self.expandable = bool(expandable_segments)
-        self.set_fraction = per_process_memory_fraction > 0.0     # a memory fraction was set
+        self.set_fraction = per_process_memory_fraction is not None   # a fraction was set
         self.allowed_memory_maximum = (int(per_process_memory_fraction * device.capacity)
-                                       if self.set_fraction else device.capacity)
+                                       if per_process_memory_fraction is not None
+                                       else device.capacity)
         self._gc_on = self.set_fraction and self.gc_threshold > 0.0
         if self.expandable:
             granularity = getattr(device, "map_granularity", K_SMALL_BUFFER)
@@ -220,8 +222,9 @@ class PyTorchCachingAllocator(Policy):
         max_non_split_rounding_mb=("int", "a request >= max_split_size may take a block up to "
                                           "this many MiB bigger; >= 20"),
         per_process_memory_fraction=("float", "set_per_process_memory_fraction: device "
-                                              "allocations fail beyond this share of capacity; "
-                                              "0 = never set (whole device)"),
+                                              "allocations fail beyond this share of capacity, "
+                                              "in [0, 1]; unset = never set (whole device); 0 "
+                                              "= every allocation fails"),
     )
 
     def rounded_size(self, size: int) -> int:

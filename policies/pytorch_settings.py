@@ -9,6 +9,8 @@ listed in policies/pytorch_caching.py's docstring.
 
 from __future__ import annotations
 
+from allocsim.ascii_numbers import decimal_number, whole_number
+
 MiB = 1 << 20
 K_MIN_BLOCK_SIZE = 512               # all sizes are rounded to at least 512 bytes
 K_SMALL_SIZE = 1 * MiB               # largest "small" allocation
@@ -18,6 +20,13 @@ K_MIN_LARGE_ALLOC = 10 * MiB
 K_ROUND_LARGE = 2 * MiB              # larger segments round up to 2 MiB
 ROUNDUP_INTERVALS = 16               # roundup_power2_divisions: 1 MiB .. 64 GiB
 NO_LIMIT = 1 << 62                   # SIZE_MAX: max_split_size when unset
+# The largest settings the model holds. PyTorch keeps them in size_t (max_split_size_mb clamped
+# to SIZE_MAX / 1 MiB); this model and its native twin keep sizes in int64, below NO_LIMIT. A
+# larger value is refused by name rather than wrapped. Past 2**53 divisions, kMinBlockSize ×
+# divisions (round_size's test) no longer fits the 64-bit arithmetic; no size the model holds
+# is rounded by a division count above 2**51 anyway.
+MAX_SETTING_MB = (NO_LIMIT >> 20) - 1
+MAX_DIVISIONS = 1 << 53
 
 # Keys of PYTORCH_CUDA_ALLOC_CONF that do not change device-memory placement (host/pinned
 # allocator, locking, graph capture): validated as PyTorch validates them, then dropped by
@@ -68,12 +77,25 @@ def _is_power_of_two(value: int) -> bool:
 
 
 def _to_int(token: str, what: str) -> int:
+    """A whole number >= 0 in ASCII digits, as PyTorch's ConfigTokenizer::toSizeT reads one."""
     try:
-        value = int(token)
-    except ValueError:
-        raise ValueError(f"{what}: expected a whole number, got {token!r}") from None
-    if value < 0:
-        raise ValueError(f"{what}: expected a non-negative number, got {token!r}")
+        return whole_number(token)
+    except ValueError as err:
+        raise ValueError(f"{what}: {err}") from None
+
+
+def _to_float(token: str, what: str) -> float:
+    try:
+        return decimal_number(token)
+    except ValueError as err:
+        raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF: {what}: {err}") from None
+
+
+def _divisions(token: str) -> int:
+    value = _to_int(token, "roundup_power2_divisions")
+    if value > MAX_DIVISIONS:
+        raise ValueError(f"roundup_power2_divisions: at most 2**53 ({MAX_DIVISIONS:,}) "
+                         f"divisions, got {value:,}")
     return value
 
 
@@ -96,7 +118,7 @@ def parse_roundup_power2_divisions(text: str | int) -> list[int]:
         if len(tokens) != 1:
             raise ValueError("roundup_power2_divisions: expected a number or a [..] list, "
                              f"got {text!r}")
-        value = _to_int(tokens[0], "roundup_power2_divisions")
+        value = _divisions(tokens[0])
         if not _is_power_of_two(value):
             raise ValueError("roundup_power2_divisions: the divisions have to be a power of 2, "
                              f"got {value}")
@@ -109,7 +131,7 @@ def parse_roundup_power2_divisions(text: str | int) -> list[int]:
     while i < len(tokens) - 1:
         if i + 2 >= len(tokens) or tokens[i + 1] != ":":
             raise ValueError(f"roundup_power2_divisions: expected boundary:divisions in {text!r}")
-        boundary, value = tokens[i], _to_int(tokens[i + 2], "roundup_power2_divisions")
+        boundary, value = tokens[i], _divisions(tokens[i + 2])
         if value and not _is_power_of_two(value):
             raise ValueError("roundup_power2_divisions: the divisions have to be a power of 2 "
                              "or 0, "
@@ -225,20 +247,13 @@ def _fraction_conf_value(value: str) -> str | None:
 
     The allocator applies it at construction through setMemoryFraction, which keeps no limit at
     1.0 (``allowed_memory_maximum = nullopt`` unless fraction < 1.0,
-    c10/cuda/CUDACachingAllocator.cpp). A fraction of 0 is a limit of 0 bytes in PyTorch —
-    every allocation fails — which the registry's 0 ("unset") cannot express: refused by name.
+    c10/cuda/CUDACachingAllocator.cpp). A fraction of 0 is a limit of 0 bytes there — every
+    allocation fails — and so in the model.
     """
-    try:
-        fraction = float(value)
-    except ValueError:
-        raise ValueError("PYTORCH_CUDA_ALLOC_CONF: per_process_memory_fraction expects a number, "
-                         f"got {value!r}") from None
+    fraction = _to_float(value, "per_process_memory_fraction")
     if not 0.0 <= fraction <= 1.0:
         raise ValueError("PYTORCH_CUDA_ALLOC_CONF: per_process_memory_fraction is invalid, set "
                          f"it in [0.0, 1.0], got {value!r}")
-    if fraction == 0.0:
-        raise ValueError("PYTORCH_CUDA_ALLOC_CONF: per_process_memory_fraction:0 limits the "
-                         "process to 0 bytes, so every allocation fails")
     return None if fraction == 1.0 else value
 
 
@@ -256,12 +271,7 @@ def _check_conf_value(key: str, value: str) -> str | None:
         parse_roundup_power2_divisions(value)
         return value.replace(",", ";")
     if key == "garbage_collection_threshold":
-        try:
-            threshold = float(value)
-        except ValueError:
-            raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF: {key} expects a number, "
-                             f"got {value!r}") from None
-        validate_gc_threshold(threshold)
+        validate_gc_threshold(_to_float(value, key))
         return value
     megabytes = _to_int(value, key)
     validate_mb(key, megabytes)
@@ -271,6 +281,9 @@ def _check_conf_value(key: str, value: str) -> str | None:
 def validate_mb(key: str, megabytes: int) -> None:
     if megabytes < K_LARGE_BUFFER // MiB:
         raise ValueError(f"{key} too small, must be >= {K_LARGE_BUFFER // MiB}, got {megabytes}")
+    if megabytes > MAX_SETTING_MB:
+        raise ValueError(f"{key} too large, must be at most {MAX_SETTING_MB:,} (4 EiB), got "
+                         f"{megabytes:,}")
 
 
 def validate_gc_threshold(threshold: float) -> None:
@@ -280,7 +293,7 @@ def validate_gc_threshold(threshold: float) -> None:
 
 
 def validate(max_split_size_mb: int, garbage_collection_threshold: float,
-             max_non_split_rounding_mb: int, per_process_memory_fraction: float) -> None:
+             max_non_split_rounding_mb: int, per_process_memory_fraction: float | None) -> None:
     """The policy's parameters as PyTorch checks them; ValueError with one line if not."""
     if max_split_size_mb < 0:
         raise ValueError("max_split_size_mb must be 0 (unlimited) or >= 20, "
@@ -290,7 +303,7 @@ def validate(max_split_size_mb: int, garbage_collection_threshold: float,
     validate_mb("max_non_split_rounding_mb", max_non_split_rounding_mb)
     if garbage_collection_threshold:
         validate_gc_threshold(garbage_collection_threshold)
-    if not 0.0 <= per_process_memory_fraction <= 1.0:
+    if per_process_memory_fraction is not None and not 0.0 <= per_process_memory_fraction <= 1.0:
         raise ValueError("per_process_memory_fraction must be in [0, 1], got "
                          f"{per_process_memory_fraction}")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from allocsim.ascii_numbers import decimal_number, whole_number
 from allocsim.errors import UserInputError
 from allocsim.policies.base import DeviceMemory, Param, Policy
 from allocsim.policies.best_fit import BestFitAllocator
@@ -95,9 +96,9 @@ def _coerce(policy: str, key: str, param: Param, text: str) -> Any:
                 return False
             raise ValueError("expected true or false")
         if param.kind == "int":
-            return int(text)
+            return whole_number(text.strip(), signed=True)
         if param.kind == "float":
-            return float(text)
+            return decimal_number(text.strip())
         return text
     except ValueError as err:
         raise PolicySpecError(f"policy {policy!r}: bad value {text!r} for {key} ({param.kind}): "
@@ -105,6 +106,8 @@ def _coerce(policy: str, key: str, param: Param, text: str) -> Any:
 
 
 def _show(param: Param, value: Any) -> str:
+    if value is None:
+        return "unset"
     if param.kind == "bool":
         return "true" if value else "false"
     if param.kind == "size" and value and value % (1 << 20) == 0:

@@ -208,12 +208,18 @@ def test_distinct_tags_past_the_text_budget_are_refused(tmp_path, capsys):
     assert "the distinct tags hold more than 67,108,864 characters" in err
 
 
-def test_a_profiler_op_with_a_nan_duration_costs_only_its_tag(tmp_path, capsys):
-    op = {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 1, "ts": 1.0,
-          "dur": 1.0}
+@pytest.mark.parametrize(("key", "value"), [("dur", "NaN"), ("dur", "Infinity"),
+                                            ("ts", "-Infinity")])
+def test_a_profiler_op_with_a_nan_duration_is_one_line_naming_the_event(tmp_path, capsys, key,
+                                                                         value):
+    # Accepted silently before (issue 36, item 14): the op's tag was dropped, unsaid.
+    op = {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 1, "ts": 0.5,
+          "dur": 2.0}
     path = tmp_path / "nan-dur.json"
-    path.write_text(chrome(op, memory_event()).replace('"dur": 1.0', '"dur": NaN'))
-    assert main(["info", str(path)]) == 0, capsys.readouterr().err
+    given = {"ts": '"ts": 0.5', "dur": '"dur": 2.0'}[key]
+    path.write_text(chrome(op, memory_event()).replace(given, f'"{key}": {value}'))
+    err = one_error_line(capsys, path)
+    assert f"event 0: op 'aten::empty': {key} " in err and "not a finite number" in err, err
 
 
 DEEP_JSON = "[" * 100_000 + "]" * 100_000

@@ -9,6 +9,7 @@ from policy_checks import small_device
 
 from allocsim.policies import PolicySpecError, parse_policy
 from allocsim.policies.pytorch_caching import parse_alloc_conf
+from allocsim.policies.registry import alloc_conf_spec
 from allocsim.sim.kernel.device import SimulatedDevice
 
 MiB = 1 << 20
@@ -45,7 +46,7 @@ def test_bad_alloc_conf_strings_raise_one_line(text: str) -> None:
     "pinned_num_register_threads:6", "pinned_reserve_segment_size_mb:0",
     "pinned_use_background_threads:true", "graph_capture_record_stream_reuse:1",
     "per_process_memory_fraction:1.5", "per_process_memory_fraction:-0.1",
-    "per_process_memory_fraction:half", "per_process_memory_fraction:0",
+    "per_process_memory_fraction:half",
     "throw_on_cudamalloc_oom:True", "expandable_segments_reserve:0.5",
     "expandable_segments_reserve_by_class:[capture:0.25]"])
 def test_alloc_conf_values_pytorch_rejects_or_the_model_cannot_follow_are_refused(
@@ -76,3 +77,24 @@ def test_the_registry_builds_it_and_reports_bad_values() -> None:
     assert policy.name == "pytorch"
     with pytest.raises(PolicySpecError):
         parse_policy("pytorch:max_split_size_mb=8").build(SimulatedDevice(small_device()).view(0))
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_a_fraction_of_zero_is_taken_as_pytorch_takes_it_every_allocation_fails(
+        monkeypatch, native: str) -> None:
+    """parsePerProcessMemoryFraction takes [0.0, 1.0]; setMemoryFraction(0.0) sets
+    allowed_memory_maximum to 0 bytes, so alloc_block refuses every segment (issue 36, item
+    18: refused before). Unset stays the whole device."""
+    from allocsim.sim.kernel.engine import replay
+    from allocsim.traces.model import Trace
+    monkeypatch.setenv("ALLOCSIM_NATIVE", native)
+    spec = alloc_conf_spec("per_process_memory_fraction:0.0")
+    assert str(spec) == "pytorch:per_process_memory_fraction=0.0"
+    policy = spec.build(SimulatedDevice(small_device()).view(0))
+    assert policy.set_fraction and policy.allowed_memory_maximum == 0
+    trace = Trace.from_events([(0, "alloc", 1, 512), (1, "free", 1, 512)])
+    result = replay(trace, spec, small_device())
+    assert not result.completed and result.ooms == 1 and result.peak_reserved == 0
+    unset = parse_policy("pytorch").build(SimulatedDevice(small_device()).view(0))
+    assert not unset.set_fraction
+    assert replay(trace, parse_policy("pytorch"), small_device()).completed

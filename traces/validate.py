@@ -36,7 +36,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from allocsim.traces.model import COLUMN_DTYPES, OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace, TraceError
+from allocsim.traces.model import (
+    COLUMN_DTYPES,
+    INT64_MAX,
+    OP_ALLOC,
+    OP_FREE,
+    SIZE_UNKNOWN,
+    Trace,
+    TraceError,
+)
 
 __all__ = ["ValidationReport", "validate"]
 
@@ -146,6 +154,11 @@ def validate(trace: Trace, *, strict: bool = True,
     except _Problem as found:
         raise TraceError(found.problem, source=where, event=found.event) from None
 
+    overflow = first_live_overflow(result)
+    if overflow is not None:
+        raise TraceError(f"the live bytes reach {overflow[1]:,}, more than a 64-bit count "
+                         f"holds ({INT64_MAX:,}): no device has that much memory",
+                         source=where, event=overflow[0])
     report.events = len(result)
     report.allocs = result.n_allocs
     report.frees = report.events - report.allocs
@@ -199,6 +212,34 @@ def _importer_repairs(trace: Trace, strict: bool, where: str) -> dict[str, int]:
                              f"{repair})", source=where, event=entry.get("first_event"))
         counts[field_name] = count
     return counts
+
+
+# ---------------------------------------------------------------------- live bytes
+def first_live_overflow(trace: Trace) -> tuple[int, int] | None:
+    """``(event, live bytes)`` where the trace's live requested bytes first pass
+    :data:`INT64_MAX`, or None when they never do (every count of live bytes — the summary's
+    peak, the engine's allocated bytes, the native core's — is int64; four live 2**61-byte
+    buffers would wrap to a negative number there). For a valid trace.
+
+    Cost: O(1) when the largest size times the number of allocations fits (any real trace);
+    else two int64 prefix sums over the sizes' high and low 32 bits, which cannot overflow."""
+    n = len(trace)
+    if not n:
+        return None
+    size = trace.column("size")
+    if int(size.max()) * trace.n_allocs <= INT64_MAX:
+        return None
+    sizes = trace.matched_sizes(packed=True).astype(np.int64, copy=False)
+    sign = np.where(trace.column("op") == OP_ALLOC, 1, -1).astype(np.int64)
+    high = np.cumsum(sign * (sizes >> 32), dtype=np.int64)
+    low = np.cumsum(sign * (sizes & 0xFFFFFFFF), dtype=np.int64)
+    # live = high·2**32 + low = q·2**32 + r with 0 <= r < 2**32: above INT64_MAX iff q >= 2**31.
+    quotient = high + (low >> 32)
+    over = np.flatnonzero(quotient >= 1 << 31)
+    if not len(over):
+        return None
+    event = int(over[0])
+    return event, int(high[event]) * (1 << 32) + int(low[event])
 
 
 # ---------------------------------------------------------------------- column checks

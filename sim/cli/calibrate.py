@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from allocsim.policies import format_size, parse_size
-from allocsim.sim.cli.common import add_output_option
+from allocsim.sim.cli.common import add_output_option, int_argument
 from allocsim.sim.output.files import write_json
 from allocsim.sim.output.ownership import guard
 from allocsim.sim.validation.calibrate import DEFAULT_CALIBRATION_SIZES, calibrate
@@ -28,7 +28,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--sizes", nargs="+", metavar="SIZE",
                    help="sizes to time (default: " + " ".join(
                        format_size(s, 0) for s in DEFAULT_CALIBRATION_SIZES) + ")")
-    p.add_argument("--repeats", type=int, default=5, help="calls per size (median; default 5)")
+    p.add_argument("--repeats", type=int_argument, default=5,
+                   help="calls per size (median; default 5)")
     p.add_argument("--measurements", metavar="FILE",
                    help="also write the raw measurements (latency per size, footprints, how "
                         "small allocations pack into pages) here")

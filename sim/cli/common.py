@@ -18,10 +18,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
+from allocsim.ascii_numbers import decimal_number, is_whole_number, whole_number
 from allocsim.errors import UserInputError
 from allocsim.policies import format_size, parse_size
 from allocsim.policies.units import parse_size_floor
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, DeviceProfile, resolve_device
+from allocsim.sim.kernel.device_profile import check_capacity, check_context
 from allocsim.traces import Trace, formats
 from allocsim.traces.bundled import resolve_trace_name
 
@@ -64,7 +66,7 @@ def load_trace(path: str, args: argparse.Namespace | None = None) -> Trace:
     path = resolve_trace_name(path)
     strict = getattr(args, "strict", None) or None
     device_index = getattr(args, "device_index", None)
-    if isinstance(device_index, str) and device_index.isdigit():
+    if isinstance(device_index, str) and is_whole_number(device_index):
         device_index = int(device_index)  # "1" means device 1; "cpu" / "cuda:1" stay text
     return formats.load(path, strict=strict, device_index=device_index,
                         module=getattr(args, "module", None),
@@ -87,6 +89,22 @@ def accept_dash_digit_values(parser: argparse.ArgumentParser) -> None:
     if parser._has_negative_number_optionals:  # an option like "-1" exists: keep argparse's
         return
     parser._negative_number_matcher = _DASH_DIGIT
+
+
+def int_argument(text: str) -> int:
+    """argparse's ``type=`` for a whole number: ASCII digits after an optional "-" (``int``
+    alone takes "٣"; allocsim/ascii_numbers.py)."""
+    return whole_number(text.strip(), signed=True)
+
+
+def float_argument(text: str) -> float:
+    """argparse's ``type=`` for a real number written in ASCII."""
+    return decimal_number(text.strip())
+
+
+# argparse names the type in its one error line: "argument --top: invalid int value: '٣'".
+int_argument.__name__ = "int"
+float_argument.__name__ = "float"
 
 
 def add_device_options(parser: argparse.ArgumentParser, *, capacity: bool = True,
@@ -121,7 +139,10 @@ def capacity_option(text: str, option: str = "--capacity") -> int:
               f"{nbytes:,} bytes (rounded down)", file=sys.stderr)
     if nbytes <= 0:
         raise UserError(f"{option}: capacity must be positive, e.g. 24GiB; got {text!r}")
-    return nbytes
+    try:
+        return check_capacity(nbytes, option)
+    except UserInputError as err:
+        raise UserError(str(err)) from None
 
 
 def device_from_args(args: argparse.Namespace) -> DeviceProfile:
@@ -180,10 +201,10 @@ def context_option(text: str, option: str = "--context") -> int:
 
 def with_context(profile: DeviceProfile, nbytes: int) -> DeviceProfile:
     """``profile`` with the device's own share set to ``nbytes`` (at most its capacity)."""
-    if nbytes >= profile.capacity:
-        raise UserError(f"--context: {format_size(nbytes)} is no less than the device's "
-                        f"{format_size(profile.capacity)}: nothing is left for the allocators")
-    return replace(profile, context_bytes=nbytes)
+    try:
+        return replace(profile, context_bytes=check_context(nbytes, profile.capacity))
+    except UserInputError as err:
+        raise UserError(str(err)) from None
 
 
 def tolerance_option(text: str, option: str = "--tolerance") -> float:

@@ -13,6 +13,7 @@ from allocsim.sim.cli.common import (
     add_output_option,
     add_reading_options,
     device_for_traces,
+    float_argument,
     load_trace,
     max_slowdown_option,
     print_json,
@@ -36,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "as-is, e.g. 'max_split_size_mb:128,expandable_segments:True' "
                         "(repeatable)")
     add_device_options(p)
-    p.add_argument("--max-slowdown", type=float, default=DEFAULT_MAX_SLOWDOWN, metavar="X",
+    p.add_argument("--max-slowdown", type=float_argument, default=DEFAULT_MAX_SLOWDOWN, metavar="X",
                    help="a winner may make the run at most X times slower through allocator "
                         f"time (default {DEFAULT_MAX_SLOWDOWN}; inf = no budget)")
     add_output_option(p, dest="out", metavar="DIR",

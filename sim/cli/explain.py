@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from allocsim.policies.registry import alloc_conf_spec
-from allocsim.sim.cli.common import add_reading_options, load_trace, print_json
+from allocsim.sim.cli.common import add_reading_options, int_argument, load_trace, print_json
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, resolve_device
 from allocsim.sim.questions.explain import MAX_SPLIT_SIZES_MB, explain_oom
 
@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help=f"device profile (default {DEFAULT_PROFILE})")
     p.add_argument("--capacity", help="device capacity, e.g. 24GiB")
     p.add_argument("--device-profile", help="a device-profile JSON file")
-    p.add_argument("--max-split-sizes", nargs="+", type=int, metavar="MB",
+    p.add_argument("--max-split-sizes", nargs="+", type=int_argument, metavar="MB",
                    help="max_split_size_mb values to try (default "
                         f"{' '.join(map(str, MAX_SPLIT_SIZES_MB))})")
     p.add_argument("--json", action="store_true", help="print one JSON object")

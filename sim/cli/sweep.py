@@ -19,6 +19,8 @@ from typing import Any
 from allocsim.sim.cli.common import (
     accept_dash_digit_values,
     add_output_option,
+    float_argument,
+    int_argument,
     max_slowdown_option,
     workers_option,
 )
@@ -49,7 +51,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--executor", default="local", metavar="local|dask://HOST:PORT",
                         help="where cells run: local processes (default) or an existing Dask "
                              "cluster (needs the dask extra)")
-    parser.add_argument("--workers", type=int, metavar="N",
+    parser.add_argument("--workers", type=int_argument, metavar="N",
                         help="local worker processes (default: one per core)")
     parser.add_argument("--retry-errors", action="store_true",
                         help="rerun cells that recorded an error (default: skip them)")
@@ -58,7 +60,8 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--report", action="store_true",
                         help="run nothing; print the best policy per trace from the results file")
-    parser.add_argument("--max-slowdown", type=float, default=DEFAULT_MAX_SLOWDOWN, metavar="X",
+    parser.add_argument("--max-slowdown", type=float_argument, default=DEFAULT_MAX_SLOWDOWN,
+                        metavar="X",
                         help="slowdown budget of the best-policy table (default "
                              f"{DEFAULT_MAX_SLOWDOWN}; inf = none)")
 

@@ -12,6 +12,7 @@ from allocsim.sim.cli.common import (
     add_output_option,
     add_reading_options,
     ensure_parent,
+    int_argument,
     load_trace,
     print_json,
 )
@@ -29,7 +30,7 @@ def register_gen(sub: argparse._SubParsersAction) -> None:
                        epilog=_generator_parameters())
     p.add_argument("kind", help=f"one of: {', '.join(synth.GENERATORS)}")
     p.add_argument("params", nargs="*", metavar="key=value", help="generator parameters")
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--seed", type=int_argument, default=None,
                    help="random seed (default 0; the same as the parameter seed=N)")
     add_output_option(p, dest="output", metavar="FILE", required=True,
                       help="file to write (.npz, .csv, .csv.gz, .jsonl)")
@@ -49,7 +50,8 @@ def _generator_parameters() -> str:
 def register_info(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="what a trace holds")
     p.add_argument("trace", help="trace file")
-    p.add_argument("--top", type=int, default=10, help="tags to list at the peak (default 10)")
+    p.add_argument("--top", type=int_argument, default=10,
+                   help="tags to list at the peak (default 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_reading_options(p)
     p.set_defaults(func=run_info)

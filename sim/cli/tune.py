@@ -14,6 +14,8 @@ from allocsim.sim.cli.common import (
     add_reading_options,
     capacity_option,
     device_from_args,
+    float_argument,
+    int_argument,
     load_trace,
     max_slowdown_option,
     plain_progress,
@@ -38,19 +40,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"whose settings to search: {', '.join(FRAMEWORKS)}")
     add_device_options(p, purpose=" (the card to fit; without --device or --capacity: the "
                                   "smallest card)")
-    p.add_argument("--max-slowdown", type=float, default=DEFAULT_MAX_SLOWDOWN, metavar="X",
+    p.add_argument("--max-slowdown", type=float_argument, default=DEFAULT_MAX_SLOWDOWN, metavar="X",
                    help=f"slowdown budget as compare's (default {DEFAULT_MAX_SLOWDOWN}; inf: "
                         "none)")
     p.add_argument("--current", metavar="SETTING",
                    help="the setting the job runs with now, as for the framework (e.g. "
                         "'PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128' or "
                         "'XLA_PYTHON_CLIENT_MEM_FRACTION=.5'): replayed and reported")
-    p.add_argument("--seed", type=int, default=0, help="seed of the checks below a fraction's "
-                                                        "answer (default 0)")
+    p.add_argument("--seed", type=int_argument, default=0,
+                   help="seed of the checks below a fraction's answer (default 0)")
     p.add_argument("--executor", metavar="WHERE",
                    help="run the replays on the sweeps' executors: 'local' (a process pool) "
                         "or dask://HOST:PORT (default: in this process)")
-    p.add_argument("--workers", type=int, metavar="N", help="local pool size")
+    p.add_argument("--workers", type=int_argument, metavar="N", help="local pool size")
     p.add_argument("--any-trace", action="store_true",
                    help="tune a trace recorded from another framework (the assumption is "
                         "stated in the output)")

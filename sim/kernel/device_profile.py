@@ -31,6 +31,37 @@ MAX_GRANULARITY = 1 << 30
 MAX_CALL_SECONDS = 3600.0
 
 
+def check_capacity(nbytes: int, what: str = "capacity") -> int:
+    """``nbytes`` as a device's capacity; refused in one line naming ``what`` (the option or
+    field that gave it) unless from 1 byte to :data:`MAX_PROFILE_CAPACITY`, the bound a
+    profile file is held to, so ``--capacity 16EiB`` is refused where it is typed rather than
+    past the native core's 64-bit sizes."""
+    if nbytes <= 0:
+        raise UserInputError(f"{what}: capacity must be positive, e.g. 24GiB; got "
+                             f"{nbytes:,} bytes")
+    if nbytes > MAX_PROFILE_CAPACITY:
+        raise UserInputError(f"{what}: at most {format_size(MAX_PROFILE_CAPACITY)} "
+                             f"({MAX_PROFILE_CAPACITY:,} bytes), the largest device allocsim "
+                             f"models; got {_bytes_shown(nbytes)}")
+    return nbytes
+
+
+def check_context(nbytes: int, capacity: int, what: str = "--context") -> int:
+    """``nbytes`` as the device's own share of a device of ``capacity``: refused in one line
+    naming ``what`` unless it leaves the allocators something (the same rule for ``--context``
+    and a profile file's ``context_bytes``; a share of the whole device would report every
+    policy out of memory at 0 B)."""
+    if nbytes >= capacity:
+        raise UserInputError(f"{what}: {format_size(nbytes)} ({_bytes_shown(nbytes)}) is no "
+                             f"less than the device's {format_size(capacity)}: nothing is "
+                             "left for the allocators")
+    return nbytes
+
+
+def _bytes_shown(nbytes: int) -> str:
+    return f"{nbytes:,} bytes" if nbytes < 10**30 else f"{float(nbytes):.3e} bytes"
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Seconds a device call takes, linear in size: base + per_gib × GiB.
@@ -135,6 +166,8 @@ class DeviceProfile:
                 if value > most:
                     raise UserInputError(f"field {key!r} must be at most {format_size(most)} "
                                          f"({most:,} bytes), got {value:,}")
+        if "context_bytes" in values:
+            check_context(values["context_bytes"], values["capacity"], "field 'context_bytes'")
         for key in ("granularity", "map_granularity"):
             if values.get(key, 1) > values["capacity"]:
                 # Every device call would be refused: each policy would OOM at 0 B.
@@ -290,8 +323,6 @@ def resolve_device(name: str | None = None, capacity: str | int | None = None,
                                  f"{', '.join(PROFILES)}")
         profile = PROFILES[key]
     if capacity is not None:
-        nbytes = parse_size(capacity)
-        if nbytes <= 0:
-            raise UserInputError(f"capacity must be positive, got {capacity!r}")
+        nbytes = check_capacity(parse_size(capacity))
         profile = replace(profile.with_capacity(nbytes), context_bytes=0)
     return profile

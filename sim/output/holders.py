@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from allocsim.ascii_numbers import is_whole_number
 from allocsim.policies.units import format_size
 from allocsim.traces.model import OP_ALLOC, Trace
 
@@ -53,8 +54,8 @@ class KindGroup:
 
 def natural_key(text: str) -> list[Any]:
     """``layer2`` before ``layer10``: digits compare as numbers."""
-    return [(0, int(part), "") if part.isdigit() else (1, 0, part.lower())
-            for part in re.split(r"(\d+)", text) if part]
+    return [(0, int(part), "") if is_whole_number(part) else (1, 0, part.lower())
+            for part in re.split(r"([0-9]{1,40})", text) if part]
 
 
 def split_layer(tag: str) -> tuple[str, str | None]:

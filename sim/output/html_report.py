@@ -197,12 +197,13 @@ def _table(data: dict[str, Any]) -> str:
     for r, s in zip(data["results"], as_series(data["results"])):
         winner = ' class="winner"' if r["policy"] == data.get("winner") else ""
         done = "yes" if r["completed"] else "NO"
-        utilization = r["peak_allocated"] / r["peak_reserved"] if r["peak_reserved"] else 1.0
+        utilization = (f"{r['peak_allocated'] / r['peak_reserved']:.1%}" if r["peak_reserved"]
+                       else "-")    # nothing reserved: no share to speak of
         rows.append(
             f"<tr{winner}><td>{html.escape(r['policy'])}</td>"
             f"<td{' class=fail' if not r['completed'] else ''}>{done}</td>"
             f"<td>{format_size(r['peak_reserved'])}</td><td>{format_size(r['peak_allocated'])}</td>"
-            f"<td>{utilization:.1%}</td><td>{free_at_peak(s):.1%}</td>"
+            f"<td>{utilization}</td><td>{free_at_peak(s):.1%}</td>"
             f"<td>{int(r['ooms']):,}</td>"
             f"<td>{int(r['device_mallocs']):,}</td><td>{int(r['device_frees']):,}</td>"
             f"<td>{float(r['alloc_time_s']) * 1e3:.3g} ms</td>"

@@ -58,6 +58,12 @@ def _text(value: Any, where: str, *, nullable: bool = False) -> None:
         return
     if not isinstance(value, str):
         raise Problem(f"{where}: expected a string, got {type(value).__name__}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            # JSON's "\ud800": no font draws it, and matplotlib refuses it with a TypeError.
+            raise Problem(f"{where}: not text (it holds a lone UTF-16 surrogate)") from None
 
 
 def _flag(value: Any, where: str) -> None:

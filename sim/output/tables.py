@@ -19,13 +19,16 @@ COLUMNS = ("policy", "done", "peak reserved", "peak allocated", "util", "frag", 
 
 
 def _row(result: RunResult) -> list[str]:
+    # Nothing reserved (a run refused at its first request): there is no share to speak of,
+    # and "100%" of 0 B would read as a perfect fit.
+    held = result.peak_reserved > 0
     return [
         result.policy,
         "yes" if result.completed else "NO",
         format_size(result.peak_reserved),
         format_size(result.peak_allocated),
-        f"{result.utilization:.1%}",
-        f"{result.fragmentation:.1%}",
+        f"{result.utilization:.1%}" if held else "-",
+        f"{result.fragmentation:.1%}" if held else "-",
         str(result.ooms),
         f"{result.device_mallocs:,}",
         f"{result.device_frees:,}",

@@ -78,6 +78,7 @@ from allocsim.sim.kernel.device import (
     SimulatedDevice,
     resolve_device,
 )
+from allocsim.sim.kernel.device_profile import check_capacity
 from allocsim.sim.questions.compare import OFFLINE_NAME, normalize_spec
 from allocsim.traces import formats, synth
 from allocsim.traces.formats.limits import read_input_text, regular_file_problem
@@ -102,7 +103,7 @@ MAX_RANGE_ITEMS = 1_000_000      # one LO..HI range; a typo like 1..1e9 fails fa
 # ranges before any is expanded (a 1e9-cell grid is refused at once, not after filling memory).
 MAX_GRID_CELLS = 1_000_000
 _RANGE = re.compile(r"\[([^\[\]]*)\]")
-_INT_RANGE = re.compile(r"^\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*$")
+_INT_RANGE = re.compile(r"^\s*(-?[0-9]{1,18})\s*\.\.\s*(-?[0-9]{1,18})\s*$")  # ASCII digits
 
 
 class SweepError(UserInputError):
@@ -378,7 +379,7 @@ def parse_definition(data: Mapping[str, Any], *, base_dir: str | os.PathLike[str
                     size = parse_size(text)
                     if size <= 0:
                         raise SweepError(f"capacity must be positive, got {text!r}")
-                    capacities[size] = None
+                    capacities[check_capacity(size, f"capacity {text!r}")] = None
             except (SweepError, ValueError) as err:
                 raise fail("grid.capacities", str(err)) from None
     else:

@@ -58,6 +58,7 @@ from typing import Any
 from allocsim.policies import PolicySpec, PolicySpecError, parse_policy, parse_size
 from allocsim.policies.registry import alloc_conf_spec
 from allocsim.sim.kernel.device import DeviceProfile, resolve_device
+from allocsim.sim.kernel.device_profile import check_capacity
 from allocsim.sim.validation.backends import BACKENDS, DEFAULT_BACKEND, Backend
 from allocsim.sim.validation.cuda_device import CudaVMM, CupyDevice
 from allocsim.sim.validation.errors import NoGPUError, ValidatorError
@@ -161,7 +162,7 @@ def validate(trace: Trace | str | Path, policy_spec: str | PolicySpec | None = N
     # the start): a CUDA context there is already outside it, so the profile's share is not
     # taken again (issue 26.3).
     profile = replace(_resolve_profile(device_profile), context_bytes=0)
-    size = None if capacity is None else parse_size(capacity)
+    size = None if capacity is None else check_capacity(parse_size(capacity), "--capacity")
     if size is not None and size != profile.capacity:
         profile = profile.with_capacity(size)
     if policy_spec is None and chosen.name == "torch":

@@ -50,6 +50,7 @@ from allocsim.traces.formats.registry import (
     register_folder_format,
     register_format,
 )
+from allocsim.traces.metadata import check_metadata
 from allocsim.traces.model import Trace, TraceError
 from allocsim.traces.validate import ValidationReport, validate_recording
 
@@ -183,6 +184,7 @@ def load_with_report(path: str | os.PathLike[str], *, strict: bool | None = None
         except RecursionError:
             raise TraceError("is nested too deeply to read", source=source) from None
     _check_text(trace, source)
+    check_metadata(trace.metadata, source)
     if strict is None:
         strict = not recorded
     return validate_recording(trace, strict=strict, source=source)

@@ -71,6 +71,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from allocsim.ascii_numbers import MAX_DIGITS
 from allocsim.traces.formats.native import file_metadata
 from allocsim.traces.formats.registry import register_format
 from allocsim.traces.formats.torch_profiler import (
@@ -459,8 +460,8 @@ def _integer(value: Any, key: str, fail: Callable[[str], TraceError]) -> int:
         if value < 0:
             raise fail(f"{key} {value!r} is negative")
         number = value
-    elif isinstance(value, str):
-        try:
+    elif isinstance(value, str) and value.isascii() and len(value) <= MAX_DIGITS:
+        try:   # int() alone takes "١٢" and 5,000-digit text (ascii_numbers.py)
             number = int(value, 0)
         except ValueError:
             pass

@@ -17,6 +17,8 @@ import os
 import stat
 import zlib
 
+from allocsim.ascii_numbers import is_whole_number
+from allocsim.errors import UserInputError
 from allocsim.traces.model import TraceError
 
 __all__ = ["DEFAULT_MAX_INPUT_BYTES", "GZIP_MAGIC", "MAX_GZIP_RATIO", "MAX_INPUT_ENV",
@@ -44,8 +46,13 @@ def max_input_bytes() -> int:
     """The most bytes a trace file may hold once decompressed, ``ALLOCSIM_MAX_INPUT_BYTES``
     or 2 GiB. Readers hold the file in memory (a few times its size while parsing), so a
     larger one — or a small ``.gz`` that expands to gigabytes — is refused up front."""
-    text = os.environ.get(MAX_INPUT_ENV, "")
-    return int(text) if text.isdigit() and int(text) > 0 else DEFAULT_MAX_INPUT_BYTES
+    text = os.environ.get(MAX_INPUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_INPUT_BYTES
+    if not is_whole_number(text) or int(text) == 0:
+        raise UserInputError(f"{MAX_INPUT_ENV}: expected a whole number of bytes > 0 in ASCII "
+                             f"digits, got {text[:40]!r}")
+    return int(text)
 
 
 def too_large(limit: int, source: str, what: str) -> TraceError:

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from allocsim.ascii_numbers import is_whole_number
 from allocsim.traces.formats.native import file_metadata
 from allocsim.traces.formats.native_common import check_line_lengths
 from allocsim.traces.formats.registry import register_format
@@ -97,7 +98,7 @@ def _parse_time(text: str) -> int:
 def _seconds_ns(text: str) -> int:
     """Seconds, possibly fractional, as integer nanoseconds without float rounding."""
     whole, _, fraction = text.partition(".")
-    if not whole.isdigit() or (fraction and not fraction.isdigit()):
+    if not is_whole_number(whole) or (fraction and not is_whole_number(fraction)):
         raise ValueError(text)
     return int(whole) * 10**9 + int((fraction + "000000000")[:9])
 
@@ -240,7 +241,7 @@ class _Rows:
 
 
 def _int(text: str, field: str) -> int:
-    if not text.isdigit():
+    if not is_whole_number(text):
         raise ValueError(f"{field} {text!r} is not a non-negative integer")
     return _fits(int(text), field)
 

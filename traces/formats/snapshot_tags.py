@@ -59,12 +59,17 @@ def _is_user(name: str, filename: str) -> bool:
     return not _STDLIB.search(filename)
 
 
+MAX_LINE = (1 << 31) - 1
+
+
 def frame_parts(frame: Any) -> tuple[str, int, str] | None:
     if not isinstance(frame, dict):
         return None
     filename, line, name = frame.get("filename", ""), frame.get("line", 0), frame.get("name", "")
+    # A line number is a C int in CPython: anything else (a 5,000-digit one, which str() cannot
+    # even print) is no line, as a non-integer one is.
     return (filename if isinstance(filename, str) else str(filename),
-            line if is_int(line) else 0,
+            int(line) if is_int(line) and 0 <= line <= MAX_LINE else 0,
             name if isinstance(name, str) else str(name))
 
 

@@ -38,7 +38,9 @@ PICKLE_PROTOCOL = 4  # MemoryViz.js's unpickler reads protocols 2 to 4 only
 _EXPORT_BASE = 1 << 32  # where the bump-pointer layout of an export starts
 
 
-_CALL_SITE = re.compile(r"^(.*?):(-?\d+):(.*)$")
+# A line number is ASCII digits that fit a frame's int64 (a tag "f.py:<5,000 digits>:g" is
+# text, not a call site).
+_CALL_SITE = re.compile(r"^(.*?):(-?[0-9]{1,18}):(.*)$")
 
 
 def _frame_of(text: str) -> dict[str, Any]:

@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from allocsim.ascii_numbers import is_whole_number
 from allocsim.traces.formats.native import file_metadata
 from allocsim.traces.formats.registry import register_format
 from allocsim.traces.model import (
@@ -234,10 +235,10 @@ def parse_device_index(device_index: object, source: str) -> str | None:
         return f"cuda:{device_index}"
     if isinstance(device_index, str):
         text = device_index.strip().lower()
-        if text.isdigit():
+        if is_whole_number(text):
             return f"cuda:{int(text)}"
         kind, _, number = text.partition(":")
-        if kind and (not number or number.isdigit()):
+        if kind and (not number or is_whole_number(number)):
             return f"{kind}:{int(number)}" if number else kind
     raise TraceError(f"device_index {device_index!r} is not 'cpu', 'cuda:N' or an integer",
                      source=source)
@@ -458,7 +459,7 @@ def _events_to_trace(memory: _Memory, rows: list[int], ts_ns: np.ndarray,
     if skipped:
         metadata["zero_byte_events_skipped"] = skipped
     kept = [row for row, k in zip(rows, keep.tolist()) if k]
-    tag, tags = intern_tags(_enclosing_ops(memory, kept, ts_ns[keep], events))
+    tag, tags = intern_tags(_enclosing_ops(memory, kept, ts_ns[keep], events, source))
     t0 = int(ts_ns[0]) if len(ts_ns) else 0
     metadata["start_ts_us"] = memory.ts[rows[0]] if rows else 0.0
     if len(pids) > 1:
@@ -469,12 +470,12 @@ def _events_to_trace(memory: _Memory, rows: list[int], ts_ns: np.ndarray,
 
 
 def _enclosing_ops(memory: _Memory, rows: list[int], ts_ns: np.ndarray,
-                   events: list[Any]) -> list[str | None]:
+                   events: list[Any], source: str) -> list[str | None]:
     """For each memory event (in time order), the name of the innermost op containing it."""
     by_thread: dict[tuple[Any, Any], list[int]] = {}
     for k, row in enumerate(rows):
         by_thread.setdefault(memory.thread[row], []).append(k)
-    ops = _ops_by_thread(events, set(by_thread))
+    ops = _ops_by_thread(events, set(by_thread), source)
     names: list[str | None] = [None] * len(rows)
     times = ts_ns.tolist()
     for thread, positions in by_thread.items():
@@ -496,11 +497,13 @@ def _enclosing_ops(memory: _Memory, rows: list[int], ts_ns: np.ndarray,
     return names
 
 
-def _ops_by_thread(events: list[Any], threads: set[tuple[Any, Any]]
+def _ops_by_thread(events: list[Any], threads: set[tuple[Any, Any]], source: str
                    ) -> dict[tuple[Any, Any], list[tuple[int, int, str]]]:
-    """``(start ns, end ns, name)`` of the complete CPU-op events on each of ``threads``."""
+    """``(start ns, end ns, name)`` of the complete CPU-op events on each of ``threads``.
+    An op whose ts or dur is not a number only costs a tag; one that is NaN or infinite
+    (which JSON cannot even spell) is refused, naming the event: no time would be right."""
     ops: dict[tuple[Any, Any], list[tuple[int, int, str]]] = {}
-    for event in events:
+    for i, event in enumerate(events):
         if not isinstance(event, dict) or event.get("ph") != "X":
             continue
         if event.get("cat") in _NOT_OPS:
@@ -509,9 +512,12 @@ def _ops_by_thread(events: list[Any], threads: set[tuple[Any, Any]]
         if thread not in threads:
             continue
         ts, dur, op_name = event.get("ts"), event.get("dur", 0), event.get("name")
-        if (not isinstance(ts, (int, float)) or not isinstance(dur, (int, float))
-                or not math.isfinite(ts) or not math.isfinite(dur)):
-            continue  # a malformed op (a NaN or infinite ts/dur too) only costs a tag
+        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+            continue  # a malformed op only costs a tag
+        for key, value in (("ts", ts), ("dur", dur)):
+            if not math.isfinite(value):
+                raise TraceError(f"op {str(op_name)[:80]!r}: {key} {value!r} is not a finite "
+                                 "number of microseconds", source=source, event=i)
         ops.setdefault(thread, []).append(
             (round(ts * 1000), round((ts + dur) * 1000), str(op_name)))
     return ops

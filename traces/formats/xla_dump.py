@@ -74,6 +74,7 @@ from typing import Any
 
 import numpy as np
 
+from allocsim.ascii_numbers import is_whole_number
 from allocsim.traces.formats.native_common import file_metadata
 from allocsim.traces.formats.registry import register_folder_format, register_format
 from allocsim.traces.formats.xla_dump_buffers import (
@@ -106,7 +107,7 @@ _KINDS = ("live-range", "buffer-assignment", "buffer-assignment-values", "memory
 # (the CUDA compute capability first) on XLA:GPU: the capability's dot is part of the stage.
 _FILE = re.compile(r"^module_(\d+)\.(.+?)\.((?:sm_\d+\.\d+a?_)?[a-z0-9_]*after_optimizations)-"
                    r"(live-range|buffer-assignment|buffer-assignment-values|"
-                   r"memory-usage-report)\.txt$")
+                   r"memory-usage-report)\.txt$", re.A)
 _EXTENSIONS = tuple(f"-{kind}.txt" for kind in _KINDS)
 _ALIGNMENT = {"cpu": 64, "gpu": 256}
 VIEWS = ("runtime", "buffers")
@@ -254,7 +255,7 @@ def _choose(modules: list[ModuleFiles], wanted: str | None, source: str) -> Modu
     bare = text.removeprefix("module_")
     matches = [m for m in modules
                if text in (m.key, m.name, m.name.removeprefix("jit_"))
-               or (bare.isdigit() and int(bare) == int(m.number))]
+               or (is_whole_number(bare) and int(bare) == int(m.number))]
     if not matches:
         raise TraceError(f"no module {text!r} in the dump (modules: {known})", source=source)
     if len(matches) > 1:
@@ -331,7 +332,7 @@ def _steps_option(steps: object, source: str) -> int:
     if steps is None:
         return 1
     text = str(steps).strip()
-    if not text.isdigit() or not 1 <= int(text) <= MAX_STEPS:
+    if not is_whole_number(text) or not 1 <= int(text) <= MAX_STEPS:
         raise TraceError(f"steps must be a whole number of executions from 1 to {MAX_STEPS:,}; "
                          f"got {text!r}", source=source)
     return int(text)

@@ -44,23 +44,25 @@ from pathlib import Path
 
 import numpy as np
 
+from allocsim.ascii_numbers import is_whole_number
 from allocsim.traces.formats.limits import read_input
 from allocsim.traces.model import TraceError
 
 __all__ = ["Allocation", "Assignment", "LiveRanges", "allocation_headers", "parse_assignment",
            "parse_live_range", "parse_op_names", "read_text", "total_bytes"]
 
-_LIVE_HEADER = re.compile(r"\AHloLiveRange \(max (\d+)\):\n  InstructionSequence:\n")
-_SEQUENCE_LINE = re.compile(r"^    (\d+):(\S+)$", re.M)
-_RANGE_LINE = re.compile(r"^    (\S+):(\d+)-(\d+)$", re.M)
+# ``\d`` with re.A: ASCII digits, as XLA writes them (a Unicode digit is no number there).
+_LIVE_HEADER = re.compile(r"\AHloLiveRange \(max (\d+)\):\n  InstructionSequence:\n", re.A)
+_SEQUENCE_LINE = re.compile(r"^    (\d+):(\S+)$", re.M | re.A)
+_RANGE_LINE = re.compile(r"^    (\S+):(\d+)-(\d+)$", re.M | re.A)
 _PEAK_MARK = "\n  Live ranges at "
-_ALLOC_LINE = re.compile(r"^allocation (\d+): size (\d+)(.*):$", re.M)
+_ALLOC_LINE = re.compile(r"^allocation (\d+): size (\d+)(.*):$", re.M | re.A)
 _VALUE_LINE = re.compile(
-    r"^ value: <(\d+) (\S+?)( \(phi\))?(?: @(\d+))?> \(size=(\d+),offset=(\d+)\): .*$", re.M)
+    r"^ value: <(\d+) (\S+?)( \(phi\))?(?: @(\d+))?> \(size=(\d+),offset=(\d+)\): .*$", re.M | re.A)
 _SHAPE_TEXT = re.compile(r"\|[^|]*\|")
 _FROM_LINE = re.compile(r'^ from instruction: %(\S+) = [^\n]*?op_name="((?:[^"\\\n]|\\.)*)"',
                         re.M)
-_TOTAL_LINE = re.compile(r"^Total bytes(?: used)?: (\d+)", re.M)
+_TOTAL_LINE = re.compile(r"^Total bytes(?: used)?: (\d+)", re.M | re.A)
 
 
 def read_text(path: Path) -> str:
@@ -184,7 +186,7 @@ def _allocation(match: re.Match[str]) -> Allocation:
     parts = [p.strip() for p in rest.split(",") if p.strip()]
     kinds = [p for p in parts if not p.startswith("shape")]
     parameter = next((int(p.split()[1]) for p in parts
-                      if p.startswith("parameter ") and p.split()[1].isdigit()), None)
+                      if p.startswith("parameter ") and is_whole_number(p.split()[1])), None)
     kind = ", ".join(k.replace("output shape is", "output").strip() for k in kinds) or "temp"
     return Allocation(int(match.group(1)), int(match.group(2)), kind, parameter,
                       "maybe-live-out" in parts, "constant" in parts, "thread-local" in parts)

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from allocsim.ascii_numbers import is_whole_number
 from allocsim.errors import UserInputError
 
 __all__ = ["TARGETS_DIR", "TargetConfig", "target_config", "target_names"]
@@ -48,7 +49,7 @@ def target_names() -> list[str]:
 
 def _integer(text: str, name: str, source: str) -> int:
     m = _FIELD[name].search(text)
-    if m is None or not m.group(1).isdigit() or int(m.group(1)) < 1:
+    if m is None or not is_whole_number(m.group(1)) or int(m.group(1)) < 1:
         raise UserInputError(f"{source}: damaged GPU target config: no positive {name} in "
                              "gpu_device_info")
     return int(m.group(1))

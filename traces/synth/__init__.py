@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from allocsim.ascii_numbers import decimal_number
 from allocsim.errors import UserInputError
 from allocsim.traces.model import Trace
 from allocsim.traces.synth import kvcache as _kvcache
@@ -192,7 +193,7 @@ def _convert(info: GeneratorInfo, name: str, text: str) -> Any:
         if kind is int:
             return _parse_size(text) if info.is_size(name) else _parse_int(text)
         if kind is float:
-            return float(text.replace("_", ""))
+            return decimal_number(text.replace("_", ""))
         if kind is bool:
             return _parse_bool(text)
         return kind(text)
@@ -224,6 +225,8 @@ def _parse_size(text: str) -> int:
 
 def _parse_int(text: str) -> int:
     """An integer, allowing underscores and exact scientific notation ("1e6")."""
+    if not text.isascii():   # int() takes "١٢٨" (allocsim/ascii_numbers.py)
+        raise UserInputError(f"not an integer in ASCII digits: {text!r}")
     cleaned = text.replace("_", "")
     try:
         return int(cleaned)
