@@ -33,6 +33,7 @@ from typing import NoReturn
 from allocsim import __version__
 from allocsim.errors import UserInputError
 from allocsim.interrupts import ending_on_signals, exit_status, signal_name
+from allocsim.printable import printable
 from allocsim.sim.cli import (
     baseline,
     calibrate,
@@ -60,7 +61,7 @@ class OneLineParser(argparse.ArgumentParser):
     are made of the same class (``add_subparsers`` uses the parent's)."""
 
     def error(self, message: str) -> NoReturn:
-        first = message.splitlines()[0] if message else "bad arguments"
+        first = printable(message.splitlines()[0]) if message else "bad arguments"
         self.exit(2, f"allocsim: error: {first} (see: {self.prog} --help)\n")
 
 
@@ -123,10 +124,11 @@ def _run_command(argv: Sequence[str] | None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except UserInputError as err:  # a mistake in what the user gave; anything else is a bug
-        print(f"allocsim: error: {err}", file=sys.stderr)
+        print(f"allocsim: error: {printable(err)}", file=sys.stderr)
     except OSError as err:
         where = f"{err.filename}: " if err.filename else ""
-        print(f"allocsim: error: {where}{err.strerror or err}", file=sys.stderr)
+        print(f"allocsim: error: {printable(where)}{printable(err.strerror or err)}",
+              file=sys.stderr)
     except KeyboardInterrupt as interrupt:    # Ctrl-C, or SIGTERM (allocsim.interrupts)
         return _interrupted(interrupt, args)
     return 2
