@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from allocsim.errors import UserInputError
+from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     add_device_options,
     add_output_option,
@@ -41,5 +42,5 @@ def run(args: argparse.Namespace) -> int:
     device = device_from_args(args)
     trace = load_trace(args.trace, args)
     path = export_snapshot(trace, args.policy, device, args.output)
-    print(f"wrote {path}: open it at https://pytorch.org/memory_viz (drag and drop)")
+    print(f"wrote {printable(path)}: open it at https://pytorch.org/memory_viz (drag and drop)")
     return 0

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from allocsim.errors import UserInputError
 from allocsim.policies import format_size
+from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     UserError,
     add_output_option,
@@ -83,7 +84,7 @@ def run_gen(args: argparse.Namespace) -> int:
         if isinstance(made, synth.SynthPlan) and made.n_events > synth.STREAM_ABOVE_EVENTS:
             ensure_parent(args.output)
             facts = synth.save_streamed(made, args.output)
-            print(f"wrote {args.output}: {facts.events:,} events, peak live "
+            print(f"wrote {printable(args.output)}: {facts.events:,} events, peak live "
                   f"{format_size(facts.peak_live)} (streamed)")
             _note_input_limit(args.output)
             return 0
@@ -91,7 +92,7 @@ def run_gen(args: argparse.Namespace) -> int:
     ensure_parent(args.output)
     formats.save(trace, args.output)
     peak, _ = trace.peak_live()
-    print(f"wrote {args.output}: {len(trace):,} events, peak live {format_size(peak)}")
+    print(f"wrote {printable(args.output)}: {len(trace):,} events, peak live {format_size(peak)}")
     _note_input_limit(args.output)
     return 0
 
@@ -100,7 +101,8 @@ def _note_input_limit(path: str) -> None:
     """A file past the input limit cannot be read back without lifting it: say how."""
     size = Path(path).stat().st_size
     if size > max_input_bytes():
-        print(f"note: {path} holds {format_size(size)}, past the input limit; read it with "
+        print(f"note: {printable(path)} holds {format_size(size)}, past the input limit; "
+              "read it with "
               f"{MAX_INPUT_ENV}={size} set")
 
 
@@ -109,7 +111,8 @@ def _list_modules(args: argparse.Namespace, several: SeveralModules) -> int:
     lines = several.listing
     if args.json:  # info's JSON describes one trace (info.schema.json): the error lists them
         raise several
-    print(f"{args.trace}: an XLA dump of {len(lines)} modules; choose one with --module NAME")
+    print(f"{printable(args.trace)}: an XLA dump of {len(lines)} modules; choose one with "
+          "--module NAME")
     for line in lines:
         print(f"  holds       {line}")
     return 0
@@ -126,7 +129,7 @@ def run_info(args: argparse.Namespace) -> int:
     if args.json:
         print_json(facts)
         return 0
-    print(f"{args.trace}: {trace.name} ({facts['source']})")
+    print(f"{printable(args.trace)}: {printable(trace.name)} ({printable(facts['source'])})")
     print(f"  events      {facts['events']:,} ({facts['allocs']:,} allocs, "
           f"{facts['frees']:,} frees)")
     print(f"  duration    {facts['duration_s']:.6g} s")
@@ -206,5 +209,5 @@ def run_convert(args: argparse.Namespace) -> int:
     trace = load_trace(args.input, args)
     ensure_parent(args.output)
     formats.save(trace, args.output)
-    print(f"wrote {args.output}: {len(trace):,} events")
+    print(f"wrote {printable(args.output)}: {len(trace):,} events")
     return 0
