@@ -88,6 +88,11 @@ class OutputClaim:
     path: Path
     found: FileIdentity | None
     keep_refused: bool = False
+    given: str = ""             # the path as the user gave it: what messages name
+
+    @property
+    def shown(self) -> str:
+        return self.given or os.fspath(self.path)
 
     def __fspath__(self) -> str:
         return os.fspath(self.path)
@@ -101,7 +106,7 @@ def claim_output(path: str | os.PathLike[str], *, keep_refused: bool = False) ->
     if isinstance(path, OutputClaim):
         return path
     absolute = Path(path).absolute()
-    return OutputClaim(absolute, _identity(absolute), keep_refused)
+    return OutputClaim(absolute, _identity(absolute), keep_refused, os.fspath(path))
 
 
 class OutputChanged(UserInputError):
@@ -256,9 +261,10 @@ def _kept_beside(temp: Path, target: Path) -> Path | None:
 def _refuse_replacing(temp: Path, claim: OutputClaim) -> OutputChanged:
     from allocsim.printable import printable
     kept = _kept_beside(temp, claim.path) if claim.keep_refused else None
-    outcome = f"the new output was written to {printable(kept)} instead" if kept is not None \
-        else "nothing was written"
-    return OutputChanged(f"{printable(claim.path)}: another program wrote this file after "
+    outcome = "nothing was written" if kept is None else \
+        f"the new output was written to {printable(Path(claim.shown).with_name(kept.name))} " \
+        "instead"
+    return OutputChanged(f"{printable(claim.shown)}: another program wrote this file after "
                          f"allocsim checked it; it is left as it is and {outcome}")
 
 
@@ -294,7 +300,7 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
         remove_stale_temporaries(target)
         fd, temp = _open_temporary(target)
     except OSError as err:
-        raise _naming(err, target) from None
+        raise _naming(err, claim.shown) from None
     try:
         with os.fdopen(fd, "wb") as stream:
             yield stream
@@ -304,18 +310,18 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
             _put_in_place(temp, claim)
     except OSError as err:
         _remove(temp)
-        raise _naming(err, target) from None
+        raise _naming(err, claim.shown) from None
     except BaseException:
         _remove(temp)
         raise
     _fsync_folder(target.parent)
 
 
-def _naming(err: OSError, target: Path) -> OSError:
+def _naming(err: OSError, target: str) -> OSError:
     """The same error, naming the file the user asked for (not the temporary one)."""
     if err.errno is None:
         return OSError(f"{target}: {err}")
-    named = OSError(err.errno, err.strerror or os.strerror(err.errno), os.fspath(target))
+    named = OSError(err.errno, err.strerror or os.strerror(err.errno), target)
     return named
 
 

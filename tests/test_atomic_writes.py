@@ -245,3 +245,33 @@ def test_a_write_error_names_the_file_on_the_command_line(tmp_path: Path, capsys
     assert main(["export-snapshot", str(source), "-o", str(target)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"allocsim: error: {target}: No such file or directory"]
+
+
+def _limited(nbytes: int) -> Callable[[], None]:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.RLIM_INFINITY))
+    return limit
+
+
+@pytest.mark.skipif(not LINUX, reason="RLIMIT_FSIZE as on Linux")
+def test_a_sweeps_results_file_past_the_size_limit_is_named(tmp_path: Path) -> None:
+    """Issue 36.15: "allocsim: error: File too large", naming nothing."""
+    (tmp_path / "grid.toml").write_text(
+        '[grid]\ntraces = ["synth:random?events=300&seed=[1..3]"]\npolicies = ["bfc"]\n')
+    done = subprocess.run([sys.executable, "-m", "allocsim", "sweep", "grid.toml", "--output",
+                           "out.jsonl", "--workers", "1", "--no-progress"], cwd=tmp_path,
+                          capture_output=True, text=True, preexec_fn=_limited(1024))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["allocsim: error: out.jsonl: File too large"]
+
+
+@pytest.mark.skipif(not LINUX, reason="RLIMIT_FSIZE and /proc as on Linux")
+def test_standard_output_past_the_size_limit_is_named(tmp_path: Path) -> None:
+    target = tmp_path / "out.json"
+    with target.open("w") as stdout:
+        done = subprocess.run([sys.executable, "-m", "allocsim", "compare", "--json"],
+                              stdout=stdout, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=_limited(1024))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"allocsim: error: standard output ({target}): File too large"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from allocsim.errors import UserInputError
 from allocsim.printable import printable
@@ -13,7 +14,7 @@ from allocsim.sim.cli.common import (
     device_from_args,
     load_trace,
 )
-from allocsim.sim.output.export import export_snapshot
+from allocsim.sim.output.export import simulate_snapshot, write_snapshot
 from allocsim.sim.output.ownership import is_allocsim_trace, refuse_unless_ours
 
 
@@ -41,6 +42,15 @@ def run(args: argparse.Namespace) -> int:
     refuse_unless_ours(args.output, "a snapshot", is_allocsim_trace)
     device = device_from_args(args)
     trace = load_trace(args.trace, args)
-    path = export_snapshot(trace, args.policy, device, args.output)
+    replay = simulate_snapshot(trace, args.policy, device)
+    note = replay.failure_note(f"{printable(args.trace)}: the run under {args.policy} on "
+                               f"{device.name}")
+    if replay.shown_events == 0 and note is not None:
+        raise UserInputError(f"{note}: every allocation fails, so there is nothing to export "
+                             "(give a larger --capacity)")
+    path = write_snapshot(replay, args.output)
+    if note is not None:
+        print(f"allocsim: note: {note}; the snapshot shows each failed request as an oom "
+              "entry and leaves its buffer out", file=sys.stderr)
     print(f"wrote {printable(path)}: open it at https://pytorch.org/memory_viz (drag and drop)")
     return 0

@@ -155,8 +155,11 @@ class ResultsFile:
             records, good = _parse_lines(raw)
             if good < len(raw):
                 # A crash left half a line: cut it so the next line starts on its own.
-                os.ftruncate(self.fd, good)
-                os.fsync(self.fd)
+                try:
+                    os.ftruncate(self.fd, good)
+                    os.fsync(self.fd)
+                except OSError as err:
+                    raise OSError(err.errno, err.strerror, os.fspath(self.path)) from None
             self.truncated = len(raw) - good
             self.previous = latest_records(records)
         except BaseException:
@@ -216,10 +219,13 @@ class ResultsFile:
         # and at worst leaves half of it, which the next start cuts off.
         data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         view = memoryview(data)
-        while view:
-            written = os.write(self.fd, view)
-            view = view[written:]
-        os.fsync(self.fd)
+        try:
+            while view:
+                written = os.write(self.fd, view)
+                view = view[written:]
+            os.fsync(self.fd)
+        except OSError as err:  # a full disk, ``ulimit -f``: the error names the file
+            raise OSError(err.errno, err.strerror, os.fspath(self.path)) from None
 
     def close(self) -> None:
         os.close(self.fd)  # closing releases the flock
