@@ -148,3 +148,27 @@ def test_a_forked_child_writes_no_trace(tmp_path) -> None:
         "wrote r.npz: 2 events, peak live 11.72KiB on a100-80g"], "one process writes, once"
     trace = load(tmp_path / "r.npz")
     assert sorted(trace.size[trace.size > 0].tolist()) == [4000, 8000]
+
+
+def test_compare_keeps_a_file_written_in_its_folder_while_it_draws(tmp_path, monkeypatch,
+                                                                   capsys) -> None:
+    """``compare -o DIR`` checks its folder first, then replays and draws: a report.html that
+    appears meanwhile is another program's, and is kept."""
+    from allocsim.sim.cli.main import main
+    from allocsim.sim.output import results_dir
+    source, out = tmp_path / "t.npz", tmp_path / "out"
+    assert main(["gen", "random", "events=100", "-o", str(source)]) == 0
+    draw = results_dir.png_bytes
+
+    def drawing_while_someone_writes(fig):
+        out.mkdir(exist_ok=True)
+        (out / "report.html").write_text("my own page")
+        return draw(fig)
+
+    monkeypatch.setattr(results_dir, "png_bytes", drawing_while_someone_writes)
+    capsys.readouterr()
+    assert main(["compare", str(source), "--policies", "on-demand", "-o", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"allocsim: error: {out}/report.html: another program wrote this file after allocsim "
+        "checked it; it is left as it is and nothing was written"]
+    assert (out / "report.html").read_text() == "my own page"

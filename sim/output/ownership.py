@@ -173,35 +173,38 @@ MARKDOWN_MARK = "<!-- written by allocsim -->"
 REPORT_MARK = "<p class=meta>made by allocsim"
 
 
-def claim_unless_foreign(path: str | Path, what: str, is_ours: Callable[[Path], bool], *,
+def claim_unless_foreign(path: str | os.PathLike[str], what: str,
+                         is_ours: Callable[[Path], bool], *,
                          keep_refused: bool = False) -> OutputClaim:
     """:func:`refuse_unless_ours`, then the output claimed as it was checked
     (:func:`~allocsim.atomic_files.claim_output`): an absolute path, and the file found there,
     which is all a later write may replace. A file rewritten while it was being checked is
     refused too."""
     claim = claim_output(path, keep_refused=keep_refused)
-    refuse_unless_ours(claim.path, what, is_ours)
+    refuse_unless_ours(claim, what, is_ours)
     if claim_output(claim.path).found != claim.found:
         raise UserInputError(f"{printable(path)}: changed while allocsim checked it; refusing "
                              "to overwrite it (another program is writing it?)")
     return claim
 
 
-def refuse_unless_ours(path: str | Path, what: str, is_ours: Callable[[Path], bool]) -> None:
+def refuse_unless_ours(path: str | os.PathLike[str], what: str,
+                       is_ours: Callable[[Path], bool]) -> None:
     """Raise a one-line :class:`UserInputError` when ``path`` exists and is not an allocsim
     ``what`` (as ``is_ours`` recognises it); return quietly when it is missing or ours."""
     target = Path(path)
+    shown = printable(path.shown if isinstance(path, OutputClaim) else target)
     if not target.exists() and not target.is_symlink():
         return
     if not target.is_file():
-        raise UserInputError(f"{printable(target)}: exists and is not a file; refusing to write "
+        raise UserInputError(f"{shown}: exists and is not a file; refusing to write "
                              f"{what} there")
     try:
         ours = is_ours(target)
     except UNREADABLE:
         ours = False
     if not ours:
-        raise UserInputError(f"{printable(target)}: exists and is not {what} allocsim wrote; "
+        raise UserInputError(f"{shown}: exists and is not {what} allocsim wrote; "
                              "refusing to overwrite it (choose another output path, or move "
                              "the file)")
 
@@ -288,16 +291,18 @@ _BY_SUFFIX: dict[str, tuple[str, Callable[[Path], bool]]] = {
 }
 
 
-def guard(path: str | Path, json_kind: str | None = None) -> None:
+def guard(path: str | os.PathLike[str], json_kind: str | None = None) -> OutputClaim:
     """Refuse to replace ``path`` unless allocsim wrote it: a JSON document of ``json_kind``
     (a key of :data:`JSON_KINDS`) when that is given, else by the path's suffix (``.png``,
-    ``.md``, ``.html``); a suffix with no recogniser here is the caller's to check."""
+    ``.md``, ``.html``); a suffix with no recogniser here is the caller's to check. Returns
+    the output claimed as checked: written through it (``write_bytes(claim, ...)``), the file
+    is replaced only if nobody wrote it since."""
     if json_kind is not None:
         kind = JSON_KINDS[json_kind]
-        refuse_unless_ours(path, kind.what, lambda p: is_allocsim_json(p, json_kind))
-        return
+        return claim_unless_foreign(path, kind.what, lambda p: is_allocsim_json(p, json_kind))
     if Path(path).suffix.lower() == ".json":
         raise TypeError(f"guard({path}): a JSON output is checked against its kind (json_kind)")
     recogniser = _BY_SUFFIX.get(Path(path).suffix.lower())
     if recogniser is not None:
-        refuse_unless_ours(path, *recogniser)
+        return claim_unless_foreign(path, *recogniser)
+    return claim_output(path)
