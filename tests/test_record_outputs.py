@@ -172,3 +172,15 @@ def test_compare_keeps_a_file_written_in_its_folder_while_it_draws(tmp_path, mon
         f"allocsim: error: {out}/report.html: another program wrote this file after allocsim "
         "checked it; it is left as it is and nothing was written"]
     assert (out / "report.html").read_text() == "my own page"
+
+
+@pytest.mark.skipif(not LINUX, reason="os._exit as on Linux")
+def test_os_exit_after_writing_the_output_itself_is_one_line_and_keeps_both(tmp_path) -> None:
+    needs("torch")
+    done = record(tmp_path, "torch", "import os\nopen('r.npz', 'w').write('mine')\nos._exit(3)\n")
+    assert done.returncode == 3
+    assert ours(done.stderr) == [
+        "allocsim: error: r.npz: another program wrote this file after allocsim checked it; it "
+        "is left as it is and the new output was written to r.allocsim.npz instead"]
+    assert (tmp_path / "r.npz").read_text() == "mine"
+    assert load(tmp_path / "r.allocsim.npz").metadata["partial"] == "os._exit(3)"
