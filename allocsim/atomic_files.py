@@ -83,7 +83,8 @@ class OutputClaim:
     """An output path resolved once, before anything runs: ``path`` absolute, ``found`` the
     identity of what was there then (None: nothing), ``keep_refused`` whether a new output
     that may not replace the file is kept beside it (a recording, which cannot simply be made
-    again) or dropped. Usable wherever a path is (``os.fspath``)."""
+    again) or dropped. Usable wherever a path is (``os.fspath``). A claim is for one write:
+    once written, the path holds a file that was not there when it was claimed."""
 
     path: Path
     found: FileIdentity | None
@@ -111,6 +112,8 @@ def claim_output(path: str | os.PathLike[str], *, keep_refused: bool = False) ->
 
 class OutputChanged(UserInputError):
     """The output's path no longer holds what was claimed: it is left as it is."""
+
+
 # The part of the target's name kept in the temporary file's name: room for the dot, the token
 # and the suffix within a file system's 255-byte names.
 _NAME_KEPT = 255 - len(".") - len(".") - _TOKEN_HEX - len(TEMP_SUFFIX) - 16
@@ -124,7 +127,8 @@ def _kept_name(path: Path) -> str:
 
 
 def temporary_pattern(path: str | os.PathLike[str]) -> re.Pattern[str]:
-    """The names of the temporary files a write of ``path`` makes (``.NAME.XXXXXXXX.tmp``)."""
+    """The names of the temporary files a write of ``path`` makes (``.NAME.TOKEN.tmp``, the
+    token 16 hex digits)."""
     return re.compile(rf"\.{re.escape(_kept_name(Path(path)))}\.[0-9a-f]{{{_TOKEN_HEX}}}"
                       rf"{re.escape(TEMP_SUFFIX)}")
 
@@ -132,9 +136,10 @@ def temporary_pattern(path: str | os.PathLike[str]) -> re.Pattern[str]:
 def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
     """Remove the temporary files that killed writers of ``path`` left beside it; return them.
 
-    A temporary file whose writer still runs is locked and is kept. Only plain files named as
-    allocsim names its temporary files are considered; a symbolic link or a folder of that
-    name is left alone."""
+    A temporary file whose writer still runs is locked and is kept. Only plain files whose
+    token proves allocsim made them are removed (the keyed hash of their own device and inode:
+    see the module's docstring); a user's file that merely has such a name, a copy of one, a
+    symbolic link or a folder is left alone."""
     if fcntl is None:  # pragma: no cover - Windows: no way to tell a live writer's file
         return []
     target = Path(path)

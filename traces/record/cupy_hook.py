@@ -124,7 +124,7 @@ class TraceRecorderHook(SavedOnce, _MemoryHook):  # type: ignore[misc, valid-typ
                  log: str | os.PathLike[str] | None = None, device_index: object = None,
                  call_sites: bool = True, stream: Callable[[], int] | None = None,
                  metadata: dict[str, Any] | None = None) -> None:
-        self.claim_output(output)  # now: before the program runs (it may change folder)
+        self.claim(output)  # now: before the program runs (it may change folder)
         self.log = claimed(log)
         self.device_index = device_index
         self.call_sites = call_sites

@@ -85,7 +85,7 @@ def finished(trace: Trace) -> Trace:
 class SavedOnce:
     """A recorder's ``close()``: the trace built and ``output`` written once.
 
-    The recorder calls :meth:`claim_output` with its output (a path, or None to keep the
+    The recorder calls :meth:`claim` with its output (a path, or None to keep the
     trace in memory only), sets ``trace = None`` and ``_closed = False`` and implements
     :meth:`build_trace`; :meth:`save_more` writes anything else it keeps (CuPy's raw hook log).
     Only the process that made the recorder writes.
@@ -97,7 +97,7 @@ class SavedOnce:
     _closed: bool
     _recording_pid: int
 
-    def claim_output(self, output: str | os.PathLike[str] | None) -> None:
+    def claim(self, output: str | os.PathLike[str] | None) -> None:
         """Claim ``output`` now (:func:`claimed`); ``output`` is then its absolute path."""
         self.output_claim = claimed(output)
         self.output = None if self.output_claim is None else os.fspath(self.output_claim)
