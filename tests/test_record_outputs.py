@@ -184,3 +184,24 @@ def test_os_exit_after_writing_the_output_itself_is_one_line_and_keeps_both(tmp_
         "is left as it is and the new output was written to r.allocsim.npz instead"]
     assert (tmp_path / "r.npz").read_text() == "mine"
     assert load(tmp_path / "r.allocsim.npz").metadata["partial"] == "os._exit(3)"
+
+
+def test_convert_keeps_a_file_written_at_its_output_while_it_reads(tmp_path, monkeypatch,
+                                                                  capsys) -> None:
+    from allocsim.sim.cli import trace_files
+    from allocsim.sim.cli.main import main
+    source, target = tmp_path / "t.npz", tmp_path / "t.csv"
+    assert main(["gen", "random", "events=100", "-o", str(source)]) == 0
+    read = trace_files.load_trace
+
+    def reading_while_someone_writes(*args, **kwargs):
+        target.write_text("my own table")
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(trace_files, "load_trace", reading_while_someone_writes)
+    capsys.readouterr()
+    assert main(["convert", str(source), str(target)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"allocsim: error: {target}: another program wrote this file after allocsim checked "
+        "it; it is left as it is and nothing was written"]
+    assert target.read_text() == "my own table"

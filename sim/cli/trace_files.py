@@ -16,7 +16,7 @@ from allocsim.sim.cli.common import (
     load_trace,
     print_json,
 )
-from allocsim.sim.output.ownership import is_allocsim_trace, refuse_unless_ours
+from allocsim.sim.output.ownership import claim_unless_foreign, is_allocsim_trace
 from allocsim.sim.output.tables import format_table
 from allocsim.traces import formats, synth
 from allocsim.traces.formats.limits import MAX_INPUT_ENV, max_input_bytes
@@ -76,21 +76,22 @@ def run_gen(args: argparse.Namespace) -> int:
         raise UserInputError(f"gen {args.kind}: the seed is given twice (seed={seed} and "
                              f"--seed {args.seed}); give one")
     seed = seed if seed is not None else (args.seed if args.seed is not None else 0)
-    refuse_unless_ours(args.output, "a trace", is_allocsim_trace)
+    # checked and claimed before generating: a file written there meanwhile is not replaced
+    claim = claim_unless_foreign(args.output, "a trace", is_allocsim_trace)
     if not args.output.lower().endswith(".npz"):
         trace = synth.generate(args.kind, seed=seed, **params)
     else:  # an .npz of a streamable kind past STREAM_ABOVE_EVENTS is written block by block
         made = synth.plan(args.kind, seed=seed, **params)
         if isinstance(made, synth.SynthPlan) and made.n_events > synth.STREAM_ABOVE_EVENTS:
             ensure_parent(args.output)
-            facts = synth.save_streamed(made, args.output)
+            facts = synth.save_streamed(made, claim)
             print(f"wrote {printable(args.output)}: {facts.events:,} events, peak live "
                   f"{format_size(facts.peak_live)} (streamed)")
             _note_input_limit(args.output)
             return 0
         trace = made.trace() if isinstance(made, synth.SynthPlan) else made
     ensure_parent(args.output)
-    formats.save(trace, args.output)
+    formats.save(trace, claim)
     peak, _ = trace.peak_live()
     print(f"wrote {printable(args.output)}: {len(trace):,} events, peak live {format_size(peak)}")
     _note_input_limit(args.output)
@@ -205,9 +206,9 @@ def run_convert(args: argparse.Namespace) -> int:
         raise UserError("convert: no output file: allocsim convert INPUT OUTPUT (or -o OUTPUT)")
     if Path(args.input).resolve() == Path(args.output).resolve():
         raise UserError(f"{args.output}: refusing to overwrite the input file")
-    refuse_unless_ours(args.output, "a trace", is_allocsim_trace)
+    claim = claim_unless_foreign(args.output, "a trace", is_allocsim_trace)
     trace = load_trace(args.input, args)
     ensure_parent(args.output)
-    formats.save(trace, args.output)
+    formats.save(trace, claim)
     print(f"wrote {printable(args.output)}: {len(trace):,} events")
     return 0

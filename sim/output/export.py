@@ -13,6 +13,7 @@ which the engine deliberately does not.
 
 from __future__ import annotations
 
+import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,7 +119,7 @@ def run_as_snapshot(trace: Trace, policy: str | PolicySpec, device: DeviceProfil
     return simulate_snapshot(trace, policy, device).snapshot
 
 
-def write_snapshot(run: SnapshotRun, path: str | Path) -> Path:
+def write_snapshot(run: SnapshotRun, path: str | os.PathLike[str]) -> Path:
     """Write ``run``'s snapshot to ``path``, atomically: a killed or failed export leaves the
     previous file whole."""
     with atomic_output(path) as stream:
