@@ -7,12 +7,24 @@ so the rename itself survives a power cut. Until the rename the previous file is
 a writer killed by SIGKILL, stopped by ``ulimit -f`` or by a full disk leaves the previous
 output exactly as it was — which is also why allocsim never finds its own output truncated.
 
+Never over a file allocsim did not write. An output is claimed before anything runs
+(:func:`claim_output`: its path made absolute, so a program that changes the working folder
+meanwhile cannot move it, and what was at that path then, by identity); at the moment of the
+rename the path must still hold what was claimed — nothing, or the very file that was checked,
+unchanged. A file that appeared there or was rewritten since (a recorded script writing its
+own ``-o`` path, another program) is left as it is: :class:`OutputChanged`, one line, saying
+whether the new output was kept beside it (``NAME.allocsim.EXT``) or not written at all. Where
+nothing was claimed the new file is linked into place (``link`` fails rather than replace).
+
 Temporary files of killed writers. A writer that is killed (SIGKILL, a power cut) cannot remove
-its temporary file. Each writer holds an exclusive ``flock`` on its temporary file for as long as
-it writes; the lock dies with the process. The next write of the same output removes every
-``.NAME.XXXXXXXX.tmp`` beside it whose lock it can take (a writer still running holds its lock,
-so its file is left alone); :func:`remove_stale_temporaries` is that sweep. Where ``fcntl`` is
-missing (Windows) nothing is removed.
+its temporary file. The next write of the same output removes the ones allocsim provably made:
+a temporary file's token is a keyed hash of its own device and inode number (it is created
+under a provisional name, then renamed to that token), so a user's file that merely matches
+``.NAME.XXXXXXXXXXXXXXXX.tmp`` is not one (its token would have to be the hash of its own
+inode). Each writer also holds an exclusive ``flock`` on its temporary file for as long as it
+writes; the lock dies with the process, so a writer still running keeps its file.
+:func:`remove_stale_temporaries` is that sweep. Where ``fcntl`` is missing (Windows) nothing is
+removed.
 
 An error while writing names the target: ``PATH: File too large``, not ``: File too large``
 (:class:`OSError` with ``filename`` set to the target, the temporary file removed).
@@ -23,24 +35,85 @@ output room's helpers (sim/output/files.py: JSON, text, figures) are built on it
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import re
 import secrets
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+from allocsim.errors import UserInputError
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["atomic_output", "remove_stale_temporaries", "temporary_pattern", "write_bytes",
-           "write_text"]
+__all__ = ["OutputChanged", "OutputClaim", "atomic_output", "claim_output",
+           "remove_stale_temporaries", "temporary_pattern", "write_bytes", "write_text"]
 
 TEMP_SUFFIX = ".tmp"
-_TOKEN_HEX = 8
+_TOKEN_HEX = 16
+_TOKEN_KEY = b"allocsim temporary file"
+_PROVISIONAL = ".new"       # a temporary file's name until it is renamed to its token
+KEPT_INFIX = "allocsim"     # a refused output kept beside the file: NAME.allocsim.EXT
+
+# What identifies the file at a path: device, inode, size, modification and change times (a
+# rewrite in place changes the last two, a replacement the inode).
+FileIdentity = tuple[int, int, int, int, int]
+
+
+def _identity(path: Path) -> FileIdentity | None:
+    """The identity of what ``path`` names (the link itself, for a symbolic link); None if
+    nothing."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+@dataclass(frozen=True)
+class OutputClaim:
+    """An output path resolved once, before anything runs: ``path`` absolute, ``found`` the
+    identity of what was there then (None: nothing), ``keep_refused`` whether a new output
+    that may not replace the file is kept beside it (a recording, which cannot simply be made
+    again) or dropped. Usable wherever a path is (``os.fspath``). A claim is for one write:
+    once written, the path holds a file that was not there when it was claimed."""
+
+    path: Path
+    found: FileIdentity | None
+    keep_refused: bool = False
+    given: str = ""             # the path as the user gave it: what messages name
+
+    @property
+    def shown(self) -> str:
+        return self.given or os.fspath(self.path)
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+    def __str__(self) -> str:
+        return os.fspath(self.path)
+
+
+def claim_output(path: str | os.PathLike[str], *, keep_refused: bool = False) -> OutputClaim:
+    """Claim ``path`` now (a claim given is returned as it is): see :class:`OutputClaim`."""
+    if isinstance(path, OutputClaim):
+        return path
+    absolute = Path(path).absolute()
+    return OutputClaim(absolute, _identity(absolute), keep_refused, os.fspath(path))
+
+
+class OutputChanged(UserInputError):
+    """The output's path no longer holds what was claimed: it is left as it is."""
+
+
 # The part of the target's name kept in the temporary file's name: room for the dot, the token
 # and the suffix within a file system's 255-byte names.
 _NAME_KEPT = 255 - len(".") - len(".") - _TOKEN_HEX - len(TEMP_SUFFIX) - 16
@@ -54,7 +127,8 @@ def _kept_name(path: Path) -> str:
 
 
 def temporary_pattern(path: str | os.PathLike[str]) -> re.Pattern[str]:
-    """The names of the temporary files a write of ``path`` makes (``.NAME.XXXXXXXX.tmp``)."""
+    """The names of the temporary files a write of ``path`` makes (``.NAME.TOKEN.tmp``, the
+    token 16 hex digits)."""
     return re.compile(rf"\.{re.escape(_kept_name(Path(path)))}\.[0-9a-f]{{{_TOKEN_HEX}}}"
                       rf"{re.escape(TEMP_SUFFIX)}")
 
@@ -62,9 +136,10 @@ def temporary_pattern(path: str | os.PathLike[str]) -> re.Pattern[str]:
 def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
     """Remove the temporary files that killed writers of ``path`` left beside it; return them.
 
-    A temporary file whose writer still runs is locked and is kept. Only plain files named as
-    allocsim names its temporary files are considered; a symbolic link or a folder of that
-    name is left alone."""
+    A temporary file whose writer still runs is locked and is kept. Only plain files whose
+    token proves allocsim made them are removed (the keyed hash of their own device and inode:
+    see the module's docstring); a user's file that merely has such a name, a copy of one, a
+    symbolic link or a folder is left alone."""
     if fcntl is None:  # pragma: no cover - Windows: no way to tell a live writer's file
         return []
     target = Path(path)
@@ -89,7 +164,7 @@ def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 continue        # its writer is alive
-            if _same_file(candidate, fd):
+            if _same_file(candidate, fd) and _made_here(name, fd):
                 os.unlink(candidate)
                 removed.append(candidate)
         except OSError:
@@ -100,8 +175,21 @@ def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
 
 
 def _is_plain_file(fd: int) -> bool:
-    import stat
     return stat.S_ISREG(os.fstat(fd).st_mode)
+
+
+def _token(fd: int) -> str:
+    """The token of the temporary file open as ``fd``: a keyed hash of its device and inode."""
+    held = os.fstat(fd)
+    digest = hashlib.blake2b(f"{held.st_dev}:{held.st_ino}".encode(), key=_TOKEN_KEY,
+                             digest_size=_TOKEN_HEX // 2)
+    return digest.hexdigest()
+
+
+def _made_here(name: str, fd: int) -> bool:
+    """Whether ``name`` (a temporary file's, open as ``fd``) carries the token of that file."""
+    stem = name[:-len(TEMP_SUFFIX)]
+    return stem.rsplit(".", 1)[-1] == _token(fd)
 
 
 def _same_file(path: Path, fd: int) -> bool:
@@ -115,23 +203,27 @@ def _same_file(path: Path, fd: int) -> bool:
 
 
 def _open_temporary(target: Path) -> tuple[int, Path]:
-    """Create and lock a new temporary file beside ``target``: ``(fd, path)``."""
+    """Create and lock a new temporary file beside ``target``: ``(fd, path)``. It is made
+    under a provisional name that no sweep removes, locked, then renamed to its token."""
+    name = _kept_name(target)
     while True:
-        temp = target.parent / f".{_kept_name(target)}.{secrets.token_hex(_TOKEN_HEX // 2)}" \
-                               f"{TEMP_SUFFIX}"
+        provisional = target.parent / f".{name}.{secrets.token_hex(_TOKEN_HEX // 2)}" \
+                                      f"{_PROVISIONAL}"
         # 0o666 lets the umask decide the permissions, as for a plain open().
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        if fcntl is None:  # pragma: no cover - Windows
-            return fd, temp
+        fd = os.open(provisional, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            locked = _same_file(temp, fd)
-        except OSError:
-            locked = False
-        if locked:
-            return fd, temp
-        # A sweep of stale files took it in the instant between creating and locking it.
-        os.close(fd)
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            temp = target.parent / f".{name}.{_token(fd)}{TEMP_SUFFIX}"
+            if os.path.lexists(temp):
+                raise FileExistsError(errno.EEXIST, "a temporary file of this name exists",
+                                      os.fspath(temp))
+            os.rename(provisional, temp)
+        except BaseException:
+            _remove(provisional)
+            os.close(fd)
+            raise
+        return fd, temp
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -154,39 +246,87 @@ def _remove(path: Path) -> None:
         pass
 
 
+def _kept_beside(temp: Path, target: Path) -> Path | None:
+    """Link ``temp`` to a free name beside ``target`` (``run.allocsim.npz``, then
+    ``run.allocsim-2.npz``, ...); the name it got, or None where none could be made."""
+    base, dot, rest = target.name.partition(".")
+    for number in range(1, 100):
+        infix = KEPT_INFIX if number == 1 else f"{KEPT_INFIX}-{number}"
+        kept = target.with_name(f"{base}.{infix}{dot}{rest}")
+        try:
+            os.link(temp, kept)
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+        return kept
+    return None
+
+
+def _refuse_replacing(temp: Path, claim: OutputClaim) -> OutputChanged:
+    from allocsim.printable import printable
+    kept = _kept_beside(temp, claim.path) if claim.keep_refused else None
+    outcome = "nothing was written" if kept is None else \
+        f"the new output was written to {printable(Path(claim.shown).with_name(kept.name))} " \
+        "instead"
+    return OutputChanged(f"{printable(claim.shown)}: another program wrote this file after "
+                         f"allocsim checked it; it is left as it is and {outcome}")
+
+
+def _put_in_place(temp: Path, claim: OutputClaim) -> None:
+    """Rename ``temp`` over the claimed path, which must still hold what was claimed."""
+    target = claim.path
+    if _identity(target) != claim.found:
+        raise _refuse_replacing(temp, claim)
+    if claim.found is not None:
+        os.replace(temp, target)
+        return
+    try:
+        os.link(temp, target)       # fails, rather than replaces, if a file appeared meanwhile
+    except FileExistsError:
+        raise _refuse_replacing(temp, claim) from None
+    except OSError:                 # a file system without hard links: the check above holds
+        os.replace(temp, target)
+        return
+    _remove(temp)
+
+
 @contextmanager
 def atomic_output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """A binary file object whose content replaces ``path`` when the ``with`` block ends
     normally. On any exception — KeyboardInterrupt and SIGTERM's Terminated included — the
     temporary file is removed and ``path`` is untouched; an :class:`OSError` comes out with
-    ``filename`` set to ``path``. The folder must exist."""
-    target = Path(path)
+    ``filename`` set to ``path``. The folder must exist. ``path`` is claimed now unless it is
+    an :class:`OutputClaim` already; a path that no longer holds what was claimed is left as
+    it is (:class:`OutputChanged`)."""
+    claim = claim_output(path)
+    target = claim.path
     try:
         remove_stale_temporaries(target)
         fd, temp = _open_temporary(target)
     except OSError as err:
-        raise _naming(err, target) from None
+        raise _naming(err, claim.shown) from None
     try:
         with os.fdopen(fd, "wb") as stream:
             yield stream
             stream.flush()
             os.fsync(stream.fileno())
             # Renamed while still open and locked: a sweep never sees it unlocked.
-            os.replace(temp, target)
+            _put_in_place(temp, claim)
     except OSError as err:
         _remove(temp)
-        raise _naming(err, target) from None
+        raise _naming(err, claim.shown) from None
     except BaseException:
         _remove(temp)
         raise
     _fsync_folder(target.parent)
 
 
-def _naming(err: OSError, target: Path) -> OSError:
+def _naming(err: OSError, target: str) -> OSError:
     """The same error, naming the file the user asked for (not the temporary one)."""
     if err.errno is None:
         return OSError(f"{target}: {err}")
-    named = OSError(err.errno, err.strerror or os.strerror(err.errno), os.fspath(target))
+    named = OSError(err.errno, err.strerror or os.strerror(err.errno), target)
     return named
 
 

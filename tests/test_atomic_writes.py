@@ -4,13 +4,12 @@ A writer stopped half-way — by ``ulimit -f``, a full disk, SIGKILL — leaves 
 byte for byte as it was, and an error names the file it was writing. Because an output is never
 left cut short, allocsim never meets a truncated file of its own that it would then refuse to
 replace: the rerun simply replaces the intact previous output. A killed writer's temporary file
-(``.NAME.XXXXXXXX.tmp``) is removed by the next write of the same output, unless its writer is
-still alive (it holds a lock on it).
+(``.NAME.XXXXXXXXXXXXXXXX.tmp``) is removed by the next write of the same output, unless its
+writer is still alive (it holds a lock on it); a file that only has such a name is not one.
 """
 
 from __future__ import annotations
 
-import os
 import resource
 import signal
 import subprocess
@@ -154,27 +153,81 @@ def test_a_killed_gen_leaves_the_previous_trace_and_the_next_gen_removes_its_tem
     assert target.read_bytes() == before    # the same command, the same bytes
 
 
-@pytest.mark.skipif(not LINUX, reason="flock as on Linux")
-def test_the_sweep_of_stale_temporaries_keeps_a_live_writers_file_and_foreign_names(
-        tmp_path: Path) -> None:
-    import fcntl
-    target = tmp_path / "out.json"
-    stale = tmp_path / ".out.json.0123abcd.tmp"
-    live = tmp_path / ".out.json.89abcdef.tmp"
-    theirs = tmp_path / ".out.json.mine.tmp"            # not a name allocsim makes
-    other_output = tmp_path / ".other.json.0123abcd.tmp"
-    link = tmp_path / ".out.json.fedcba98.tmp"
-    for path in (stale, live, theirs, other_output):
-        path.write_bytes(b"partial")
-    link.symlink_to(theirs)
-    fd = os.open(live, os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_EX)      # a writer that is still running
+def _killed_writer(target: Path) -> Path:
+    """The temporary file a writer of ``target`` leaves when SIGKILL stops it mid-write."""
+    before = set(temporaries(target))
+    code = ("import os, signal, sys\n"
+            "from allocsim.atomic_files import atomic_output\n"
+            "with atomic_output(sys.argv[1]) as stream:\n"
+            "    stream.write(b'partial'); stream.flush()\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True)
+    made = set(temporaries(target)) - before
+    assert len(made) == 1
+    return target.parent / made.pop()
+
+
+@contextmanager
+def live_writer(target: Path) -> Iterator[Path]:
+    """A writer of ``target`` that is still writing: its temporary file, while it runs."""
+    code = ("import sys, time\n"
+            "from allocsim.atomic_files import atomic_output\n"
+            "with atomic_output(sys.argv[1]) as stream:\n"
+            "    stream.write(b'partial'); stream.flush(); print('writing', flush=True)\n"
+            "    time.sleep(60)\n")
+    before = set(temporaries(target))
+    writer = subprocess.Popen([sys.executable, "-c", code, str(target)], stdout=subprocess.PIPE,
+                              text=True)
     try:
-        assert remove_stale_temporaries(target) == [stale]
+        assert writer.stdout is not None and writer.stdout.readline() == "writing\n"
+        made = set(temporaries(target)) - before
+        assert len(made) == 1
+        yield target.parent / made.pop()
     finally:
-        os.close(fd)
-    assert live.exists() and theirs.exists() and other_output.exists() and link.is_symlink()
+        writer.kill()
+        writer.wait()
+
+
+@pytest.mark.skipif(not LINUX, reason="flock as on Linux")
+def test_the_sweep_removes_a_killed_writers_temporary_and_nothing_else(tmp_path: Path) -> None:
+    target = tmp_path / "out.json"
+    with live_writer(target) as live:
+        stale = _killed_writer(target)
+        # Files a user could have, named as allocsim names its temporary files (one copied
+        # from one it made: the token proves a file, not a name), a link, another output's.
+        token = stale.name.split(".")[-2]
+        theirs = [tmp_path / ".out.json.0123abcd0123abcd.tmp",
+                  tmp_path / ".out.json.0123abcd.tmp", tmp_path / ".out.json.mine.tmp",
+                  tmp_path / f".other.json.{token}.tmp"]
+        for path in theirs:
+            path.write_bytes(b"the user's")
+        copied = tmp_path / f".out.json.{'0' * len(token)}.tmp"
+        copied.write_bytes(stale.read_bytes())
+        link = tmp_path / f".out.json.{'f' * len(token)}.tmp"
+        link.symlink_to(theirs[0])
+        assert remove_stale_temporaries(target) == [stale]
+        assert live.exists(), "a writer still running keeps its file"
+    assert all(p.read_bytes() == b"the user's" for p in theirs)
+    assert copied.exists() and link.is_symlink()
     assert remove_stale_temporaries(target) == [live], "once its writer ends, it goes too"
+
+
+@pytest.mark.skipif(not LINUX, reason="flock as on Linux")
+def test_convert_and_compare_keep_a_users_file_named_like_a_temporary(
+        tmp_path: Path, capsys) -> None:
+    """The issue's two cases: ``.own.csv.gz.0badcafe.tmp`` beside ``convert ok.csv own.csv.gz``
+    and ``.results.json.deadbeef.tmp`` in ``compare -o DIR``."""
+    source = tmp_path / "ok.csv"
+    assert main(["gen", "random", "events=50", "-o", str(source)]) == 0
+    users = [tmp_path / ".own.csv.gz.0badcafe.tmp", tmp_path / ".own.csv.gz.0badcafe0badcafe.tmp"]
+    out = tmp_path / "out"
+    out.mkdir()
+    users += [out / ".results.json.deadbeef.tmp", out / ".results.json.deadbeefdeadbeef.tmp"]
+    for path in users:
+        path.write_text("my notes\n")
+    assert main(["convert", str(source), str(tmp_path / "own.csv.gz")]) == 0
+    assert main(["compare", str(source), "--policies", "on-demand", "-o", str(out)]) == 0
+    assert [p.read_text() for p in users] == ["my notes\n"] * len(users)
 
 
 def test_a_very_long_name_still_gets_a_temporary_file_beside_it(tmp_path: Path) -> None:
@@ -192,3 +245,33 @@ def test_a_write_error_names_the_file_on_the_command_line(tmp_path: Path, capsys
     assert main(["export-snapshot", str(source), "-o", str(target)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"allocsim: error: {target}: No such file or directory"]
+
+
+def _limited(nbytes: int) -> Callable[[], None]:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.RLIM_INFINITY))
+    return limit
+
+
+@pytest.mark.skipif(not LINUX, reason="RLIMIT_FSIZE as on Linux")
+def test_a_sweeps_results_file_past_the_size_limit_is_named(tmp_path: Path) -> None:
+    """Issue 36.15: "allocsim: error: File too large", naming nothing."""
+    (tmp_path / "grid.toml").write_text(
+        '[grid]\ntraces = ["synth:random?events=300&seed=[1..3]"]\npolicies = ["bfc"]\n')
+    done = subprocess.run([sys.executable, "-m", "allocsim", "sweep", "grid.toml", "--output",
+                           "out.jsonl", "--workers", "1", "--no-progress"], cwd=tmp_path,
+                          capture_output=True, text=True, preexec_fn=_limited(1024))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["allocsim: error: out.jsonl: File too large"]
+
+
+@pytest.mark.skipif(not LINUX, reason="RLIMIT_FSIZE and /proc as on Linux")
+def test_standard_output_past_the_size_limit_is_named(tmp_path: Path) -> None:
+    target = tmp_path / "out.json"
+    with target.open("w") as stdout:
+        done = subprocess.run([sys.executable, "-m", "allocsim", "compare", "--json"],
+                              stdout=stdout, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=_limited(1024))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"allocsim: error: standard output ({target}): File too large"]

@@ -47,3 +47,45 @@ def test_failed_requests_become_oom_entries() -> None:
     entries = snapshot["device_traces"][0]
     assert [e["action"] for e in entries if e["action"] == "oom"] == ["oom"]
     assert sum(e["action"] == "alloc" for e in entries) == 1
+
+
+def test_an_oom_entry_comes_where_the_request_failed() -> None:
+    trace = Trace.from_events([(0, "alloc", 1, 30 * MiB), (1, "alloc", 2, 30 * MiB),
+                               (2, "free", 1, None), (3, "free", 2, None)])
+    snapshot = run_as_snapshot(trace, "on-demand", DeviceProfile("d", 40 * MiB))
+    actions = [e["action"] for e in snapshot["device_traces"][0]]
+    assert actions.index("oom") > actions.index("alloc"), "after the request that succeeded"
+
+
+def test_a_run_that_fails_at_its_first_allocation_says_so_and_exports_the_rest(
+        tmp_path: Path, capsys) -> None:
+    """Issue 36.15: it blamed the trace ("segment_events[0]: 'event' is -1")."""
+    source, out = tmp_path / "t.npz", tmp_path / "run.pickle"
+    formats.save(Trace.from_events([(0, "alloc", 1, 30 * MiB), (1, "alloc", 2, MiB),
+                                    (2, "free", 2, None), (3, "free", 1, None)]), source)
+    capsys.readouterr()
+    argv = ["export-snapshot", str(source), "--policy", "on-demand", "--capacity", "20MiB",
+            "-o", str(out)]
+    assert main(argv) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"allocsim: note: {source}: the run under on-demand on a100-80g@20.00MiB runs out of "
+        "memory at event 0 (30.00MiB requested); the snapshot shows each failed request as an "
+        "oom entry and leaves its buffer out"]
+    back = formats.load(out)
+    assert len(back) == 2 and back.size.max() == MiB
+
+
+def test_a_run_whose_every_allocation_fails_is_one_line_and_writes_nothing(
+        tmp_path: Path, capsys) -> None:
+    source, out = tmp_path / "t.npz", tmp_path / "run.pickle"
+    formats.save(generate("random", seed=1, events=200), source)
+    capsys.readouterr()
+    argv = ["export-snapshot", str(source), "--capacity", "1MiB", "-o", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"allocsim: error: {source}: the run under pytorch on ")
+    assert "runs out of memory at event 0 (" in err[0]
+    assert err[0].endswith("every allocation fails, so there is nothing to export (give a "
+                           "larger --capacity)")
+    assert not out.exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from allocsim.policies import DEFAULT_POLICIES
+from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     accept_dash_digit_values,
     add_device_options,
@@ -42,7 +43,7 @@ def run_baseline(args: argparse.Namespace) -> int:
     traces = [resolve_trace_name(t) for t in args.traces]
     document = make_baseline(traces, args.policies or DEFAULT_POLICIES, device, args.output)
     write_json(document, args.output, kind="baseline")
-    print(f"wrote {args.output}: {len(document['cells'])} cells "
+    print(f"wrote {printable(args.output)}: {len(document['cells'])} cells "
           f"({len(args.traces)} traces × {len(document['policies'])} policies) on {device.name}")
     return 0
 

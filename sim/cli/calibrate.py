@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from allocsim.policies import format_size, parse_size
+from allocsim.printable import printable
 from allocsim.sim.cli.common import add_output_option, int_argument
 from allocsim.sim.output.files import write_json
 from allocsim.sim.output.ownership import guard
@@ -51,7 +52,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     profile = calibration.profile
     if args.output:
         costs = profile.costs
-        print(f"wrote {args.output}: {profile.name}, {format_size(profile.capacity)}, "
+        print(f"wrote {printable(args.output)}: {printable(profile.name)}, "
+              f"{format_size(profile.capacity)}, "
               f"granularity {format_size(profile.granularity)}; cudaMalloc "
               f"{costs.malloc_base_s * 1e6:.1f} µs + {costs.malloc_per_gib_s * 1e6:.1f} µs/GiB, "
               f"cudaFree {costs.free_base_s * 1e6:.1f} µs + {costs.free_per_gib_s * 1e6:.1f} "

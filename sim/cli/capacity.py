@@ -8,6 +8,7 @@ from pathlib import Path
 
 from allocsim.errors import UserInputError
 from allocsim.policies import DEFAULT_POLICIES, format_size, parse_size
+from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     add_device_options,
     add_output_option,
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
                      format_size(a.lower_bound), headroom,
                      "yes" if a.monotone else "NO: " + "; ".join(a.exceptions[:2]),
                      str(a.evaluations)])
-    print(f"trace {trace.name}: peak live {format_size(trace.peak_live()[0])}; "
+    print(f"trace {printable(trace.name)}: peak live {format_size(trace.peak_live()[0])}; "
           f"resolution {format_size(resolution)}\n")
     print(format_table(rows, ["policy", "min capacity", "lower bound", "headroom",
                               "monotone", "runs"], left=(0, 4)))

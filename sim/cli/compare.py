@@ -8,6 +8,7 @@ from pathlib import Path
 
 from allocsim.policies import DEFAULT_POLICIES
 from allocsim.policies.registry import alloc_conf_spec
+from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     add_device_options,
     add_output_option,
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         written = write_comparisons(comparisons, args.out, traces=traces)
         if not args.json:
-            print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
+            print(f"wrote {', '.join(printable(p) for p in written)}", file=sys.stderr)
     if args.json:
         data = [c.to_json_dict() for c in comparisons]
         print_json(data[0] if len(data) == 1 else data)

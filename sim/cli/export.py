@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from allocsim.errors import UserInputError
+from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     add_device_options,
     add_output_option,
@@ -12,8 +14,8 @@ from allocsim.sim.cli.common import (
     device_from_args,
     load_trace,
 )
-from allocsim.sim.output.export import export_snapshot
-from allocsim.sim.output.ownership import is_allocsim_trace, refuse_unless_ours
+from allocsim.sim.output.export import simulate_snapshot, write_snapshot
+from allocsim.sim.output.ownership import claim_unless_foreign, is_allocsim_trace
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,9 +39,19 @@ def run(args: argparse.Namespace) -> int:
         # name would hold one under a name that promises something else.
         raise UserInputError(f"{args.output}: a snapshot is a pickle: name it .pickle (or "
                              ".pkl)")
-    refuse_unless_ours(args.output, "a snapshot", is_allocsim_trace)
+    claim = claim_unless_foreign(args.output, "a snapshot", is_allocsim_trace)
     device = device_from_args(args)
     trace = load_trace(args.trace, args)
-    path = export_snapshot(trace, args.policy, device, args.output)
-    print(f"wrote {path}: open it at https://pytorch.org/memory_viz (drag and drop)")
+    replay = simulate_snapshot(trace, args.policy, device)
+    note = replay.failure_note(f"{printable(args.trace)}: the run under {args.policy} on "
+                               f"{device.name}")
+    if replay.shown_events == 0 and note is not None:
+        raise UserInputError(f"{note}: every allocation fails, so there is nothing to export "
+                             "(give a larger --capacity)")
+    write_snapshot(replay, claim)
+    if note is not None:
+        print(f"allocsim: note: {note}; the snapshot shows each failed request as an oom "
+              "entry and leaves its buffer out", file=sys.stderr)
+    print(f"wrote {printable(args.output)}: open it at https://pytorch.org/memory_viz (drag "
+          "and drop)")
     return 0

@@ -25,6 +25,7 @@ Every user mistake (bad file, bad spec, bad size) ends in ONE line on stderr sta
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from typing import NoReturn
 from allocsim import __version__
 from allocsim.errors import UserInputError
 from allocsim.interrupts import ending_on_signals, exit_status, signal_name
+from allocsim.printable import printable
 from allocsim.sim.cli import (
     baseline,
     calibrate,
@@ -61,7 +63,7 @@ class OneLineParser(argparse.ArgumentParser):
     are made of the same class (``add_subparsers`` uses the parent's)."""
 
     def error(self, message: str) -> NoReturn:
-        first = message.splitlines()[0] if message else "bad arguments"
+        first = printable(message.splitlines()[0]) if message else "bad arguments"
         self.exit(2, f"allocsim: error: {first} (see: {self.prog} --help)\n")
 
 
@@ -116,19 +118,40 @@ def _interrupted(interrupt: BaseException, args: argparse.Namespace | None) -> i
     return exit_status(interrupt)
 
 
+# Errors of writing that name no file: every file allocsim writes names itself when a write
+# fails (allocsim.atomic_files, the sweep's results file), so one of these is standard output
+# redirected to a file (``--json > out.json`` on a full disk, under ``ulimit -f``).
+_WRITE_ERRORS = {errno.EFBIG, errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def _unnamed_write(err: OSError) -> str | None:
+    """What a write error without a file name was writing: standard output, by the name of
+    the file it goes to where there is one."""
+    if err.errno not in _WRITE_ERRORS:
+        return None
+    try:
+        target = os.readlink(f"/proc/self/fd/{sys.stdout.fileno()}")
+    except (OSError, ValueError, AttributeError):
+        return "standard output"
+    return f"standard output ({target})" if target.startswith("/") else "standard output"
+
+
 def _run_command(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        status = int(args.func(args))
+        sys.stdout.flush()      # a write error of the output's last bytes is reported here too
+        return status
     except BrokenPipeError:  # output piped into `head` and the like: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except UserInputError as err:  # a mistake in what the user gave; anything else is a bug
-        print(f"allocsim: error: {err}", file=sys.stderr)
+        print(f"allocsim: error: {printable(err)}", file=sys.stderr)
     except OSError as err:
-        where = f"{err.filename}: " if err.filename else ""
-        print(f"allocsim: error: {where}{err.strerror or err}", file=sys.stderr)
+        where = err.filename if err.filename else _unnamed_write(err)
+        where = f"{printable(where)}: " if where else ""
+        print(f"allocsim: error: {where}{printable(err.strerror or err)}", file=sys.stderr)
     except KeyboardInterrupt as interrupt:    # Ctrl-C, or SIGTERM (allocsim.interrupts)
         return _interrupted(interrupt, args)
     return 2

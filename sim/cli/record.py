@@ -9,12 +9,14 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from allocsim.atomic_files import OutputClaim
 from allocsim.policies import format_size
+from allocsim.printable import printable
 from allocsim.sim.cli.common import UserError, add_output_option
 from allocsim.sim.output.ownership import (
+    claim_unless_foreign,
     is_allocsim_hook_log,
     is_allocsim_trace,
-    refuse_unless_ours,
 )
 
 if TYPE_CHECKING:  # pragma: no cover - the trace type, for annotations only
@@ -60,9 +62,13 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         raise UserError("record: give the program after --, e.g. "
                         "allocsim record -o run.npz -- python train.py")
-    refuse_unless_ours(args.output, "a trace", is_allocsim_trace)
-    if args.log:
-        refuse_unless_ours(args.log, "a CuPy hook log", is_allocsim_hook_log)
+    # Claimed before anything runs: absolute paths (the script may change its working folder),
+    # and only the files checked here may be replaced (the script may write them itself).
+    output = claim_unless_foreign(args.output, "a trace", is_allocsim_trace, keep_refused=True)
+    log = None if not args.log else claim_unless_foreign(args.log, "a CuPy hook log",
+                                                         is_allocsim_hook_log,
+                                                         keep_refused=True)
+    shown = printable(args.output)
     from allocsim.traces.record.script_args import interpreter_note
     note = interpreter_note(command)
     if note:
@@ -77,20 +83,20 @@ def run(args: argparse.Namespace) -> int:
     if args.framework == "torch":
         if args.log:
             raise UserError("record: --log is for --framework cupy (CuPy's hook calls)")
-        return _run_torch(command, args)
+        return _run_torch(command, args, output)
     if args.framework == "jax":
         if args.log:
             raise UserError("record: --log is for --framework cupy (CuPy's hook calls)")
-        return _run_jax(command, args.output)
+        return _run_jax(command, output, shown)
     from allocsim.traces.record import run_script  # imports the recorder only when recording
-    trace = run_script(command, args.output, log=args.log, require_cupy=True)
+    trace = run_script(command, output, log=log, require_cupy=True)
     peak, _ = trace.peak_live()
-    print(f"wrote {args.output}: {len(trace):,} events, peak live {format_size(peak)}",
+    print(f"wrote {shown}: {len(trace):,} events, peak live {format_size(peak)}",
           file=sys.stderr)
     return 0
 
 
-def _run_jax(command: list[str], output: str) -> int:
+def _run_jax(command: list[str], claim: OutputClaim, output: str) -> int:
     """Record a JAX script; its failure's exit status is returned, its partial trace kept
     (a Ctrl-C or SIGTERM: 130 or 143; ``os._exit(n)``: n, said before the process ends)."""
     from allocsim.traces.record.jax_recorder_script import record_script
@@ -102,7 +108,7 @@ def _run_jax(command: list[str], output: str) -> int:
         print(f"allocsim: record: the script ended by {reason}; partial trace written to "
               f"{output} ({summary(trace)})", file=sys.stderr, flush=True)
 
-    result = record_script(command, output, on_abrupt_end=on_abrupt_end)
+    result = record_script(command, claim, on_abrupt_end=on_abrupt_end)
     trace = result.trace
     if result.error is None:
         if not len(trace):
@@ -148,20 +154,30 @@ def print_script_failure(error: BaseException, recorders_file: Callable[[str], b
     traceback.print_exception(type(error), error, tb, file=sys.stderr)
 
 
-def _run_torch(command: list[str], args: argparse.Namespace) -> int:
-    """Record a PyTorch script on the meta device; a failure keeps its partial trace."""
+def _run_torch(command: list[str], args: argparse.Namespace, claim: OutputClaim) -> int:
+    """Record a PyTorch script on the meta device; a failure keeps its partial trace (an
+    ``os._exit(n)`` too: said before the process ends, as for JAX)."""
     from allocsim.traces.record.torch_meta_script import Terminated, record_script
     from allocsim.traces.record.torch_meta_targets import resolve_target
     resolve_target(args.target)  # an unknown target is refused before the script runs
-    result = record_script(command, args.output, target=args.target,
+    output = printable(args.output)
+
+    def summary_of(trace: Trace) -> str:
+        return (f"{len(trace):,} events, peak live {format_size(trace.peak_live()[0])} on "
+                f"{trace.metadata.get('target')}")
+
+    def on_abrupt_end(trace: Trace, reason: str) -> None:
+        print(f"allocsim: record: the script ended by {reason}; partial trace written to "
+              f"{output} ({summary_of(trace)})", file=sys.stderr, flush=True)
+
+    result = record_script(command, claim, target=args.target,
                            values="placeholder" if args.placeholder_values else "error",
-                           prefer_cudnn=args.prefer_cudnn_attention)
+                           prefer_cudnn=args.prefer_cudnn_attention,
+                           on_abrupt_end=on_abrupt_end)
     trace = result.trace
-    peak, _ = trace.peak_live()
-    summary = (f"{len(trace):,} events, peak live {format_size(peak)} on "
-               f"{trace.metadata.get('target')}")
+    summary = summary_of(trace)
     if result.error is None:
-        print(f"wrote {args.output}: {summary}", file=sys.stderr)
+        print(f"wrote {output}: {summary}", file=sys.stderr)
         return 0
     error = result.error
     if result.explanation is not None:
@@ -169,5 +185,5 @@ def _run_torch(command: list[str], args: argparse.Namespace) -> int:
     elif not isinstance(error, Terminated):
         print_script_failure(error, lambda filename: "allocsim" in filename)
     print(f"allocsim: record: the script exited with status {result.exit_status}; partial "
-          f"trace written to {args.output} ({summary})", file=sys.stderr)
+          f"trace written to {output} ({summary})", file=sys.stderr)
     return result.exit_status

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from allocsim.printable import printable
 from allocsim.sim.cli.common import add_output_option
 from allocsim.sim.output.html_report import write_report
 from allocsim.sim.output.report_input import load_results
@@ -20,5 +21,5 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     path = write_report(load_results(args.results), args.output, args.title)
-    print(f"wrote {path}")
+    print(f"wrote {printable(path)}")
     return 0

@@ -16,6 +16,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     accept_dash_digit_values,
     add_output_option,
@@ -81,7 +82,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     path = Path(args.output) if args.output else sweep.output
     if args.report:
         keys, records = _recorded(sweep, path)
-        print(f"{path}: {len(latest_records(records)):,} of {len(keys):,} cells recorded")
+        print(f"{printable(path)}: {len(latest_records(records)):,} of {len(keys):,} cells "
+              "recorded")
         print(best_policies_text(best_policies(records, max_slowdown=budget)))
         return 0
     summary = run_sweep(sweep, executor=args.executor, workers=workers,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from allocsim.errors import UserInputError
 from allocsim.policies import format_size
+from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     UserError,
     add_output_option,
@@ -16,7 +17,7 @@ from allocsim.sim.cli.common import (
     load_trace,
     print_json,
 )
-from allocsim.sim.output.ownership import is_allocsim_trace, refuse_unless_ours
+from allocsim.sim.output.ownership import claim_unless_foreign, is_allocsim_trace
 from allocsim.sim.output.tables import format_table
 from allocsim.traces import formats, synth
 from allocsim.traces.formats.limits import MAX_INPUT_ENV, max_input_bytes
@@ -77,23 +78,24 @@ def run_gen(args: argparse.Namespace) -> int:
         raise UserInputError(f"gen {args.kind}: the seed is given twice (seed={seed} and "
                              f"--seed {args.seed}); give one")
     seed = seed if seed is not None else (args.seed if args.seed is not None else 0)
-    refuse_unless_ours(args.output, "a trace", is_allocsim_trace)
+    # checked and claimed before generating: a file written there meanwhile is not replaced
+    claim = claim_unless_foreign(args.output, "a trace", is_allocsim_trace)
     if not args.output.lower().endswith(".npz"):
         trace = synth.generate(args.kind, seed=seed, **params)
     else:  # an .npz of a streamable kind past STREAM_ABOVE_EVENTS is written block by block
         made = synth.plan(args.kind, seed=seed, **params)
         if isinstance(made, synth.SynthPlan) and made.n_events > synth.STREAM_ABOVE_EVENTS:
             ensure_parent(args.output)
-            facts = synth.save_streamed(made, args.output)
-            print(f"wrote {args.output}: {facts.events:,} events, peak live "
+            facts = synth.save_streamed(made, claim)
+            print(f"wrote {printable(args.output)}: {facts.events:,} events, peak live "
                   f"{format_size(facts.peak_live)} (streamed)")
             _note_input_limit(args.output)
             return 0
         trace = made.trace() if isinstance(made, synth.SynthPlan) else made
     ensure_parent(args.output)
-    formats.save(trace, args.output)
+    formats.save(trace, claim)
     peak, _ = trace.peak_live()
-    print(f"wrote {args.output}: {len(trace):,} events, peak live {format_size(peak)}")
+    print(f"wrote {printable(args.output)}: {len(trace):,} events, peak live {format_size(peak)}")
     _note_input_limit(args.output)
     return 0
 
@@ -102,7 +104,8 @@ def _note_input_limit(path: str) -> None:
     """A file past the input limit cannot be read back without lifting it: say how."""
     size = Path(path).stat().st_size
     if size > max_input_bytes():
-        print(f"note: {path} holds {format_size(size)}, past the input limit; read it with "
+        print(f"note: {printable(path)} holds {format_size(size)}, past the input limit; "
+              "read it with "
               f"{MAX_INPUT_ENV}={size} set")
 
 
@@ -111,7 +114,8 @@ def _list_modules(args: argparse.Namespace, several: SeveralModules) -> int:
     lines = several.listing
     if args.json:  # info's JSON describes one trace (info.schema.json): the error lists them
         raise several
-    print(f"{args.trace}: an XLA dump of {len(lines)} modules; choose one with --module NAME")
+    print(f"{printable(args.trace)}: an XLA dump of {len(lines)} modules; choose one with "
+          "--module NAME")
     for line in lines:
         print(f"  holds       {line}")
     return 0
@@ -128,7 +132,7 @@ def run_info(args: argparse.Namespace) -> int:
     if args.json:
         print_json(facts)
         return 0
-    print(f"{args.trace}: {trace.name} ({facts['source']})")
+    print(f"{printable(args.trace)}: {printable(trace.name)} ({printable(facts['source'])})")
     print(f"  events      {facts['events']:,} ({facts['allocs']:,} allocs, "
           f"{facts['frees']:,} frees)")
     print(f"  duration    {facts['duration_s']:.6g} s")
@@ -204,9 +208,9 @@ def run_convert(args: argparse.Namespace) -> int:
         raise UserError("convert: no output file: allocsim convert INPUT OUTPUT (or -o OUTPUT)")
     if Path(args.input).resolve() == Path(args.output).resolve():
         raise UserError(f"{args.output}: refusing to overwrite the input file")
-    refuse_unless_ours(args.output, "a trace", is_allocsim_trace)
+    claim = claim_unless_foreign(args.output, "a trace", is_allocsim_trace)
     trace = load_trace(args.input, args)
     ensure_parent(args.output)
-    formats.save(trace, args.output)
-    print(f"wrote {args.output}: {len(trace):,} events")
+    formats.save(trace, claim)
+    print(f"wrote {printable(args.output)}: {len(trace):,} events")
     return 0

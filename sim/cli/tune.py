@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     UserError,
     add_device_options,
@@ -107,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(text(result))
         if args.out:
-            print(f"\nwrote {args.out}/tune.json, tune.png, tune-results.json, report.html")
+            print(f"\nwrote {printable(args.out)}/tune.json, tune.png, tune-results.json, "
+                  "report.html")
     return 0
 
 

@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Any
 
+from allocsim.printable import printable
 from allocsim.sim.cli.common import add_output_option, plain_progress
 from allocsim.sim.kernel.device import DeviceProfile, resolve_device
 from allocsim.sim.validation.backends import BACKENDS, DEFAULT_BACKEND
@@ -74,7 +75,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.out:
         written = report.write(args.out)
         if not args.json:
-            print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
+            print(f"wrote {', '.join(printable(p) for p in written)}", file=sys.stderr)
     if args.json:
         json.dump(report.to_json_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -13,10 +13,14 @@ which the engine deliberately does not.
 
 from __future__ import annotations
 
+import os
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 
-from allocsim.policies import PolicySpec, parse_policy
+import numpy as np
+
+from allocsim.policies import PolicySpec, format_size, parse_policy
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 from allocsim.sim.output.files import atomic_output
 from allocsim.traces.formats.torch_snapshot import snapshot_of_run
@@ -26,10 +30,31 @@ _ACTIONS = {"malloc": "segment_alloc", "free": "segment_free", "map": "segment_m
             "unmap": "segment_unmap"}
 
 
-def run_as_snapshot(trace: Trace, policy: str | PolicySpec, device: DeviceProfile) -> dict:
-    """The snapshot dict of ``trace`` replayed through ``policy`` on ``device``. Requests the
-    policy fails become ``oom`` entries (and their buffers are left out, as PyTorch records no
-    alloc for them)."""
+@dataclass(frozen=True)
+class SnapshotRun:
+    """A replay as a snapshot: the snapshot dict, the requests the policy failed (``(trace
+    event index, bytes)`` each, in order) and how many of the trace's events it shows (a
+    failed request and the free of its buffer are left out)."""
+
+    snapshot: dict
+    failed: list[tuple[int, int]]
+    shown_events: int
+
+    def failure_note(self, what: str) -> str | None:
+        """One line on the requests the policy failed, or None when none failed."""
+        if not self.failed:
+            return None
+        event, size = self.failed[0]
+        more = "" if len(self.failed) == 1 else f"; {len(self.failed) - 1:,} more requests fail"
+        return (f"{what} runs out of memory at event {event:,} ({format_size(size)} "
+                f"requested{more})")
+
+
+def simulate_snapshot(trace: Trace, policy: str | PolicySpec,
+                      device: DeviceProfile) -> SnapshotRun:
+    """Replay ``trace`` through ``policy`` on ``device``, recording what a snapshot shows.
+    Requests the policy fails become ``oom`` entries, placed where they happened (before the
+    next event shown); their buffers are left out, as PyTorch records no alloc for them."""
     spec = parse_policy(policy)
     view = SimulatedDevice(device).view(0)
     model = spec.build(view)
@@ -40,7 +65,8 @@ def run_as_snapshot(trace: Trace, policy: str | PolicySpec, device: DeviceProfil
     addresses: dict[int, int] = {}
     segment_events: list[dict] = []
     live: dict[int, int] = {}
-    failed_events: list[int] = []
+    left_out: list[int] = []
+    failed: list[tuple[int, int]] = []
     sizes = trace.matched_sizes()
     ops, ids = trace.op.tolist(), trace.id.tolist()
     streams, times = trace.stream.tolist(), trace.time_ns.tolist()
@@ -48,11 +74,12 @@ def run_as_snapshot(trace: Trace, policy: str | PolicySpec, device: DeviceProfil
         logged = len(view.log)
         if op == OP_ALLOC:
             if size <= 0:
-                failed_events.append(i)
+                left_out.append(i)
                 continue
             address = model.malloc(size, stream)
             if address is None:
-                failed_events.append(i)
+                left_out.append(i)
+                failed.append((i, size))
                 segment_events.append({"action": "oom", "size": size, "stream": stream,
                                        "event": i, "time_ns": times[i],
                                        "device_free": device.capacity - view.device.used})
@@ -62,7 +89,7 @@ def run_as_snapshot(trace: Trace, policy: str | PolicySpec, device: DeviceProfil
         else:
             address = live.pop(ident, None)
             if address is None:
-                failed_events.append(i)
+                left_out.append(i)
             else:
                 model.free(address)
         for call in view.log[logged:]:
@@ -71,25 +98,36 @@ def run_as_snapshot(trace: Trace, policy: str | PolicySpec, device: DeviceProfil
                                        "size": call.nbytes, "stream": stream, "event": i,
                                        "time_ns": times[i]})
     kept = trace
-    if failed_events:
-        import numpy as np
-        mask = np.ones(len(trace), dtype=bool)
-        mask[failed_events] = False
-        kept = trace.select(mask)
-        index_map = np.cumsum(mask) - 1
-        addresses = {int(index_map[i]): a for i, a in addresses.items()}
+    if left_out:
+        shown = np.ones(len(trace), dtype=bool)
+        shown[left_out] = False
+        kept = trace.select(shown)
+        # An entry of event i comes before the i-th event shown: the number shown before it
+        # (a request left out at the start comes before the first; at the end, after the last).
+        shown_before = (np.cumsum(shown) - shown).tolist()
+        addresses = {shown_before[i]: a for i, a in addresses.items()}
         for entry in segment_events:
-            entry["event"] = int(index_map[min(entry["event"], len(trace) - 1)])
+            entry["event"] = shown_before[entry["event"]]
     snapshot = snapshot_of_run(kept, addresses, segment_events)
     snapshot.setdefault("allocator_settings", {})["allocsim_policy"] = str(spec)
-    return snapshot
+    return SnapshotRun(snapshot, failed, len(kept))
+
+
+def run_as_snapshot(trace: Trace, policy: str | PolicySpec, device: DeviceProfile) -> dict:
+    """The snapshot dict of ``trace`` replayed through ``policy`` on ``device``
+    (:func:`simulate_snapshot`)."""
+    return simulate_snapshot(trace, policy, device).snapshot
+
+
+def write_snapshot(run: SnapshotRun, path: str | os.PathLike[str]) -> Path:
+    """Write ``run``'s snapshot to ``path``, atomically: a killed or failed export leaves the
+    previous file whole."""
+    with atomic_output(path) as stream:
+        pickle.dump(run.snapshot, stream, protocol=4)
+    return Path(path)
 
 
 def export_snapshot(trace: Trace, policy: str | PolicySpec, device: DeviceProfile,
                     path: str | Path) -> Path:
-    """Write the snapshot of ``trace`` under ``policy`` to ``path``, atomically: a killed or
-    failed export leaves the previous file whole."""
-    snapshot = run_as_snapshot(trace, policy, device)
-    with atomic_output(path) as stream:
-        pickle.dump(snapshot, stream, protocol=4)
-    return Path(path)
+    """Write the snapshot of ``trace`` under ``policy`` to ``path``, atomically."""
+    return write_snapshot(simulate_snapshot(trace, policy, device), path)

@@ -295,8 +295,9 @@ def png_bytes(fig: Any, dpi: int = 110) -> bytes:
 
 def save(fig: Any, path: str | Path, dpi: int = 110) -> Path:
     """Save a figure as allocsim's own, atomically, never over a file it did not write."""
-    guard(path)
-    return write_bytes(path, png_bytes(fig, dpi))
+    claim = guard(path)
+    write_bytes(claim, png_bytes(fig, dpi))
+    return Path(path)
 
 
 def plot_timelines(results: Sequence[RunResult], path: str | Path, title: str = "") -> Path:

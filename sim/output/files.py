@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import unicodedata
 from pathlib import Path
@@ -62,14 +63,13 @@ def safe_stem(name: str, default: str = "trace") -> str:
     return stem
 
 
-def write_json(data: Any, path: str | Path, *, kind: str) -> None:
+def write_json(data: Any, path: str | os.PathLike[str], *, kind: str) -> None:
     """Write JSON atomically; keys in schema order, not sorted. ``kind`` (a key of
     :data:`~allocsim.sim.output.ownership.JSON_KINDS`) is what the document is: an existing
     file at ``path`` is replaced only when it is a document of that kind."""
-    path = Path(path)
-    guard(path, kind)     # never replaces a file allocsim did not write
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, json.dumps(data, indent=2) + "\n")
+    claim = guard(path, kind)     # never replaces a file allocsim did not write
+    claim.path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(claim, json.dumps(data, indent=2) + "\n")
 
 
 def atomic_savefig(fig: Any, path: str | Path, **kwargs: Any) -> Path:

@@ -317,6 +317,7 @@ def write_report(documents: Sequence[dict[str, Any]], path: str | Path,
                  sections: Sequence[ReportSection] = (),
                  settings: Mapping[str, str] | None = None) -> Path:
     path = Path(path)
-    guard(path)     # replaces only an allocsim report
+    claim = guard(path)     # replaces only an allocsim report, and only if nobody wrote it since
     page = render_report(documents, title, details, sections, settings)
-    return write_bytes(path, page.encode("utf-8"))
+    write_bytes(claim, page.encode("utf-8"))
+    return path

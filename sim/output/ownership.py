@@ -34,12 +34,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from allocsim.atomic_files import OutputClaim, claim_output
 from allocsim.errors import UserInputError
+from allocsim.printable import printable
 from allocsim.sim.questions.capacity import MIN_CAPACITY_KIND
 from allocsim.sim.questions.compare import COMPARE_KIND, KIND_KEY
 from allocsim.sim.questions.share import SHARE_KIND
@@ -49,6 +53,15 @@ from allocsim.traces.formats.native_npz import NPZ_FORMAT
 from allocsim.traces.formats.snapshot_writer import EXPORT_MARK
 
 _HEAD = 1 << 16
+# A JSON output larger than this is not parsed whole to tell whose it is (a 6 GB file, sparse or
+# not, would be read into memory): only its head is read, for the mark today's writers put
+# near the top (:attr:`JsonKind.head_mark`).
+JSON_WHOLE_BYTES = 64 << 20
+# What reading a file that is not what its name says can raise, besides OSError and
+# ValueError: a corrupt gzip stream, a zip member packed by a method Python lacks, JSON nested
+# deeper than the parser's recursion allows. Any of them means "not a file allocsim wrote".
+UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile, gzip.BadGzipFile, zlib.error,
+              NotImplementedError, RecursionError)
 
 
 def _has(document: object, *keys: str) -> bool:
@@ -106,22 +119,34 @@ class JsonKind:
     keys: tuple[str, ...]                       # keys every document holds (by its schema)
     mark: Callable[[object], bool]
     legacy: Callable[[object], bool] | None = None
+    # The mark as today's writer spells it in a document's first lines (``"kind":
+    # "allocsim-compare"``): how a file too large to parse (JSON_WHOLE_BYTES) is still known.
+    head_mark: bytes | None = None
 
     def recognises(self, document: object) -> bool:
         return self.mark(document) or (self.legacy is not None and self.legacy(document))
+
+
+def _kind_head(kind: str) -> bytes:
+    """``"kind": "<kind>"`` as :func:`~allocsim.sim.output.files.write_json` writes it."""
+    return json.dumps({KIND_KEY: kind}, indent=2).encode().split(b"\n")[1].strip()
 
 
 JSON_KINDS: dict[str, JsonKind] = {
     "baseline": JsonKind("a baseline", ("allocsim_baseline", "device", "policies", "cells"),
                          lambda d: _has(d, "allocsim_baseline", "cells")),
     "results": JsonKind("compare's results", ("schema", "kind", "trace", "device", "results"),
-                        _marked(KIND_KEY, COMPARE_KIND), _legacy_comparison),
+                        _marked(KIND_KEY, COMPARE_KIND), _legacy_comparison,
+                        _kind_head(COMPARE_KIND)),
     "min-capacity": JsonKind("min-capacity's answers", ("kind", "trace", "device", "answers"),
-                             _marked(KIND_KEY, MIN_CAPACITY_KIND), _legacy_min_capacity),
+                             _marked(KIND_KEY, MIN_CAPACITY_KIND), _legacy_min_capacity,
+                             _kind_head(MIN_CAPACITY_KIND)),
     "share": JsonKind("share's results", ("kind", "device", "device_peak", "processes"),
-                      _marked(KIND_KEY, SHARE_KIND), _legacy_share),
+                      _marked(KIND_KEY, SHARE_KIND), _legacy_share,
+                      _kind_head(SHARE_KIND)),
     "validate": JsonKind("a validation report", ("schema", "kind", "backend", "policy"),
-                         _marked(KIND_KEY, "allocsim-validation")),
+                         _marked(KIND_KEY, "allocsim-validation"),
+                         head_mark=_kind_head("allocsim-validation")),
     # A device profile is also a file users write by hand for --device-profile; calibrate -o
     # may replace one (a profile by a measured profile), nothing else may.
     "device-profile": JsonKind("a device profile", ("name", "capacity"),
@@ -148,21 +173,40 @@ MARKDOWN_MARK = "<!-- written by allocsim -->"
 REPORT_MARK = "<p class=meta>made by allocsim"
 
 
-def refuse_unless_ours(path: str | Path, what: str, is_ours: Callable[[Path], bool]) -> None:
+def claim_unless_foreign(path: str | os.PathLike[str], what: str,
+                         is_ours: Callable[[Path], bool], *,
+                         keep_refused: bool = False) -> OutputClaim:
+    """:func:`refuse_unless_ours`, then the output claimed as it was checked
+    (:func:`~allocsim.atomic_files.claim_output`): an absolute path, and the file found there,
+    which is all a later write may replace. A file rewritten while it was being checked is
+    refused too."""
+    claim = claim_output(path, keep_refused=keep_refused)
+    refuse_unless_ours(claim, what, is_ours)
+    if claim_output(claim.path).found != claim.found:
+        raise UserInputError(f"{printable(path)}: changed while allocsim checked it; refusing "
+                             "to overwrite it (another program is writing it?)")
+    return claim
+
+
+def refuse_unless_ours(path: str | os.PathLike[str], what: str,
+                       is_ours: Callable[[Path], bool]) -> None:
     """Raise a one-line :class:`UserInputError` when ``path`` exists and is not an allocsim
     ``what`` (as ``is_ours`` recognises it); return quietly when it is missing or ours."""
     target = Path(path)
+    shown = printable(path.shown if isinstance(path, OutputClaim) else target)
     if not target.exists() and not target.is_symlink():
         return
     if not target.is_file():
-        raise UserInputError(f"{target}: exists and is not a file; refusing to write {what} there")
+        raise UserInputError(f"{shown}: exists and is not a file; refusing to write "
+                             f"{what} there")
     try:
         ours = is_ours(target)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, gzip.BadGzipFile):
+    except UNREADABLE:
         ours = False
     if not ours:
-        raise UserInputError(f"{target}: exists and is not {what} allocsim wrote; refusing to "
-                             "overwrite it (choose another output path, or move the file)")
+        raise UserInputError(f"{shown}: exists and is not {what} allocsim wrote; "
+                             "refusing to overwrite it (choose another output path, or move "
+                             "the file)")
 
 
 def _head(path: Path) -> bytes:
@@ -205,11 +249,17 @@ def is_allocsim_hook_log(path: Path) -> bool:
 
 def is_allocsim_json(path: Path, kind: str) -> bool:
     """A JSON document of ``kind`` (a key of :data:`JSON_KINDS`), or a list of them, as
-    results.json for several traces is."""
+    results.json for several traces is. A file past :data:`JSON_WHOLE_BYTES` is judged by its
+    head alone: the kind's :attr:`~JsonKind.head_mark` in its first lines (a kind without one
+    is not recognised that large)."""
+    json_kind = JSON_KINDS[kind]
     with path.open("rb") as handle:
-        data = json.loads(handle.read())
+        if os.fstat(handle.fileno()).st_size > JSON_WHOLE_BYTES:
+            head = handle.read(4096)
+            return json_kind.head_mark is not None and json_kind.head_mark in head
+        data = json.loads(handle.read(JSON_WHOLE_BYTES + 1))
     documents = data if isinstance(data, list) and data else [data]
-    return all(JSON_KINDS[kind].recognises(d) for d in documents)
+    return all(json_kind.recognises(d) for d in documents)
 
 
 def figure_metadata() -> dict[str, str]:
@@ -241,16 +291,18 @@ _BY_SUFFIX: dict[str, tuple[str, Callable[[Path], bool]]] = {
 }
 
 
-def guard(path: str | Path, json_kind: str | None = None) -> None:
+def guard(path: str | os.PathLike[str], json_kind: str | None = None) -> OutputClaim:
     """Refuse to replace ``path`` unless allocsim wrote it: a JSON document of ``json_kind``
     (a key of :data:`JSON_KINDS`) when that is given, else by the path's suffix (``.png``,
-    ``.md``, ``.html``); a suffix with no recogniser here is the caller's to check."""
+    ``.md``, ``.html``); a suffix with no recogniser here is the caller's to check. Returns
+    the output claimed as checked: written through it (``write_bytes(claim, ...)``), the file
+    is replaced only if nobody wrote it since."""
     if json_kind is not None:
         kind = JSON_KINDS[json_kind]
-        refuse_unless_ours(path, kind.what, lambda p: is_allocsim_json(p, json_kind))
-        return
+        return claim_unless_foreign(path, kind.what, lambda p: is_allocsim_json(p, json_kind))
     if Path(path).suffix.lower() == ".json":
         raise TypeError(f"guard({path}): a JSON output is checked against its kind (json_kind)")
     recogniser = _BY_SUFFIX.get(Path(path).suffix.lower())
     if recogniser is not None:
-        refuse_unless_ours(path, *recogniser)
+        return claim_unless_foreign(path, *recogniser)
+    return claim_output(path)

@@ -51,10 +51,11 @@ def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path,
     json_path = out / "results.json"
     figures = [[out / f"{_prefix(index, c, len(comparisons))}{kind}.png" for kind in FIGURE_KINDS]
                for index, c in enumerate(comparisons)]
-    # all refused before any is written: a folder is never half replaced
-    guard(json_path, "results")
-    for path in [out / "report.html", *(p for paths in figures for p in paths)]:
-        guard(path)
+    # all refused before any is written: a folder is never half replaced; each claimed as
+    # checked, so that a file written there while the figures are drawn is not replaced
+    json_claim = guard(json_path, "results")
+    claims = {path: guard(path) for path in [out / "report.html",
+                                             *(p for paths in figures for p in paths)]}
     documents = [c.to_json_dict(timeline=True) for c in comparisons]
     title = ("allocsim: " + documents[0]["trace"]["name"]) if len(documents) == 1 \
         else f"allocsim: {len(documents)} traces"
@@ -68,10 +69,11 @@ def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path,
     page = render_report(documents, title, details, sections, settings, pngs=drawn)
     pngs = [(path, data) for paths, datas in zip(figures, drawn)
             for path, data in zip(paths, datas)]
-    write_json(documents[0] if len(documents) == 1 else documents, json_path, kind="results")
-    written = [json_path, write_bytes(out / "report.html", page.encode("utf-8"))]
-    written += [write_bytes(path, data) for path, data in pngs]
-    return written
+    write_json(documents[0] if len(documents) == 1 else documents, json_claim, kind="results")
+    write_bytes(claims[out / "report.html"], page.encode("utf-8"))
+    for path, data in pngs:
+        write_bytes(claims[path], data)
+    return [json_path, out / "report.html", *(path for path, _ in pngs)]
 
 
 FIGURE_KINDS = ("memory_timeline", "peaks", "fragmentation")

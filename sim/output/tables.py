@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from allocsim.policies.units import format_size
+from allocsim.printable import printable
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.device_buffers import is_tpu
 from allocsim.sim.kernel.engine import SharedRun
@@ -72,7 +73,8 @@ def comparison_text(comparison: Comparison) -> str:
     """The table ``allocsim compare`` prints, with the trace, the device and the verdict."""
     trace = comparison.trace
     device = comparison.device
-    head = (f"trace  {trace['name']}: {trace['events']:,} events, {trace['allocs']:,} allocs, "
+    head = (f"trace  {printable(trace['name'])}: {trace['events']:,} events, "
+            f"{trace['allocs']:,} allocs, "
             f"{trace['duration_s']:.3g} s, peak live {format_size(trace['peak_live'])}"
             f"{_before_recording(trace)}\n"
             f"device {device.name}: {format_size(device.capacity)}{_context(device)}\n")

@@ -46,6 +46,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from allocsim.printable import printable
 from allocsim.sim.sweeps.grid import SweepError
 
 __all__ = ["ResultsFile", "latest_records", "load_results"]
@@ -146,6 +147,7 @@ class ResultsFile:
             if not stat.S_ISREG(os.fstat(self.fd).st_mode):
                 self._refuse("not a regular file")
             self._lock()
+            self._refuse_unless_it_starts_as_ours()
             raw = self._read_all()
             problem = foreign_content(raw)
             if problem is not None:
@@ -153,8 +155,11 @@ class ResultsFile:
             records, good = _parse_lines(raw)
             if good < len(raw):
                 # A crash left half a line: cut it so the next line starts on its own.
-                os.ftruncate(self.fd, good)
-                os.fsync(self.fd)
+                try:
+                    os.ftruncate(self.fd, good)
+                    os.fsync(self.fd)
+                except OSError as err:
+                    raise OSError(err.errno, err.strerror, os.fspath(self.path)) from None
             self.truncated = len(raw) - good
             self.previous = latest_records(records)
         except BaseException:
@@ -162,8 +167,15 @@ class ResultsFile:
             raise
 
     def _refuse(self, why: str) -> None:
-        raise SweepError(f"{self.path}: not a sweep results file; {why}, so it is left as it "
-                         "is (give another --output, or remove it)")
+        raise SweepError(f"{printable(self.path)}: not a sweep results file; {why}, so it is "
+                         "left as it is (give another --output, or remove it)")
+
+    def _refuse_unless_it_starts_as_ours(self) -> None:
+        """A file that does not open with a record (a 6 GB sparse file, a trace) is refused
+        from its head alone: only a results file of the store's is read whole (to resume)."""
+        head = os.pread(self.fd, len(RECORD_START), 0)
+        if not (head.startswith(RECORD_START) or RECORD_START.startswith(head)):
+            self._refuse("it does not start with a sweep record")
 
     def _refuse_unless_regular(self) -> None:
         # Before opening: opening a FIFO or a device for writing can block or act on it.
@@ -207,10 +219,13 @@ class ResultsFile:
         # and at worst leaves half of it, which the next start cuts off.
         data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         view = memoryview(data)
-        while view:
-            written = os.write(self.fd, view)
-            view = view[written:]
-        os.fsync(self.fd)
+        try:
+            while view:
+                written = os.write(self.fd, view)
+                view = view[written:]
+            os.fsync(self.fd)
+        except OSError as err:  # a full disk, ``ulimit -f``: the error names the file
+            raise OSError(err.errno, err.strerror, os.fspath(self.path)) from None
 
     def close(self) -> None:
         os.close(self.fd)  # closing releases the flock

@@ -250,7 +250,7 @@ def save(trace: Trace, path: str | os.PathLike[str]) -> None:
     try:
         # allocsim.atomic_files: a temporary file beside the target, renamed over it when
         # whole; a killed writer's temporary file is removed by the next save to the same name.
-        with atomic_output(p) as stream:
+        with atomic_output(path) as stream:   # a claimed output keeps its claim
             if ext.endswith(".gz"):
                 # mtime=0 and no file name: the same trace always gives the same bytes.
                 with gzip.GzipFile(filename="", mode="wb", fileobj=stream,

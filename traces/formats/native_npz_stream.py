@@ -173,7 +173,7 @@ def save_npz_blocks(path: str | os.PathLike[str], n: int,
     if not target.parent.is_dir():
         raise TraceError(f"directory {str(target.parent)!r} does not exist", source=str(path))
     try:
-        with atomic_output(target) as stream:
+        with atomic_output(path) as stream:     # a claimed output keeps its claim
             write_npz_blocks(stream, n, blocks, tags=tags, metadata=metadata)
     except OSError as err:
         raise TraceError(f"cannot write: {err.strerror or err}", source=str(path)) from None

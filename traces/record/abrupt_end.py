@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
+
+from allocsim.printable import printable
 
 __all__ = ["AbruptEnd", "partial_reason"]
 
@@ -44,7 +47,10 @@ class AbruptEnd:
         if self._saved or os.getpid() != self._pid:
             return
         self._saved = True
-        self._save(reason)
+        try:
+            self._save(reason)
+        except Exception as err:   # the process ends next: say, in one line, why nothing is saved
+            print(f"allocsim: error: {printable(err)}", file=sys.stderr, flush=True)
 
     def install(self) -> None:
         self._pid = os.getpid()

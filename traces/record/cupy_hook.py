@@ -48,7 +48,14 @@ from allocsim.traces.formats.cupy_log import (
     write_hook_log,
 )
 from allocsim.traces.model import NO_TAG, Trace
-from allocsim.traces.record.recording_end import SavedOnce, finished, recorder_header, trace_name
+from allocsim.traces.record.recording_end import (
+    SavedOnce,
+    claimed,
+    finished,
+    leave_if_forked,
+    recorder_header,
+    trace_name,
+)
 from allocsim.traces.record.script_args import as_main, run_as_main, script_metadata, split_argv
 
 __all__ = ["CUPY_AVAILABLE", "TraceRecorderHook", "active_recorder", "run_script"]
@@ -117,8 +124,8 @@ class TraceRecorderHook(SavedOnce, _MemoryHook):  # type: ignore[misc, valid-typ
                  log: str | os.PathLike[str] | None = None, device_index: object = None,
                  call_sites: bool = True, stream: Callable[[], int] | None = None,
                  metadata: dict[str, Any] | None = None) -> None:
-        self.output = None if output is None else os.fspath(output)
-        self.log = None if log is None else os.fspath(log)
+        self.claim(output)  # now: before the program runs (it may change folder)
+        self.log = claimed(log)
         self.device_index = device_index
         self.call_sites = call_sites
         self.metadata = dict(metadata or {})
@@ -272,13 +279,20 @@ def run_script(argv: list[str], output: str | os.PathLike[str], *,
         warnings.warn("CuPy is not importable: only allocations reported to the recorder "
                       "directly will be recorded", RuntimeWarning, stacklevel=2)
     meta = script_metadata(script, module, argv, metadata)
+    recording_pid = os.getpid()
     with as_main(script, module, args):
         hook = TraceRecorderHook(output, log=log, device_index=device_index, metadata=meta)
         try:
             with hook:
                 run_as_main(script, module)
         except SystemExit as stop:
+            leave_if_forked(recording_pid, stop.code if isinstance(stop.code, int)
+                            else 0 if stop.code is None else 1)
             if stop.code not in (None, 0):
                 raise
+        except BaseException:
+            leave_if_forked(recording_pid, 1)
+            raise
+    leave_if_forked(recording_pid, 0)      # a child the script forked wrote nothing
     assert hook.trace is not None
     return hook.trace

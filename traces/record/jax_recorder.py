@@ -88,7 +88,7 @@ class JaxRecorder(SavedOnce):
     def __init__(self, output: str | os.PathLike[str] | None = None, *, device: int = 0,
                  metadata: dict[str, Any] | None = None,
                  on_abrupt_end: Callable[[Trace, str], None] | None = None) -> None:
-        self.output = None if output is None else os.fspath(output)
+        self.claim(output)  # now: before the program runs (it may change folder)
         self.device_index = device
         self.metadata = dict(metadata or {})
         self.trace: Trace | None = None  # set by close()

@@ -22,6 +22,7 @@ from allocsim.traces.model import Trace
 from allocsim.traces.record import jax_internals
 from allocsim.traces.record.abrupt_end import partial_reason
 from allocsim.traces.record.jax_recorder import JaxRecorder
+from allocsim.traces.record.recording_end import leave_if_forked
 from allocsim.traces.record.script_args import as_main, run_as_main, script_metadata, split_argv
 
 __all__ = ["ScriptRun", "record_script", "run_script"]
@@ -49,6 +50,7 @@ def record_script(argv: list[str], output: str | os.PathLike[str], *, device: in
     SIGTERM ends the run with status 130 or 143 and its error; ``os._exit(n)`` ends the
     process after saving and calling ``on_abrupt_end(trace, reason)``.
     """
+    recording_pid = os.getpid()
     script, module, args = split_argv(argv)
     if script is not None and not Path(script).is_file():
         raise FileNotFoundError(errno.ENOENT, "no such script", script)
@@ -67,10 +69,11 @@ def record_script(argv: list[str], output: str | os.PathLike[str], *, device: in
                     error = stop
             except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (the command line)
                 status, error = exit_status(interrupt), interrupt
-            except Exception as failure:  # the script's own error, reported by the caller
+            except BaseException as failure:  # the script's own error, reported by the caller
                 status, error = 1, failure
             if error is not None:
                 recorder.metadata["partial"] = partial_reason(error) or "ended early"
+    leave_if_forked(recording_pid, status)     # a child the script forked wrote nothing
     assert recorder.trace is not None
     return ScriptRun(recorder.trace, status, error, recorder.metadata.get("partial"))
 

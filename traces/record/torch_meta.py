@@ -149,7 +149,7 @@ class TorchMetaRecorder(SavedOnce):
             raise UserInputError(f"backing must be 'meta' or 'cpu', got {backing!r}")
         if values not in ("error", "placeholder"):
             raise UserInputError(f"values must be 'error' or 'placeholder', got {values!r}")
-        self.output = None if output is None else os.fspath(output)
+        self.claim(output)  # now: before the program runs (it may change folder)
         self.target: Target = resolve_target(target)
         self.backing = backing
         self.values = values

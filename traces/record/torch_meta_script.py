@@ -17,13 +17,18 @@ import errno
 import os
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from allocsim.atomic_files import OutputClaim
 from allocsim.errors import UserInputError
+from allocsim.interrupts import exit_status
 from allocsim.traces.model import Trace
+from allocsim.traces.record.abrupt_end import AbruptEnd, partial_reason
+from allocsim.traces.record.recording_end import claimed, leave_if_forked
 from allocsim.traces.record.script_args import as_main, run_as_main, script_metadata, split_argv
 from allocsim.traces.record.torch_meta import TorchMetaRecorder, ValueReadError
 
@@ -74,12 +79,22 @@ def _script_line(error: BaseException) -> str:
     return where
 
 
-def record_script(argv: list[str], output: str | os.PathLike[str], **options: Any) -> ScriptRun:
+def record_script(argv: list[str], output: str | os.PathLike[str], *,
+                  on_abrupt_end: Callable[[Trace, str], None] | None = None,
+                  **options: Any) -> ScriptRun:
     """Run a script under a :class:`TorchMetaRecorder` (``options`` go to it) and save its
     trace to ``output``, whether or not the script fails (see the module docstring).
 
+    ``output`` is claimed before the script runs (an absolute path; a file the script writes
+    there is not replaced, the trace is kept beside it). A script that ends by ``os._exit(n)``
+    saves its partial trace and calls ``on_abrupt_end(trace, reason)`` before the process ends; a
+    process the script forked ends at the script's end, writing nothing.
+
     Refused before anything runs (one line): no script, torch not installed.
     """
+    target = claimed(output)
+    assert target is not None
+    recording_pid = os.getpid()
     script, module, args = split_argv(argv)
     if script is not None and not Path(script).is_file():
         raise FileNotFoundError(errno.ENOENT, "no such script", script)
@@ -97,11 +112,20 @@ def record_script(argv: list[str], output: str | os.PathLike[str], **options: An
     def terminate(signum: int, frame: FrameType | None) -> None:
         raise Terminated()
 
+    def save_abruptly(reason: str) -> None:
+        """``os._exit(n)``: the with-block will not be left; save what was recorded."""
+        recorder.stop()
+        trace = _saved(recorder.build_trace(), target, reason)
+        if on_abrupt_end is not None:
+            on_abrupt_end(trace, reason)
+
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, terminate) if in_main else None
+    abrupt = AbruptEnd(save_abruptly)   # SIGTERM is ours (above): it covers os._exit only
     try:
         with as_main(script, module, args), TorchMetaRecorder(None, metadata=meta,
                                                               **options) as recorder:
+            abrupt.install()
             try:
                 namespace = run_as_main(script, module)
             except SystemExit as stop:
@@ -113,28 +137,42 @@ def record_script(argv: list[str], output: str | os.PathLike[str], **options: An
                 explanation = "terminated by SIGTERM"
             except ValueReadError as failure:
                 status, error, explanation = 1, failure, str(failure)
-            except Exception as failure:  # the script's own error, reported by the caller
+            except KeyboardInterrupt as interrupt:   # Ctrl-C, or SIGTERM (the command line)
+                status, error = exit_status(interrupt), interrupt
+                explanation = partial_reason(interrupt)
+            except BaseException as failure:  # the script's own error, reported by the caller
                 status, error = 1, failure
                 op = _no_meta_kernel(failure)
                 if op is not None:
                     explanation = (f"{_script_line(failure)}: op '{op}' has no meta kernel (a "
                                    "CUDA-only extension?): register one with "
                                    "torch.library.register_fake, or record on a GPU")
+            finally:
+                abrupt.uninstall()
             recorder.stop()
             del namespace
     finally:
         if in_main:  # None: the handler was not set from Python; the default then
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    leave_if_forked(recording_pid, status)
     trace = recorder.trace
     assert trace is not None
     if error is None and len(trace) == 0:
         raise UserInputError(f"{meta['script']}: the program put nothing on 'cuda' (0 "
                              "allocations recorded); it must create its tensors on \"cuda\" "
                              "(nothing was written)")
+    partial = None if error is None else \
+        explanation or f"the script failed: {type(error).__name__}"
+    return ScriptRun(_saved(trace, target, partial), status, error, explanation)
+
+
+def _saved(trace: Trace, target: OutputClaim, partial: str | None) -> Trace:
+    """``trace`` named after its file, marked ``partial`` when the script did not finish, and
+    saved to ``target``."""
     from allocsim.traces.formats import save
-    trace.metadata["source"] = os.fspath(output)
-    trace.metadata["name"] = Path(output).name.split(".")[0]
-    if error is not None:
-        trace.metadata["partial"] = explanation or f"the script failed: {type(error).__name__}"
-    save(trace, output)
-    return ScriptRun(trace, status, error, explanation)
+    trace.metadata["source"] = os.fspath(target)
+    trace.metadata["name"] = target.path.name.split(".")[0]
+    if partial is not None:
+        trace.metadata["partial"] = partial
+    save(trace, target)
+    return trace
