@@ -85,3 +85,24 @@ def test_the_budget_is_a_count_not_a_time(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(bfc_start_state, "itertools", fake)
     _, why = start_states(crafted_records(), {}, POOL - FREE, 4 << 30, FIRST)
     assert "gave up after 1,000 candidates" in why and drawn[0] == 1000
+
+
+def test_the_fidelity_report_says_the_search_gave_up(monkeypatch, tmp_path) -> None:
+    """A real (synthetic) mid-run recording, its search cut to a handful of candidates: the
+    report names the cut, whether or not a state was found before it."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_bfc_fidelity import recording, write
+    from test_bfc_start_state import RECORDED, WARM_UP
+
+    from allocsim.sim.questions.bfc_fidelity import bfc_fidelity
+    from allocsim.traces import formats
+
+    events = recording(WARM_UP + RECORDED, limit=64 * MiB)[len(WARM_UP):]
+    trace = formats.load(write(tmp_path, events, "warm"))
+    for budget in (1, 5):      # gave up with none found, and with one found (it matches)
+        monkeypatch.setattr(bfc_start_state, "MAX_CANDIDATES", budget)
+        report = bfc_fidelity(trace)
+        assert any(f"gave up after {budget:,} candidates" in note for note in report.notes), \
+            report.text()
