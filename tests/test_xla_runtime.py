@@ -236,3 +236,22 @@ def test_info_of_several_modules_lists_them() -> None:
     assert "--module NAME" in out
     status, out, err = cli("info", DATA / "cpu", "--json")  # its JSON describes one trace
     assert status == 2 and out == "" and "--module NAME" in err and err.count("\n") == 1
+
+
+def test_steps_past_the_generators_event_bound_are_refused_before_any_replay(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36.5: ``--steps 1000000`` of a module with 2,000 outputs asks for ~4e9 events and
+    died in a MemoryError; the steps are held to the generators' bound (MAX_EVENTS), counted
+    from the module before one event is made. Here the bound is lowered to what two steps of
+    the committed module exceed."""
+    from allocsim.traces.formats import xla_dump
+
+    def no_replay(*args: object) -> None:
+        raise AssertionError("replayed before the steps were checked")
+
+    monkeypatch.setattr(xla_dump, "MAX_EVENTS", 10)
+    monkeypatch.setattr(xla_dump, "replay_steps", no_replay)
+    status, out, err = cli("info", DATA / "cpu", "--module", "jit_train_step", "--steps", "2")
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and "--steps 2" not in err, err
+    assert "steps=2 asks for up to" in err and "at most 10 events" in err, err

@@ -29,6 +29,7 @@ from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.engine import SharedRun
 from allocsim.sim.kernel.results import RunResult
 from allocsim.sim.output.colours import CAPACITY_COLOUR, LIVE_COLOUR, OOM_COLOUR, policy_colours
+from allocsim.sim.output.display_text import shown
 from allocsim.sim.output.figure_data import (
     FRAGMENTATION_NAME,
     FRAGMENTATION_TITLE,
@@ -58,6 +59,20 @@ def pyplot() -> Any:
     matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
     return plt
+
+
+# Policies a comparison's figure draws, in the comparison's order: one panel each, so 300
+# policies made 300 panels and took most of a minute; the rest are in results.json and the
+# tables, and the figure says how many it left out.
+FIGURE_POLICIES = 16
+
+
+def _at_most(series: list[Series]) -> tuple[list[Series], str]:
+    """The first :data:`FIGURE_POLICIES` of ``series``, and a note when some are left out."""
+    if len(series) <= FIGURE_POLICIES:
+        return series, ""
+    return series[:FIGURE_POLICIES], (f" (the first {FIGURE_POLICIES} of {len(series)} "
+                                      "policies; all in results.json)")
 
 
 def _new_figure(width: float, height: float) -> Any:
@@ -103,7 +118,7 @@ def _reserved_line(ax: Any, s: Series, scales: TraceScales, colour: str, width: 
     ax.step(scales.x(s), _clip(s.reserved, scales), where="post", lw=width, color=colour,
             ls=(0, (4, 2)) if off else "-")
     if off:
-        ax.annotate(f"▲ {s.policy} {format_size(scales.off_scale[s.policy])}",
+        ax.annotate(f"▲ {shown(s.policy)} {format_size(scales.off_scale[s.policy])}",
                     (scales.x_end, scales.y_top * 0.985), xytext=(-3, -3),
                     textcoords="offset points", ha="right", va="top", fontsize=7, color=colour)
 
@@ -114,7 +129,7 @@ def timeline_fig(runs: Sequence[Any], title: str = "") -> Any:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
     every = as_series(runs)
-    series = [s for s in every if s.has_timeline]
+    series, left_out = _at_most([s for s in every if s.has_timeline])
     colours = policy_colours([s.policy for s in every])
     scales = trace_scales(series)
     fig = _new_figure(10, 1.35 * len(series) + 2.6)
@@ -143,7 +158,7 @@ def timeline_fig(runs: Sequence[Any], title: str = "") -> Any:
         for target in (ax, overview):
             if oom is not None:
                 target.axvline(oom, color=OOM_COLOUR, ls="--", lw=1)
-        ax.set_title(f"{s.policy}: peak reserved {format_size(s.peak_reserved)}"
+        ax.set_title(f"{shown(s.policy)}: peak reserved {format_size(s.peak_reserved)}"
                      f"{_off_note(s, scales)}; {s.slowdown:.3f}× slowdown"
                      + ("" if s.completed else " — runs out of memory"), fontsize=8.5,
                      loc="left", color="black")
@@ -155,17 +170,17 @@ def timeline_fig(runs: Sequence[Any], title: str = "") -> Any:
         handles.append(Line2D([], [], color=OOM_COLOUR, ls="--", lw=1))
         labels.append("first OOM")
     handles += [Line2D([], [], color=colours[s.policy], lw=2.5) for s in series]
-    labels += [s.policy for s in series]
+    labels += [shown(s.policy, 40) for s in series]
     fig.legend(handles, labels, loc="outside right upper", fontsize=7.5, frameon=False)
-    if title:
-        fig.suptitle(title, fontsize=10, x=0.02, ha="left")
+    if title or left_out:
+        fig.suptitle(shown(title) + left_out, fontsize=10, x=0.02, ha="left")
     return fig
 
 
 def fragmentation_fig(runs: Sequence[Any], title: str = "") -> Any:
     """Per policy, one panel on the trace's time axis: the free share of reserved memory."""
     every = as_series(runs)
-    series = [s for s in every if s.has_timeline]
+    series, left_out = _at_most([s for s in every if s.has_timeline])
     colours = policy_colours([s.policy for s in every])
     scales = trace_scales(series)
     fig = _new_figure(10, 1.2 * max(1, len(series)) + 1.0)
@@ -181,11 +196,12 @@ def fragmentation_fig(runs: Sequence[Any], title: str = "") -> Any:
             ax.axvline(oom, color=OOM_COLOUR, ls="--", lw=1)
         ax.set_yticks([0, 50, 100])
         ax.set_ylabel("free (%)", fontsize=8)
-        ax.set_title(f"{s.policy}: {FRAGMENTATION_NAME} {free_at_peak(s):.1%}"
+        ax.set_title(f"{shown(s.policy)}: {FRAGMENTATION_NAME} {free_at_peak(s):.1%}"
                      + ("" if s.completed else " — runs out of memory"), fontsize=8.5,
                      loc="left")
-    fig.suptitle(f"{FRAGMENTATION_TITLE}{' — ' + title if title else ''}: (reserved − in use) "
-                 f"/ reserved; blank where under {MIN_LIVE_SHARE:.0%} of peak allocated is live",
+    fig.suptitle(f"{FRAGMENTATION_TITLE}{' — ' + shown(title) if title else ''}: (reserved − in "
+                 f"use) / reserved; blank where under {MIN_LIVE_SHARE:.0%} of peak allocated is "
+                 f"live{left_out}",
                  fontsize=9.5, x=0.02, ha="left")
     return fig
 
@@ -210,12 +226,13 @@ def _bars(ax: Any, labels: Sequence[str], values: Sequence[float], colours: Sequ
 
 def peaks_fig(runs: Sequence[Any], title: str = "") -> Any:
     """Peak reserved per policy (bar, linear, value printed) with peak live marked."""
-    series = as_series(runs)
-    colours = policy_colours([s.policy for s in series])
+    every = as_series(runs)
+    series, left_out = _at_most(list(every))
+    colours = policy_colours([s.policy for s in every])
     fig = _new_figure(8.5, 0.42 * len(series) + 1.3)
     ax = fig.subplots()
     unit, scale = size_unit(max([s.peak_reserved for s in series] + [1]))
-    _bars(ax, [s.policy for s in series], [s.peak_reserved / scale for s in series],
+    _bars(ax, [shown(s.policy, 40) for s in series], [s.peak_reserved / scale for s in series],
           [colours[s.policy] for s in series],
           [format_size(s.peak_reserved) + ("" if s.completed else " — OOM") for s in series],
           unit)
@@ -223,7 +240,7 @@ def peaks_fig(runs: Sequence[Any], title: str = "") -> Any:
     ax.axvline(live / scale, color=CAPACITY_COLOUR, ls="--", lw=1,
                label=f"peak live {format_size(live)}")
     ax.legend(fontsize=7.5, loc="best", frameon=True)
-    ax.set_title(title or "peak reserved", fontsize=9.5, loc="left")
+    ax.set_title(shown(title or "peak reserved") + left_out, fontsize=9.5, loc="left")
     return fig
 
 
@@ -231,11 +248,14 @@ def capacity_fig(answers: Sequence[dict[str, Any]], trace_name: str) -> Any:
     """The smallest device each policy runs on (bar, linear, value printed), peak live marked;
     a policy that never fits is named as such."""
     colours = policy_colours([a["policy"] for a in answers])
+    left_out = (f" (the first {FIGURE_POLICIES} of {len(answers)} policies; all in the JSON)"
+                if len(answers) > FIGURE_POLICIES else "")
+    answers = answers[:FIGURE_POLICIES]
     fig = _new_figure(8.5, 0.42 * len(answers) + 1.3)
     ax = fig.subplots()
     fits = [a["min_capacity"] or 0 for a in answers]
     unit, scale = size_unit(max([*fits, 1]))
-    _bars(ax, [a["policy"] for a in answers], [v / scale for v in fits],
+    _bars(ax, [shown(a["policy"], 40) for a in answers], [v / scale for v in fits],
           [colours[a["policy"]] for a in answers],
           [format_size(v) if v else "never fits" for v in fits], unit)
     if answers:
@@ -243,39 +263,42 @@ def capacity_fig(answers: Sequence[dict[str, Any]], trace_name: str) -> Any:
         ax.axvline(bound / scale, color=CAPACITY_COLOUR, ls="--", lw=1,
                    label=f"peak live {format_size(bound)} (the lower bound)")
         ax.legend(fontsize=7.5, loc="best", frameon=True)
-    ax.set_title(f"smallest device that runs {trace_name}", fontsize=9.5, loc="left")
+    ax.set_title(f"smallest device that runs {shown(trace_name)}{left_out}", fontsize=9.5,
+                 loc="left")
     return fig
 
 
 # -- descriptions for the report's <img alt> -------------------------------------------------------
 def timeline_alt(runs: Sequence[Any], title: str) -> str:
     series = as_series(runs)
-    return (f"{title}: the trace's live bytes and each policy's reserved bytes over the trace's "
-            "time, then one panel per policy, on one time axis and one size scale. " + "; ".join(
-                f"{s.policy} peaks at {format_size(s.peak_reserved)} reserved, "
+    return (f"{shown(title)}: the trace's live bytes and each policy's reserved bytes over the "
+            "trace's time, then one panel per policy, on one time axis and one size scale. "
+            + "; ".join(
+                f"{shown(s.policy)} peaks at {format_size(s.peak_reserved)} reserved, "
                 f"{format_size(s.peak_allocated)} allocated"
                 + ("" if s.completed else ", runs out of memory") for s in series) + ".")
 
 
 def fragmentation_alt(runs: Sequence[Any], title: str) -> str:
     series = as_series(runs)
-    return (f"{title}: one panel per policy, the {FRAGMENTATION_TITLE} over the run, in "
+    return (f"{shown(title)}: one panel per policy, the {FRAGMENTATION_TITLE} over the run, in "
             f"percent. {FRAGMENTATION_NAME}: " + "; ".join(
-                f"{s.policy} {free_at_peak(s):.1%}" for s in series) + ".")
+                f"{shown(s.policy)} {free_at_peak(s):.1%}" for s in series) + ".")
 
 
 def peaks_alt(runs: Sequence[Any], title: str) -> str:
     series = as_series(runs)
-    return (f"{title}: bar chart on a linear scale of peak reserved per policy, with peak "
+    return (f"{shown(title)}: bar chart on a linear scale of peak reserved per policy, with peak "
             "live marked. " + "; ".join(
-                f"{s.policy} {format_size(s.peak_reserved)} reserved vs "
+                f"{shown(s.policy)} {format_size(s.peak_reserved)} reserved vs "
                 f"{format_size(s.peak_allocated)} allocated" for s in series) + ".")
 
 
 def capacity_alt(answers: Sequence[dict[str, Any]], trace_name: str) -> str:
-    return (f"Bar chart: the smallest device capacity on which each policy runs {trace_name} "
-            "without running out of memory, against peak live (the lower bound). " + "; ".join(
-                f"{a['policy']} " + ("never fits" if a.get("min_capacity") is None
+    return ("Bar chart: the smallest device capacity on which each policy runs "
+            f"{shown(trace_name)} without running out of memory, against peak live (the lower "
+            "bound). " + "; ".join(
+                f"{shown(a['policy'])} " + ("never fits" if a.get("min_capacity") is None
                                      else format_size(a["min_capacity"]))
                 for a in answers) + ".")
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from allocsim import __version__
 from allocsim.policies.units import format_size
+from allocsim.sim.output.display_text import shown
 from allocsim.sim.output.figure_data import FRAGMENTATION_NAME, as_series, free_at_peak
 from allocsim.sim.output.figures import (
     FRAGMENTATION_TITLE,
@@ -200,7 +201,7 @@ def _table(data: dict[str, Any]) -> str:
         utilization = (f"{r['peak_allocated'] / r['peak_reserved']:.1%}" if r["peak_reserved"]
                        else "-")    # nothing reserved: no share to speak of
         rows.append(
-            f"<tr{winner}><td>{html.escape(r['policy'])}</td>"
+            f"<tr{winner}><td>{html.escape(shown(r['policy']))}</td>"
             f"<td{' class=fail' if not r['completed'] else ''}>{done}</td>"
             f"<td>{format_size(r['peak_reserved'])}</td><td>{format_size(r['peak_allocated'])}</td>"
             f"<td>{utilization}</td><td>{free_at_peak(s):.1%}</td>"
@@ -216,7 +217,7 @@ def _table(data: dict[str, Any]) -> str:
 
 
 def _heading(level: int, text: str, anchor: str) -> str:
-    return (f"<h{level} id={anchor}>{html.escape(text)}"
+    return (f"<h{level} id={anchor}>{html.escape(shown(text))}"
             f'<a class=anchor href="#{anchor}" title="link to this section">#</a></h{level}>')
 
 
@@ -224,7 +225,7 @@ def comparison_figures(data: dict[str, Any]) -> tuple[Any, Any, Any]:
     """The three figures of a comparison, in the page's order: memory over time, peak
     reserved, free share of reserved memory."""
     trace, device, results = data["trace"], data["device"], data["results"]
-    title = f"{trace['name']} on {device['name']}"
+    title = f"{shown(trace['name'])} on {device['name']}"
     return (timeline_fig(results, f"memory over time — {title}"),
             peaks_fig(results, f"peak reserved — {title}"), fragmentation_fig(results, title))
 
@@ -234,7 +235,7 @@ def _comparison_section(data: dict[str, Any], anchor: str,
                         pngs: Sequence[bytes] | None = None) -> str:
     trace, device = data["trace"], data["device"]
     results = data["results"]
-    title = f"{trace['name']} on {device['name']}"
+    title = f"{shown(trace['name'])} on {device['name']}"
     names = (f"memory over time — {title}", f"{FRAGMENTATION_TITLE} — {title}",
              f"peak reserved — {title}")
     payload = timeline_payload(data, f"{anchor}-timeline",
@@ -263,7 +264,7 @@ def _comparison_section(data: dict[str, Any], anchor: str,
 
 def _capacity_section(data: dict[str, Any], anchor: str) -> str:
     rows = "".join(
-        f"<tr><td>{html.escape(a['policy'])}</td>"
+        f"<tr><td>{html.escape(shown(a['policy']))}</td>"
         f"<td>{'never' if a['min_capacity'] is None else format_size(a['min_capacity'])}</td>"
         f"<td>{format_size(a['lower_bound'])}</td>"
         f"<td>{'-' if a.get('headroom') is None else format_size(a['headroom'])}</td>"
@@ -298,7 +299,8 @@ def render_report(documents: Sequence[dict[str, Any]], title: str = "allocsim re
     links = ([("summary", "Summary")] if summary else []) + [
         (anchors[i], d["trace"]["name"] + ("" if "results" in d else " (capacity)"))
         for i, d in enumerate(documents)] + [(slug(s.anchor), s.title) for s in sections]
-    nav = "<nav>" + "".join(f'<a href="#{a}">{html.escape(t)}</a>' for a, t in links) + "</nav>"
+    nav = "<nav>" + "".join(f'<a href="#{a}">{html.escape(shown(t))}</a>'
+                            for a, t in links) + "</nav>"
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     css, script = page_assets() if "class=tl " in "".join(bodies) else ("", "")
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"

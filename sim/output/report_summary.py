@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from allocsim.policies.units import format_size
+from allocsim.sim.output.display_text import shown
 
 
 def capacity_by_policy(documents: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -59,7 +60,7 @@ def trace_summary(doc: dict[str, Any], anchor: str, cards: Mapping[str, Any],
             f"<td>{float(r.get('slowdown', 1.0)):.3f}×</td></tr>")
     trace, device = doc["trace"], doc["device"]
     return (
-        f"<div class=tsum><h3><a href=\"#{anchor}\">{html.escape(trace['name'])}</a> "
+        f"<div class=tsum><h3><a href=\"#{anchor}\">{html.escape(shown(trace['name']))}</a> "
         f"<span class=meta>on {html.escape(device['name'])} "
         f"({format_size(device['capacity'])}), peak live "
         f"{format_size(trace['peak_live'])}</span></h3>"
@@ -85,7 +86,7 @@ def summary_section(entries: Sequence[tuple[dict[str, Any], str]],
     only_capacity = [doc for doc in documents if "answers" in doc
                      and doc["trace"]["name"] not in {d["trace"]["name"] for d, _ in entries}]
     extra = "".join(
-        f"<p>smallest device for <b>{html.escape(doc['trace']['name'])}</b>: " + "; ".join(
+        f"<p>smallest device for <b>{html.escape(shown(doc['trace']['name']))}</b>: " + "; ".join(
             f"{html.escape(a['policy'])} "
             + ("never fits" if a.get("min_capacity") is None else format_size(a["min_capacity"]))
             for a in doc["answers"]) + "</p>" for doc in only_capacity)

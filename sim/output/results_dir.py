@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from allocsim.sim.output.display_text import shown
 from allocsim.sim.output.figure_data import as_series
 from allocsim.sim.output.figures import png_bytes
 from allocsim.sim.output.files import safe_stem, write_bytes, write_json
@@ -57,7 +58,7 @@ def write_comparisons(comparisons: Sequence[Comparison], out_dir: str | Path,
     claims = {path: guard(path) for path in [out / "report.html",
                                              *(p for paths in figures for p in paths)]}
     documents = [c.to_json_dict(timeline=True) for c in comparisons]
-    title = ("allocsim: " + documents[0]["trace"]["name"]) if len(documents) == 1 \
+    title = ("allocsim: " + shown(documents[0]["trace"]["name"])) if len(documents) == 1 \
         else f"allocsim: {len(documents)} traces"
     details = None
     if traces is not None and len(traces) == len(comparisons):

@@ -12,6 +12,7 @@ from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.device_buffers import is_tpu
 from allocsim.sim.kernel.engine import SharedRun
 from allocsim.sim.kernel.results import RunResult
+from allocsim.sim.output.display_text import shown
 from allocsim.sim.questions.compare import Comparison
 from allocsim.sim.questions.share import ShareSpec
 
@@ -24,7 +25,7 @@ def _row(result: RunResult) -> list[str]:
     # and "100%" of 0 B would read as a perfect fit.
     held = result.peak_reserved > 0
     return [
-        result.policy,
+        shown(result.policy),
         "yes" if result.completed else "NO",
         format_size(result.peak_reserved),
         format_size(result.peak_allocated),
@@ -73,9 +74,9 @@ def comparison_text(comparison: Comparison) -> str:
     """The table ``allocsim compare`` prints, with the trace, the device and the verdict."""
     trace = comparison.trace
     device = comparison.device
-    head = (f"trace  {printable(trace['name'])}: {trace['events']:,} events, "
-            f"{trace['allocs']:,} allocs, "
-            f"{trace['duration_s']:.3g} s, peak live {format_size(trace['peak_live'])}"
+    head = (f"trace  {printable(shown(trace['name']))}: {trace['events']:,} events, "
+            f"{trace['allocs']:,} allocs, {trace['duration_s']:.3g} s, "
+            f"peak live {format_size(trace['peak_live'])}"
             f"{_before_recording(trace)}\n"
             f"device {device.name}: {format_size(device.capacity)}{_context(device)}\n")
     table = format_table([_row(r) for r in comparison.results], COLUMNS)

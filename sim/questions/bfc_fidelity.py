@@ -357,6 +357,8 @@ def bfc_fidelity(trace: Trace, *, allow_growth: bool | None = None,
         notes.append("the allocator's state at the first record was not rebuilt"
                      + (f": {reason}" if reason else "") + "; the replay starts from nothing, "
                      "so places and chunk sizes after the start may differ for that alone")
+    elif best.start is not None and why_not.get(best.allow_growth):   # found some, gave up
+        notes.append(why_not[best.allow_growth])
     if meta.get("time_ties"):
         notes.append(f"{meta['time_ties']} groups of records share a timestamp; ordered by "
                      "the bytes_allocated chain")

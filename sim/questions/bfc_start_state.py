@@ -45,9 +45,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -56,6 +56,27 @@ __all__ = ["StartState", "pool_bytes_from_records", "region_sequences", "start_s
 UNIT = 256                     # BFC's kMinAllocationSize: chunk sizes and offsets
 MAX_STATES = 4000              # arrangements tried at most (each is one replay)
 MAX_POOLS = 8                  # pool sizes the stat may leave open, each tried
+# Candidates (groupings, region orders, bases, free arrangements) looked at, at most: a count,
+# not a time, so the search gives up after the same work on any machine (a crafted profile's
+# 300 spans leave ~C(300, 8) groupings to look at).
+MAX_CANDIDATES = 200_000
+
+_T = TypeVar("_T")
+
+
+class _Budget:
+    """What is left of the search's :data:`MAX_CANDIDATES`: every loop of the search draws its
+    candidates through :meth:`take`, which stops them all once the budget is spent."""
+
+    def __init__(self) -> None:
+        self.left = MAX_CANDIDATES
+        self.gave_up = False
+
+    def take(self, candidates: Iterable[_T]) -> Iterator[_T]:
+        for candidate in itertools.islice(candidates, max(self.left, 0)):   # none drawn past
+            self.left -= 1
+            yield candidate
+        self.gave_up = self.gave_up or self.left <= 0
 
 
 @dataclass
@@ -144,7 +165,7 @@ def _spans(chunks: list[tuple[int, int]]) -> list[list[int]]:
     return spans
 
 
-def _groupings(spans: list[list[int]], regions: int, biggest: int
+def _groupings(spans: list[list[int]], regions: int, biggest: int, budget: _Budget
                ) -> Iterator[list[list[list[int]]]]:
     """Ways to part the spans, in address order, into at most ``regions`` groups, one region
     each: a cut falls between two spans (a chunk never crosses a region's end) and no group
@@ -155,7 +176,7 @@ def _groupings(spans: list[list[int]], regions: int, biggest: int
     forced = [k for k, g in enumerate(gaps) if g >= biggest]
     optional = sorted((k for k, g in enumerate(gaps) if g < biggest), key=lambda k: -gaps[k])
     for extra in range(max(regions - len(forced) - 1, -1) + 1):
-        for chosen in itertools.combinations(optional, extra):
+        for chosen in budget.take(itertools.combinations(optional, extra)):
             cuts = sorted(forced + list(chosen))
             groups, at = [], 0
             for cut in cuts:
@@ -178,8 +199,8 @@ def _bases(low: int, high: int, size: int) -> list[int]:
     return sorted(set(near + far), reverse=True)
 
 
-def _free_arrangements(gaps: list[tuple[int, int]], edges: list[int], extra: int
-                       ) -> Iterator[tuple[list[tuple[int, int]], str]]:
+def _free_arrangements(gaps: list[tuple[int, int]], edges: list[int], extra: int,
+                       budget: _Budget) -> Iterator[tuple[list[tuple[int, int]], str]]:
     """Ways to leave ``extra`` bytes of the ``gaps`` free (the rest live): some of the gaps at
     a region's ends (``edges``, indices into ``gaps``) wholly free, and what is left of
     ``extra`` either as further whole gaps or as the low or high end of one gap. Yields the
@@ -187,9 +208,9 @@ def _free_arrangements(gaps: list[tuple[int, int]], edges: list[int], extra: int
     if extra == 0:
         yield list(gaps), ""
         return
-    edge_sets = [()] + [c for n in range(1, len(edges) + 1)
-                        for c in itertools.combinations(edges, n)]
-    for chosen in edge_sets:
+    edge_sets = itertools.chain.from_iterable(itertools.combinations(edges, n)
+                                              for n in range(len(edges) + 1))
+    for chosen in budget.take(edge_sets):
         left = extra - sum(gaps[i][1] for i in chosen)
         if left < 0:
             continue
@@ -240,16 +261,17 @@ def start_states(refs: list[dict[str, Any]], prologue: dict[int, int], start_in_
     recorded = [(int(r["addr"]), int(r["chunk"])) for r in refs]
     spans = _spans(recorded)
     states: list[StartState] = []
+    budget = _Budget()
     for sizes, clusters in ((seq, groups) for seq in sequences
-                            for groups in _groupings(spans, len(seq), max(seq))):
-        for order in itertools.permutations(range(len(sizes)), len(clusters)):
+                            for groups in _groupings(spans, len(seq), max(seq), budget)):
+        for order in budget.take(itertools.permutations(range(len(sizes)), len(clusters))):
             fitting = [(c, sizes[i]) for c, i in zip(clusters, order)
                        if c[-1][1] - c[0][0] <= sizes[i]]
             if len(fitting) < len(clusters):
                 continue
             unseen = [sizes[i] for i in range(len(sizes)) if i not in order]
             base_options = [_bases(c[0][0], c[-1][1], size) for c, size in fitting]
-            for bases in itertools.product(*base_options):
+            for bases in budget.take(itertools.product(*base_options)):
                 gaps: list[tuple[int, int]] = []
                 edges: list[int] = []
                 for base, (cluster, size) in zip(bases, fitting):
@@ -274,7 +296,7 @@ def start_states(refs: list[dict[str, Any]], prologue: dict[int, int], start_in_
                         placed[i] = (spare, sizes[i])
                         spare += -(-sizes[i] // (1 << 30)) * (1 << 30) + (1 << 30)
                 regions = [placed[i] for i in range(len(sizes))]
-                for live_ranges, guess in _free_arrangements(gaps, edges, extra):
+                for live_ranges, guess in _free_arrangements(gaps, edges, extra, budget):
                     live = [(a, c, q) for a, (c, q) in live_known.items()]
                     live += [(a, n, n) for a, n in live_ranges if n > 0]
                     notes = [f"regions {'+'.join(str(s) for s in sizes)} B"]
@@ -287,6 +309,10 @@ def start_states(refs: list[dict[str, Any]], prologue: dict[int, int], start_in_
                                              address_of, notes))
                     if len(states) >= MAX_STATES:
                         return states, ""
+    if budget.gave_up:
+        return states, (f"the start-state search gave up after {MAX_CANDIDATES:,} candidates "
+                        f"(groupings, region orders, bases, free gaps) with {len(states):,} "
+                        "arrangement(s) found: the records leave too many open")
     if not states:
         return [], (f"no arrangement of regions {sequences[0]} (pool {sum(sequences[0]):,} B) "
                     "holds the "

@@ -70,11 +70,12 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from allocsim.sim.sweeps.cell import Failed, describe_error, materialise, ping, run_cell, run_cells
+from allocsim.sim.sweeps.dask_probe import check_scheduler
 from allocsim.sim.sweeps.grid import Cell, SweepError, TraceSource
 from allocsim.traces.formats.limits import read_input
 from allocsim.traces.model import TraceError
 
-__all__ = ["FileIdentity", "Runner", "make_runner", "usable_cores"]
+__all__ = ["FileIdentity", "Runner", "dask_client", "make_runner", "usable_cores"]
 
 FileIdentity = tuple[int, int, int]   # (fd, st_dev, st_ino) of a descriptor workers must close
 PR_SET_PDEATHSIG = 1                  # <linux/prctl.h>
@@ -450,17 +451,26 @@ class DaskRunner(Runner):
             self.client.close()
 
 
-def _dask_client(address: str) -> Any:
+# Seconds to reach a Dask scheduler and hear its greeting, then for the client to connect.
+DASK_CONNECT_TIMEOUT_S = 30.0
+
+
+def dask_client(address: str) -> Any:
+    """A client of the Dask scheduler at ``address`` (dask://, tcp:// or tls://HOST:PORT), or
+    one-line :class:`SweepError`: distributed missing, a bad address, nothing there, or
+    something there that is not a scheduler (:mod:`~allocsim.sim.sweeps.dask_probe`)."""
     try:
         from distributed import Client
     except ModuleNotFoundError:
         raise SweepError("--executor dask://... needs Dask's distributed package, an optional "
                          "extra: pip install 'allocsim[dask]'") from None
     target = "tcp://" + address[len("dask://"):] if address.startswith("dask://") else address
+    check_scheduler(address, target, DASK_CONNECT_TIMEOUT_S)  # silent or foreign: one line
     try:
-        return Client(target, timeout="30s")
-    except (OSError, TimeoutError) as err:
-        raise SweepError(f"cannot reach the Dask scheduler at {target}: {err}") from None
+        return Client(target, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
+    except Exception as err:    # what the scheduler said made no sense to distributed
+        raise SweepError(f"cannot connect to the Dask scheduler at {target}: "
+                         f"{describe_error(err)}") from None
 
 
 def make_runner(executor: str | Executor | Any | None, workers: int | None,
@@ -475,7 +485,7 @@ def make_runner(executor: str | Executor | Any | None, workers: int | None,
         return PoolRunner(max(1, min(count, len(cells))), private=private)
     if isinstance(executor, str):
         if executor.startswith(("dask://", "tcp://", "tls://")):
-            runner = DaskRunner(_dask_client(executor), True, cells)
+            runner = DaskRunner(dask_client(executor), True, cells)
             runner.check_workers()
             return runner
         raise SweepError(f"unknown executor {executor!r}: use 'local' or dask://HOST:PORT")

@@ -34,7 +34,9 @@ ranges.
 **Traces.** An entry is either a file path / glob (``*``, ``?``, ``[...]``, ``**`` recursive),
 or a synthetic generator spec ``synth:KIND[?key=value&key=value...]`` (``,`` also separates
 parameters; ``seed`` is a parameter like any other, default 0). A glob keeps only files with a
-trace extension (``.npz``, ``.csv``, ``.csv.gz``, ``.jsonl``, ...) and must match at least one; a
+trace extension (``.npz``, ``.csv``, ``.csv.gz``, ``.jsonl``, ...) and must match at least one;
+it lists a file once however many names reach it, and ``**`` enters a folder once however
+many links lead there (:mod:`~allocsim.sim.sweeps.trace_glob`); a
 plain path must exist. A trace is identified by its path as written relative to the TOML file
 (or by its canonical synth spec, parameters sorted by name), so moving the sweep directory
 keeps the results file valid.
@@ -52,7 +54,6 @@ malformed is *not* a definition error: its cells fail and record why.
 
 from __future__ import annotations
 
-import glob as globlib
 import itertools
 import math
 import os
@@ -80,6 +81,7 @@ from allocsim.sim.kernel.device import (
 )
 from allocsim.sim.kernel.device_profile import check_capacity
 from allocsim.sim.questions.compare import OFFLINE_NAME, normalize_spec
+from allocsim.sim.sweeps.trace_glob import expand_trace_glob
 from allocsim.traces import formats, synth
 from allocsim.traces.formats.limits import read_input_text, regular_file_problem
 from allocsim.traces.model import Trace, TraceError
@@ -345,12 +347,18 @@ def parse_definition(data: Mapping[str, Any], *, base_dir: str | os.PathLike[str
     _check_grid_size(sizes, fail)
 
     traces: dict[str, TraceSource] = {}
+    files: set[str] = set()     # resolved: a file under two names (a link, two entries) once
     for entry in strings("traces", None):
         try:
             found = _trace_sources(entry.strip(), base)
         except (SweepError, ValueError) as err:
             raise fail("grid.traces", str(err)) from None
         for trace in found:
+            if trace.path is not None:
+                real = os.path.realpath(trace.path)
+                if real in files:
+                    continue
+                files.add(real)
             traces.setdefault(trace.key, trace)
 
     policies: dict[str, None] = {}
@@ -429,7 +437,7 @@ def _trace_sources(entry: str, base: Path) -> list[TraceSource]:
     if any(ch in pattern for ch in "*?["):
         extensions = tuple(formats.supported_extensions())
         matches = sorted(
-            m for m in globlib.glob(pattern, root_dir=None if absolute else base, recursive=True)
+            m for m in expand_trace_glob(pattern, None if absolute else str(base))
             if m.lower().endswith(extensions)
             and (Path(m) if absolute else base / m).is_file())
         if not matches:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from allocsim.sim.kernel.device import DeviceProfile
-from allocsim.sim.sweeps.executors import Runner, make_runner
+from allocsim.sim.sweeps.executors import Runner, dask_client, make_runner
 from allocsim.sim.sweeps.grid import Cell, SweepError, TraceSource
 from allocsim.traces.bundled import bundled_path
 
@@ -37,17 +37,7 @@ class SweepEvaluator:
         self.runner: Runner | None = None
         self.client: Any = None
         if executor.startswith(("dask://", "tcp://", "tls://")):
-            try:
-                from distributed import Client
-            except ModuleNotFoundError:
-                raise SweepError("--executor dask://... needs Dask's distributed package, an "
-                                 "optional extra: pip install 'allocsim[dask]'") from None
-            target = "tcp://" + executor[len("dask://"):] if executor.startswith("dask://") \
-                else executor
-            try:
-                self.client = Client(target, timeout="30s")
-            except (OSError, TimeoutError) as err:
-                raise SweepError(f"cannot reach the Dask scheduler at {target}: {err}") from None
+            self.client = dask_client(executor)     # the sweeps' own: checked, one line
         elif executor != "local":
             raise SweepError(f"unknown executor {executor!r}: use 'local' or dask://HOST:PORT")
 

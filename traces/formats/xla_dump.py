@@ -93,6 +93,7 @@ from allocsim.traces.formats.xla_dump_files import (
 )
 from allocsim.traces.formats.xla_runtime import executable_of, replay_steps
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace, TraceError
+from allocsim.traces.synth._common import MAX_EVENTS
 
 __all__ = ["FORMAT_NAME", "OPTIONS", "ROLES", "VIEWS", "ModuleFiles", "SeveralModules",
            "detect_xla_dump", "is_dump_path", "list_modules", "read_xla_dump", "role_trace"]
@@ -345,6 +346,15 @@ def _runtime_trace(module: ModuleFiles, source: str, listing: list[str], steps: 
     live = parse_live_range(read_text(module.paths["live-range"]), module.paths["live-range"])
     check_same_compilation(live, assignment, assign_path)
     executable = executable_of(module.name, assignment, live.length)
+    # Held to the generators' bound before one event is made: 2,000 outputs over a million
+    # steps ask for ~4e9 events, which no machine holds.
+    events = 2 * (len(executable.parameters)
+                  + steps * (len(executable.temps) + len(executable.outputs)))
+    if events > MAX_EVENTS:
+        raise TraceError(f"steps={steps:,} asks for up to {events:,} events ({module.key}: "
+                         f"{len(executable.temps) + len(executable.outputs):,} allocations per "
+                         f"execution); a trace holds at most {MAX_EVENTS:,} events",
+                         source=source)
     replay = replay_steps(executable, steps)
     xla: dict[str, Any] = {
         "module": module.key, "platform": module.platform, "stage": module.stage,
