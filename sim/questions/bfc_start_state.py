@@ -67,6 +67,8 @@ class StartState:
     curr_region_allocation_bytes: int
     prologue_address: dict[int, int]           # trace buffer id -> its chunk's address
     guesses: list[str] = field(default_factory=list)
+    gaps: list[tuple[int, int]] = field(default_factory=list)  # (address, bytes) no record covers
+    known_live: int = 0                        # leading ``live`` entries known from free records
 
 
 def pool_bytes_from_records(refs: list[dict[str, Any]], step: int, limit: int,
@@ -284,7 +286,7 @@ def start_states(refs: list[dict[str, Any]], prologue: dict[int, int], start_in_
                     if guess:
                         notes.append(guess)
                     states.append(StartState(regions, live, _next_curr(sizes, first_region),
-                                             address_of, notes))
+                                             address_of, notes, gaps, len(live_known)))
                     if len(states) >= MAX_STATES:
                         return states, ""
     if not states:
