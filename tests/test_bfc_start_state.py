@@ -200,3 +200,15 @@ def test_a_refinement_keeps_the_bytes_live_at_the_start() -> None:
     for variant in variants:
         assert sum(n for _, n, _ in variant.live) == live
         assert variant.live[0] == (0, 256, 200)
+
+
+def test_a_refinement_stops_at_its_bound_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refinement replays at most MAX_REPLAYED_EVENTS trace events; past that it stops,
+    the report names the bound and gives the state it reached (here: none better)."""
+    from allocsim.sim.questions import bfc_fidelity as fidelity_module
+
+    monkeypatch.setattr(bfc_start_refine, "MAX_REPLAYED_EVENTS", 10)
+    monkeypatch.setattr(fidelity_module, "MAX_REPLAYED_EVENTS", 10)
+    report = bfc_fidelity(formats.load(DATA / "tf-cpu-keras-midrun-3.xplane.pb"))
+    assert report.matched < report.total and report.exit_status == 1
+    assert "refinement stopped after replaying 10 events" in report.text()

@@ -45,7 +45,7 @@ from allocsim.errors import UserInputError
 from allocsim.policies import format_size
 from allocsim.policies.bfc import MIN_ALLOCATION, BFCAllocator, round_bytes
 from allocsim.sim.kernel.device import DeviceProfile
-from allocsim.sim.questions.bfc_start_refine import MAX_REPLAYS, refine
+from allocsim.sim.questions.bfc_start_refine import MAX_REPLAYED_EVENTS, refine
 from allocsim.sim.questions.bfc_start_state import StartState, start_states
 from allocsim.sim.questions.fidelity_device import RecordedAddressDevice, address_floor
 from allocsim.traces.model import OP_ALLOC, Trace
@@ -366,8 +366,9 @@ def bfc_fidelity(trace: Trace, *, allow_growth: bool | None = None,
         best, stopped = _refined(trace, limit, best)
         replays[at] = best
         if stopped:
-            notes.append(f"the start state's refinement stopped after {MAX_REPLAYS:,} replays "
-                         "(sim/questions/bfc_start_refine.py); what it reached is reported")
+            notes.append(f"the start state's refinement stopped after replaying "
+                         f"{MAX_REPLAYED_EVENTS:,} events (sim/questions/bfc_start_refine.py); "
+                         "the state it reached is reported")
     if best.prologue_bytes and best.start is None:
         reason = why_not.get(best.allow_growth, "")
         notes.append("the allocator's state at the first record was not rebuilt"
@@ -470,7 +471,8 @@ def _refined(trace: Trace, limit: int, best: Replay) -> tuple[Replay, bool]:
             return None
 
     assert best.start is not None
-    found = refine(best.start, best, lambda r: (r.matched_until, r.matched), best.total, run)
+    found = refine(best.start, best, lambda r: (r.matched_until, r.matched), best.total, run,
+                   len(trace))
     found.replay.states_left = found.left
     found.replay.refinement = found.changes
     return found.replay, found.stopped
