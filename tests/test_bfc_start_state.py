@@ -9,7 +9,9 @@ after a warm-up. Real: the two TensorFlow profiles started mid-run (tests/make_x
 
 from __future__ import annotations
 
+import random
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -212,3 +214,31 @@ def test_a_refinement_stops_at_its_bound_and_says_so(monkeypatch: pytest.MonkeyP
     report = bfc_fidelity(formats.load(DATA / "tf-cpu-keras-midrun-3.xplane.pb"))
     assert report.matched < report.total and report.exit_status == 1
     assert "refinement stopped after replaying 10 events" in report.text()
+
+
+def test_pool_sizes_the_stat_leaves_open_are_all_replayed() -> None:
+    """A random mix of requests (seeded) whose regions lie apart, profiled from its 61st call,
+    with the fragmentation stat at six significant digits as TensorFlow writes it: 14 pool
+    sizes fit the first records. The rebuild refused past 8 and replayed from nothing (0 of 17
+    compared records); every size the stat allows is a candidate, the replay decides between
+    them, and all 20 records match (the frees of buffers from before recording included)."""
+    rng = random.Random(31)
+    calls: list[tuple[str, int]] = []
+    live: list[int] = []
+    allocs = 0
+    for _ in range(80):
+        if live and rng.random() < 0.4:
+            calls.append(("free", live.pop(rng.randrange(len(live)))))
+        else:
+            calls.append(("alloc", rng.choice([3 * MiB, 5 * MiB, 700, 20000, 200000, MiB,
+                                                100000])))
+            live.append(allocs)
+            allocs += 1
+    events = recording(calls, 1 << 34, spacing=1 << 30, digits=6)[60:]
+    refs = [{"fragmentation": e["stats"]["fragmentation"], "in_use": e["stats"]["bytes_allocated"]}
+            for e in events]
+    pools, _ = pool_bytes_from_records(refs, 2 * MiB, 1 << 34)
+    assert len(pools) == 14
+    with tempfile.TemporaryDirectory() as folder:
+        report = bfc_fidelity(formats.load(write(Path(folder), events, "open-pool")))
+    assert report.start_state is not None and report.matched == report.total == 20

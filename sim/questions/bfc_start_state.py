@@ -55,7 +55,7 @@ __all__ = ["StartState", "pool_bytes_from_records", "region_sequences", "start_s
 
 UNIT = 256                     # BFC's kMinAllocationSize: chunk sizes and offsets
 MAX_STATES = 4000              # arrangements tried at most (each is one replay)
-MAX_POOLS = 8                  # pool sizes the stat may leave open, each tried
+MAX_POOLS = 32                 # pool sizes the stat may leave open, each tried (the replay decides)
 
 
 @dataclass
