@@ -16,7 +16,7 @@ later, on purpose):
 - ``tf-cpu-keras-midrun-2.xplane.pb``: the mid-run Keras CNN again, another process (its
   regions at other addresses: in the kept file a 16 MiB and a 4 MiB region lie 4 KiB apart);
 - ``tf-cpu-keras-midrun-3.xplane.pb``: the mid-run Keras CNN once more (the kept file held free
-  bytes in two gaps between recorded chunks at its first record: 1 of 6 fresh runs did).
+  bytes in two gaps between recorded chunks at its first record: 1 of 14 fresh runs did).
 
 The state at the first record varies run to run, so a remade mid-run file is another case.
 
