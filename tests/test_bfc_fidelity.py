@@ -43,11 +43,14 @@ def validator() -> Draft202012Validator:
     return Draft202012Validator(json.loads(text))
 
 
-def recording(calls: list[tuple[str, int]], limit: int = 64 * MiB) -> list[dict]:
+def recording(calls: list[tuple[str, int]], limit: int = 64 * MiB, *, spacing: int = 1,
+              digits: int | None = None) -> list[dict]:
     """Run ``bfc`` over ``calls`` (("alloc", bytes) / ("free", index of the alloc)) and write
-    what a real BFC would record: chunk, address, bytes in use after each call."""
-    policy = BFCAllocator(SimulatedDevice(DeviceProfile("t", 1 << 40, granularity=1)).view(0),
-                          memory_limit=limit)
+    what a real BFC would record: chunk, address, bytes in use after each call. Regions lie
+    at multiples of ``spacing`` (a host's allocator puts them apart); ``digits``: the
+    fragmentation stat to that many significant digits, as a real profile has it."""
+    device = SimulatedDevice(DeviceProfile("t", 1 << 44, granularity=spacing))
+    policy = BFCAllocator(device.view(0), memory_limit=limit)
     addresses: list[int] = []
     events = []
     for step, (kind, value) in enumerate(calls):
@@ -65,7 +68,8 @@ def recording(calls: list[tuple[str, int]], limit: int = 64 * MiB) -> list[dict]
                        "stats": {"allocator_name": "GPU_0_bfc", "bytes_reserved": 0,
                                  "bytes_allocated": policy.bytes_in_use,
                                  "bytes_available": limit - policy.bytes_in_use,
-                                 "fragmentation": policy.fragmentation(),
+                                 "fragmentation": policy.fragmentation() if digits is None
+                                 else float(f"{policy.fragmentation():.{digits}g}"),
                                  "peak_bytes_in_use": policy.peak_bytes_in_use,
                                  "requested_bytes": requested, "allocation_bytes": chunk,
                                  "addr": address, "tf_op": "jit(f)/op", "shape": "f32[]"}})

@@ -35,6 +35,9 @@ from snapshot_checks import (
 )
 
 import allocsim.traces.formats.torch_snapshot as ts
+from allocsim.policies import parse_policy
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
+from allocsim.sim.questions.fidelity_start import sized_start_segments
 from allocsim.traces.formats import format_for, load, load_with_report
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace
 from allocsim.traces.validate import validate
@@ -414,13 +417,22 @@ def test_blocks_from_before_recording_become_the_prologue():
     (seg,) = meta["initial_segments"]  # the segment allocated and freed in the trace is gone
     base = 0x100000
     assert seg["address"] == base and seg["total_size"] == 20 * MiB
-    # A's rounded size is inferred: 3 MiB - 512 leaves 512 bytes before B, too little for the
-    # allocator to split off a large-pool block, so A had them too.
+    # A's size is not in the file: the importer lays it out at its 512-rounded request and
+    # marks it; the recording hands out nothing between A and B while A is live.
     assert [(b["address"], b["size"], b["requested_size"], b["state"]) for b in seg["blocks"]] == [
-        (base, 3 * MiB, 3 * MiB - 1000, "active_allocated"),
+        (base, 3 * MiB - 512, 3 * MiB - 1000, "active_allocated"),
+        (base + 3 * MiB - 512, 512, 0, "inactive"),
         (base + 3 * MiB, 4 * MiB, 4 * MiB - 100, "active_allocated"),
         (base + 7 * MiB, 13 * MiB, 0, "inactive")]
+    assert seg["blocks"][0]["size_inferred"] and "carved_at" not in seg["blocks"][0]
     assert meta["initial_block_sizes_inferred"] == 1
+    # The model's own split rule sizes it: 512 bytes before B are too little for the allocator
+    # to split off a large-pool block (should_split), so A had them too.
+    policy = parse_policy("pytorch").build(SimulatedDevice(DeviceProfile("d", 1 << 40)).view(0))
+    (sized,) = sized_start_segments(meta["initial_segments"], policy)
+    assert [(b["address"], b["size"], b["state"]) for b in sized["blocks"]] == [
+        (base, 3 * MiB, "active_allocated"), (base + 3 * MiB, 4 * MiB, "active_allocated"),
+        (base + 7 * MiB, 13 * MiB, "inactive")]
     assert "inconsistencies" not in meta
 
 

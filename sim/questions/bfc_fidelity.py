@@ -26,7 +26,10 @@ What it follows
       left out of the comparison, and bytes in use is compared net of the bytes live at the
       start. ``matched_until`` says how far the match goes without a break: the last
       recorded call matched before the first divergence (-1 when none; the prologue's guesses
-      never count).
+      never count). A start state rebuilt from the records
+      (:mod:`~allocsim.sim.questions.bfc_start_state`) whose replay still diverges is decided
+      further by every record after it (:mod:`~allocsim.sim.questions.bfc_start_refine`):
+      the report gives the state kept and how many states match as far.
 
 Counting: ``total`` = compared records; a record matches when chunk size, address and bytes
 in use all agree. Exit status 0 only when all do.
@@ -42,6 +45,7 @@ from allocsim.errors import UserInputError
 from allocsim.policies import format_size
 from allocsim.policies.bfc import MIN_ALLOCATION, BFCAllocator, round_bytes
 from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.questions.bfc_start_refine import MAX_REPLAYED_EVENTS, refine
 from allocsim.sim.questions.bfc_start_state import StartState, start_states
 from allocsim.sim.questions.fidelity_device import RecordedAddressDevice, address_floor
 from allocsim.traces.model import OP_ALLOC, Trace
@@ -111,6 +115,8 @@ class Replay:
     prologue_bytes: int = 0     # bytes in use before the first record (mid-run start)
     start: StartState | None = None   # the rebuilt state before the first record, if any
     events: int | None = None         # replay only this many trace events (a screening run)
+    states_left: int = 1              # start states that matched as far as this one
+    refinement: list[str] = field(default_factory=list)  # gaps changed by bfc_start_refine
 
     def run(self) -> Replay:
         trace, meta = self.trace, self.trace.metadata
@@ -308,6 +314,9 @@ class BFCFidelityReport:
                              + f"; {state['live_chunks']} live chunks "
                              f"({format_size(state['live_bytes'])})"
                              + "".join(f"; {g}" for g in state["guesses"][1:]))
+                if state.get("states_left", 1) > 1:
+                    lines.append(f"  the records leave {state['states_left']} start states "
+                                 "that match as far; this is the first")
         div = self.first_divergence
         if div is None:
             lines.append("every compared record matched")
@@ -352,6 +361,14 @@ def bfc_fidelity(trace: Trace, *, allow_growth: bool | None = None,
                for growth, gc in tried]
     best = max(replays, key=lambda r: (r.matched, r.matched_until))   # first wins ties
     notes = []
+    if best.start is not None and best.matched < best.total:
+        at = replays.index(best)
+        best, stopped = _refined(trace, limit, best)
+        replays[at] = best
+        if stopped:
+            notes.append(f"the start state's refinement stopped after replaying "
+                         f"{MAX_REPLAYED_EVENTS:,} events (sim/questions/bfc_start_refine.py); "
+                         "the state it reached is reported")
     if best.prologue_bytes and best.start is None:
         reason = why_not.get(best.allow_growth, "")
         notes.append("the allocator's state at the first record was not rebuilt"
@@ -443,6 +460,26 @@ def _best_replay(trace: Trace, limit: int, growth: bool, gc: bool,
     return best if best is not None else Replay(trace, limit, growth, gc).run()
 
 
+def _refined(trace: Trace, limit: int, best: Replay) -> tuple[Replay, bool]:
+    """``best`` (a replay from a rebuilt start state that diverges) with its start state
+    decided further by the records after it (:mod:`~allocsim.sim.questions.
+    bfc_start_refine`); and whether the refinement stopped at its bound."""
+
+    def run(state: StartState, events: int | None) -> Replay | None:
+        try:
+            return Replay(trace, limit, best.allow_growth, best.garbage_collection,
+                          start=state, events=events).run()
+        except ValueError:      # a state the allocator cannot be seeded with
+            return None
+
+    assert best.start is not None
+    found = refine(best.start, best, lambda r: (r.matched_until, r.matched), best.total, run,
+                   len(trace))
+    found.replay.states_left = found.left
+    found.replay.refinement = found.changes
+    return found.replay, found.stopped
+
+
 def _describe(replay: Replay) -> dict[str, Any] | None:
     state = replay.start
     if state is None:
@@ -450,4 +487,4 @@ def _describe(replay: Replay) -> dict[str, Any] | None:
     return {"regions": [[base, size] for base, size in state.regions],
             "live_chunks": len(state.live), "live_bytes": sum(c for _, c, _ in state.live),
             "curr_region_allocation_bytes": state.curr_region_allocation_bytes,
-            "guesses": state.guesses}
+            "guesses": state.guesses + replay.refinement, "states_left": replay.states_left}

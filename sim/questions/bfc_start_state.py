@@ -55,7 +55,7 @@ __all__ = ["StartState", "pool_bytes_from_records", "region_sequences", "start_s
 
 UNIT = 256                     # BFC's kMinAllocationSize: chunk sizes and offsets
 MAX_STATES = 4000              # arrangements tried at most (each is one replay)
-MAX_POOLS = 8                  # pool sizes the stat may leave open, each tried
+MAX_POOLS = 32                 # pool sizes the stat may leave open, each tried (the replay decides)
 # Candidates (groupings, region orders, bases, free arrangements) looked at, at most: a count,
 # not a time, so the search gives up after the same work on any machine (a crafted profile's
 # 300 spans leave ~C(300, 8) groupings to look at).
@@ -88,6 +88,8 @@ class StartState:
     curr_region_allocation_bytes: int
     prologue_address: dict[int, int]           # trace buffer id -> its chunk's address
     guesses: list[str] = field(default_factory=list)
+    gaps: list[tuple[int, int]] = field(default_factory=list)  # (address, bytes) no record covers
+    known_live: int = 0                        # leading ``live`` entries known from free records
 
 
 def pool_bytes_from_records(refs: list[dict[str, Any]], step: int, limit: int,
@@ -306,7 +308,7 @@ def start_states(refs: list[dict[str, Any]], prologue: dict[int, int], start_in_
                     if guess:
                         notes.append(guess)
                     states.append(StartState(regions, live, _next_curr(sizes, first_region),
-                                             address_of, notes))
+                                             address_of, notes, gaps, len(live_known)))
                     if len(states) >= MAX_STATES:
                         return states, ""
     if budget.gave_up:

@@ -56,10 +56,11 @@ later match; ``extra`` = calls the model made that the recording did not. The ru
 (exit status 0) when everything matched, nothing extra was made and the final segments agree.
 
 Limits: blocks live when recording started but freed during it have inferred sizes (the
-file records requested sizes only; the importer rounds to 512 B and, outside expandable
-segments, keeps remainders of at most 1 MiB), so a seeded start can differ from the real one
-where a block was larger (an unsplit remainder next to space freed later, or
-roundup_power2_divisions); expandable segments at the start are seeded as one virtual range
+file records requested sizes only): ``fidelity_start`` sizes them with the model's own
+rounding and split rule, ending each where the recording later carves the space after it,
+else keeping the room up to the next live block when the rule would not have split it off;
+a seeded start can still differ where a block kept a rest that nothing later shows;
+expandable segments at the start are seeded as one virtual range
 per (stream, pool) whose base is inferred from the recording (policies/pytorch_snapshot.py
 says what a snapshot cannot tell); record_stream / cross-stream frees, CUDA graph pools and
 a memory fraction (not in the file) are not modelled.
@@ -75,6 +76,7 @@ Modules (one concept each), all in ``allocsim.sim.questions``:
 - ``fidelity_recording``: the recorded entries read (capacity, episodes, final segments);
 - ``fidelity_settings``: ``allocator_settings`` ↔ the ``pytorch`` policy's parameters;
 - ``fidelity_device``: the device that hands out recorded addresses;
+- ``fidelity_start``: the start blocks' sizes, by the model's own split rule;
 - ``fidelity_replay``: the seeded replay;
 - ``fidelity_match``: matching device calls, the first divergence, the final segments;
 - ``fidelity_report``: the report as text and JSON;

@@ -31,6 +31,7 @@ from allocsim.sim.questions.fidelity_recording import (
     expandable_range_bases,
 )
 from allocsim.sim.questions.fidelity_settings import SnapshotSettings
+from allocsim.sim.questions.fidelity_start import sized_start_segments
 from allocsim.traces.model import OP_ALLOC, Trace
 
 __all__ = ["CALL_ACTION", "Replay", "stream_ranks"]
@@ -83,6 +84,8 @@ class Replay:
         self.notes: list[str] = []
         self.seeded_segments = 0
         self.seeded_blocks = 0
+        # Blocks freed in the recording are sized here by the model's own split rule.
+        initial = sized_start_segments(initial, policy)
         self.prologue_map = self._seed(initial, int(meta.get("prologue_events") or 0))
         self.log: list[DeviceCall] = []
         self.view.log = self.log

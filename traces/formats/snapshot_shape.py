@@ -38,7 +38,6 @@ __all__ = [
     "REFERENCE_ACTIONS",
     "SEGMENT_ACTIONS",
     "SMALL_BUFFER",
-    "SMALL_SIZE",
     "Block",
     "Entry",
     "Segment",
@@ -64,7 +63,6 @@ ACTIVE_STATES = ("active_allocated", "active_pending_free", "active_awaiting_fre
 
 # PyTorch CUDACachingAllocator constants (c10/cuda/CUDACachingAllocator.cpp).
 MIN_BLOCK_SIZE = 512          # kMinBlockSize: block sizes are multiples of this
-SMALL_SIZE = 1 << 20          # kSmallSize: a large-pool remainder up to this is not split off
 SMALL_BUFFER = 2 << 20        # kSmallBuffer: every small-pool segment is this big
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1

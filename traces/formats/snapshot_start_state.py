@@ -9,6 +9,16 @@ Every block live then becomes an alloc of the Trace's prologue (see
 ``allocsim.traces.formats.snapshot_entries``), so every free matches an alloc; the segments at
 the start, with their blocks laid out, go to ``metadata["initial_segments"]``.
 
+A block live at the start and freed during the recording has no rounded size in the file (its
+``free_completed`` entry gives the requested bytes). It is laid out at the smallest size it can
+have, the request rounded to 512 B, and marked ``size_inferred``; how much more it took is the
+allocator's split rule (should_split, with the recorded settings), which this package does not
+copy: :mod:`allocsim.sim.questions.fidelity_start` applies the policy's own. What the file
+proves is handed over with the block: ``carved_at``, the lowest address the recording hands out
+between the block and the next block live at the start while the block is still live.
+PyTorch's allocator carves a request from the front of a free block, so the free space after
+the block begins there: the block ends at ``carved_at``.
+
 Entries that contradict the rest of the file are counted in ``problems`` by name, never raised:
 a recording can be cut mid-update.
 """
@@ -22,7 +32,6 @@ from typing import Any, NamedTuple
 from allocsim.traces.formats.snapshot_entries import StreamIds
 from allocsim.traces.formats.snapshot_shape import (
     ACTIVE_STATES,
-    SMALL_SIZE,
     Block,
     Entry,
     Segment,
@@ -48,9 +57,10 @@ def start_state(entries: list[Entry], segments: list[Segment], streams: StreamId
                 problems: collections.Counter[str]) -> StartState:
     """The blocks and segments at the start of ``entries``, undone from the final
     ``segments`` (the file's, for the device read); contradictions counted in ``problems``."""
-    blocks = _undo_blocks(entries, _final_blocks(segments), problems)
+    blocks, freed_at = _undo_blocks(entries, _final_blocks(segments), problems)
     start_segments = _undo_segments(entries, segments, problems)
-    initial, inferred = _initial_segments(start_segments, blocks, streams, problems)
+    carving = _Carving(entries, freed_at)
+    initial, inferred = _initial_segments(start_segments, blocks, streams, carving, problems)
     return StartState(blocks, initial, inferred)
 
 
@@ -65,23 +75,58 @@ def _final_blocks(segments: list[Segment]) -> dict[int, Block]:
 
 
 def _undo_blocks(entries: list[Entry], final: dict[int, Block],
-                 problems: collections.Counter[str]) -> dict[int, Block]:
-    """The blocks live at the start: MemoryView.simulate_memory run back to before entry 0."""
+                 problems: collections.Counter[str]) -> tuple[dict[int, Block], dict[int, int]]:
+    """The blocks live at the start: MemoryView.simulate_memory run back to before entry 0;
+    and, for those freed in the recording, the index of their ``free_completed`` entry."""
     blocks = dict(final)
-    for e in reversed(entries):
+    freed_at: dict[int, int] = {}
+    for index in range(len(entries) - 1, -1, -1):
+        e = entries[index]
+        if e.addr is None:          # oom and snapshot markers: no block
+            continue
         if e.action == "alloc":
             if blocks.pop(e.addr, None) is None:
                 problems["allocs_of_blocks_not_live_later"] += 1
+            freed_at.pop(e.addr, None)
         elif e.action == "free_completed":
             # Its rounded size is not in the entry; None marks it for inference.
             blocks[e.addr] = Block(e.addr, None, e.size, e.stream, True)
+            freed_at[e.addr] = index
         elif e.action == "free_requested":
             block = blocks.get(e.addr)
             if block is None:
                 problems["free_requests_of_unknown_blocks"] += 1
             else:
                 blocks[e.addr] = block._replace(pending=False)
-    return blocks
+    return blocks, freed_at
+
+
+class _Carving:
+    """Where the recording hands out memory: per address, the first ``alloc`` entry there."""
+
+    def __init__(self, entries: list[Entry], freed_at: dict[int, int]) -> None:
+        first: dict[int, int] = {}
+        for index, e in enumerate(entries):
+            if e.action == "alloc" and e.addr is not None and e.addr not in first:
+                first[e.addr] = index
+        self.first = first
+        self.addresses = sorted(first)
+        self.freed_at = freed_at
+
+    def lowest_after(self, block: int, end: int) -> int | None:
+        """The lowest address in ``(block, end)`` handed out while the start block at
+        ``block`` is live (before its ``free_completed``), or None."""
+        until = self.freed_at.get(block)
+        if until is None:
+            return None
+        addresses = self.addresses
+        for k in range(bisect.bisect_right(addresses, block), len(addresses)):
+            addr = addresses[k]
+            if addr >= end:
+                return None
+            if self.first[addr] < until:
+                return addr
+        return None
 
 
 def _undo_segments(entries: list[Entry], final: list[Segment],
@@ -110,12 +155,13 @@ def _undo_segments(entries: list[Entry], final: list[Segment],
 
 
 def _initial_segments(segs: list[Segment], blocks: dict[int, Block], streams: StreamIds,
-                      problems: collections.Counter[str]) -> tuple[list[dict[str, Any]], int]:
+                      carving: _Carving, problems: collections.Counter[str]
+                      ) -> tuple[list[dict[str, Any]], int]:
     """The segment list at the start, blocks laid out in each (inactive gaps filled in).
 
-    Blocks restored from a ``free_completed`` have no known rounded size; it is inferred as
-    the allocator would have cut it: the 512-rounded request, plus the rest of the room up to
-    the next block when that rest is too small for a large-pool split (<= 1 MiB).
+    Blocks restored from a ``free_completed`` have no known rounded size: they are laid out
+    at the 512-rounded request, marked ``size_inferred``, with ``carved_at`` where the
+    recording proves their end (see the module docstring).
     """
     starts = sorted(blocks)
     result = []
@@ -134,20 +180,20 @@ def _initial_segments(segs: list[Segment], blocks: dict[int, Block], streams: St
                 out.append(_block_dict(cursor, b.addr - cursor, 0, "inactive"))
             room = (inside[k + 1].addr if k + 1 < len(inside) else end) - b.addr
             size = b.size
+            evidence: dict[str, Any] = {}
             if size is None:
                 inferred += 1
                 size = rounded_size(b.requested)
-                # A large-pool block keeps a rest of at most 1 MiB unsplit (should_split:
-                # remaining > kSmallSize); in an expandable segment any rest of 512 B or more
-                # is split off, so the block is exactly its rounded size there.
-                if seg.segment_type == "large" and not seg.is_expandable \
-                        and 0 < room - size <= SMALL_SIZE:
-                    size = room
+                evidence["size_inferred"] = True
+                carved = carving.lowest_after(b.addr, b.addr + room)
+                if carved is not None:
+                    evidence["carved_at"] = carved
             if size > room or b.addr < cursor:
                 problems["initial_blocks_overlapping"] += 1
                 size = max(0, min(size, room))
             out.append(_block_dict(b.addr, size, b.requested,
-                                   "active_pending_free" if b.pending else "active_allocated"))
+                                   "active_pending_free" if b.pending else "active_allocated")
+                       | evidence)
             cursor = max(cursor, b.addr + size)
         if cursor < end:
             out.append(_block_dict(cursor, end - cursor, 0, "inactive"))
