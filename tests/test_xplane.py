@@ -238,3 +238,14 @@ def test_truncated_protobuf(tmp_path: Path) -> None:
     data = DEFAULT.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     assert "truncated or damaged" in bad(tmp_path, "fidelity", path)
+
+
+def test_an_address_past_64_bits_is_one_line_naming_it(tmp_path: Path) -> None:
+    huge = 10**19    # a uint64 stat past int64: read as int64 it would wrap to a negative
+    events = [record("alloc", 1_000, huge, 1024, 1024, 1024),
+              record("free", 2_000, huge, 1024, 1024, 0)]
+    path = tmp_path / "huge.xplane.pb"
+    path.write_bytes(encode_xspace([{"id": 0, "name": "/host:CPU", "lines": [
+        {"id": 1, "name": "python", "timestamp_ns": 5_000, "events": events}]}]))
+    message = bad(tmp_path, "fidelity", path)
+    assert "10,000,000,000,000,000,000" in message and "event 0" in message

@@ -114,7 +114,13 @@ def _number(record: dict[str, Any], key: str, source: str) -> int:
     if isinstance(value, float) and not math.isfinite(value):
         raise TraceError(f"a {record['kind']} record's stat {key!r} is {value!r}, not a "
                          "number of bytes", source=source, event=record["order"])
-    return int(value)
+    number = int(value)
+    if key == "addr" and number < 0:
+        number += 1 << 64       # an address is unsigned: a uint64 stat read as int64 wraps
+    if not -(1 << 63) <= number < (1 << 63):
+        raise TraceError(f"a {record['kind']} record's stat {key!r} is {number:,}, past what "
+                         "a 64-bit count of bytes holds", source=source, event=record["order"])
+    return number
 
 
 def _allocator_order(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
