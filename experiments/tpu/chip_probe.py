@@ -384,7 +384,38 @@ EXEC_CONFIGS = {
                              "batch": 8, "length": 256, "remat": True, "donate": True},
     "exec-gpt-125m-donate": {"kind": "gpt", "dims": [768, 12, 12, 3072], "vocab": 32000,
                              "batch": 8, "length": 512, "remat": False, "donate": True},
+    "exec-gpt-125m-nodonate": {"kind": "gpt", "dims": [768, 12, 12, 3072], "vocab": 32000,
+                               "batch": 8, "length": 512, "remat": False, "donate": False},
+    "exec-gpt-125m-remat": {"kind": "gpt", "dims": [768, 12, 12, 3072], "vocab": 32000,
+                            "batch": 8, "length": 512, "remat": True, "donate": True},
 }
+
+# JAX's GPU memory settings, each in a fresh process: does the TPU runtime preallocate?
+PREALLOC_SETTINGS = {
+    "default": {},
+    "preallocate-true-fraction-0.5": {"XLA_PYTHON_CLIENT_PREALLOCATE": "true",
+                                      "XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"},
+    "preallocate-false": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+    "allocator-platform": {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"},
+}
+
+
+def run_prealloc_child(out: Path, setting: str) -> None:
+    """memory_stats() before any array, after the first (1 MiB) and after a 1 GiB one, in this
+    process (started with the setting's environment)."""
+    import jax
+    device = jax.devices()[0]
+    record: dict[str, Any] = {"setting": setting, "env": PREALLOC_SETTINGS[setting],
+                              "before": _stats(device)}
+    first = jax.device_put(np.zeros(1 << 20, np.uint8), device)
+    first.block_until_ready()
+    record["after_first_array"] = _stats(device)
+    big = jax.device_put(np.zeros(1 << 30, np.uint8), device)
+    big.block_until_ready()
+    record["after_1gib"] = _stats(device)
+    (out / f"prealloc-{setting}.json").write_text(json.dumps(record, indent=1))
+    print(f"prealloc {setting}: reserved {record['after_first_array'].get('bytes_reserved')}, "
+          f"in use {record['after_first_array'].get('bytes_in_use')}", flush=True)
 
 
 def run_exec_config(out: Path, name: str) -> None:
@@ -458,13 +489,22 @@ def main() -> None:
     parser.add_argument("--exec", dest="exec_name")
     parser.add_argument("--only", default="")
     parser.add_argument("--list-exec", action="store_true")
+    parser.add_argument("--prealloc", metavar="SETTING")
+    parser.add_argument("--list-prealloc", action="store_true")
     args = parser.parse_args()
     if args.list_exec:   # one compiled step per process: the shell loops over these
         print(" ".join(EXEC_CONFIGS))
         return
+    if args.list_prealloc:   # one process per setting, its environment set by the shell
+        for name, env in PREALLOC_SETTINGS.items():
+            print(name + " " + " ".join(f"{k}={v}" for k, v in env.items()))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     if args.exec_name:
         run_exec_config(args.out, args.exec_name)
+        return
+    if args.prealloc:
+        run_prealloc_child(args.out, args.prealloc)
         return
     start = time.perf_counter()
     only = set(filter(None, args.only.split(",")))
