@@ -42,10 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from allocsim.errors import UserInputError
-from allocsim.traces.formats.xla_dump import list_modules
-from allocsim.traces.formats.xla_dump_files import parse_assignment, parse_live_range, read_text
-from allocsim.traces.formats.xla_runtime import Executable, RuntimeReplay, executable_of
+from allocsim.traces.formats.xla_runtime import Executable, RuntimeReplay
 from allocsim.traces.model import Trace
+from allocsim.traces.record.compiled_dump import executable_from_dump
 from allocsim.traces.record.gpu_targets import TargetConfig, target_config
 
 __all__ = ["ENVIRONMENT", "CompiledStep", "Schedule", "compile_for", "compile_step", "prepare"]
@@ -180,20 +179,9 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
         memory = compiled.memory_analysis()
         stats = {key: int(getattr(memory, f"{key}_size_in_bytes"))
                  for key in ("argument", "output", "alias", "temp")}
-        modules = [m for m in list_modules(folder) if m.platform == "gpu" and not m.problem]
-        if not modules:
-            raise UserInputError(f"XLA wrote no buffer assignment for "
-                                 f"{getattr(step, '__name__', 'step')} (in {folder})")
-        module = modules[-1]
-        assign_path = module.paths["buffer-assignment"]
-        live = parse_live_range(read_text(module.paths["live-range"]), module.paths["live-range"])
-        executable = executable_of(module.name, parse_assignment(read_text(assign_path),
-                                                                 assign_path), live.length)
-    leaves = jax.tree.leaves(tuple(args))
-    if len(leaves) != len(executable.parameters):
-        raise UserInputError(f"{module.name}: {len(executable.parameters)} parameters for "
-                             f"{len(leaves)} argument leaves (tuple-shaped parameters are not "
-                             "read)")
+        leaves = jax.tree.leaves(tuple(args))
+        executable = executable_from_dump(folder, getattr(step, "__name__", "step"), "XLA",
+                                          len(leaves), lambda m: m.platform == "gpu")
     return CompiledStep(executable, leaves, stats, Path(keep_dump) if keep_dump else None)
 
 

@@ -32,6 +32,7 @@ one device's. A topology libtpu does not know, or a program larger than HBM, is 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -39,10 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from allocsim.errors import UserInputError
-from allocsim.traces.formats.xla_dump import list_modules
-from allocsim.traces.formats.xla_dump_files import parse_assignment, parse_live_range, read_text
-from allocsim.traces.formats.xla_runtime import Executable, RuntimeReplay, executable_of
+from allocsim.traces.formats.xla_runtime import Executable, RuntimeReplay
 from allocsim.traces.model import Trace
+from allocsim.traces.record.compiled_dump import executable_from_dump
 
 __all__ = ["TOPOLOGIES", "TpuStep", "compile_for", "compile_step"]
 
@@ -68,6 +68,9 @@ class TpuStep:
 
 
 def _jax() -> Any:
+    # A compile needs no chip: libtpu's lock (/tmp/libtpu_lockfile) is for processes that own
+    # one, and a second compiling process, or a lock left by a killed one, must not stop it.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         import jax
         from jax.experimental import topologies  # noqa: F401
@@ -135,20 +138,10 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
         memory = compiled.memory_analysis()
         stats = {key: int(getattr(memory, f"{key}_size_in_bytes"))
                  for key in ("argument", "output", "alias", "temp", "generated_code")}
-        modules = [m for m in list_modules(folder) if not m.problem
-                   and "buffer-assignment" in m.paths and "live-range" in m.paths]
-        if not modules:
-            raise UserInputError(f"XLA:TPU wrote no buffer assignment for {name} (in {folder})")
-        module = modules[-1]
-        assign_path = module.paths["buffer-assignment"]
-        live = parse_live_range(read_text(module.paths["live-range"]), module.paths["live-range"])
-        executable = executable_of(module.name, parse_assignment(read_text(assign_path),
-                                                                 assign_path), live.length)
-    leaves = jax.tree.leaves(tuple(args))
-    if len(leaves) != len(executable.parameters):
-        raise UserInputError(f"{module.name}: {len(executable.parameters)} parameters for "
-                             f"{len(leaves)} argument leaves (tuple-shaped parameters are not "
-                             "read)")
+        leaves = jax.tree.leaves(tuple(args))
+        executable = executable_from_dump(
+            folder, name, "XLA:TPU", len(leaves),
+            lambda m: "buffer-assignment" in m.paths and "live-range" in m.paths)
     # On a TPU the temp is scratch held as bytes_reserved, not an allocation.
     return TpuStep(replace(executable, temps=()), leaves, stats, stats["generated_code"])
 
