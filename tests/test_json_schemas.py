@@ -205,7 +205,7 @@ def test_every_command_with_json_output_has_a_schema() -> None:
     with_json = sorted(name for name, p in sub.choices.items()
                        if any("--json" in a.option_strings for a in p._actions))
     assert with_json == sorted(["compare", "min-capacity", "share", "info", "validate",
-                                "explain-oom", "fidelity", "tune"])
+                                "explain-oom", "fidelity", "tune", "size"])
     assert set(with_json) <= set(schema_names())
 
 
@@ -461,6 +461,9 @@ def samples(folder: Path, snapshot: Path) -> dict[str, Any]:
                                  "tf-cpu-default.xplane.pb", "--json"),
         "xla-fidelity": cli_json("fidelity", Path(__file__).parent / "data" / "xla" / "cpu",
                                  "--json"),
+        "tpu-fidelity": cli_json("fidelity", Path(__file__).parent / "data" / "tpu" /
+                                 "compaction-4", "--json"),
+        "size": cli_json("size", "f32[17,129]", "bf16[3,5,7]", "pred[100]", "--json"),
         "validate": cli_json("validate", small, "--policy", "bfc", "--backend", "host",
                              "--json"),
         "baseline": json.loads(baseline.read_text()),
@@ -482,6 +485,9 @@ def top_object(name: str) -> dict[str, Any]:
     document = schema(name)
     node = document
     while "properties" not in node:
+        if node.get("type") == "array":     # a list of objects (size --json)
+            node = node["items"]
+            continue
         ref = node.get("$ref") or node["oneOf"][0]["$ref"]
         node = document["$defs"][ref.split("/")[-1]]
     return node
@@ -489,30 +495,38 @@ def top_object(name: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", schema_names())
 def test_a_real_output_missing_a_required_key_is_rejected(name, files, snapshot_with_oom):
-    sample = samples(files["folder"], snapshot_with_oom)[name]
-    assert_valid(name, sample)
+    whole = samples(files["folder"], snapshot_with_oom)[name]
+    assert_valid(name, whole)
+    listed = isinstance(whole, list)        # a list of objects: its first one, in a list
+    sample = whole[0] if listed else whole
     required = top_object(name)["required"]
     assert required, f"{name}: nothing required"
     for key in required:
         broken = copy.deepcopy(sample)
         del broken[key]
-        assert errors_of(name, broken), f"{name}: accepted without {key!r}"
+        assert errors_of(name, [broken] if listed else broken), \
+            f"{name}: accepted without {key!r}"
 
 
 @pytest.mark.parametrize("name", schema_names())
 def test_a_real_output_with_a_wrong_type_or_an_unknown_key_is_rejected(name, files,
                                                                         snapshot_with_oom):
-    sample = samples(files["folder"], snapshot_with_oom)[name]
+    whole = samples(files["folder"], snapshot_with_oom)[name]
+    listed = isinstance(whole, list)        # a list of objects: its first one, in a list
+    sample = whole[0] if listed else whole
+
+    def wrapped(document: dict) -> Any:
+        return [document] if listed else document
     changed = 0
     for key, value in sample.items():
         if isinstance(value, bool) or not isinstance(value, (int, str, list, dict)):
             continue
         broken = copy.deepcopy(sample)
         broken[key] = [value] if not isinstance(value, list) else {"items": value}
-        assert errors_of(name, broken), f"{name}: accepted {key!r} = {broken[key]!r}"
+        assert errors_of(name, wrapped(broken)), f"{name}: accepted {key!r} = {broken[key]!r}"
         changed += 1
     assert changed
-    assert errors_of(name, {**sample, "no_such_key": 1}), f"{name}: shape not closed"
+    assert errors_of(name, wrapped({**sample, "no_such_key": 1})), f"{name}: shape not closed"
 
 
 def test_run_results_are_checked_inside(files, snapshot_with_oom) -> None:

@@ -63,7 +63,8 @@ class TpuFidelity:
         return self.total > 0 and self.matched == self.total
 
     def as_dict(self) -> dict[str, Any]:
-        return {"trace": self.name, "model": "tpu", "records": self.total,
+        return {"schema": 1, "kind": "tpu", "trace": self.name, "model": "tpu",
+                "records": self.total,
                 "matched": self.matched, "by_field": dict(self.by_field),
                 "exact": self.exact, "first_divergence": self.first_divergence,
                 "compactions": self.compactions,
