@@ -12,7 +12,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from allocsim.ascii_numbers import decimal_number, is_whole_number, whole_number
 from allocsim.errors import UserInputError
+from allocsim.frameworks import canonical_framework
 from allocsim.policies import format_size, parse_size
 from allocsim.policies.units import parse_size_floor
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, DeviceProfile, resolve_device
@@ -58,6 +59,24 @@ def add_reading_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allocator", metavar="NAME",
                         help="which allocator of a profiler trace (.xplane.pb) (default: the "
                              "one with the most records; `allocsim info FILE` lists them)")
+
+
+def framework_argument(text: str) -> str:
+    """argparse's ``type=`` for ``--framework``: the canonical name of any spelling
+    (allocsim/frameworks.py); an unknown name is left as typed, for the option's choices to
+    refuse in one line that lists them."""
+    return canonical_framework(text) or text
+
+
+framework_argument.__name__ = "framework"
+
+
+def add_framework_option(parser: argparse.ArgumentParser, names: Sequence[str], *, help: str,
+                         required: bool = False) -> None:
+    """``--framework NAME`` with the same vocabulary on every command: the help lists the
+    canonical ``names`` this command takes, and the other spellings (torch, tf) are aliases."""
+    parser.add_argument("--framework", type=framework_argument, choices=tuple(names),
+                        required=required, help=help)
 
 
 def load_trace(path: str, args: argparse.Namespace | None = None) -> Trace:

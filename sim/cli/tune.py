@@ -11,6 +11,7 @@ from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     UserError,
     add_device_options,
+    add_framework_option,
     add_output_option,
     add_reading_options,
     capacity_option,
@@ -37,8 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE",
                    help="trace file ('default' for the bundled one); several: jobs sharing "
                         "one card (needs --device or --capacity)")
-    p.add_argument("--framework", required=True, metavar="NAME",
-                   help=f"whose settings to search: {', '.join(FRAMEWORKS)}")
+    add_framework_option(p, FRAMEWORKS, required=True,
+                         help="whose settings to search (torch and tf are taken too)")
     add_device_options(p, purpose=" (the card to fit; without --device or --capacity: the "
                                   "smallest card)")
     p.add_argument("--max-slowdown", type=float_argument, default=DEFAULT_MAX_SLOWDOWN, metavar="X",
