@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 from allocsim.atomic_files import OutputClaim
 from allocsim.policies import format_size
 from allocsim.printable import printable
-from allocsim.sim.cli.common import UserError, add_framework_option, add_output_option
+from allocsim.sim.cli.common import (
+    UserError,
+    add_framework_option,
+    add_output_option,
+    check_framework,
+    examples,
+    print_written,
+)
 from allocsim.sim.output.ownership import (
     claim_unless_foreign,
     is_allocsim_hook_log,
@@ -40,7 +47,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "one the script imports (torch, jax or cupy; read, not run). "
                                    "From your own code: `with allocsim.traces.record.cupy("
                                    "'run.npz'): ...` or `with allocsim.traces.record.jax("
-                                   "'run.npz'): ...`.")
+                                   "'run.npz'): ...`.",
+                       epilog=examples(
+                           "allocsim record -o run.npz -- python train.py",
+                           "allocsim record --framework pytorch --target a100-40g -o run.npz "
+                           "-- python train.py --batch 64",
+                           "allocsim record --framework jax -o run.npz -- python -m app.train"))
     add_output_option(p, dest="output", metavar="FILE", required=True,
                       help="trace file to write (.npz, .csv, ...)")
     add_framework_option(p, RECORDED_FRAMEWORKS,
@@ -74,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
     log = None if not args.log else claim_unless_foreign(args.log, "a CuPy hook log",
                                                          is_allocsim_hook_log,
                                                          keep_refused=True)
-    shown = printable(args.output)
     if args.framework is None:    # read from the script's imports, before it runs
         from allocsim.traces.record.script_framework import program_framework
         args.framework = program_framework(command)
+    check_framework(args.framework, RECORDED_FRAMEWORKS, "record")
     from allocsim.traces.record.script_args import interpreter_note
     note = interpreter_note(command)
     if note:
@@ -96,18 +108,20 @@ def run(args: argparse.Namespace) -> int:
     if args.framework == "jax":
         if args.log:
             raise UserError("record: --log is for --framework cupy (CuPy's hook calls)")
-        return _run_jax(command, output, shown)
+        return _run_jax(command, output, args.output)
     from allocsim.traces.record import run_script  # imports the recorder only when recording
     trace = run_script(command, output, log=log, require_cupy=True)
     peak, _ = trace.peak_live()
-    print(f"wrote {shown}: {len(trace):,} events, peak live {format_size(peak)}",
-          file=sys.stderr)
+    print_written([args.output], f"{len(trace):,} events, peak live {format_size(peak)}",
+                  to_stderr=True)
     return 0
 
 
-def _run_jax(command: list[str], claim: OutputClaim, output: str) -> int:
-    """Record a JAX script; its failure's exit status is returned, its partial trace kept
-    (a Ctrl-C or SIGTERM: 130 or 143; ``os._exit(n)``: n, said before the process ends)."""
+def _run_jax(command: list[str], claim: OutputClaim, name: str) -> int:
+    """Record a JAX script into ``claim`` (``name`` as the user gave it); its failure's exit
+    status is returned, its partial trace kept (a Ctrl-C or SIGTERM: 130 or 143;
+    ``os._exit(n)``: n, said before the process ends)."""
+    output = printable(name)
     from allocsim.traces.record.jax_recorder_script import record_script
 
     def summary(trace: Trace) -> str:
@@ -124,7 +138,7 @@ def _run_jax(command: list[str], claim: OutputClaim, output: str) -> int:
             print(f"allocsim: record: warning: wrote {output} with 0 events: the program held "
                   "no JAX array on the recorded device (does it import jax?)", file=sys.stderr)
         else:
-            print(f"wrote {output}: {summary(trace)}", file=sys.stderr)
+            print_written([name], summary(trace), to_stderr=True)
         return 0
     error = result.error
     if isinstance(error, KeyboardInterrupt):
@@ -186,7 +200,7 @@ def _run_torch(command: list[str], args: argparse.Namespace, claim: OutputClaim)
     trace = result.trace
     summary = summary_of(trace)
     if result.error is None:
-        print(f"wrote {output}: {summary}", file=sys.stderr)
+        print_written([args.output], summary, to_stderr=True)
         return 0
     error = result.error
     if result.explanation is not None:
