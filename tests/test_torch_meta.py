@@ -1,4 +1,4 @@
-"""The PyTorch meta recorder (``allocsim record --framework torch``): held to CPU runs of the
+"""The PyTorch meta recorder (``allocsim record --framework pytorch``): held to CPU runs of the
 same programs event for event, CUDA's kernel choices on the target, and bad input.
 
 Every test needs torch (skipped, saying so, without it); the programs are
