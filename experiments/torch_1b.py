@@ -8,7 +8,7 @@ what card does it need, and which setting to paste?
 For each precision (fp32; bf16 autocast, ``MIXED=bf16``) and target it records
 ``tests/torch_programs/gpt_adamw.py 2048 24 16 8 1024 32000`` (24 blocks of width 2048, 16
 heads, a 32,000-way head, AdamW, two steps of batch 8 x 1024) with ``allocsim record
---framework torch --target TARGET`` (``DIR/PRECISION-TARGET.npz``), then asks, on the target's
+--framework pytorch --target TARGET`` (``DIR/PRECISION-TARGET.npz``), then asks, on the target's
 own profile (its capacity and the memory its CUDA context holds): ``compare --policies
 pytorch`` (fits under the defaults?), ``min-capacity --policies pytorch
 pytorch:expandable_segments=true`` and ``tune --framework pytorch`` (the setting to paste).
@@ -51,7 +51,7 @@ def one(target: str, precision: str, out: Path, seconds: dict[str, float]) -> li
     """The table row for one target and precision."""
     trace = out / f"{precision.split()[0]}-{target}.npz"
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "allocsim", "record", "--framework", "torch",
+    subprocess.run([sys.executable, "-m", "allocsim", "record", "--framework", "pytorch",
                     "--target", target, "-o", str(trace), "--", sys.executable, str(PROGRAM),
                     *SIZES], env={**os.environ, **PRECISIONS[precision]}, check=True,
                    stderr=subprocess.DEVNULL)

@@ -36,7 +36,8 @@ def test_record_refuses_without_cupy(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # not importable, installed or not
     monkeypatch.chdir(tmp_path)
     Path("script.py").write_text("print('ran')\n")
-    line = one_error_line(capsys, ["record", "-o", "out.npz", "--", "python", "script.py"])
+    line = one_error_line(capsys, ["record", "--framework", "cupy", "-o", "out.npz", "--",
+                                   "python", "script.py"])
     assert line == ("allocsim: error: record: CuPy is not installed (pip install "
                     "cupy-cuda12x); the recorder hooks CuPy's allocator")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["script.py"]

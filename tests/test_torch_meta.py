@@ -1,4 +1,4 @@
-"""The PyTorch meta recorder (``allocsim record --framework torch``): held to CPU runs of the
+"""The PyTorch meta recorder (``allocsim record --framework pytorch``): held to CPU runs of the
 same programs event for event, CUDA's kernel choices on the target, and bad input.
 
 Every test needs torch (skipped, saying so, without it); the programs are
@@ -309,7 +309,7 @@ def test_cli_records_and_refuses_target_for_other_frameworks(tmp_path, capsys):
     assert load(str(out)).metadata["target"] == "h100-80g"
     assert main(["record", "--framework", "jax", "--target", "h100-80g", "-o",
                  str(tmp_path / "x.npz"), "--", "python", "x.py"]) == 2
-    assert "--target is for --framework torch" in capsys.readouterr().err
+    assert "--target is for --framework pytorch" in capsys.readouterr().err
     assert main(["record", "--framework", "torch", "--target", "nope", "-o",
                  str(tmp_path / "y.npz"), "--", "python", str(PROGRAMS / "kv_cache.py")]) == 2
     assert "unknown target" in capsys.readouterr().err

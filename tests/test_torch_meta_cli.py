@@ -1,4 +1,4 @@
-"""The issue's bad input for ``allocsim record --framework torch``, as the command line says it.
+"""The issue's bad input for ``allocsim record --framework pytorch``, as the command line says it.
 
 tests/test_torch_meta.py holds the recorder to each case through :func:`record_script`; here
 the same five go through the command: what it prints (one line, or the script's own

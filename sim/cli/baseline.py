@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 
 from allocsim.policies import DEFAULT_POLICIES
-from allocsim.printable import printable
 from allocsim.sim.cli.common import (
+    TORCH_SAMPLE,
     accept_dash_digit_values,
     add_device_options,
     add_output_option,
     device_from_args,
+    examples,
+    print_written,
     tolerance_option,
 )
 from allocsim.sim.output.files import write_json
@@ -20,7 +22,10 @@ from allocsim.traces.bundled import resolve_trace_name
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("baseline", help="record the figures of traces × policies for CI checks")
+    p = sub.add_parser("baseline", help="record the figures of traces × policies for CI checks",
+                       epilog=examples(
+                           f"allocsim baseline {TORCH_SAMPLE} --policies bfc pytorch "
+                           "-o baseline.json"))
     p.add_argument("traces", nargs="+", help="trace files")
     p.add_argument("--policies", nargs="+", metavar="SPEC",
                    help=f"policy specs (default: {' '.join(DEFAULT_POLICIES)})")
@@ -29,7 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="baseline JSON to write")
     p.set_defaults(func=run_baseline)
 
-    p = sub.add_parser("check", help="re-run a baseline; exit 1 if anything got worse")
+    p = sub.add_parser("check", help="re-run a baseline; exit 1 if anything got worse",
+                       epilog=examples(
+                           f"allocsim baseline {TORCH_SAMPLE} -o baseline.json && "
+                           "allocsim check baseline.json --tolerance 1%"))
     p.add_argument("baseline", help="a baseline JSON written by `allocsim baseline`")
     p.add_argument("--tolerance", default="1%",
                    help="relative slack, e.g. 1%% or 0.01 (default 1%%)")
@@ -43,8 +51,8 @@ def run_baseline(args: argparse.Namespace) -> int:
     traces = [resolve_trace_name(t) for t in args.traces]
     document = make_baseline(traces, args.policies or DEFAULT_POLICIES, device, args.output)
     write_json(document, args.output, kind="baseline")
-    print(f"wrote {printable(args.output)}: {len(document['cells'])} cells "
-          f"({len(args.traces)} traces × {len(document['policies'])} policies) on {device.name}")
+    print_written([args.output], f"{len(document['cells'])} cells ({len(args.traces)} traces × "
+                                 f"{len(document['policies'])} policies) on {device.name}")
     return 0
 
 

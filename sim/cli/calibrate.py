@@ -10,7 +10,7 @@ from typing import Any
 
 from allocsim.policies import format_size, parse_size
 from allocsim.printable import printable
-from allocsim.sim.cli.common import add_output_option, int_argument
+from allocsim.sim.cli.common import add_output_option, examples, int_argument, print_written
 from allocsim.sim.output.files import write_json
 from allocsim.sim.output.ownership import guard
 from allocsim.sim.validation.calibrate import DEFAULT_CALIBRATION_SIZES, calibrate
@@ -22,7 +22,10 @@ def register(subparsers: Any) -> None:
         "calibrate", help="measure this GPU's allocation costs and granularity into a profile",
         description="Measure cudaMalloc/cudaFree latency over sizes and the allocation "
                     "granularity seen by cudaMemGetInfo; write a device profile for "
-                    "compare --device-profile.")
+                    "compare --device-profile.",
+        epilog=examples("allocsim calibrate -o my-gpu.json --measurements raw.json",
+                        "allocsim calibrate -o my-gpu.json && allocsim compare default "
+                        "--device-profile my-gpu.json"))
     add_output_option(p, dest="output", metavar="FILE",
                       help="profile JSON to write (default: print it)")
     p.add_argument("--name", help="the profile's name (default: the GPU's name + -calibrated)")
@@ -49,15 +52,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.measurements:
         write_json(calibration.measurements_json(), args.measurements,
                    kind="calibrate-measurements")
+        # without -o the profile's JSON is standard output: the line goes to stderr then
+        print_written([args.measurements], "the raw measurements", to_stderr=not args.output)
     profile = calibration.profile
     if args.output:
         costs = profile.costs
-        print(f"wrote {printable(args.output)}: {printable(profile.name)}, "
-              f"{format_size(profile.capacity)}, "
-              f"granularity {format_size(profile.granularity)}; cudaMalloc "
-              f"{costs.malloc_base_s * 1e6:.1f} µs + {costs.malloc_per_gib_s * 1e6:.1f} µs/GiB, "
-              f"cudaFree {costs.free_base_s * 1e6:.1f} µs + {costs.free_per_gib_s * 1e6:.1f} "
-              f"µs/GiB")
+        print_written([args.output],
+                      f"{printable(profile.name)}, {format_size(profile.capacity)}, "
+                      f"granularity {format_size(profile.granularity)}; cudaMalloc "
+                      f"{costs.malloc_base_s * 1e6:.1f} µs + "
+                      f"{costs.malloc_per_gib_s * 1e6:.1f} µs/GiB, cudaFree "
+                      f"{costs.free_base_s * 1e6:.1f} µs + {costs.free_per_gib_s * 1e6:.1f} "
+                      "µs/GiB")
     else:
         json.dump(calibration.profile_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")

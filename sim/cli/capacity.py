@@ -10,13 +10,16 @@ from allocsim.errors import UserInputError
 from allocsim.policies import DEFAULT_POLICIES, format_size, parse_size
 from allocsim.printable import printable
 from allocsim.sim.cli.common import (
+    JAX_SAMPLE,
     add_device_options,
     add_output_option,
     add_reading_options,
     device_for_traces,
+    examples,
     load_trace,
     plain_progress,
     print_json,
+    print_written,
 )
 from allocsim.sim.output.files import write_json
 from allocsim.sim.output.ownership import guard
@@ -26,7 +29,10 @@ from allocsim.sim.questions.compare import normalize_spec, trace_facts
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("min-capacity", help="the smallest device each policy runs the trace on")
+    p = sub.add_parser("min-capacity", help="the smallest device each policy runs the trace on",
+                       epilog=examples(
+                           "allocsim min-capacity default --policies bfc pytorch",
+                           f"allocsim min-capacity {JAX_SAMPLE} --resolution 256KiB -o results"))
     p.add_argument("trace", help="trace file, or 'default' for the bundled one")
     p.add_argument("--policies", nargs="+", metavar="SPEC",
                    help=f"policy specs (default: {' '.join(DEFAULT_POLICIES)})")
@@ -71,10 +77,13 @@ def run(args: argparse.Namespace) -> int:
     data = {"kind": MIN_CAPACITY_KIND, "trace": trace_facts(trace), "device": device.name,
             "resolution": resolution,
             "answers": [a.to_json_dict() for a in answers]}
-    if args.out:
-        write_json(data, Path(args.out) / "min_capacity.json", kind="min-capacity")
+    written = Path(args.out) / "min_capacity.json" if args.out else None
+    if written is not None:
+        write_json(data, written, kind="min-capacity")
     if args.json:
         print_json(data)
+        if written is not None:
+            print_written([written], to_stderr=True)
         return 0
     rows = []
     for a in answers:
@@ -93,4 +102,6 @@ def run(args: argparse.Namespace) -> int:
           f"resolution {format_size(resolution)}\n")
     print(format_table(rows, ["policy", "min capacity", "lower bound", "headroom",
                               "monotone", "runs"], left=(0, 4)))
+    if written is not None:
+        print_written([written])
     return 0

@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -20,8 +21,10 @@ from typing import Any, TextIO
 
 from allocsim.ascii_numbers import decimal_number, is_whole_number, whole_number
 from allocsim.errors import UserInputError
+from allocsim.frameworks import canonical_framework
 from allocsim.policies import format_size, parse_size
 from allocsim.policies.units import parse_size_floor
+from allocsim.printable import printable
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, DeviceProfile, resolve_device
 from allocsim.sim.kernel.device_profile import check_capacity, check_context
 from allocsim.traces import Trace, formats
@@ -32,32 +35,65 @@ class UserError(UserInputError):
     """A mistake in what the user gave on the command line; printed as one line."""
 
 
+READING_GROUP = "reading the input"
+
+
 def add_reading_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--strict", action="store_true",
-                        help="fail on the first anomaly in a recorded trace (default: repair "
-                             "what can be repaired and report it)")
-    parser.add_argument("--device-index", metavar="N",
-                        help="which device of a multi-device recording (default: the one with "
-                             "the most events)")
-    parser.add_argument("--start-state", choices=["unrecorded"],
-                        help="for a PyTorch profiler trace: add the bytes that were live "
-                             "before recording started (the file's Total Allocated minus the "
-                             "trace's live bytes) as one buffer at time 0")
-    parser.add_argument("--module", metavar="NAME",
-                        help="which compiled module of an XLA dump folder (needed when it "
-                             "holds several, in the runtime view; the buffers view defaults to "
-                             "the one with the largest temp; `allocsim info DIR` lists them)")
-    parser.add_argument("--xla-view", choices=["runtime", "buffers"],
-                        help="how an XLA dump becomes a trace: 'runtime' (default; `fidelity` "
-                             "uses 'buffers'): the arguments, then per execution the temp and "
-                             "the new outputs, as JAX's runtime asks its allocator; 'buffers': "
-                             "one execution's logical buffers over their live ranges")
-    parser.add_argument("--steps", metavar="N",
-                        help="executions of an XLA dump's module in the runtime view "
-                             "(default 1)")
-    parser.add_argument("--allocator", metavar="NAME",
-                        help="which allocator of a profiler trace (.xplane.pb) (default: the "
-                             "one with the most records; `allocsim info FILE` lists them)")
+    """The seven options that say how an input file becomes a trace, the same on every command
+    that reads one, in their own group of ``--help`` ("reading the input") so that the
+    command's own options stand out."""
+    group = parser.add_argument_group(
+        READING_GROUP, "how a recording becomes a trace (most files need none of these)")
+    group.add_argument("--strict", action="store_true",
+                       help="fail on the first anomaly in a recorded trace (default: repair "
+                            "what can be repaired and report it)")
+    group.add_argument("--device-index", metavar="N",
+                       help="which device of a multi-device recording (default: the one with "
+                            "the most events)")
+    group.add_argument("--start-state", choices=["unrecorded"],
+                       help="for a PyTorch profiler trace: add the bytes that were live "
+                            "before recording started (the file's Total Allocated minus the "
+                            "trace's live bytes) as one buffer at time 0")
+    group.add_argument("--module", metavar="NAME",
+                       help="which compiled module of an XLA dump folder (needed when it "
+                            "holds several, in the runtime view; the buffers view defaults to "
+                            "the one with the largest temp; `allocsim info DIR` lists them)")
+    group.add_argument("--xla-view", choices=["runtime", "buffers"],
+                       help="how an XLA dump becomes a trace: 'runtime' (default; `fidelity` "
+                            "uses 'buffers'): the arguments, then per execution the temp and "
+                            "the new outputs, as JAX's runtime asks its allocator; 'buffers': "
+                            "one execution's logical buffers over their live ranges")
+    group.add_argument("--steps", metavar="N",
+                       help="executions of an XLA dump's module in the runtime view "
+                            "(default 1)")
+    group.add_argument("--allocator", metavar="NAME",
+                       help="which allocator of a profiler trace (.xplane.pb) (default: the "
+                            "one with the most records; `allocsim info FILE` lists them)")
+
+
+def framework_argument(text: str) -> str:
+    """argparse's ``type=`` for ``--framework``: the canonical name of any spelling
+    (allocsim/frameworks.py); an unknown name is left as typed, for the command to refuse in
+    its own line that names the ones it takes."""
+    return canonical_framework(text) or text
+
+
+def add_framework_option(parser: argparse.ArgumentParser, names: Sequence[str], *, help: str,
+                         required: bool = False) -> None:
+    """``--framework NAME`` with the same vocabulary on every command: the help lists the
+    canonical ``names`` this command takes (``{pytorch,jax,cupy}``), and the other spellings
+    (torch, tf) are aliases. Not argparse's ``choices``: a name the command does not take is
+    refused by the command, in one line (:func:`check_framework`)."""
+    parser.add_argument("--framework", type=framework_argument, required=required,
+                        metavar="{" + ",".join(names) + "}", help=help)
+
+
+def check_framework(name: str, names: Sequence[str], command: str) -> str:
+    """``name`` (canonical already), if ``command`` takes it; else one line naming those it
+    takes."""
+    if name not in names:
+        raise UserError(f"{command}: unknown framework {name!r}; known: {', '.join(names)}")
+    return name
 
 
 def load_trace(path: str, args: argparse.Namespace | None = None) -> Trace:
@@ -347,6 +383,27 @@ def ensure_parent(path: str) -> None:
     """The one rule for output paths on the command line: a missing folder is created (as
     ``--out DIR`` is), so ``gen``, ``convert``, ``report`` and ``export-snapshot`` agree."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+
+# What the examples run on: the bundled samples, as a checkout holds them.
+TORCH_SAMPLE = "traces/data/sample-torch-cpu-mlp.npz"
+JAX_SAMPLE = "traces/data/sample-jax-cpu-train.npz"
+
+
+def examples(*commands: str) -> str:
+    """The end of every command's ``--help``: ``examples:`` and 1 to 3 real commands that run
+    on what a checkout holds (``a && b`` for one that needs another's output first)."""
+    return "examples:\n" + "\n".join(f"  {command}" for command in commands)
+
+
+def print_written(paths: Sequence[str | os.PathLike[str]], detail: str = "", *,
+                  to_stderr: bool = False) -> None:
+    """The one line every command prints for what it wrote: ``wrote PATH[, PATH ...][:
+    detail]``, each name escaped (allocsim/printable.py) as it was given (``out/tune.json``).
+    ``to_stderr`` where standard output carries JSON (``--json``) or the answer comes after
+    it, so that standard output stays what it promises."""
+    line = "wrote " + ", ".join(printable(os.fspath(path)) for path in paths)
+    print(line + (f": {detail}" if detail else ""), file=sys.stderr if to_stderr else sys.stdout)
 
 
 def print_json(data: Any) -> None:

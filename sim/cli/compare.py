@@ -8,16 +8,19 @@ from pathlib import Path
 
 from allocsim.policies import DEFAULT_POLICIES
 from allocsim.policies.registry import alloc_conf_spec
-from allocsim.printable import printable
 from allocsim.sim.cli.common import (
+    JAX_SAMPLE,
+    TORCH_SAMPLE,
     add_device_options,
     add_output_option,
     add_reading_options,
     device_for_traces,
+    examples,
     float_argument,
     load_trace,
     max_slowdown_option,
     print_json,
+    print_written,
     progress_printer,
 )
 from allocsim.sim.output.results_dir import write_comparisons
@@ -27,7 +30,11 @@ from allocsim.traces.bundled import DEFAULT_TRACE_NAME, load_bundled_traces
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="replay traces through policies and name the winner")
+    p = sub.add_parser("compare", help="replay traces through policies and name the winner",
+                       epilog=examples(
+                           "allocsim compare default --device a100-40g",
+                           f"allocsim compare {TORCH_SAMPLE} --alloc-conf expandable_segments:True",
+                           f"allocsim compare {JAX_SAMPLE} --capacity 64MiB -o results"))
     p.add_argument("traces", nargs="*", help=f"trace files (default: the bundled traces, "
                                              f"{DEFAULT_TRACE_NAME} and the recorded samples)")
     p.add_argument("--policies", nargs="+", metavar="SPEC",
@@ -73,9 +80,7 @@ def run(args: argparse.Namespace) -> int:
         compare(trace, policies, device, progress=progress, max_slowdown=budget)
         for trace in traces]
     if args.out:
-        written = write_comparisons(comparisons, args.out, traces=traces)
-        if not args.json:
-            print(f"wrote {', '.join(printable(p) for p in written)}", file=sys.stderr)
+        print_written(write_comparisons(comparisons, args.out, traces=traces), to_stderr=True)
     if args.json:
         data = [c.to_json_dict() for c in comparisons]
         print_json(data[0] if len(data) == 1 else data)

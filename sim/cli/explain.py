@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 
 from allocsim.policies.registry import alloc_conf_spec
-from allocsim.sim.cli.common import add_reading_options, int_argument, load_trace, print_json
+from allocsim.sim.cli.common import (
+    add_reading_options,
+    examples,
+    int_argument,
+    load_trace,
+    print_json,
+)
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, resolve_device
 from allocsim.sim.questions.explain import MAX_SPLIT_SIZES_MB, explain_oom
 
@@ -22,7 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "the largest free block; the verdict (real shortage or fragmentation); "
                     "and which allocator settings would have completed at the same "
                     "capacity. A PyTorch snapshot with a recorded OOM needs no other "
-                    "argument; any other trace takes --policy and --device/--capacity.")
+                    "argument; any other trace takes --policy and --device/--capacity.",
+        epilog=examples("allocsim explain-oom default --policy pytorch --capacity 1600MiB",
+                        "allocsim explain-oom default --alloc-conf max_split_size_mb:128 "
+                        "--capacity 1600MiB"))
     p.add_argument("trace", help="trace file, or a PyTorch snapshot with a recorded OOM")
     p.add_argument("--policy", metavar="SPEC",
                    help="the policy that ran out of memory (default pytorch; for a snapshot "

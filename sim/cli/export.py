@@ -12,7 +12,9 @@ from allocsim.sim.cli.common import (
     add_output_option,
     add_reading_options,
     device_from_args,
+    examples,
     load_trace,
+    print_written,
 )
 from allocsim.sim.output.export import simulate_snapshot, write_snapshot
 from allocsim.sim.output.ownership import claim_unless_foreign, is_allocsim_trace
@@ -21,7 +23,9 @@ from allocsim.sim.output.ownership import claim_unless_foreign, is_allocsim_trac
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export-snapshot",
                        help="a policy's simulated run as a PyTorch memory snapshot "
-                            "(for memory_viz)")
+                            "(for memory_viz)",
+                       epilog=examples(
+                           "allocsim export-snapshot default --policy bfc -o bfc.pickle"))
     p.add_argument("trace", help="trace file, or 'default' for the bundled one")
     p.add_argument("--policy", default="pytorch", help="policy spec (default pytorch)")
     add_device_options(p)
@@ -52,6 +56,5 @@ def run(args: argparse.Namespace) -> int:
     if note is not None:
         print(f"allocsim: note: {note}; the snapshot shows each failed request as an oom "
               "entry and leaves its buffer out", file=sys.stderr)
-    print(f"wrote {printable(args.output)}: open it at https://pytorch.org/memory_viz (drag "
-          "and drop)")
+    print_written([args.output], "open it at https://pytorch.org/memory_viz (drag and drop)")
     return 0

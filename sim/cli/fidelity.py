@@ -10,6 +10,7 @@ import argparse
 from allocsim.sim.cli.common import (
     add_reading_options,
     capacity_option,
+    examples,
     load_trace,
     print_json,
 )
@@ -33,7 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "from a TPU through the tpu model (each buffer's HBM offset and size, the "
                     "bytes in use); an XLA "
                     "buffer-assignment dump against the offline plan and the policies. Exit 0 "
-                    "when all match, 1 on divergence.")
+                    "when all match, 1 on divergence.",
+        epilog=examples("allocsim fidelity tests/data/xplane/tf-cpu-default.xplane.pb",
+                        "allocsim fidelity tests/data/xplane/tf-cpu-oom.xplane.pb --json"))
     p.add_argument("snapshot", metavar="RECORDING",
                    help="snapshot pickle, .xplane.pb profile or log folder, or XLA dump")
     p.add_argument("--capacity", help="device capacity (default: from the recorded oom's "

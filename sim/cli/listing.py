@@ -5,18 +5,22 @@ from __future__ import annotations
 import argparse
 
 from allocsim.policies import describe_policies, format_size
+from allocsim.sim.cli.common import examples
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES
 from allocsim.sim.kernel.native import NATIVE_SETTINGS, implementation
 from allocsim.sim.questions.offline import OFFLINE_NAME
 
 
 def register_policies(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("policies", help="list policies and parameters").set_defaults(
-        func=run_policies)
+    sub.add_parser("policies", help="list policies and parameters",
+                   epilog=examples("allocsim policies")).set_defaults(func=run_policies)
 
 
 def register_devices(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("devices", help="list device profiles").set_defaults(func=run_devices)
+    sub.add_parser("devices", help="list device profiles",
+                   epilog=examples("allocsim devices",
+                                   "allocsim compare default --device h100-80g")
+                   ).set_defaults(func=run_devices)
 
 
 def run_policies(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ import errno
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from allocsim import __version__
 from allocsim.errors import UserInputError
@@ -53,7 +53,32 @@ from allocsim.sim.cli import (
     tune,
     validate,
 )
+from allocsim.sim.cli.common import JAX_SAMPLE, examples
 from allocsim.sim.kernel.native import implementation
+
+
+class KeepIndentedLines(argparse.HelpFormatter):
+    """argparse's help, wrapped as usual, except that an indented line of a description or
+    epilog is printed as written: the examples every page ends with (and ``gen``'s list of
+    generators) stay one command a line, ready to copy."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        blocks: list[str] = []
+        prose: list[str] = []
+
+        def flush() -> None:
+            if prose:
+                blocks.append(super(KeepIndentedLines, self)._fill_text(
+                    " ".join(prose), width, indent))
+                prose.clear()
+        for line in text.splitlines():
+            if line[:1].isspace() or not line.strip():
+                flush()
+                blocks.append(indent + line)
+            else:
+                prose.append(line)
+        flush()
+        return "\n".join(blocks)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -62,6 +87,10 @@ class OneLineParser(argparse.ArgumentParser):
     where to find the usage, not the usage itself. ``--help`` is unchanged. Subcommand parsers
     are made of the same class (``add_subparsers`` uses the parent's)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", KeepIndentedLines)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         first = printable(message.splitlines()[0]) if message else "bad arguments"
         self.exit(2, f"allocsim: error: {first} (see: {self.prog} --help)\n")
@@ -69,7 +98,10 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="allocsim", description="Simulate GPU memory allocators on allocation traces.")
+        prog="allocsim", description="Simulate GPU memory allocators on allocation traces.",
+        epilog=examples("allocsim compare", "allocsim info default",
+                        f"allocsim tune {JAX_SAMPLE} --framework jax --capacity 32MiB")
+        + "\n\nallocsim COMMAND --help: what a command takes, and its own examples")
     # Which implementation replays the runs the native core can take (sim/kernel/native.py).
     parser.add_argument("--version", action="version",
                         version=f"allocsim {__version__} ({implementation()})")

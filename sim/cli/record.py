@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 from allocsim.atomic_files import OutputClaim
 from allocsim.policies import format_size
 from allocsim.printable import printable
-from allocsim.sim.cli.common import UserError, add_output_option
+from allocsim.sim.cli.common import (
+    UserError,
+    add_framework_option,
+    add_output_option,
+    check_framework,
+    examples,
+    print_written,
+)
 from allocsim.sim.output.ownership import (
     claim_unless_foreign,
     is_allocsim_hook_log,
@@ -23,31 +30,42 @@ if TYPE_CHECKING:  # pragma: no cover - the trace type, for annotations only
     from allocsim.traces.model import Trace
 
 
+# The frameworks record has a recorder for, by their canonical names (allocsim/frameworks.py).
+RECORDED_FRAMEWORKS = ("pytorch", "jax", "cupy")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("record", help="run a Python program and record its allocations",
                        description="allocsim record -o run.npz -- python train.py args: runs "
-                                   "the script and writes a native trace. --framework cupy "
-                                   "(default) installs a CuPy memory hook (time, size, stream, "
-                                   "call site); --framework jax records the device buffers "
-                                   "JAX holds (arrays, each execution's temp buffer, donation); "
-                                   "--framework torch runs a PyTorch program's 'cuda' tensors "
-                                   "on the meta device (no GPU, no memory) and records every "
-                                   "storage they would hold on --target. "
+                                   "the script and writes a native trace. --framework pytorch "
+                                   "runs a PyTorch program's 'cuda' tensors on the meta device "
+                                   "(no GPU, no memory) and records every storage they would "
+                                   "hold on --target; --framework jax records the device "
+                                   "buffers JAX holds (arrays, each execution's temp buffer, "
+                                   "donation); --framework cupy installs a CuPy memory hook "
+                                   "(time, size, stream, call site). Without --framework, the "
+                                   "one the script imports (torch, jax or cupy; read, not run). "
                                    "From your own code: `with allocsim.traces.record.cupy("
                                    "'run.npz'): ...` or `with allocsim.traces.record.jax("
-                                   "'run.npz'): ...`.")
+                                   "'run.npz'): ...`.",
+                       epilog=examples(
+                           "allocsim record -o run.npz -- python train.py",
+                           "allocsim record --framework pytorch --target a100-40g -o run.npz "
+                           "-- python train.py --batch 64",
+                           "allocsim record --framework jax -o run.npz -- python -m app.train"))
     add_output_option(p, dest="output", metavar="FILE", required=True,
                       help="trace file to write (.npz, .csv, ...)")
-    p.add_argument("--framework", choices=("cupy", "jax", "torch"), default="cupy",
-                   help="whose allocations to record (default: cupy)")
+    add_framework_option(p, RECORDED_FRAMEWORKS,
+                         help="whose allocations to record (default: the one the script "
+                              "imports; torch is taken for pytorch too)")
     p.add_argument("--target", metavar="DEVICE",
-                   help="--framework torch: the GPU the recording stands for (allocsim "
+                   help="--framework pytorch: the GPU the recording stands for (allocsim "
                         "devices; default a100-80g): its SDPA kernel and cuBLAS workspace")
     p.add_argument("--placeholder-values", action="store_true",
-                   help="--framework torch: value reads (loss.item(), if x.any():) answer "
+                   help="--framework pytorch: value reads (loss.item(), if x.any():) answer "
                         "zeros instead of stopping the program")
     p.add_argument("--prefer-cudnn-attention", action="store_true",
-                   help="--framework torch: cuDNN attention first, as PyTorch does on "
+                   help="--framework pytorch: cuDNN attention first, as PyTorch does on "
                         "sm90/sm100 with cuDNN newer than 9.15.0")
     p.add_argument("--log", help="also write the raw hook calls as a CuPy JSON-lines log "
                                  "(--framework cupy)")
@@ -68,7 +86,10 @@ def run(args: argparse.Namespace) -> int:
     log = None if not args.log else claim_unless_foreign(args.log, "a CuPy hook log",
                                                          is_allocsim_hook_log,
                                                          keep_refused=True)
-    shown = printable(args.output)
+    if args.framework is None:    # read from the script's imports, before it runs
+        from allocsim.traces.record.script_framework import program_framework
+        args.framework = program_framework(command)
+    check_framework(args.framework, RECORDED_FRAMEWORKS, "record")
     from allocsim.traces.record.script_args import interpreter_note
     note = interpreter_note(command)
     if note:
@@ -78,27 +99,29 @@ def run(args: argparse.Namespace) -> int:
                                            ("--placeholder-values", args.placeholder_values),
                                            ("--prefer-cudnn-attention",
                                             args.prefer_cudnn_attention)) if given]
-    if torch_only and args.framework != "torch":
-        raise UserError(f"record: {torch_only[0]} is for --framework torch")
-    if args.framework == "torch":
+    if torch_only and args.framework != "pytorch":
+        raise UserError(f"record: {torch_only[0]} is for --framework pytorch")
+    if args.framework == "pytorch":
         if args.log:
             raise UserError("record: --log is for --framework cupy (CuPy's hook calls)")
         return _run_torch(command, args, output)
     if args.framework == "jax":
         if args.log:
             raise UserError("record: --log is for --framework cupy (CuPy's hook calls)")
-        return _run_jax(command, output, shown)
+        return _run_jax(command, output, args.output)
     from allocsim.traces.record import run_script  # imports the recorder only when recording
     trace = run_script(command, output, log=log, require_cupy=True)
     peak, _ = trace.peak_live()
-    print(f"wrote {shown}: {len(trace):,} events, peak live {format_size(peak)}",
-          file=sys.stderr)
+    print_written([args.output], f"{len(trace):,} events, peak live {format_size(peak)}",
+                  to_stderr=True)
     return 0
 
 
-def _run_jax(command: list[str], claim: OutputClaim, output: str) -> int:
-    """Record a JAX script; its failure's exit status is returned, its partial trace kept
-    (a Ctrl-C or SIGTERM: 130 or 143; ``os._exit(n)``: n, said before the process ends)."""
+def _run_jax(command: list[str], claim: OutputClaim, name: str) -> int:
+    """Record a JAX script into ``claim`` (``name`` as the user gave it); its failure's exit
+    status is returned, its partial trace kept (a Ctrl-C or SIGTERM: 130 or 143;
+    ``os._exit(n)``: n, said before the process ends)."""
+    output = printable(name)
     from allocsim.traces.record.jax_recorder_script import record_script
 
     def summary(trace: Trace) -> str:
@@ -115,7 +138,7 @@ def _run_jax(command: list[str], claim: OutputClaim, output: str) -> int:
             print(f"allocsim: record: warning: wrote {output} with 0 events: the program held "
                   "no JAX array on the recorded device (does it import jax?)", file=sys.stderr)
         else:
-            print(f"wrote {output}: {summary(trace)}", file=sys.stderr)
+            print_written([name], summary(trace), to_stderr=True)
         return 0
     error = result.error
     if isinstance(error, KeyboardInterrupt):
@@ -177,7 +200,7 @@ def _run_torch(command: list[str], args: argparse.Namespace, claim: OutputClaim)
     trace = result.trace
     summary = summary_of(trace)
     if result.error is None:
-        print(f"wrote {output}: {summary}", file=sys.stderr)
+        print_written([args.output], summary, to_stderr=True)
         return 0
     error = result.error
     if result.explanation is not None:

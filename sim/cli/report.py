@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 
-from allocsim.printable import printable
-from allocsim.sim.cli.common import add_output_option
+from allocsim.sim.cli.common import TORCH_SAMPLE, add_output_option, examples, print_written
 from allocsim.sim.output.html_report import write_report
 from allocsim.sim.output.report_input import load_results
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="one self-contained HTML page from results files")
+    p = sub.add_parser("report", help="one self-contained HTML page from results files",
+                       epilog=examples(
+                           f"allocsim compare {TORCH_SAMPLE} -o results && "
+                           f"allocsim min-capacity {TORCH_SAMPLE} -o results",
+                           "allocsim report results/results.json results/min_capacity.json "
+                           "-o report.html"))
     p.add_argument("results", nargs="+", help="results.json of compare --out, min_capacity.json")
     add_output_option(p, dest="output", metavar="FILE", default="report.html",
                       help="the page to write (default report.html)")
@@ -21,5 +25,5 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     path = write_report(load_results(args.results), args.output, args.title)
-    print(f"wrote {printable(path)}")
+    print_written([path])
     return 0

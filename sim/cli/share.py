@@ -10,8 +10,10 @@ from allocsim.sim.cli.common import (
     add_output_option,
     add_reading_options,
     device_from_args,
+    examples,
     load_trace,
     print_json,
+    print_written,
 )
 from allocsim.sim.output.figures import plot_share
 from allocsim.sim.output.files import write_json
@@ -24,7 +26,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("share", help="several processes sharing one device",
                        description="Each SPEC is TRACE[:POLICY][@START], e.g. run.npz:jax@2s "
                                    "(policy default: jax; TRACE 'default' = the bundled trace). "
-                                   "Exit status 1 when some process runs out of memory.")
+                                   "Exit status 1 when some process runs out of memory.",
+                       epilog=examples(
+                           "allocsim share default:jax default:jax@10ms --capacity 6GiB",
+                           "allocsim share default:bfc default:pytorch@1s --capacity 8GiB "
+                           "-o results"))
     p.add_argument("specs", nargs="+", metavar="SPEC")
     add_device_options(p)
     add_output_option(p, dest="out", metavar="DIR",
@@ -51,4 +57,6 @@ def run(args: argparse.Namespace) -> int:
         print_json(share_json(result, specs, device))
     else:
         print(share_text(result, specs, device))
+    if args.out:
+        print_written([out / "share.json", out / "share.png"], to_stderr=args.json)
     return 0 if all(r.completed for r in result.results) else 1

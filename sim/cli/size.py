@@ -14,6 +14,7 @@ import argparse
 import json
 
 from allocsim.errors import UserInputError
+from allocsim.sim.cli.common import examples
 from allocsim.sim.kernel.device_profile import TPU_PROFILES, resolve_device
 from allocsim.traces.tpu_layout import TpuLayout, tpu_layout
 
@@ -27,9 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Prints the bytes each array takes on a TPU and its tiled layout, for "
                     "shapes in XLA's notation. The rule was read off a TPU v5e chip "
                     "(JAX 0.10.2, libtpu 0.0.42.1); other TPUs are assumed to tile alike.",
-        epilog="examples:\n  allocsim size --device tpu-v5e f32[17,129] bf16[3,5,7] "
-               "pred[100]\n  allocsim size --device tpu-v5e --json s8[1000] u8[1500]",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=examples("allocsim size --device tpu-v5e f32[17,129] bf16[3,5,7] pred[100]",
+                        "allocsim size --device tpu-v5e --json s8[1000] u8[1500]"))
     p.add_argument("shapes", nargs="+", metavar="SHAPE",
                    help="an array in XLA's notation: f32[17,129], bf16[3,5,7], pred[100]")
     p.add_argument("--device", default=MEASURED_ON,

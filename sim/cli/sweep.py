@@ -20,6 +20,7 @@ from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     accept_dash_digit_values,
     add_output_option,
+    examples,
     float_argument,
     int_argument,
     max_slowdown_option,
@@ -39,7 +40,10 @@ HELP = "a grid of traces × policies × devices × capacities, in parallel, resu
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add the ``sweep`` command to the ``allocsim`` parser's subcommands."""
-    parser = subparsers.add_parser("sweep", help=HELP)
+    parser = subparsers.add_parser(
+        "sweep", help=HELP,
+        epilog=examples("allocsim sweep docs/examples/grid.toml -o results.jsonl",
+                        "allocsim sweep docs/examples/grid.toml -o results.jsonl --report"))
     add_sweep_arguments(parser)
     # Interrupted before or after the cells run (while loading, say): the boundary's one line.
     parser.set_defaults(func=cmd_sweep, on_interrupt=RESUME_HINT)

@@ -9,13 +9,16 @@ from allocsim.errors import UserInputError
 from allocsim.policies import format_size
 from allocsim.printable import printable
 from allocsim.sim.cli.common import (
+    TORCH_SAMPLE,
     UserError,
     add_output_option,
     add_reading_options,
     ensure_parent,
+    examples,
     int_argument,
     load_trace,
     print_json,
+    print_written,
 )
 from allocsim.sim.output.ownership import claim_unless_foreign, is_allocsim_trace
 from allocsim.sim.output.tables import format_table
@@ -27,8 +30,10 @@ from allocsim.traces.summary import summarize
 
 def register_gen(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gen", help="generate a synthetic trace",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog=_generator_parameters())
+                       epilog=_generator_parameters() + "\n\n" + examples(
+                           "allocsim gen transformer min_seq=64 max_seq=2048 steps=50 "
+                           "-o varlen.npz",
+                           "allocsim gen training --seed 3 -o training.csv.gz"))
     p.add_argument("kind", help=f"one of: {', '.join(synth.GENERATORS)}")
     p.add_argument("params", nargs="*", metavar="key=value", help="generator parameters")
     p.add_argument("--seed", type=int_argument, default=None,
@@ -49,7 +54,11 @@ def _generator_parameters() -> str:
 
 
 def register_info(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("info", help="what a trace holds")
+    p = sub.add_parser("info", help="what a trace holds",
+                       epilog=examples(
+                           "allocsim info default",
+                           f"allocsim info {TORCH_SAMPLE} --top 5",
+                           "allocsim info tests/data/xplane/tf-cpu-default.xplane.pb --json"))
     p.add_argument("trace", help="trace file")
     p.add_argument("--top", type=int_argument, default=10,
                    help="tags to list at the peak (default 10)")
@@ -59,7 +68,11 @@ def register_info(sub: argparse._SubParsersAction) -> None:
 
 
 def register_convert(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("convert", help="convert a trace between formats")
+    p = sub.add_parser("convert", help="convert a trace between formats",
+                       epilog=examples(
+                           f"allocsim convert {TORCH_SAMPLE} mlp.csv.gz",
+                           "allocsim convert tests/data/xplane/tf-cpu-default.xplane.pb "
+                           "-o tf.npz"))
     p.add_argument("input", help="trace file to read")
     p.add_argument("output_file", nargs="?", metavar="output",
                    help="file to write; the format follows its name (or give it as -o FILE)")
@@ -87,15 +100,15 @@ def run_gen(args: argparse.Namespace) -> int:
         if isinstance(made, synth.SynthPlan) and made.n_events > synth.STREAM_ABOVE_EVENTS:
             ensure_parent(args.output)
             facts = synth.save_streamed(made, claim)
-            print(f"wrote {printable(args.output)}: {facts.events:,} events, peak live "
-                  f"{format_size(facts.peak_live)} (streamed)")
+            print_written([args.output], f"{facts.events:,} events, peak live "
+                                         f"{format_size(facts.peak_live)} (streamed)")
             _note_input_limit(args.output)
             return 0
         trace = made.trace() if isinstance(made, synth.SynthPlan) else made
     ensure_parent(args.output)
     formats.save(trace, claim)
     peak, _ = trace.peak_live()
-    print(f"wrote {printable(args.output)}: {len(trace):,} events, peak live {format_size(peak)}")
+    print_written([args.output], f"{len(trace):,} events, peak live {format_size(peak)}")
     _note_input_limit(args.output)
     return 0
 
@@ -212,5 +225,5 @@ def run_convert(args: argparse.Namespace) -> int:
     trace = load_trace(args.input, args)
     ensure_parent(args.output)
     formats.save(trace, claim)
-    print(f"wrote {printable(args.output)}: {len(trace):,} events")
+    print_written([args.output], f"{len(trace):,} events")
     return 0

@@ -7,20 +7,24 @@ import argparse
 import sys
 from pathlib import Path
 
-from allocsim.printable import printable
 from allocsim.sim.cli.common import (
+    JAX_SAMPLE,
+    TORCH_SAMPLE,
     UserError,
     add_device_options,
+    add_framework_option,
     add_output_option,
     add_reading_options,
     capacity_option,
     device_from_args,
+    examples,
     float_argument,
     int_argument,
     load_trace,
     max_slowdown_option,
     plain_progress,
     print_json,
+    print_written,
     workers_option,
 )
 from allocsim.sim.kernel.device import DeviceProfile, resolve_device
@@ -33,12 +37,16 @@ from allocsim.traces.model import Trace
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="the allocator setting to paste for a job and a card "
-                                    "(or per-job limits for several jobs on one card)")
+                                    "(or per-job limits for several jobs on one card)",
+                       epilog=examples(
+                           f"allocsim tune {JAX_SAMPLE} --framework jax --capacity 32MiB",
+                           f"allocsim tune {TORCH_SAMPLE} --framework pytorch --device rtx4090-24g",
+                           f"allocsim tune default {JAX_SAMPLE} --framework jax --capacity 2GiB"))
     p.add_argument("traces", nargs="+", metavar="TRACE",
                    help="trace file ('default' for the bundled one); several: jobs sharing "
                         "one card (needs --device or --capacity)")
-    p.add_argument("--framework", required=True, metavar="NAME",
-                   help=f"whose settings to search: {', '.join(FRAMEWORKS)}")
+    add_framework_option(p, FRAMEWORKS, required=True,
+                         help="whose settings to search (torch and tf are taken too)")
     add_device_options(p, purpose=" (the card to fit; without --device or --capacity: the "
                                   "smallest card)")
     p.add_argument("--max-slowdown", type=float_argument, default=DEFAULT_MAX_SLOWDOWN, metavar="X",
@@ -101,15 +109,15 @@ def run(args: argparse.Namespace) -> int:
             if close is not None:
                 close()
     from allocsim.sim.output.tune_output import text, write_files
-    if args.out:
-        write_files(result, trace, Path(args.out))
+    written = write_files(result, trace, Path(args.out)) if args.out else []
     if args.json:
         print_json(result.to_json_dict())
     else:
         print(text(result))
-        if args.out:
-            print(f"\nwrote {printable(args.out)}/tune.json, tune.png, tune-results.json, "
-                  "report.html")
+    if written:
+        if not args.json:
+            print()
+        print_written(written, to_stderr=args.json)
     return 0
 
 
@@ -122,10 +130,13 @@ def _run_share(args: argparse.Namespace, traces: list[Trace], device: DeviceProf
     answer = tune_share(traces, list(args.traces), args.framework, device,
                         any_trace=args.any_trace)
     from allocsim.sim.output.files import write_json
-    if args.out:
-        write_json(answer.to_json_dict(), Path(args.out) / "tune-share.json", kind="tune")
+    written = Path(args.out) / "tune-share.json" if args.out else None
+    if written is not None:
+        write_json(answer.to_json_dict(), written, kind="tune")
     if args.json:
         print_json(answer.to_json_dict())
     else:
         print(answer.text())
+    if written is not None:
+        print_written([written], to_stderr=args.json)
     return 0

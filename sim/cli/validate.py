@@ -12,8 +12,13 @@ import json
 import sys
 from typing import Any
 
-from allocsim.printable import printable
-from allocsim.sim.cli.common import add_output_option, plain_progress
+from allocsim.sim.cli.common import (
+    TORCH_SAMPLE,
+    add_output_option,
+    examples,
+    plain_progress,
+    print_written,
+)
 from allocsim.sim.kernel.device import DeviceProfile, resolve_device
 from allocsim.sim.validation.backends import BACKENDS, DEFAULT_BACKEND
 from allocsim.sim.validation.errors import ValidatorError
@@ -27,7 +32,10 @@ def register(subparsers: Any) -> None:
         description="Replay TRACE through a backend and through the simulator and compare "
                     "them after every event. RESULTS.json (from compare --out) validates its "
                     "winner on the trace it names. Exit status: 0 all checks passed, 1 a check "
-                    "failed, 2 an error (no GPU, bad arguments).")
+                    "failed, 2 an error (no GPU, bad arguments).",
+        epilog=examples(
+            f"allocsim validate {TORCH_SAMPLE} --policy bfc --backend host",
+            f"allocsim validate {TORCH_SAMPLE} --policy pytorch --backend host -o validation"))
     p.add_argument("input", help="trace file ('default' = the bundled trace), or a compare "
                                  "results.json")
     p.add_argument("--policy", metavar="SPEC",
@@ -73,9 +81,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             report = validate(args.input, args.policy, args.backend, profile, args.capacity,
                               patterns=patterns)
     if args.out:
-        written = report.write(args.out)
-        if not args.json:
-            print(f"wrote {', '.join(printable(p) for p in written)}", file=sys.stderr)
+        print_written(report.write(args.out), to_stderr=True)
     if args.json:
         json.dump(report.to_json_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from allocsim.printable import printable
 from allocsim.sim.sweeps.cell import describe_error, make_record
 from allocsim.sim.sweeps.executors import Runner, make_runner
 from allocsim.sim.sweeps.grid import Cell, SweepDefinition, load_definition
@@ -102,7 +103,12 @@ class SweepSummary:
                  f"{self.failed:,} failed, {self.skipped:,} skipped (already in the results "
                  f"file) in {self.elapsed_s:.1f} s" + (f" on {self.executor}" if self.executor
                                                        else "")]
-        lines.append(f"results: {self.results_path}")
+        added = self.done + self.failed
+        if added:    # the results line as every command's: ``wrote PATH``, escaped
+            lines.append(f"wrote {printable(str(self.results_path))}: {added:,} cell"
+                         f"{'s' if added != 1 else ''} added")
+        else:
+            lines.append(f"results: {printable(str(self.results_path))} (nothing added)")
         if self.truncated_bytes:
             lines.append(f"note: cut a half-written last line ({self.truncated_bytes} bytes) "
                          "left by an earlier crash")

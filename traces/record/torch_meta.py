@@ -1,7 +1,7 @@
 """Record a PyTorch program's CUDA allocations at full size, with no GPU and no memory.
 
 ``with allocsim.traces.record.torch_meta.record_cuda("run.npz", target="rtx4090-24g"):`` (or
-``allocsim record --framework torch --target rtx4090-24g -o run.npz -- python train.py``) runs
+``allocsim record --framework pytorch --target rtx4090-24g -o run.npz -- python train.py``) runs
 an ordinary PyTorch program that puts its model and data on ``"cuda"``; every tensor meant for
 ``"cuda"`` is made on the ``meta`` device instead — real shapes, dtypes and strides, no data —
 so a 1.3B-parameter training step runs on a laptop in seconds, and every storage the program's

@@ -1,4 +1,4 @@
-"""Run a PyTorch script under the meta recorder (``allocsim record --framework torch``).
+"""Run a PyTorch script under the meta recorder (``allocsim record --framework pytorch``).
 
 :func:`record_script` runs ``[python] script.py args`` (or ``-m module``) as ``__main__``
 inside a :class:`~allocsim.traces.record.torch_meta.TorchMetaRecorder` and saves the trace
@@ -101,7 +101,7 @@ def record_script(argv: list[str], output: str | os.PathLike[str], *,
     try:
         import torch  # noqa: F401  (imported here so a missing torch is refused up front)
     except ImportError:
-        raise UserInputError("record --framework torch needs PyTorch: pip install "
+        raise UserInputError("record --framework pytorch needs PyTorch: pip install "
                              "torch==2.13.0 (the CPU wheel is enough)") from None
     meta = script_metadata(script, module, argv, options.pop("metadata", None))
     status = 0
