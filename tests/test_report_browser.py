@@ -30,12 +30,12 @@ def _shots() -> Path:
 def page(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("browser")
     assert main(["compare", "--policies", "on-demand", "preallocate", "best-fit", "bfc",
-                 "pytorch", "offline", "-o", str(out)]) == 0
+                 "pytorch", "offline", "-o", str(out), "--figures"]) == 0
     assert main(["min-capacity", "default", "--policies", "best-fit", "bfc", "pytorch",
                  "-o", str(out)]) == 0
     report = out / "all.html"
     assert main(["report", str(out / "results.json"), str(out / "min_capacity.json"),
-                 "-o", str(report)]) == 0
+                 "-o", str(report), "--figures"]) == 0
     return out
 
 
