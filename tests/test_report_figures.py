@@ -196,3 +196,23 @@ def test_tune_png_keeps_its_points_in_view_when_the_card_is_far_past_them(
     assert any("card 80.00GiB (off the scale)" in t.get_text()
                for t in ax.get_legend().get_texts())
     figures.pyplot().close("all")
+
+
+def test_info_says_it_is_reading_on_a_log(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(common, "PROGRESS_INTERVAL_S", 0.0)
+    assert main(["info", "default"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "allocsim: info: reading default, 0 s"
+    assert any(line.startswith("allocsim: info: summarizing ") for line in lines)
+
+
+def test_on_a_terminal_progress_is_one_line_rewritten_and_cleared() -> None:
+    import io
+    clock = iter([0.0, 0.05, 0.2, 0.3]).__next__
+    stream = io.StringIO()
+    with common.TerminalProgress("compare", stream=stream, clock=clock) as progress:
+        progress.update("reading a")
+        progress.update("reading b")          # 50 ms later: not redrawn
+        progress.update("replaying a")
+    assert stream.getvalue() == ("\r\x1b[K  compare: reading a\r\x1b[K  compare: replaying a"
+                                 "\r\x1b[K")

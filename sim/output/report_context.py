@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from allocsim.policies.units import format_size
+from allocsim.sim.kernel.device_buffers import TPU_NAMES
 from allocsim.sim.output.display_text import shown
 
 # What no replay of a recording holds, whatever the trace: the replay sees the requests of
@@ -74,9 +75,12 @@ def context_box(data: dict[str, Any], facts: RecordingFacts | None) -> str:
     context = int(device.get("context_bytes") or 0)
     capacity = format_size(int(device["capacity"]))
     if context:
+        # as the CLI says it (sim/output/tables.py): measured on a TPU, assumed on a GPU
+        holder = ("the TPU runtime holds (measured on a v5e)"
+                  if str(device["name"]).split("@")[0] in TPU_NAMES else
+                  "is assumed held by the CUDA context and libraries")
         items.append(f"<li>Device {html.escape(device['name'])}: {capacity}, of which "
-                     f"<b>{format_size(context)}</b> is assumed held by the CUDA context and "
-                     "libraries (or the TPU runtime) before the allocator starts; "
+                     f"<b>{format_size(context)}</b> {holder} before the allocator starts; "
                      "<code>--context</code> sets it. Peak reserved in the table does not "
                      "include it; a card fits when peak reserved + context ≤ capacity.</li>")
     else:
