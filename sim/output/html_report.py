@@ -154,6 +154,12 @@ window.addEventListener('load', function () {
   images.forEach(function (img) { if (img.complete && img.naturalWidth > 0) { loaded += 1; } });
   document.body.setAttribute('data-figures-loaded', String(loaded));
   document.body.setAttribute('data-figures-total', String(images.length));
+  // tables wider than their box (scrolling sideways hides their last columns)
+  var wide = 0;
+  document.querySelectorAll('.scroll').forEach(function (box) {
+    if (box.scrollWidth > box.clientWidth + 1) { wide += 1; }
+  });
+  document.body.setAttribute('data-wide-tables', String(wide));
   // milliseconds from the start of navigation to the end of the load event's work
   document.documentElement.setAttribute('data-load-ms', String(Math.round(performance.now())));
 });
