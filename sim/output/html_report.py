@@ -49,7 +49,7 @@ from allocsim.sim.output.interactive import BucketBlocks, chart_block, page_asse
 from allocsim.sim.output.ownership import REPORT_MARK, guard
 from allocsim.sim.output.report_context import RecordingFacts, context_box
 from allocsim.sim.output.report_peak import explain_peak, peak_bars
-from allocsim.sim.output.report_summary import summary_section, verdict_html
+from allocsim.sim.output.report_summary import policy_cell, summary_section, verdict_html
 from allocsim.traces.bundled import DEFAULT_TRACE_NAME
 
 
@@ -87,7 +87,7 @@ th, td { padding: 0.25em 0.6em; border-bottom: 1px solid #eee; text-align: right
 th { background: #f6f6f6; white-space: normal; vertical-align: bottom; }
 th:first-child, td:first-child { text-align: left; }
 /* long policy specs and reasons wrap instead of pushing the last columns out of sight */
-td:first-child { white-space: normal; overflow-wrap: anywhere; max-width: 22em; }
+td:first-child { white-space: normal; overflow-wrap: break-word; max-width: 24em; }
 td.wrap, th.wrap { white-space: normal; min-width: 14em; }
 ul.context { font-size: 0.88em; color: #333; background: #f8f8fb; border-left: 4px solid #99a;
              padding: 0.4em 0.8em 0.4em 2em; margin: 0.5em 0; }
@@ -246,7 +246,7 @@ def _table(data: dict[str, Any]) -> str:
         share = r["peak_allocated"] / r["peak_reserved"] if held else 0.0
         utilization, frag = (f"{share:.1%}", f"{1 - share:.1%}") if held else ("-", "-")
         rows.append(
-            f"<tr{winner}><td>{html.escape(shown(r['policy']))}</td>"
+            f"<tr{winner}><td>{policy_cell(r['policy'])}</td>"
             f"<td{' class=fail' if not r['completed'] else ''}>{done}</td>"
             f"<td>{format_size(r['peak_reserved'])}</td><td>{format_size(r['peak_allocated'])}</td>"
             f"<td>{utilization}</td><td>{frag}</td>"
