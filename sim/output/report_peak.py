@@ -107,7 +107,9 @@ def explain_peak(data: dict[str, Any], holdings: Sequence[Holding] | None) -> st
         levers.append(f"No allocator needs less than peak live, {format_size(live)}: at most "
                       f"{format_size(reserved - live)} can come from the allocator; the rest "
                       "only from holding fewer bytes.")
-    kinds = group_by_kind(holdings or [])[:LEVERS_SHOWN]
+    # A start-state buffer (``<live before recording, …>``) is no kind of tensor to halve.
+    kinds = [g for g in group_by_kind(holdings or []) if not g.kind.startswith("<")]
+    kinds = kinds[:LEVERS_SHOWN]
     if kinds:
         levers.append(
             "Fewer bytes at the peak — the largest kinds live then, and what is live at that "
