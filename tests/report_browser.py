@@ -34,10 +34,12 @@ def console_errors(stderr: str) -> list[str]:
             if "CONSOLE" in line and ("Error" in line or "Uncaught" in line)]
 
 
-def dump_dom(page: Path, scratch: Path, budget_ms: int = 5000) -> tuple[str, list[str]]:
-    """The page's DOM once its scripts ran (virtual time ``budget_ms``), and the console
-    errors Chromium logged."""
+def dump_dom(page: Path, scratch: Path, budget_ms: int = 5000,
+             width: int = 1280) -> tuple[str, list[str]]:
+    """The page's DOM once its scripts ran (virtual time ``budget_ms``) in a window ``width``
+    pixels wide, and the console errors Chromium logged."""
     run = _run(["--enable-logging=stderr", "--v=0", f"--virtual-time-budget={budget_ms}",
+                f"--window-size={width},1200",
                 "--dump-dom", page.resolve().as_uri()], scratch / "profile-dom")
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout, console_errors(run.stderr)

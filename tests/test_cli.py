@@ -59,7 +59,7 @@ def test_compare_json_of_several_traces_is_an_array(capsys, small_trace: Path) -
 
 def test_compare_out_writes_results_and_figures(capsys, small_trace: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
-    code, _, _ = run(capsys, "compare", str(small_trace), "--out", str(out_dir))
+    code, _, _ = run(capsys, "compare", str(small_trace), "--out", str(out_dir), "--figures")
     assert code == 0
     for name in ("results.json", "memory_timeline.png", "peaks.png", "fragmentation.png"):
         assert (out_dir / name).stat().st_size > 0

@@ -121,7 +121,7 @@ def test_record_refuses_before_it_runs_the_program(option: str, tmp_path: Path, 
 def test_compare_twice_into_one_folder_replaces_its_own_files(tmp_path: Path, source: Path,
                                                               capsys) -> None:
     out = tmp_path / "results"
-    argv = ["compare", str(source), "--policies", "on-demand", "bfc", "-o", str(out)]
+    argv = ["compare", str(source), "--policies", "on-demand", "bfc", "-o", str(out), "--figures"]
     assert run(argv, capsys)[0] == 0
     written = sorted(p.name for p in out.iterdir())
     assert "results.json" in written and any(name.endswith(".png") for name in written)
@@ -137,7 +137,8 @@ def test_compare_keeps_a_users_file_in_its_folder(name: str, tmp_path: Path, sou
     theirs = out / name
     theirs.write_bytes(FOREIGN["a JSON file"] if name.endswith(".json") else b"\x89PNG mine")
     before = theirs.read_bytes()
-    status, err = run(["compare", str(source), "--policies", "on-demand", "-o", str(out)], capsys)
+    status, err = run(["compare", str(source), "--policies", "on-demand", "-o", str(out),
+                       "--figures"], capsys)
     assert status == 2 and len(err) == 1 and f"{theirs}: exists and is not" in err[0]
     assert theirs.read_bytes() == before
 

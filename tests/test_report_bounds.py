@@ -53,7 +53,8 @@ def test_figures_of_300_policies_and_a_400_kb_name_are_bounded(crowded) -> None:
 
 def test_the_name_is_shown_short_and_kept_whole(crowded, tmp_path: Path) -> None:
     trace, comparison = crowded
-    written = write_comparisons([comparison], tmp_path / "out", traces=[trace])
+    written = write_comparisons([comparison], tmp_path / "out", traces=[trace],
+                                figures=True)
     document = json.loads((tmp_path / "out" / "results.json").read_text())
     assert document["trace"]["name"] == LONG_NAME              # nothing the user gave is lost
     page = (tmp_path / "out" / "report.html").read_text()

@@ -30,12 +30,12 @@ def _shots() -> Path:
 def page(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("browser")
     assert main(["compare", "--policies", "on-demand", "preallocate", "best-fit", "bfc",
-                 "pytorch", "offline", "-o", str(out)]) == 0
+                 "pytorch", "offline", "-o", str(out), "--figures"]) == 0
     assert main(["min-capacity", "default", "--policies", "best-fit", "bfc", "pytorch",
                  "-o", str(out)]) == 0
     report = out / "all.html"
     assert main(["report", str(out / "results.json"), str(out / "min_capacity.json"),
-                 "-o", str(report)]) == 0
+                 "-o", str(report), "--figures"]) == 0
     return out
 
 
@@ -80,3 +80,19 @@ def test_screenshots_at_fixed_sizes_are_kept(page: Path, tmp_path: Path) -> None
                 assert image.size == (width, height)
                 # not a blank page: many distinct colours were drawn
                 assert len(image.convert("RGB").getcolors(1 << 20) or []) > 50
+
+
+def test_no_table_scrolls_sideways_at_1400_pixels_with_long_settings(tmp_path: Path) -> None:
+    """tune's settings are long specs; the table hid its "slowdown" column behind a sideways
+    scroll at 1,400 px (issue 37): names wrap now, and the page counts wide tables."""
+    out = tmp_path / "o"
+    confs = ["expandable_segments:True,roundup_power2_divisions:16,max_split_size_mb:256,"
+             "garbage_collection_threshold:0.8",
+             "max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,1024:4,>:8]"]
+    argv = ["compare", "default", "--policies", "pytorch"]
+    for conf in confs:
+        argv += ["--alloc-conf", conf]
+    assert main([*argv, "-o", str(out)]) == 0
+    dom, errors = dump_dom(out / "report.html", tmp_path, width=1400)
+    assert not errors
+    assert _attr(dom, "data-wide-tables") == "0"

@@ -124,7 +124,7 @@ def test_names_with_dollars_are_drawn_as_text_not_maths(tmp_path, capsys) -> Non
         write_csv(_small_trace(name), out)
     out_dir = tmp_path / "out"
     assert main(["compare", str(trace_file), "--policies", "bfc", "on-demand",
-                 "-o", str(out_dir)]) == 0, capsys.readouterr().err
+                 "-o", str(out_dir), "--figures"]) == 0, capsys.readouterr().err
     names = sorted(p.name for p in out_dir.iterdir())
     assert names == ["fragmentation.png", "memory_timeline.png", "peaks.png", "report.html",
                      "results.json"]
@@ -134,18 +134,19 @@ def test_a_figure_that_fails_leaves_the_folder_as_it_was(tmp_path, monkeypatch) 
     trace = _small_trace("t")
     comparison = compare(trace, ["bfc"], resolve_device())
     out = tmp_path / "out"
-    results_dir.write_comparisons([comparison], out)
+    results_dir.write_comparisons([comparison], out, figures=True)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
     def broken(*_args, **_kwargs):
         raise ValueError("the figure failed")
     monkeypatch.setattr(html_report, "fragmentation_fig", broken)
     with pytest.raises(ValueError):
-        results_dir.write_comparisons([compare(trace, ["on-demand"], resolve_device())], out)
+        results_dir.write_comparisons([compare(trace, ["on-demand"], resolve_device())], out,
+                                      figures=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     fresh = tmp_path / "fresh"
     with pytest.raises(ValueError):
-        results_dir.write_comparisons([comparison], fresh)
+        results_dir.write_comparisons([comparison], fresh, figures=True)
     assert not fresh.exists() or not any(fresh.iterdir())
 
 

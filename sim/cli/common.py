@@ -284,7 +284,9 @@ def progress_printer(enabled: bool) -> Callable[[str, int, int], None] | None:
     return show
 
 
-PROGRESS_INTERVAL_S = 10.0  # the most often a plain progress line is printed
+# The most often a plain progress line is printed: anything past two seconds says what it is
+# doing (issue 37), and a log still gets a line every few seconds, not one per event.
+PROGRESS_INTERVAL_S = 2.0
 
 
 class PlainProgress:
@@ -359,6 +361,65 @@ class PlainProgress:
         if self.enabled and kind is None and self.lines:
             with self._lock:
                 self._line(f"done in {self.elapsed():.0f} s")
+
+
+class TerminalProgress:
+    """Progress of long work on a terminal: one status line, rewritten in place (``\\r``) at
+    most ten times a second and cleared at the end, so the command's own output follows on a
+    clean line. The same interface as :class:`PlainProgress`."""
+
+    REDRAW_S = 0.1
+
+    def __init__(self, command: str, *, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.command = command
+        self.stream = stream if stream is not None else sys.stderr
+        self.clock = clock
+        self.lines = 0
+        self._last = -math.inf
+        self._shown = False
+
+    def update(self, step: str) -> None:
+        now = self.clock()
+        if now - self._last < self.REDRAW_S:
+            return
+        self._last = now
+        self.stream.write(f"\r\x1b[K  {self.command}: {step}")
+        self.stream.flush()
+        self.lines += 1
+        self._shown = True
+
+    def __enter__(self) -> TerminalProgress:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def command_progress(command: str, *, enabled: bool = True) -> PlainProgress | TerminalProgress:
+    """Progress for a command's slow steps (reading, replaying, writing): a status line on a
+    terminal, plain lines every :data:`PROGRESS_INTERVAL_S` seconds on a log; nothing when
+    ``enabled`` is false (``--json``'s stdout stays clean either way: progress is stderr)."""
+    if enabled and sys.stderr.isatty():
+        return TerminalProgress(command)
+    return PlainProgress(command, enabled=enabled)
+
+
+def replay_reporter(progress: PlainProgress | TerminalProgress, trace_name: str,
+                    policies: int) -> Callable[[str, int, int], None]:
+    """A replay's progress callback (policy, events done, events in all) that names the
+    trace, the policy and how far it is."""
+    seen: list[str] = []
+
+    def report(policy: str, done: int, total: int) -> None:
+        if not seen or seen[-1] != policy:
+            seen.append(policy)
+        progress.update(f"replaying {trace_name}: {policy} (policy {len(seen)}/{policies}, "
+                        f"{done / max(total, 1):.0%} of {total:,} events)")
+    return report
 
 
 def plain_progress(command: str, *, enabled: bool = True) -> PlainProgress:

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from allocsim.policies import DEFAULT_POLICIES
 from allocsim.policies.registry import alloc_conf_spec
+from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     JAX_SAMPLE,
     TORCH_SAMPLE,
     add_device_options,
     add_output_option,
     add_reading_options,
+    command_progress,
     device_for_traces,
     examples,
     float_argument,
@@ -21,7 +22,7 @@ from allocsim.sim.cli.common import (
     max_slowdown_option,
     print_json,
     print_written,
-    progress_printer,
+    replay_reporter,
 )
 from allocsim.sim.output.results_dir import write_comparisons
 from allocsim.sim.output.tables import comparison_text
@@ -49,8 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a winner may make the run at most X times slower through allocator "
                         f"time (default {DEFAULT_MAX_SLOWDOWN}; inf = no budget)")
     add_output_option(p, dest="out", metavar="DIR",
-                      help="directory for results.json, figures and report.html "
+                      help="directory for results.json and report.html, its charts in the page "
                            "(default: write nothing)")
+    p.add_argument("--figures", action="store_true",
+                   help="with -o: also draw the PNG figures (memory_timeline.png, peaks.png, "
+                        "fragmentation.png), in the folder and the report; slower")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (an array for several traces)")
     add_reading_options(p)
@@ -72,15 +76,23 @@ def run(args: argparse.Namespace) -> int:
     budget = max_slowdown_option(args.max_slowdown)
     policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
     policies += [str(alloc_conf_spec(text)) for text in args.alloc_conf or []]
-    traces = ([load_trace(p, args) for p in args.traces] if args.traces
-              else load_bundled_traces())
-    device = device_for_traces(args, traces)
-    progress = progress_printer(sys.stderr.isatty() and not args.json)
-    comparisons: list[Comparison] = [
-        compare(trace, policies, device, progress=progress, max_slowdown=budget)
-        for trace in traces]
-    if args.out:
-        print_written(write_comparisons(comparisons, args.out, traces=traces), to_stderr=True)
+    with command_progress("compare") as progress:
+        traces = []
+        for index, path in enumerate(args.traces):
+            progress.update(f"reading {printable(path)} (trace {index + 1}/{len(args.traces)})")
+            traces.append(load_trace(path, args))
+        if not args.traces:
+            progress.update("reading the bundled traces")
+            traces = load_bundled_traces()
+        device = device_for_traces(args, traces)
+        comparisons: list[Comparison] = [
+            compare(trace, policies, device, max_slowdown=budget,
+                    progress=replay_reporter(progress, printable(trace.name), len(policies)))
+            for trace in traces]
+        written = (write_comparisons(comparisons, args.out, traces=traces, figures=args.figures,
+                                     progress=progress.update) if args.out else [])
+    if written:
+        print_written(written, to_stderr=True)
     if args.json:
         data = [c.to_json_dict() for c in comparisons]
         print_json(data[0] if len(data) == 1 else data)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from allocsim.sim.cli.common import TORCH_SAMPLE, add_output_option, examples, print_written
+from allocsim.sim.cli.common import (
+    TORCH_SAMPLE,
+    add_output_option,
+    command_progress,
+    examples,
+    print_written,
+)
 from allocsim.sim.output.html_report import write_report
 from allocsim.sim.output.report_input import load_results
 
@@ -20,10 +26,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output_option(p, dest="output", metavar="FILE", default="report.html",
                       help="the page to write (default report.html)")
     p.add_argument("--title", default="allocsim report", help="the page's title")
+    p.add_argument("--figures", action="store_true",
+                   help="also draw the PNG figures into the page (matplotlib; slower: the "
+                        "page's own charts show the same)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    path = write_report(load_results(args.results), args.output, args.title)
+    with command_progress("report") as progress:
+        progress.update(f"reading {len(args.results)} results file"
+                        + ("s" * (len(args.results) != 1)))
+        documents = load_results(args.results)
+        progress.update("drawing the figures and writing the page" if args.figures
+                        else "writing the page")
+        path = write_report(documents, args.output, args.title, figures=args.figures)
     print_written([path])
     return 0

@@ -13,6 +13,7 @@ from allocsim.sim.cli.common import (
     UserError,
     add_output_option,
     add_reading_options,
+    command_progress,
     ensure_parent,
     examples,
     int_argument,
@@ -137,11 +138,14 @@ def _list_modules(args: argparse.Namespace, several: SeveralModules) -> int:
 def run_info(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise UserInputError(f"--top: the number of tags to list must be >= 0, got {args.top}")
-    try:
-        trace = load_trace(args.trace, args)
-    except SeveralModules as several:  # info lists them, the way to choose one
-        return _list_modules(args, several)
-    facts = summarize(trace, top=args.top)
+    with command_progress("info") as progress:   # a large recording reads for seconds
+        progress.update(f"reading {printable(args.trace)}")
+        try:
+            trace = load_trace(args.trace, args)
+        except SeveralModules as several:  # info lists them, the way to choose one
+            return _list_modules(args, several)
+        progress.update(f"summarizing {len(trace):,} events")
+        facts = summarize(trace, top=args.top)
     if args.json:
         print_json(facts)
         return 0

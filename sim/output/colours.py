@@ -16,10 +16,16 @@ tritanopia (Machado, Oliveira & Fernandes 2009, full severity; CIE76 ΔE):
 
 tests/test_colours.py recomputes those distances, so an edit that brings two colours together
 fails there.
+
+Colour is not enough at a glance: blues such as pytorch's, best-fit's and on-demand's are
+apart by the numbers yet read as "blue" in a thin line. So each line also has a dash pattern
+(:func:`policy_dashes`): in one drawing, two policies whose colours are closer than
+:data:`NEAR_DELTA_E` (CIE76, normal vision) never share one.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Sequence
 
@@ -45,6 +51,59 @@ SPARE_COLOURS: tuple[str, ...] = (
 LIVE_COLOUR = "#777777"
 CAPACITY_COLOUR = "#444444"
 OOM_COLOUR = "#CC0000"
+
+
+# Line patterns as on/off lengths in points (matplotlib's dash tuple, uPlot's ``dash``):
+# solid, dashed, dotted, dash-dot.
+DASH_PATTERNS: tuple[tuple[int, ...], ...] = ((), (6, 3), (1, 2), (6, 2, 1, 2))
+NEAR_DELTA_E = 45.0     # colours closer than this (normal vision) read as one in a thin line
+NEAR_HUE_DEGREES = 50.0  # two saturated colours whose hues are this close read as "blue" both
+SATURATED_CHROMA = 20.0
+
+
+def _lab(colour: str) -> tuple[float, float, float]:
+    """CIELAB (D65) of an sRGB ``#RRGGBB``."""
+    linear = [((c / 255 + 0.055) / 1.055) ** 2.4 if c / 255 > 0.04045 else c / 255 / 12.92
+              for c in (int(colour[i:i + 2], 16) for i in (1, 3, 5))]
+    rows = ((0.4124, 0.3576, 0.1805), (0.2126, 0.7152, 0.0722), (0.0193, 0.1192, 0.9505))
+    white = (0.95047, 1.0, 1.08883)
+    f = []
+    for row, w in zip(rows, white):
+        t = sum(m * c for m, c in zip(row, linear)) / w
+        f.append(t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116)
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def delta_e(a: str, b: str) -> float:
+    """CIE76 colour difference of two ``#RRGGBB`` colours under normal vision."""
+    return float(sum((x - y) ** 2 for x, y in zip(_lab(a), _lab(b))) ** 0.5)
+
+
+def near_colours(a: str, b: str) -> bool:
+    """Whether two colours would be mistaken for each other in a thin line: closer than
+    :data:`NEAR_DELTA_E`, or both saturated with hues within :data:`NEAR_HUE_DEGREES`."""
+    if delta_e(a, b) < NEAR_DELTA_E:
+        return True
+    (_, a1, b1), (_, a2, b2) = _lab(a), _lab(b)
+    if min(math.hypot(a1, b1), math.hypot(a2, b2)) < SATURATED_CHROMA:
+        return False
+    turn = abs(math.degrees(math.atan2(b1, a1) - math.atan2(b2, a2))) % 360
+    return min(turn, 360 - turn) < NEAR_HUE_DEGREES
+
+
+def policy_dashes(policies: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """The dash pattern of each policy of one drawing: the first of :data:`DASH_PATTERNS`
+    that no earlier policy of a near colour (:func:`near_colours`) took (solid for most)."""
+    colours = policy_colours(policies)
+    dashes: dict[str, tuple[int, ...]] = {}
+    for policy in policies:
+        if policy in dashes:
+            continue
+        near = {dashes[other] for other in dashes
+                if near_colours(colours[policy], colours[other])}
+        free = [d for d in DASH_PATTERNS if d not in near]
+        dashes[policy] = free[0] if free else DASH_PATTERNS[len(dashes) % len(DASH_PATTERNS)]
+    return dashes
 
 
 def policy_colours(policies: Sequence[str]) -> dict[str, str]:

@@ -7,11 +7,12 @@ gives the scales every panel of one trace shares:
 - one time axis: the trace's own time (``trace_time_ns``, the same for every policy: the
   allocator's modelled time is the slowdown column, not a stretch of the axis), or the event
   index for results written before it was kept;
-- one size axis for live bytes and every policy's reserved bytes, in the binary unit that suits
-  its top. A policy whose peak reserved is far past the others' and the live bytes (a pool of
-  the whole device against megabytes live) is drawn clipped at the top and named with its
-  value, rather than flattening every other line to the floor; its true peak is on the bar
-  chart and in the table.
+- one size axis for live bytes and every policy's reserved bytes, in the figure set's one
+  unit (:func:`set_unit`), the same for the timeline, the peak bars and the interactive
+  chart, so they never mix MiB and GiB. A policy whose peak reserved is far past the others'
+  and the live bytes (a pool of the whole device against megabytes live) is drawn clipped at
+  the top, lines and bars alike, and named with its value, rather than flattening every other
+  line to the floor; its true peak is written beside it and in the table.
 
 The one fragmentation figure the report shows, in its table and its panels alike, is the free
 share of reserved memory at peak reserved (:func:`free_at_peak`).
@@ -45,6 +46,37 @@ def size_unit(max_bytes: float) -> tuple[str, int]:
         if max_bytes >= size:
             name, scale = unit, size
     return name, scale
+
+
+def size_scale(series: Sequence[Series]) -> tuple[float, dict[str, int]]:
+    """The top of every size axis of a trace, in bytes, and the policies drawn clipped at it
+    (policy -> its peak reserved): live bytes and each peak reserved, except a peak past
+    :data:`OFF_SCALE_RATIO` times the reference (peak live, or the lowest peak reserved when
+    that is higher), which would flatten every other line and bar to the floor."""
+    live = max([1.0, *(float(s.peak_allocated) for s in series), *(
+        float(np.max(s.allocated)) for s in series
+        if s.allocated is not None and len(s.allocated))])
+    peaks = {s.policy: max(float(s.peak_reserved), float(np.max(s.reserved))
+                           if s.reserved is not None and len(s.reserved) else 0.0)
+             for s in series}
+    reference = max(live, min(peaks.values(), default=live))
+    within = [p for p in peaks.values() if p <= OFF_SCALE_RATIO * reference]
+    top = max([live, *within]) * 1.08
+    return top, {policy: int(peak) for policy, peak in peaks.items() if peak > top}
+
+
+def set_unit(series: Sequence[Series]) -> tuple[str, int]:
+    """The one size unit of every figure of a trace (timeline, peak bars, interactive chart):
+    the binary unit of their shared scale's top (:func:`size_scale`); a value past the scale
+    is written out in full beside its clipped line or bar."""
+    return size_unit(size_scale(series)[0])
+
+
+# Every figure of a comparison is this wide (inches), and those on the trace's time axis keep
+# their axes between the same margins, so their time axes line up when stacked in the report.
+FIGURE_WIDTH_IN = 10.0
+AXES_LEFT_IN = 0.8
+AXES_RIGHT_IN = 2.7         # the legend's column at the right
 
 
 def time_unit(max_ns: float) -> tuple[str, float]:
@@ -181,13 +213,7 @@ def trace_scales(series: Sequence[Series]) -> TraceScales:
     else:
         end = max([float(np.max(s.event)) for s in drawn if s.event is not None] + [1.0])
         x_label, x_scale = "event (the trace's order)", 1.0
-    live = max([float(np.max(s.allocated)) for s in drawn if s.allocated is not None] + [1.0])
-    peaks = {s.policy: max(s.peak_reserved, float(np.max(s.reserved)) if s.reserved is not None
-                           and len(s.reserved) else 0) for s in drawn}
-    reference = max(live, min(peaks.values(), default=live))
-    within = [p for p in peaks.values() if p <= OFF_SCALE_RATIO * reference]
-    top = max([live, *within]) * 1.08
-    off = {policy: int(peak) for policy, peak in peaks.items() if peak > top}
+    top, off = size_scale(drawn)
     y_unit, y_scale = size_unit(top)
     return TraceScales(x_label, x_scale, max(end / x_scale, 1e-9), by_time, y_unit, y_scale,
                        top / y_scale, off)

@@ -9,9 +9,11 @@
 - the smallest device each policy runs on (the report's capacity chart);
 - the processes of a shared run, stacked against the device's capacity.
 
-Each policy has one colour everywhere (sim/output/colours.py). Sizes are in the binary unit
-the axis calls for and tick labels are plain numbers (no offsets, no exponents); legends sit
-outside the plotting area; names are drawn as text, never as maths. :func:`png_bytes` is the
+Each policy has one colour and one dash pattern everywhere (sim/output/colours.py). Every
+figure of a trace is :data:`FIGURE_WIDTH_IN` wide, those on its time axis with their axes
+between the same margins (so stacked in the report their time axes line up), and all in one
+size unit (:func:`set_unit`); tick labels are plain numbers (no offsets, no exponents); legends
+sit outside the plotting area; names are drawn as text, never as maths. :func:`png_bytes` is the
 one place a figure is rendered.
 """
 
@@ -28,9 +30,18 @@ from allocsim.policies.units import format_size
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.engine import SharedRun
 from allocsim.sim.kernel.results import RunResult
-from allocsim.sim.output.colours import CAPACITY_COLOUR, LIVE_COLOUR, OOM_COLOUR, policy_colours
+from allocsim.sim.output.colours import (
+    CAPACITY_COLOUR,
+    LIVE_COLOUR,
+    OOM_COLOUR,
+    policy_colours,
+    policy_dashes,
+)
 from allocsim.sim.output.display_text import shown
 from allocsim.sim.output.figure_data import (
+    AXES_LEFT_IN,
+    AXES_RIGHT_IN,
+    FIGURE_WIDTH_IN,
     FRAGMENTATION_NAME,
     FRAGMENTATION_TITLE,
     MIN_LIVE_SHARE,
@@ -41,6 +52,8 @@ from allocsim.sim.output.figure_data import (
     free_share,
     oom_x,
     plain_number,
+    set_unit,
+    size_scale,
     size_unit,
     trace_scales,
 )
@@ -79,6 +92,31 @@ def _new_figure(width: float, height: float) -> Any:
     return pyplot().figure(figsize=(width, height), layout="constrained")
 
 
+def _time_axis_figure(height: float) -> Any:
+    """A figure on the trace's time axis: no automatic layout, so that its axes sit between
+    the same margins as every other such figure (constrained layout moved them by the width
+    of each figure's legend and labels)."""
+    return pyplot().figure(figsize=(FIGURE_WIDTH_IN, height))
+
+
+def _fix_margins(fig: Any, top_in: float, bottom_in: float = 0.55) -> None:
+    height = fig.get_size_inches()[1]
+    fig.subplots_adjust(left=AXES_LEFT_IN / FIGURE_WIDTH_IN,
+                        right=1 - AXES_RIGHT_IN / FIGURE_WIDTH_IN,
+                        top=1 - top_in / height, bottom=bottom_in / height, hspace=0.6)
+
+
+def _legend_at_right(fig: Any, handles: list[Any], labels: list[str], top_in: float) -> None:
+    height = fig.get_size_inches()[1]
+    fig.legend(handles, labels, loc="upper left", fontsize=7.5, frameon=False,
+               bbox_to_anchor=(1 - (AXES_RIGHT_IN - 0.15) / FIGURE_WIDTH_IN,
+                               1 - top_in / height))
+
+
+def _dash(pattern: tuple[int, ...]) -> Any:
+    return (0, pattern) if pattern else "-"
+
+
 def _plain_ticks(axis: Any, bins: int = 6) -> None:
     """Plain-number tick labels (never "1.8×10⁰" or an offset) at round steps."""
     from matplotlib.ticker import FuncFormatter, MaxNLocator
@@ -109,14 +147,15 @@ def _clip(values: np.ndarray, scales: TraceScales) -> np.ndarray:
 
 
 def _off_note(s: Series, scales: TraceScales) -> str:
-    return " (above the scale: drawn dashed at its top)" if s.policy in scales.off_scale else ""
+    return " (above the scale: drawn at its top, ▲)" if s.policy in scales.off_scale else ""
 
 
-def _reserved_line(ax: Any, s: Series, scales: TraceScales, colour: str, width: float) -> None:
+def _reserved_line(ax: Any, s: Series, scales: TraceScales, colour: str, width: float,
+                   dash: tuple[int, ...] = ()) -> None:
     assert s.reserved is not None
     off = s.policy in scales.off_scale
     ax.step(scales.x(s), _clip(s.reserved, scales), where="post", lw=width, color=colour,
-            ls=(0, (4, 2)) if off else "-")
+            ls=_dash(dash))
     if off:
         ax.annotate(f"▲ {shown(s.policy)} {format_size(scales.off_scale[s.policy])}",
                     (scales.x_end, scales.y_top * 0.985), xytext=(-3, -3),
@@ -131,8 +170,11 @@ def timeline_fig(runs: Sequence[Any], title: str = "") -> Any:
     every = as_series(runs)
     series, left_out = _at_most([s for s in every if s.has_timeline])
     colours = policy_colours([s.policy for s in every])
+    dashes = policy_dashes([s.policy for s in every])
     scales = trace_scales(series)
-    fig = _new_figure(10, 1.35 * len(series) + 2.6)
+    fig = _time_axis_figure(1.45 * len(series) + 3.0)
+    top_in = 0.75 if (title or left_out) else 0.35
+    _fix_margins(fig, top_in)
     axes = _shared_axes(fig, len(series) + 1, scales, heights=[2.0] + [1.0] * len(series))
     overview = axes[0]
     if series:
@@ -141,7 +183,7 @@ def timeline_fig(runs: Sequence[Any], title: str = "") -> Any:
         overview.fill_between(scales.x(live), _clip(live.allocated, scales), step="post",
                               color=LIVE_COLOUR, alpha=0.3, lw=0)
     for s in series:
-        _reserved_line(overview, s, scales, colours[s.policy], 1.3)
+        _reserved_line(overview, s, scales, colours[s.policy], 1.3, dashes[s.policy])
     overview.set_title("live bytes (grey) and each policy's reserved bytes", fontsize=9,
                        loc="left")
     overview.set_ylabel(scales.y_unit, fontsize=8)
@@ -152,7 +194,7 @@ def timeline_fig(runs: Sequence[Any], title: str = "") -> Any:
         ax.fill_between(x, _clip(s.allocated, scales), step="post", color=LIVE_COLOUR,
                         alpha=0.3, lw=0)
         ax.step(x, _clip(s.in_use, scales), where="post", lw=0.7, color=colour, ls=":")
-        _reserved_line(ax, s, scales, colour, 1.4)
+        _reserved_line(ax, s, scales, colour, 1.4, dashes[s.policy])
         ax.set_ylabel(scales.y_unit, fontsize=8)
         oom = oom_x(s, scales)
         for target in (ax, overview):
@@ -164,16 +206,16 @@ def timeline_fig(runs: Sequence[Any], title: str = "") -> Any:
                      loc="left", color="black")
     handles = [Patch(color=LIVE_COLOUR, alpha=0.3, lw=0), Line2D([], [], color="#555", lw=1.4),
                Line2D([], [], color="#555", lw=0.7, ls=":")]
-    labels = ["live (requested, the same for every policy)", "reserved (policy colour)",
-              "in use (rounded)"]
+    labels = ["live (requested; every policy)", "reserved (policy colour)", "in use (rounded)"]
     if any(s.first_oom_event is not None for s in series):
         handles.append(Line2D([], [], color=OOM_COLOUR, ls="--", lw=1))
         labels.append("first OOM")
-    handles += [Line2D([], [], color=colours[s.policy], lw=2.5) for s in series]
-    labels += [shown(s.policy, 40) for s in series]
-    fig.legend(handles, labels, loc="outside right upper", fontsize=7.5, frameon=False)
+    handles += [Line2D([], [], color=colours[s.policy], lw=2, ls=_dash(dashes[s.policy]))
+                for s in series]
+    labels += [shown(s.policy, 36) for s in series]
+    _legend_at_right(fig, handles, labels, top_in)
     if title or left_out:
-        fig.suptitle(shown(title) + left_out, fontsize=10, x=0.02, ha="left")
+        fig.suptitle(shown(title, 90) + left_out, fontsize=10, x=0.02, ha="left")
     return fig
 
 
@@ -183,7 +225,9 @@ def fragmentation_fig(runs: Sequence[Any], title: str = "") -> Any:
     series, left_out = _at_most([s for s in every if s.has_timeline])
     colours = policy_colours([s.policy for s in every])
     scales = trace_scales(series)
-    fig = _new_figure(10, 1.2 * max(1, len(series)) + 1.0)
+    fig = _time_axis_figure(1.3 * max(1, len(series)) + 1.5)
+    top_in = 0.95
+    _fix_margins(fig, top_in)
     axes = _shared_axes(fig, max(1, len(series)), scales, y_top=105)
     for ax, s in zip(axes, series):
         x = scales.x(s)
@@ -199,24 +243,32 @@ def fragmentation_fig(runs: Sequence[Any], title: str = "") -> Any:
         ax.set_title(f"{shown(s.policy)}: {FRAGMENTATION_NAME} {free_at_peak(s):.1%}"
                      + ("" if s.completed else " — runs out of memory"), fontsize=8.5,
                      loc="left")
-    fig.suptitle(f"{FRAGMENTATION_TITLE}{' — ' + shown(title) if title else ''}: (reserved − in "
-                 f"use) / reserved; blank where under {MIN_LIVE_SHARE:.0%} of peak allocated is "
-                 f"live{left_out}",
-                 fontsize=9.5, x=0.02, ha="left")
+    # Two short lines that fit the figure's width (one long line was cut off at the right).
+    fig.suptitle(f"{FRAGMENTATION_TITLE}{' — ' + shown(title, 70) if title else ''}{left_out}\n"
+                 f"(reserved − in use) / reserved over the run; blank where under "
+                 f"{MIN_LIVE_SHARE:.0%} of peak allocated is live",
+                 fontsize=9.5, x=0.02, ha="left", va="top", y=1 - 0.1 / fig.get_size_inches()[1],
+                 linespacing=1.5)
     return fig
 
 
 def _bars(ax: Any, labels: Sequence[str], values: Sequence[float], colours: Sequence[str],
-          texts: Sequence[str], unit: str) -> None:
-    """Horizontal bars on a linear scale from 0, each with its value printed at its end."""
+          texts: Sequence[str], unit: str, top: float | None = None) -> None:
+    """Horizontal bars on a linear scale from 0, each with its value printed at its end; with
+    ``top``, a bar past it is drawn to the edge, hatched, its value still printed."""
     y = np.arange(len(labels))
-    ax.barh(y, values, 0.6, color=colours)
-    top = max([*values, 1e-12])
-    for row, (value, text) in enumerate(zip(values, texts)):
-        ax.text(value + top * 0.01, row, text, va="center", ha="left", fontsize=7.5)
+    top = max([*values, 1e-12]) if top is None else top
+    clipped = [min(value, top) for value in values]
+    bars = ax.barh(y, clipped, 0.6, color=colours)
+    for row, (value, text, bar) in enumerate(zip(values, texts, bars)):
+        if value > top:
+            bar.set_hatch("///")
+            bar.set_edgecolor("white")
+            text = f"{text} ▶ (off the scale)"
+        ax.text(min(value, top) + top * 0.01, row, text, va="center", ha="left", fontsize=7.5)
     ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(0, top * 1.25)
+    ax.set_xlim(0, top * 1.3)
     _plain_ticks(ax.xaxis)
     ax.set_xlabel(unit, fontsize=8)
     ax.tick_params(axis="x", labelsize=7)
@@ -225,21 +277,23 @@ def _bars(ax: Any, labels: Sequence[str], values: Sequence[float], colours: Sequ
 
 
 def peaks_fig(runs: Sequence[Any], title: str = "") -> Any:
-    """Peak reserved per policy (bar, linear, value printed) with peak live marked."""
+    """Peak reserved per policy (bar, linear, value printed) with peak live marked, on the
+    trace's one size scale (a pool far past it is drawn to the edge and named)."""
     every = as_series(runs)
     series, left_out = _at_most(list(every))
     colours = policy_colours([s.policy for s in every])
-    fig = _new_figure(8.5, 0.42 * len(series) + 1.3)
+    fig = _new_figure(FIGURE_WIDTH_IN, 0.42 * len(series) + 1.3)
     ax = fig.subplots()
-    unit, scale = size_unit(max([s.peak_reserved for s in series] + [1]))
+    top, _ = size_scale(series)
+    unit, scale = set_unit(series)
     _bars(ax, [shown(s.policy, 40) for s in series], [s.peak_reserved / scale for s in series],
           [colours[s.policy] for s in series],
           [format_size(s.peak_reserved) + ("" if s.completed else " — OOM") for s in series],
-          unit)
+          unit, top / scale)
     live = max([s.peak_allocated for s in series] + [0])
     ax.axvline(live / scale, color=CAPACITY_COLOUR, ls="--", lw=1,
                label=f"peak live {format_size(live)}")
-    ax.legend(fontsize=7.5, loc="best", frameon=True)
+    ax.legend(fontsize=7.5, loc="lower right", frameon=True)
     ax.set_title(shown(title or "peak reserved") + left_out, fontsize=9.5, loc="left")
     return fig
 
@@ -251,7 +305,7 @@ def capacity_fig(answers: Sequence[dict[str, Any]], trace_name: str) -> Any:
     left_out = (f" (the first {FIGURE_POLICIES} of {len(answers)} policies; all in the JSON)"
                 if len(answers) > FIGURE_POLICIES else "")
     answers = answers[:FIGURE_POLICIES]
-    fig = _new_figure(8.5, 0.42 * len(answers) + 1.3)
+    fig = _new_figure(FIGURE_WIDTH_IN, 0.42 * len(answers) + 1.3)
     ax = fig.subplots()
     fits = [a["min_capacity"] or 0 for a in answers]
     unit, scale = size_unit(max([*fits, 1]))

@@ -1,11 +1,15 @@
 """One self-contained HTML page of results: ``allocsim report RESULTS... -o report.html``.
 
 The answer first: a summary per trace (sim/output/report_summary.py), then each trace's
-details, each with an anchor to link to — the comparison table, the interactive timeline
-(uPlot, bundled into the page: sim/output/interactive.py), the static figures, who holds
-memory at the peak (sim/output/holders.py) — then min-capacity answers and any section a
-caller adds (:class:`ReportSection`: ``tune`` adds its own). Works offline: the library, the
-styles and the PNG figures are in the page. Every field from a results file is checked
+details, each with an anchor to link to — what the numbers include (the context, memory live
+before recording, the recording's own reserved, what is not modelled:
+sim/output/report_context.py), the comparison table with the CLI's columns and names, the
+interactive timeline (uPlot, bundled into the page: sim/output/interactive.py), the peak bars
+and "explain the peak" (sim/output/report_peak.py), who holds memory at the peak
+(sim/output/holders.py), the PNG figures when asked for (``--figures``: matplotlib is most of
+the time a report costs, and the charts above show the same) — then min-capacity answers and
+any section a caller adds (:class:`ReportSection`: ``tune`` adds its own). Works offline: the
+library, the styles and any PNG figures are in the page. Every field from a results file is checked
 (sim/output/report_input.py) and escaped. A few lines of script record on ``<html>`` that
 the page ran (``data-report-ready``), its uncaught errors (``data-js-errors``) and, on
 ``<body>``, how many figures decoded, so a headless browser test can check it whole.
@@ -26,7 +30,7 @@ from typing import Any
 from allocsim import __version__
 from allocsim.policies.units import format_size
 from allocsim.sim.output.display_text import shown
-from allocsim.sim.output.figure_data import FRAGMENTATION_NAME, as_series, free_at_peak
+from allocsim.sim.output.figure_data import FRAGMENTATION_NAME
 from allocsim.sim.output.figures import (
     FRAGMENTATION_TITLE,
     capacity_alt,
@@ -43,7 +47,9 @@ from allocsim.sim.output.files import write_bytes
 from allocsim.sim.output.holders import Holding, holders_section
 from allocsim.sim.output.interactive import BucketBlocks, chart_block, page_assets, timeline_payload
 from allocsim.sim.output.ownership import REPORT_MARK, guard
-from allocsim.sim.output.report_summary import summary_section, verdict_html
+from allocsim.sim.output.report_context import RecordingFacts, context_box
+from allocsim.sim.output.report_peak import explain_peak, peak_bars
+from allocsim.sim.output.report_summary import policy_cell, summary_section, verdict_html
 from allocsim.traces.bundled import DEFAULT_TRACE_NAME
 
 
@@ -54,6 +60,7 @@ class TraceDetails:
     holdings: list[Holding]
     peak_live: int
     blocks: BucketBlocks | None = None
+    recording: RecordingFacts | None = None
 
 
 @dataclass
@@ -68,17 +75,32 @@ class ReportSection:
 
 
 _STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1150px; color: #222;
+body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1320px; color: #222;
        padding: 0 1em; }
 h1 { font-size: 1.5em; margin-bottom: 0.2em; }
 h2 { font-size: 1.25em; margin-top: 2em; border-bottom: 1px solid #ccc; }
 h3 { font-size: 1.05em; margin: 1.2em 0 0.3em; }
 nav { font-size: 0.9em; margin: 0.6em 0 1em; } nav a { margin-right: 1em; }
 table { border-collapse: collapse; font-size: 0.88em; margin: 0.6em 0; }
-th, td { padding: 0.25em 0.7em; border-bottom: 1px solid #eee; text-align: right;
+th, td { padding: 0.25em 0.6em; border-bottom: 1px solid #eee; text-align: right;
          white-space: nowrap; }
-th { background: #f6f6f6; }
+th { background: #f6f6f6; white-space: normal; vertical-align: bottom; }
 th:first-child, td:first-child { text-align: left; }
+/* long policy specs and reasons wrap instead of pushing the last columns out of sight */
+td:first-child { white-space: normal; overflow-wrap: break-word; max-width: 24em; }
+td.wrap, th.wrap { white-space: normal; min-width: 14em; }
+ul.context { font-size: 0.88em; color: #333; background: #f8f8fb; border-left: 4px solid #99a;
+             padding: 0.4em 0.8em 0.4em 2em; margin: 0.5em 0; }
+.pbars { font-size: 0.85em; margin: 0.6em 0; max-width: 900px; }
+.pbar { display: grid; grid-template-columns: 16em 1fr 8em; column-gap: 0.6em;
+        align-items: center; margin: 0.15em 0; }
+.pname { overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.ptrack { position: relative; height: 0.9em; background: #f3f3f3; }
+.pfill { position: absolute; left: 0; top: 0; bottom: 0; }
+.poff { background-image: repeating-linear-gradient(135deg, transparent 0 4px,
+        rgba(255,255,255,0.7) 4px 7px); }
+.plive { position: absolute; top: -0.2em; bottom: -0.2em; border-left: 2px solid #444; }
+.pval { white-space: nowrap; }
 .scroll { overflow-x: auto; }
 tr.winner td { font-weight: 600; background: #eef7ee; }
 td.fail { color: #b00; font-weight: 600; } .muted { color: #888; }
@@ -132,6 +154,12 @@ window.addEventListener('load', function () {
   images.forEach(function (img) { if (img.complete && img.naturalWidth > 0) { loaded += 1; } });
   document.body.setAttribute('data-figures-loaded', String(loaded));
   document.body.setAttribute('data-figures-total', String(images.length));
+  // tables wider than their box (scrolling sideways hides their last columns)
+  var wide = 0;
+  document.querySelectorAll('.scroll').forEach(function (box) {
+    if (box.scrollWidth > box.clientWidth + 1) { wide += 1; }
+  });
+  document.body.setAttribute('data-wide-tables', String(wide));
   // milliseconds from the start of navigation to the end of the load event's work
   document.documentElement.setAttribute('data-load-ms', String(Math.round(performance.now())));
 });
@@ -142,15 +170,22 @@ COLUMN_LEGEND = (
     ("peak reserved", "most bytes held from the device at once (counted by the device)"),
     ("peak allocated", "peak live requested bytes (counted from the trace)"),
     ("util", "utilization = peak allocated / peak reserved"),
-    (FRAGMENTATION_NAME, "the report's one fragmentation figure: the free share of reserved "
-                         "memory, (reserved − in use) / reserved, at the moment of peak "
-                         "reserved; the fragmentation panels plot it over the run"),
+    ("frag", "1 − util = (peak reserved − peak allocated) / peak reserved: the same number "
+             "under the same name as allocsim compare prints"),
     ("OOMs", "allocations that ran out of memory"),
     ("dev mallocs / dev frees", "calls to the device's malloc and free (cudaMalloc/cudaFree)"),
     ("alloc time", "modelled time spent in the allocator over the run"),
     ("slowdown", "(trace duration + alloc time) / trace duration; the winner must stay within "
                  "the budget"),
 )
+
+# Defined under the table as well, since the page shows it elsewhere and it is not frag.
+FREE_AT_PEAK_NOTE = (
+    f"<p class=legend><b>{html.escape(FRAGMENTATION_NAME)}</b> (in “explain the peak” and the "
+    "fragmentation figure, not in the table): the free share of reserved memory at the moment "
+    "of peak reserved, (reserved − in use) / reserved. It differs from <b>frag</b>, which "
+    "sets two peaks that may fall at different moments against each other and counts "
+    "rounding as used.</p>")
 
 MEMORY_VIZ_URL = "https://pytorch.org/memory_viz"
 
@@ -170,48 +205,58 @@ def slug(text: str) -> str:
 def _column_legend() -> str:
     return ("<p class=legend>" + "; ".join(
         f"<b>{html.escape(name)}</b>: {html.escape(text)}" for name, text in COLUMN_LEGEND)
-        + ".</p>")
+        + ".</p>" + FREE_AT_PEAK_NOTE)
 
 
 def suggested_trace_argument(trace: dict[str, Any]) -> str:
-    """How a suggested command names the trace: its file name (never a machine's absolute
-    path), ``default`` for the bundled default trace, else ``TRACE``."""
+    """How a suggested command names the trace: the path it was read from, folder and all (a
+    bare file name does not run from where the user ran compare), with the home folder as
+    ``~`` (a report is shared; a user name is not the reader's business); ``default`` for the
+    bundled default trace, else ``TRACE``."""
     source = str(trace.get("source", ""))
     if trace.get("name") == Path(DEFAULT_TRACE_NAME).stem:
         return "default"
-    name = Path(source).name if source and not source.startswith("synth:") else ""
-    return name if name and Path(name).suffix else "TRACE"
+    if not source or source.startswith("synth:") or not Path(source).suffix:
+        return "TRACE"
+    path = Path(source)
+    try:
+        return str(Path("~") / path.relative_to(Path.home())) if path.is_absolute() else source
+    except ValueError:      # not under the home folder
+        return source
 
 
 def _memory_viz_line(trace: dict[str, Any], policies: Sequence[str]) -> str:
     policy = policies[0] if policies else "P"
     command = (f"allocsim export-snapshot {shlex.quote(suggested_trace_argument(trace))} "
                f"--policy {shlex.quote(policy)} -o run.pickle")
-    return ("<p class=meta>To see a policy's run block by block in PyTorch's memory viewer: "
-            f"<code>{html.escape(command)}</code> (any policy of the table for "
+    return ("<p class=meta>To see a policy's run block by block in PyTorch's memory viewer, "
+            f"from the folder compare ran in: <code>{html.escape(command)}</code> (any policy "
+            "of the table for "
             f"<code>--policy</code>), then drop <code>run.pickle</code> onto "
             f'<a href="{MEMORY_VIZ_URL}">{MEMORY_VIZ_URL}</a>.</p>')
 
 
 def _table(data: dict[str, Any]) -> str:
+    """The table ``allocsim compare`` prints, column for column and name for name."""
     rows = []
-    for r, s in zip(data["results"], as_series(data["results"])):
+    for r in data["results"]:
         winner = ' class="winner"' if r["policy"] == data.get("winner") else ""
         done = "yes" if r["completed"] else "NO"
-        utilization = (f"{r['peak_allocated'] / r['peak_reserved']:.1%}" if r["peak_reserved"]
-                       else "-")    # nothing reserved: no share to speak of
+        held = r["peak_reserved"] > 0       # nothing reserved: no share to speak of
+        share = r["peak_allocated"] / r["peak_reserved"] if held else 0.0
+        utilization, frag = (f"{share:.1%}", f"{1 - share:.1%}") if held else ("-", "-")
         rows.append(
-            f"<tr{winner}><td>{html.escape(shown(r['policy']))}</td>"
+            f"<tr{winner}><td>{policy_cell(r['policy'])}</td>"
             f"<td{' class=fail' if not r['completed'] else ''}>{done}</td>"
             f"<td>{format_size(r['peak_reserved'])}</td><td>{format_size(r['peak_allocated'])}</td>"
-            f"<td>{utilization}</td><td>{free_at_peak(s):.1%}</td>"
+            f"<td>{utilization}</td><td>{frag}</td>"
             f"<td>{int(r['ooms']):,}</td>"
             f"<td>{int(r['device_mallocs']):,}</td><td>{int(r['device_frees']):,}</td>"
             f"<td>{float(r['alloc_time_s']) * 1e3:.3g} ms</td>"
             f"<td>{float(r.get('slowdown', 1)):.3f}×</td></tr>")
     return ("<div class=scroll><table><tr><th>policy</th><th>done</th><th>peak reserved</th>"
             "<th>peak allocated</th><th>util</th>"
-            f"<th>{html.escape(FRAGMENTATION_NAME)}</th><th>OOMs</th><th>dev mallocs</th>"
+            "<th>frag</th><th>OOMs</th><th>dev mallocs</th>"
             "<th>dev frees</th><th>alloc time</th><th>slowdown</th></tr>" + "".join(rows)
             + "</table></div>")
 
@@ -233,6 +278,8 @@ def comparison_figures(data: dict[str, Any]) -> tuple[Any, Any, Any]:
 def _comparison_section(data: dict[str, Any], anchor: str,
                         details: TraceDetails | None = None,
                         pngs: Sequence[bytes] | None = None) -> str:
+    """One trace's details: what the numbers include, the table, the charts, the peak
+    explained, who holds it, and the PNG figures when ``pngs`` holds them."""
     trace, device = data["trace"], data["device"]
     results = data["results"]
     title = f"{shown(trace['name'])} on {device['name']}"
@@ -244,6 +291,10 @@ def _comparison_section(data: dict[str, Any], anchor: str,
              _heading(3, "Timeline (interactive)", f"{anchor}-timeline-h") + chart_block(payload))
     holders = ("" if details is None else
                holders_section(details.holdings, details.peak_live, f"{anchor}-holders"))
+    figures = ("" if pngs is None else _heading(3, "Figures", f"{anchor}-figures") + "".join(
+        _img(figure, alt) for figure, alt in zip(
+            pngs, (timeline_alt(results, names[0]), peaks_alt(results, names[2]),
+                   fragmentation_alt(results, names[1])))))
     return (
         _heading(2, trace["name"], anchor)
         + f"<p class=meta>{int(trace.get('events', 0)):,} events, "
@@ -251,18 +302,17 @@ def _comparison_section(data: dict[str, Any], anchor: str,
         f"peak live {format_size(trace['peak_live'])}; device {html.escape(device['name'])} "
         f"({format_size(device['capacity'])}); "
         f"source {html.escape(suggested_trace_argument(trace))}</p>"
+        + context_box(data, details.recording if details is not None else None)
         + _table(data) + _column_legend()
         + f"<p class=verdict>{verdict_html(data)}</p>"
-        + chart + holders
-        + _heading(3, "Figures", f"{anchor}-figures")
-        + "".join(_img(figure, alt) for figure, alt in zip(
-            pngs if pngs is not None else comparison_figures(data),
-            (timeline_alt(results, names[0]), peaks_alt(results, names[2]),
-             fragmentation_alt(results, names[1]))))
+        + chart
+        + _heading(3, "Explain the peak", f"{anchor}-peak") + peak_bars(data)
+        + explain_peak(data, details.holdings if details is not None else None)
+        + holders + figures
         + _memory_viz_line(trace, [r["policy"] for r in results if r["policy"] != "offline"]))
 
 
-def _capacity_section(data: dict[str, Any], anchor: str) -> str:
+def _capacity_section(data: dict[str, Any], anchor: str, figures: bool) -> str:
     rows = "".join(
         f"<tr><td>{html.escape(shown(a['policy']))}</td>"
         f"<td>{'never' if a['min_capacity'] is None else format_size(a['min_capacity'])}</td>"
@@ -274,25 +324,32 @@ def _capacity_section(data: dict[str, Any], anchor: str) -> str:
     return (_heading(2, f"minimum capacity — {name}", anchor)
             + "<div class=scroll><table><tr><th>policy</th><th>min capacity</th>"
             "<th>lower bound</th><th>headroom</th><th>monotone</th></tr>" + rows
-            + "</table></div>" + _img(capacity_fig(answers, name), capacity_alt(answers, name)))
+            + "</table></div>"
+            + (_img(capacity_fig(answers, name), capacity_alt(answers, name)) if figures else ""))
 
 
 def render_report(documents: Sequence[dict[str, Any]], title: str = "allocsim report",
                   details: Sequence[TraceDetails | None] | None = None,
                   sections: Sequence[ReportSection] = (),
                   settings: Mapping[str, str] | None = None,
-                  pngs: Sequence[Sequence[bytes] | None] | None = None) -> str:
+                  pngs: Sequence[Sequence[bytes] | None] | None = None,
+                  figures: bool = False) -> str:
     """The page. ``details``, one per document when given, is what results.json cannot
     supply (who holds memory, the blocks behind the hover), from the trace where it is at
     hand. ``sections`` come after the details; ``settings`` maps a trace name to the line to
     paste shown in its summary (``tune`` fills both). ``pngs``, per document, its three
-    figures (:func:`comparison_figures`) already rendered."""
+    figures (:func:`comparison_figures`) already rendered; else, with ``figures``, they are
+    drawn here; else the page has its browser-drawn charts only."""
     extra = list(details or []) + [None] * len(documents)
-    drawn = list(pngs or []) + [None] * len(documents)
+    drawn: list[Sequence[bytes] | None] = list(pngs or []) + [None] * len(documents)
+    if pngs is None and figures:
+        drawn = [[png_bytes(fig) for fig in comparison_figures(d)] if "results" in d else None
+                 for d in documents]
     anchors = [f"{'trace' if 'results' in d else 'capacity'}-{i + 1}-{slug(d['trace']['name'])}"
                for i, d in enumerate(documents)]
     bodies = [(_comparison_section(d, anchors[i], extra[i], drawn[i]) if "results" in d
-               else _capacity_section(d, anchors[i])) for i, d in enumerate(documents)]
+               else _capacity_section(d, anchors[i], figures or pngs is not None))
+              for i, d in enumerate(documents)]
     comparisons = [(d, anchors[i]) for i, d in enumerate(documents) if "results" in d]
     summary = summary_section(comparisons, documents, settings) if comparisons else ""
     added = "".join(_heading(2, s.title, slug(s.anchor)) + s.body for s in sections)
@@ -317,9 +374,9 @@ def write_report(documents: Sequence[dict[str, Any]], path: str | Path,
                  title: str = "allocsim report",
                  details: Sequence[TraceDetails | None] | None = None,
                  sections: Sequence[ReportSection] = (),
-                 settings: Mapping[str, str] | None = None) -> Path:
+                 settings: Mapping[str, str] | None = None, *, figures: bool = False) -> Path:
     path = Path(path)
     claim = guard(path)     # replaces only an allocsim report, and only if nobody wrote it since
-    page = render_report(documents, title, details, sections, settings)
+    page = render_report(documents, title, details, sections, settings, figures=figures)
     write_bytes(claim, page.encode("utf-8"))
     return path

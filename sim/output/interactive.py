@@ -8,7 +8,8 @@ the same chart: Chart.js ~200 KB with its zoom plugin, Plotly ~3.5 MB, ECharts ~
 of four traces stays under a few hundred KB with uPlot.
 
 Per trace the chart shows the trace's live bytes and each policy's reserved bytes on the
-trace's time axis and the same size scale as the static figures (sim/output/figure_data.py).
+trace's time axis and the same size scale as the static figures (sim/output/figure_data.py),
+each policy in its colour and dash pattern (sim/output/colours.py).
 The data are the results' timelines: at most ~2048 buckets of equal event count, each the
 maximum of its bucket, so every peak is kept exact however long the trace
 (sim/kernel/engine.py). A policy whose run stopped early is put onto the same buckets by
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from allocsim.sim.output.colours import LIVE_COLOUR, policy_colours
+from allocsim.sim.output.colours import LIVE_COLOUR, policy_colours, policy_dashes
 from allocsim.sim.output.figure_data import Series, as_series, trace_scales
 from allocsim.sim.questions.offline import OFFLINE_NAME
 from allocsim.traces.model import OP_ALLOC, Trace
@@ -134,6 +135,7 @@ def timeline_payload(doc: dict[str, Any], anchor: str,
     reference = reference_series(series)
     x_union = scales.x(reference)
     colours = policy_colours([r["policy"] for r in doc["results"]])
+    dashes = policy_dashes([r["policy"] for r in doc["results"]])
     live = [max(values) if values else 0.0 for values in zip(*(
         [v if v is not None else 0.0 for v in _onto(x_union, scales.x(s), s.allocated)]
         for s in series if s.allocated is not None))]
@@ -148,7 +150,7 @@ def timeline_payload(doc: dict[str, Any], anchor: str,
         "y_all": max(float(np.max(s.reserved)) for s in series if s.reserved is not None),
         "steady_start": steady, "live_colour": LIVE_COLOUR,
         "x": [round(float(v), 6) for v in x_union], "live": live,
-        "policies": [_policy(s, scales.x(s), x_union, colours[s.policy],
+        "policies": [_policy(s, scales.x(s), x_union, colours[s.policy], dashes[s.policy],
                              s.policy in scales.off_scale) for s in series],
     }
     if blocks is not None and len(blocks.size) == len(x_union):
@@ -159,9 +161,9 @@ def timeline_payload(doc: dict[str, Any], anchor: str,
 
 
 def _policy(s: Series, x: np.ndarray, x_union: np.ndarray, colour: str,
-            off_scale: bool) -> dict[str, Any]:
+            dash: tuple[int, ...], off_scale: bool) -> dict[str, Any]:
     assert s.reserved is not None
-    return {"name": s.policy, "colour": colour, "completed": s.completed,
+    return {"name": s.policy, "colour": colour, "dash": list(dash), "completed": s.completed,
             "peak_reserved": s.peak_reserved, "off_scale": off_scale,
             "reserved": _onto(x_union, x, s.reserved)}
 

@@ -93,7 +93,7 @@
         paths: stepped, value: function (u, v) { return bytes(v); }}];
     d.policies.forEach(function (p) {
       series.push({label: p.name + (p.off_scale ? ' (off the scale: fit every pool)' : ''),
-        stroke: p.colour, width: 1.6, paths: stepped,
+        stroke: p.colour, width: 1.6, paths: stepped, dash: p.dash && p.dash.length ? p.dash : undefined,
         value: function (u, v) { return bytes(v); }});
     });
     var data = [d.x, d.live].concat(d.policies.map(function (p) { return p.reserved; }));

@@ -16,6 +16,12 @@ from allocsim.policies.units import format_size
 from allocsim.sim.output.display_text import shown
 
 
+def policy_cell(policy: str) -> str:
+    """A policy's name for a table cell, escaped, that wraps after its commas (a tuned
+    setting is a long spec; wrapping mid-word read as two settings)."""
+    return html.escape(shown(policy)).replace(",", ",<wbr>")
+
+
 def capacity_by_policy(documents: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per trace name, per policy, its min-capacity answer (the last document wins)."""
     found: dict[str, dict[str, Any]] = {}
@@ -54,7 +60,7 @@ def trace_summary(doc: dict[str, Any], anchor: str, cards: Mapping[str, Any],
         winner = " class=winner" if r["policy"] == doc.get("winner") else ""
         done = "yes" if r["completed"] else f"NO ({int(r['ooms']):,} OOMs)"
         rows.append(
-            f"<tr{winner}><td>{html.escape(r['policy'])}</td>"
+            f"<tr{winner}><td>{policy_cell(r['policy'])}</td>"
             f"<td{'' if r['completed'] else ' class=fail'}>{done}</td>"
             f"<td>{format_size(r['peak_reserved'])}</td>{_card(cards.get(r['policy']))}"
             f"<td>{float(r.get('slowdown', 1.0)):.3f}×</td></tr>")

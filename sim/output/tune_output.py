@@ -152,9 +152,11 @@ def figure(result: TuneResult, path: str | Path) -> Path:
                                        "(off the scale)")
     ax.axvline(result.trace["peak_live"] / scale, color="#777777", ls="--", lw=1,
                label="peak live (lower bound)")
-    if card:
+    if card and result.device.capacity <= 4 * top:
         ax.axvline(result.device.capacity / scale, color="black", ls=":", lw=1,
                    label=f"card {format_size(result.device.capacity)}")
+    elif card:  # a card far past every point left the plot mostly empty: named, not drawn
+        ax.plot([], [], " ", label=f"card {format_size(result.device.capacity)} (off the scale)")
     times = [t.alloc_time_s for t in done if t.alloc_time_s > 0]
     if times and max(times) > 30 * min(times):
         ax.set_yscale("log")        # caching and not caching differ by orders of magnitude
