@@ -174,7 +174,8 @@ def test_compare_says_what_it_is_doing_on_a_log(tmp_path: Path, capsys, monkeypa
         assert any(f"replaying default-training: {policy} (policy" in line for line in lines)
     assert any("drawing memory_timeline.png" in line for line in lines)
     assert any("writing the report" in line for line in lines)
-    assert lines[-1].startswith("allocsim: compare: done in ")
+    assert lines[-2].startswith("allocsim: compare: done in ")
+    assert lines[-1].startswith("wrote ")               # every -o says what it wrote, last
     assert "\r" not in err
 
 
