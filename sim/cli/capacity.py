@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 from allocsim.errors import UserInputError
-from allocsim.policies import DEFAULT_POLICIES, format_size, parse_size
-from allocsim.printable import printable
+from allocsim.policies import DEFAULT_POLICIES, parse_size
 from allocsim.sim.cli.common import (
     add_device_options,
     add_output_option,
@@ -20,7 +19,7 @@ from allocsim.sim.cli.common import (
 )
 from allocsim.sim.output.files import write_json
 from allocsim.sim.output.ownership import guard
-from allocsim.sim.output.tables import format_table
+from allocsim.sim.output.tables import capacity_text
 from allocsim.sim.questions.capacity import MIN_CAPACITY_KIND, min_capacities
 from allocsim.sim.questions.compare import normalize_spec, trace_facts
 
@@ -69,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         answers = min_capacities(trace, policies, device, resolution=resolution,
                                  progress=show)
     data = {"kind": MIN_CAPACITY_KIND, "trace": trace_facts(trace), "device": device.name,
+            "context_bytes": answers[0].context_bytes if answers else 0,
             "resolution": resolution,
             "answers": [a.to_json_dict() for a in answers]}
     if args.out:
@@ -76,21 +76,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(data)
         return 0
-    rows = []
-    for a in answers:
-        if a.headroom is None:
-            headroom = "-"
-        elif a.headroom_ratio is None:  # nothing live: no ratio to a peak of 0
-            headroom = format_size(a.headroom)
-        else:
-            headroom = f"{format_size(a.headroom)} (+{a.headroom_ratio:.1%})"
-        rows.append([a.policy,
-                     "never" if a.min_capacity is None else format_size(a.min_capacity),
-                     format_size(a.lower_bound), headroom,
-                     "yes" if a.monotone else "NO: " + "; ".join(a.exceptions[:2]),
-                     str(a.evaluations)])
-    print(f"trace {printable(trace.name)}: peak live {format_size(trace.peak_live()[0])}; "
-          f"resolution {format_size(resolution)}\n")
-    print(format_table(rows, ["policy", "min capacity", "lower bound", "headroom",
-                              "monotone", "runs"], left=(0, 4)))
+    print(capacity_text(trace_facts(trace), device, resolution, answers))
     return 0
