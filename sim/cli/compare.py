@@ -23,6 +23,13 @@ from allocsim.sim.cli.common import (
 from allocsim.sim.output.results_dir import write_comparisons
 from allocsim.sim.output.tables import comparison_text
 from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare, normalize_spec
+from allocsim.sim.questions.framework_settings import (
+    TPU_DEVICE,
+    default_choice,
+    generic_choice,
+    tpu_profiles_only,
+    with_alloc_confs,
+)
 from allocsim.traces.bundled import DEFAULT_TRACE_NAME, load_bundled_traces
 
 
@@ -31,8 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("traces", nargs="*", help=f"trace files (default: the bundled traces, "
                                              f"{DEFAULT_TRACE_NAME} and the recorded samples)")
     p.add_argument("--policies", nargs="+", metavar="SPEC",
-                   help="policy specs, e.g. bfc:allow_growth=false (default: "
-                        f"{' '.join(DEFAULT_POLICIES)})")
+                   help="policy specs, e.g. bfc:allow_growth=false (default: the recording's "
+                        "own framework's settings — PyTorch's, JAX's, TensorFlow's, CuPy's or "
+                        f"the TPU runtime; {' '.join(DEFAULT_POLICIES)} for a trace that names "
+                        "no framework)")
     p.add_argument("--alloc-conf", action="append", metavar="CONF",
                    help="add the pytorch policy configured by a PYTORCH_CUDA_ALLOC_CONF string "
                         "as-is, e.g. 'max_split_size_mb:128,expandable_segments:True' "
@@ -63,15 +72,22 @@ def _traces_after_policies(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     _traces_after_policies(args)
     budget = max_slowdown_option(args.max_slowdown)
-    policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
-    policies += [str(alloc_conf_spec(text)) for text in args.alloc_conf or []]
+    named = [str(normalize_spec(p)) for p in args.policies] if args.policies else None
+    confs = [(text, str(alloc_conf_spec(text))) for text in args.alloc_conf or []]
     traces = ([load_trace(p, args) for p in args.traces] if args.traces
               else load_bundled_traces())
+    if (tpu_profiles_only(traces) and args.device is None and args.capacity is None
+            and args.device_profile is None):
+        args.device = TPU_DEVICE     # a TPU profile's own chip, not a GPU's default
     device = device_for_traces(args, traces)
     progress = progress_printer(sys.stderr.isatty() and not args.json)
-    comparisons: list[Comparison] = [
-        compare(trace, policies, device, progress=progress, max_slowdown=budget)
-        for trace in traces]
+    comparisons: list[Comparison] = []
+    for trace in traces:
+        # The recording's own framework's settings, unless policies were named.
+        choice = with_alloc_confs(generic_choice(named) if named else
+                                  default_choice(trace, device), confs)
+        comparisons.append(compare(trace, choice.specs, device, progress=progress,
+                                   max_slowdown=budget, choice=choice))
     if args.out:
         written = write_comparisons(comparisons, args.out, traces=traces)
         if not args.json:

@@ -21,12 +21,12 @@ COLUMNS = ("policy", "done", "peak reserved", "peak allocated", "util", "frag", 
            "dev mallocs", "dev frees", "alloc time", "slowdown")
 
 
-def _row(result: RunResult) -> list[str]:
+def _row(result: RunResult, name: str | None = None) -> list[str]:
     # Nothing reserved (a run refused at its first request): there is no share to speak of,
     # and "100%" of 0 B would read as a perfect fit.
     held = result.peak_reserved > 0
     return [
-        shown(result.policy),
+        shown(result.policy if name is None else name),
         "yes" if result.completed else "NO",
         format_size(result.peak_reserved),
         format_size(result.peak_allocated),
@@ -84,10 +84,20 @@ def comparison_text(comparison: Comparison) -> str:
             f"peak live {format_size(trace['peak_live'])}"
             f"{before_recording_note(trace)}\n"
             f"device {device.name}: {format_size(device.capacity)}{context_note(device)}\n")
-    table = format_table([_row(r) for r in comparison.results], COLUMNS)
-    verdict = (f"winner: {comparison.winner} — {comparison.reason}" if comparison.winner
+    choice = comparison.choice
+    framework = choice is not None and choice.framework is not None
+    columns = ("setting", *COLUMNS[1:]) if framework else COLUMNS
+    table = format_table([_row(r, comparison.label(r.policy)) for r in comparison.results],
+                         columns)
+    compared = "" if choice is None else choice.sentence() + "\n"
+    winner = comparison.winner
+    verdict = (f"winner: {shown(comparison.label(winner))} — {comparison.reason}" if winner
                else f"winner: none — {comparison.reason}")
-    return f"{head}\n{table}\n\n{verdict}"
+    paste = comparison.paste
+    if paste is not None and choice is not None:
+        verdict += "\npaste:  " + ("\n        ".join(paste) if paste else
+                                   f"nothing to set (the {comparison.label(winner or '')})")
+    return f"{head}{compared}\n{table}\n\n{verdict}"
 
 
 def _headroom_cell(size: int | None, peak_live: int) -> str:
