@@ -18,6 +18,7 @@ from allocsim.sim.cli.common import (
     print_json,
 )
 from allocsim.sim.output.files import write_json
+from allocsim.sim.output.next_step import does_not_fit, next_step
 from allocsim.sim.output.ownership import guard
 from allocsim.sim.output.tables import capacity_text
 from allocsim.sim.questions.capacity import MIN_CAPACITY_KIND, min_capacities
@@ -71,10 +72,17 @@ def run(args: argparse.Namespace) -> int:
             "context_bytes": answers[0].context_bytes if answers else 0,
             "resolution": resolution,
             "answers": [a.to_json_dict() for a in answers]}
+    # A card named (not the default profile for costs) that the job's peak live is over.
+    named = args.device is not None or args.device_profile is not None
+    step = next_step(trace, device) if named and does_not_fit(trace, device) else None
+    if step is not None:
+        data["next_step"] = step.to_json_dict()
     if args.out:
         write_json(data, Path(args.out) / "min_capacity.json", kind="min-capacity")
     if args.json:
         print_json(data)
         return 0
     print(capacity_text(trace_facts(trace), device, resolution, answers))
+    if step is not None:
+        print(f"\non {device.name}, " + "\n".join(step.lines()))
     return 0

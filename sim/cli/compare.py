@@ -20,6 +20,7 @@ from allocsim.sim.cli.common import (
     print_json,
     progress_printer,
 )
+from allocsim.sim.output.next_step import does_not_fit, next_step
 from allocsim.sim.output.results_dir import write_comparisons
 from allocsim.sim.output.tables import comparison_text
 from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare, normalize_spec
@@ -92,12 +93,17 @@ def run(args: argparse.Namespace) -> int:
         written = write_comparisons(comparisons, args.out, traces=traces)
         if not args.json:
             print(f"wrote {', '.join(printable(p) for p in written)}", file=sys.stderr)
+    # A trace whose peak live is over the card's memory fits under no policy: the next step.
+    steps = [next_step(t, device) if does_not_fit(t, device) else None for t in traces]
     if args.json:
-        data = [c.to_json_dict() for c in comparisons]
+        data = [{**c.to_json_dict(), **({"next_step": s.to_json_dict()} if s else {})}
+                for c, s in zip(comparisons, steps)]
         print_json(data[0] if len(data) == 1 else data)
         return 0
-    for index, comparison in enumerate(comparisons):
+    for index, (comparison, step) in enumerate(zip(comparisons, steps)):
         if index:
             print()
         print(comparison_text(comparison))
+        if step is not None:
+            print("\n" + "\n".join(step.lines()))
     return 0
