@@ -106,15 +106,18 @@ def test_the_defaults_always_have_a_row_in_the_table(capsys) -> None:
 
 
 # ======================================================================= context shown
-def test_tune_shows_the_cards_context_in_text_and_json(capsys) -> None:
+def test_tune_shows_the_cards_context_in_text_json_and_report_input(capsys,
+                                                                     tmp_path: Path) -> None:
     argv = ["tune", str(DATA / "sample-torch-cpu-mlp.npz"), "--framework", "pytorch",
             "--device", "rtx4090-24g"]
     status, out, _ = run_cli(argv, capsys)
     assert status == 0
     head = out.splitlines()[0]
     assert "384.00MiB" in head and "context" in head, head
-    status, out, _ = run_cli([*argv, "--json"], capsys)
+    status, out, _ = run_cli([*argv, "--json", "-o", str(tmp_path / "t")], capsys)
     assert json.loads(out)["device"]["context_bytes"] == 384 * MiB
+    report_input = json.loads((tmp_path / "t" / "tune-results.json").read_text())
+    assert report_input["device"]["context_bytes"] == 384 * MiB
 
 
 def test_min_capacity_says_its_headroom_includes_the_context(capsys) -> None:
@@ -153,3 +156,16 @@ def test_the_offline_plans_smallest_card_holds_the_context_too() -> None:
     plan = min_capacity(trace, "offline", device)
     assert plan.min_capacity is not None
     assert plan.min_capacity >= device.context_bytes + trace.peak_live()[0]
+
+
+def test_tune_says_what_was_live_before_recording() -> None:
+    """A profiler trace that started mid-run (the HTA trace held 3.82 GiB before it): the
+    answer says the replay does not hold it, beside the card."""
+    from allocsim.sim.output.tune_output import text
+    from allocsim.sim.questions.tune import tune
+    from allocsim.traces import formats
+    trace = formats.load(str(DATA / "sample-torch-cpu-mlp.npz"))
+    result = tune(trace, "pytorch", resolve_device(None, "64MiB", None))
+    result.trace["live_before_recording"] = {"min": 3 << 30, "max": 3 << 30, "in_replay": False}
+    head = text(result).splitlines()[:2]
+    assert "live before recording" in head[1] and "3.00GiB" in head[1], head
