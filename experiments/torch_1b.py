@@ -80,9 +80,12 @@ def one(target: str, precision: str, out: Path, seconds: dict[str, float]) -> li
         answer = json.loads(text)["answer"]
         paste = "; ".join(f"`{line}`" for line in answer["paste"]) or "the defaults"
         tune = f"{paste} ({_gib(answer['setting']['peak_reserved'])} reserved)"
-    else:  # one line: peak live over the card, no setting can fit
-        line = err.strip().splitlines()[-1]
-        tune = "none fits: " + line.split(f"{trace}: ", 1)[-1].split(" (give")[0]
+    elif status == 1 and text.strip():  # peak live over the card: no setting can fit
+        step = json.loads(text)["next_step"]
+        tune = (f"none fits: peak live {format_size(step['peak_live'])} is more than the "
+                f"card's {format_size(step['memory'])}: no allocator setting fits")
+    else:
+        tune = "error: " + (err.strip().splitlines() or ["?"])[-1]
     seconds["tune"] += time.perf_counter() - start
     status, text, _ = _cli("info", str(trace), "--json")
     peak = format_size(int(json.loads(text)["peak_live"])) if status == 0 else "?"

@@ -10,7 +10,10 @@ ties the next policy on memory and on time is said to be first by name instead o
 time" (two reasons changed; no number did); the offline plan follows XLA's heap simulator
 (offsets aligned, sizes unpadded), which changed only its diagnostic heap_size; the device
 section names the device's own share, context_bytes (issue 26; a key added, no number
-changed).
+changed); compare weighs each recording's own framework's settings by default and says what
+it compared and why (issue 37: the recorded samples' results are now PyTorch's and JAX's
+settings, the synthetic trace's are unchanged; every comparison gained a "framework" key,
+with no number of the all-policies file changed).
 """
 
 from __future__ import annotations

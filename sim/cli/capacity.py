@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 from allocsim.errors import UserInputError
-from allocsim.policies import DEFAULT_POLICIES, format_size, parse_size
-from allocsim.printable import printable
+from allocsim.policies import DEFAULT_POLICIES, parse_size
 from allocsim.sim.cli.common import (
     JAX_SAMPLE,
     add_device_options,
@@ -22,8 +21,9 @@ from allocsim.sim.cli.common import (
     print_written,
 )
 from allocsim.sim.output.files import write_json
+from allocsim.sim.output.next_step import does_not_fit, next_step
 from allocsim.sim.output.ownership import guard
-from allocsim.sim.output.tables import format_table
+from allocsim.sim.output.tables import capacity_text
 from allocsim.sim.questions.capacity import MIN_CAPACITY_KIND, min_capacities
 from allocsim.sim.questions.compare import normalize_spec, trace_facts
 
@@ -75,8 +75,14 @@ def run(args: argparse.Namespace) -> int:
         answers = min_capacities(trace, policies, device, resolution=resolution,
                                  progress=show)
     data = {"kind": MIN_CAPACITY_KIND, "trace": trace_facts(trace), "device": device.name,
+            "context_bytes": answers[0].context_bytes if answers else 0,
             "resolution": resolution,
             "answers": [a.to_json_dict() for a in answers]}
+    # A card named (not the default profile for costs) that the job's peak live is over.
+    named = args.device is not None or args.device_profile is not None
+    step = next_step(trace, device) if named and does_not_fit(trace, device) else None
+    if step is not None:
+        data["next_step"] = step.to_json_dict()
     written = Path(args.out) / "min_capacity.json" if args.out else None
     if written is not None:
         write_json(data, written, kind="min-capacity")
@@ -85,23 +91,9 @@ def run(args: argparse.Namespace) -> int:
         if written is not None:
             print_written([written], to_stderr=True)
         return 0
-    rows = []
-    for a in answers:
-        if a.headroom is None:
-            headroom = "-"
-        elif a.headroom_ratio is None:  # nothing live: no ratio to a peak of 0
-            headroom = format_size(a.headroom)
-        else:
-            headroom = f"{format_size(a.headroom)} (+{a.headroom_ratio:.1%})"
-        rows.append([a.policy,
-                     "never" if a.min_capacity is None else format_size(a.min_capacity),
-                     format_size(a.lower_bound), headroom,
-                     "yes" if a.monotone else "NO: " + "; ".join(a.exceptions[:2]),
-                     str(a.evaluations)])
-    print(f"trace {printable(trace.name)}: peak live {format_size(trace.peak_live()[0])}; "
-          f"resolution {format_size(resolution)}\n")
-    print(format_table(rows, ["policy", "min capacity", "lower bound", "headroom",
-                              "monotone", "runs"], left=(0, 4)))
+    print(capacity_text(trace_facts(trace), device, resolution, answers))
+    if step is not None:
+        print(f"\non {device.name}, " + "\n".join(step.lines()))
     if written is not None:
         print_written([written])
     return 0

@@ -24,9 +24,17 @@ from allocsim.sim.cli.common import (
     print_written,
     replay_reporter,
 )
+from allocsim.sim.output.next_step import does_not_fit, next_step
 from allocsim.sim.output.results_dir import write_comparisons
 from allocsim.sim.output.tables import comparison_text
 from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare, normalize_spec
+from allocsim.sim.questions.framework_settings import (
+    TPU_DEVICE,
+    default_choice,
+    generic_choice,
+    tpu_profiles_only,
+    with_alloc_confs,
+)
 from allocsim.traces.bundled import DEFAULT_TRACE_NAME, load_bundled_traces
 
 
@@ -39,8 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("traces", nargs="*", help=f"trace files (default: the bundled traces, "
                                              f"{DEFAULT_TRACE_NAME} and the recorded samples)")
     p.add_argument("--policies", nargs="+", metavar="SPEC",
-                   help="policy specs, e.g. bfc:allow_growth=false (default: "
-                        f"{' '.join(DEFAULT_POLICIES)})")
+                   help="policy specs, e.g. bfc:allow_growth=false (default: the recording's "
+                        "own framework's settings — PyTorch's, JAX's, TensorFlow's, CuPy's or "
+                        f"the TPU runtime; {' '.join(DEFAULT_POLICIES)} for a trace that names "
+                        "no framework)")
     p.add_argument("--alloc-conf", action="append", metavar="CONF",
                    help="add the pytorch policy configured by a PYTORCH_CUDA_ALLOC_CONF string "
                         "as-is, e.g. 'max_split_size_mb:128,expandable_segments:True' "
@@ -74,8 +84,8 @@ def _traces_after_policies(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     _traces_after_policies(args)
     budget = max_slowdown_option(args.max_slowdown)
-    policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
-    policies += [str(alloc_conf_spec(text)) for text in args.alloc_conf or []]
+    named = [str(normalize_spec(p)) for p in args.policies] if args.policies else None
+    confs = [(text, str(alloc_conf_spec(text))) for text in args.alloc_conf or []]
     with command_progress("compare") as progress:
         traces = []
         for index, path in enumerate(args.traces):
@@ -84,21 +94,33 @@ def run(args: argparse.Namespace) -> int:
         if not args.traces:
             progress.update("reading the bundled traces")
             traces = load_bundled_traces()
+        if (tpu_profiles_only(traces) and args.device is None and args.capacity is None
+                and args.device_profile is None):
+            args.device = TPU_DEVICE     # a TPU profile's own chip, not a GPU's default
         device = device_for_traces(args, traces)
-        comparisons: list[Comparison] = [
-            compare(trace, policies, device, max_slowdown=budget,
-                    progress=replay_reporter(progress, printable(trace.name), len(policies)))
-            for trace in traces]
+        comparisons: list[Comparison] = []
+        for trace in traces:
+            # The recording's own framework's settings, unless policies were named.
+            choice = with_alloc_confs(generic_choice(named) if named else
+                                      default_choice(trace, device), confs)
+            comparisons.append(compare(
+                trace, choice.specs, device, max_slowdown=budget, choice=choice,
+                progress=replay_reporter(progress, printable(trace.name), len(choice.specs))))
         written = (write_comparisons(comparisons, args.out, traces=traces, figures=args.figures,
                                      progress=progress.update) if args.out else [])
     if written:
         print_written(written, to_stderr=True)
+    # A trace whose peak live is over the card's memory fits under no policy: the next step.
+    steps = [next_step(t, device) if does_not_fit(t, device) else None for t in traces]
     if args.json:
-        data = [c.to_json_dict() for c in comparisons]
+        data = [{**c.to_json_dict(), **({"next_step": s.to_json_dict()} if s else {})}
+                for c, s in zip(comparisons, steps)]
         print_json(data[0] if len(data) == 1 else data)
         return 0
-    for index, comparison in enumerate(comparisons):
+    for index, (comparison, step) in enumerate(zip(comparisons, steps)):
         if index:
             print()
         print(comparison_text(comparison))
+        if step is not None:
+            print("\n" + "\n".join(step.lines()))
     return 0

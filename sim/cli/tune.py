@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     JAX_SAMPLE,
     TORCH_SAMPLE,
@@ -28,6 +29,7 @@ from allocsim.sim.cli.common import (
     workers_option,
 )
 from allocsim.sim.kernel.device import DeviceProfile, resolve_device
+from allocsim.sim.output.next_step import does_not_fit
 from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN
 from allocsim.sim.questions.tune import tune
 from allocsim.sim.questions.tune_share import tune_share
@@ -87,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if len(traces) > 1:
         return _run_share(args, traces, device, card, budget)
     trace = traces[0]
+    if card and does_not_fit(trace, device):
+        return _nothing_fits(args, trace, device)
     evaluate = None
     if args.executor is not None:
         if not card:
@@ -119,6 +123,24 @@ def run(args: argparse.Namespace) -> int:
             print()
         print_written(written, to_stderr=args.json)
     return 0
+
+
+def _nothing_fits(args: argparse.Namespace, trace: Trace, device: DeviceProfile) -> int:
+    """Peak live over the card's memory: no setting fits. Say who holds the peak and what a
+    smaller batch, remat or bf16 would need; exit status 1 (a finding, as share's)."""
+    from allocsim.sim.output.next_step import next_step
+    from allocsim.sim.questions.compare import trace_facts
+    step = next_step(trace, device)
+    if args.json:
+        print_json({"schema": 1, "kind": "allocsim-tune-nothing-fits",
+                    "trace": trace_facts(trace), "framework": args.framework,
+                    "device": {"name": device.name, "capacity": device.capacity,
+                               "context_bytes": device.context_bytes},
+                    "next_step": step.to_json_dict()})
+    else:
+        print(f"tune {printable(trace.name)} as {args.framework} on card {device.name}\n")
+        print("\n".join(step.lines()))
+    return 1
 
 
 def _run_share(args: argparse.Namespace, traces: list[Trace], device: DeviceProfile,

@@ -13,6 +13,7 @@ from allocsim.sim.kernel.device_buffers import is_tpu
 from allocsim.sim.kernel.engine import SharedRun
 from allocsim.sim.kernel.results import RunResult
 from allocsim.sim.output.display_text import shown
+from allocsim.sim.questions.capacity import CapacityAnswer
 from allocsim.sim.questions.compare import Comparison
 from allocsim.sim.questions.share import ShareSpec
 
@@ -20,12 +21,12 @@ COLUMNS = ("policy", "done", "peak reserved", "peak allocated", "util", "frag", 
            "dev mallocs", "dev frees", "alloc time", "slowdown")
 
 
-def _row(result: RunResult) -> list[str]:
+def _row(result: RunResult, name: str | None = None) -> list[str]:
     # Nothing reserved (a run refused at its first request): there is no share to speak of,
     # and "100%" of 0 B would read as a perfect fit.
     held = result.peak_reserved > 0
     return [
-        shown(result.policy),
+        shown(result.policy if name is None else name),
         "yes" if result.completed else "NO",
         format_size(result.peak_reserved),
         format_size(result.peak_allocated),
@@ -49,7 +50,8 @@ def format_table(rows: Sequence[Sequence[str]], header: Sequence[str],
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
-def _before_recording(trace: dict[str, Any]) -> str:
+def before_recording_note(trace: dict[str, Any]) -> str:
+    """Memory the recording shows live before it started, where there is some."""
     before = trace.get("live_before_recording")
     if not before:
         return ""
@@ -59,15 +61,18 @@ def _before_recording(trace: dict[str, Any]) -> str:
             "not hold; --start-state unrecorded adds it)")
 
 
-def _context(device: DeviceProfile) -> str:
+def context_holder(device: DeviceProfile) -> str:
+    """Who holds the device's own share, and whether its size is measured or assumed."""
+    if is_tpu(device):   # measured on a v5e: memory_stats() before any array
+        return "the TPU runtime holds (measured on a v5e; --context sets it)"
+    return "the CUDA context and libraries hold (assumed; --context sets it)"
+
+
+def context_note(device: DeviceProfile) -> str:
     """The device's own share, where it has one (its size assumed unless --context set it)."""
     if not device.context_bytes:
         return ""
-    if is_tpu(device):   # measured on a v5e: memory_stats() before any array
-        return (f", of which {format_size(device.context_bytes)} the TPU runtime holds "
-                "(measured on a v5e; --context sets it)")
-    return (f", of which {format_size(device.context_bytes)} the CUDA context and libraries "
-            "hold (assumed; --context sets it)")
+    return f", of which {format_size(device.context_bytes)} {context_holder(device)}"
 
 
 def comparison_text(comparison: Comparison) -> str:
@@ -77,12 +82,62 @@ def comparison_text(comparison: Comparison) -> str:
     head = (f"trace  {printable(shown(trace['name']))}: {trace['events']:,} events, "
             f"{trace['allocs']:,} allocs, {trace['duration_s']:.3g} s, "
             f"peak live {format_size(trace['peak_live'])}"
-            f"{_before_recording(trace)}\n"
-            f"device {device.name}: {format_size(device.capacity)}{_context(device)}\n")
-    table = format_table([_row(r) for r in comparison.results], COLUMNS)
-    verdict = (f"winner: {comparison.winner} — {comparison.reason}" if comparison.winner
+            f"{before_recording_note(trace)}\n"
+            f"device {device.name}: {format_size(device.capacity)}{context_note(device)}\n")
+    choice = comparison.choice
+    framework = choice is not None and choice.framework is not None
+    columns = ("setting", *COLUMNS[1:]) if framework else COLUMNS
+    table = format_table([_row(r, comparison.label(r.policy)) for r in comparison.results],
+                         columns)
+    compared = "" if choice is None else choice.sentence() + "\n"
+    winner = comparison.winner
+    verdict = (f"winner: {shown(comparison.label(winner))} — {comparison.reason}" if winner
                else f"winner: none — {comparison.reason}")
-    return f"{head}\n{table}\n\n{verdict}"
+    paste = comparison.paste
+    if paste is not None and choice is not None:
+        verdict += "\npaste:  " + ("\n        ".join(paste) if paste else
+                                   f"nothing to set (the {comparison.label(winner or '')})")
+    return f"{head}{compared}\n{table}\n\n{verdict}"
+
+
+def _headroom_cell(size: int | None, peak_live: int) -> str:
+    if size is None:
+        return "-"
+    if not peak_live:   # nothing live: no ratio to a peak of 0
+        return format_size(size)
+    return f"{format_size(size)} ({size / peak_live:+.1%})"
+
+
+def capacity_text(trace: dict[str, Any], device: DeviceProfile, resolution: int,
+                  answers: Sequence[CapacityAnswer]) -> str:
+    """The table ``allocsim min-capacity`` prints: each policy's smallest card, split into
+    the device's own share (the context), peak live and what the allocator adds, with a note
+    saying so (a 103 MiB job's "+496.6%" is mostly the assumed 512 MiB context)."""
+    peak = int(trace["peak_live"])
+    context = answers[0].context_bytes if answers else 0
+    rows = []
+    for a in answers:
+        rows.append([shown(a.policy),
+                     "never" if a.min_capacity is None else format_size(a.min_capacity),
+                     format_size(a.lower_bound), format_size(context),
+                     _headroom_cell(a.headroom, a.lower_bound),
+                     _headroom_cell(a.allocator_headroom, a.lower_bound),
+                     "yes" if a.monotone else "NO: " + "; ".join(a.exceptions[:2]),
+                     str(a.evaluations)])
+    head = (f"trace {printable(shown(trace['name']))}: peak live {format_size(peak)}"
+            f"{before_recording_note(trace)}; resolution {format_size(resolution)}")
+    table = format_table(rows, ["policy", "min capacity", "lower bound", "context", "headroom",
+                                "of it allocator", "monotone", "runs"], left=(0, 6))
+    if context:
+        note = ("min capacity is the whole card = context + lower bound (peak live) + what the "
+                f"allocator adds; the context is the {format_size(context)} that "
+                f"{context_holder(device)}. headroom, min capacity over the lower bound, "
+                "includes the context; 'of it allocator' leaves it out")
+    else:
+        note = ("min capacity is the allocator's memory: no context is assumed on this device "
+                "(--context SIZE adds one), so headroom is what the allocator adds over peak "
+                "live")
+    return f"{head}\n\n{table}\n\nnote: {note}"
 
 
 def share_text(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile) -> str:

@@ -15,7 +15,7 @@ from allocsim.sim.kernel.results import SCHEMA_VERSION
 from allocsim.sim.output.figures import pyplot, save, size_unit
 from allocsim.sim.output.files import write_json
 from allocsim.sim.output.html_report import write_report
-from allocsim.sim.output.tables import format_table
+from allocsim.sim.output.tables import before_recording_note, context_note, format_table
 from allocsim.sim.questions.compare import COMPARE_KIND
 from allocsim.sim.questions.tune import TuneResult
 from allocsim.sim.questions.tune_search import Trial
@@ -37,14 +37,53 @@ def _reason_kind(reason: str) -> str:
     return reason.split(" at ")[0].split(":")[0]
 
 
+def _card_share(result: TuneResult) -> str:
+    """The device's own share of the card, where it has one (in the card's memory and every
+    answer's: ", of which 384.00MiB the CUDA context ... (assumed ...)")."""
+    if not result.device.context_bytes:
+        return ", no context" if result.card else ""
+    return context_note(result.device)
+
+
+def _table_rows(result: TuneResult) -> list[list[str]]:
+    """The front's rows by memory, and the defaults' row wherever they are not on it: matched
+    or beaten on both memory and time by a row above, or failing (then why)."""
+    r, card = result, result.card
+
+    def row(t: Trial, note: str) -> list[str]:
+        return [describe(t.setting, r.capacity), _memory(t, card),
+                f"{t.alloc_time_s * 1e3:.3g} ms", f"{t.slowdown:.3f}x",
+                f"{t.result['device_mallocs']:,}", note]
+
+    def note(t: Trial) -> str:
+        marks = (["answer"] if t is r.best else []) + (["defaults"] if t is r.defaults else [])
+        return ", ".join(marks)
+    rows = [(t.memory, row(t, note(t))) for t in r.front]
+    defaults = r.defaults
+    if not any(t is defaults or t.setting == defaults.setting for t in r.front):
+        failure = defaults.failure(r.max_slowdown)
+        if failure is None:
+            rows.append((defaults.memory, row(defaults, "defaults: a row above needs no more "
+                                                        "memory and no more time")))
+            rows.sort(key=lambda item: item[0])
+        else:
+            rows.append((1 << 62, [describe(defaults.setting, r.capacity), "-", "-", "-", "-",
+                                   f"defaults: {failure}"]))
+    return [cells for _, cells in rows]
+
+
 def text(result: TuneResult) -> str:
     """The whole answer for a person: the line to paste first."""
     r = result
     card = r.card
-    where = (f"card {r.device.name} ({format_size(r.device.capacity)})" if card
-             else f"the smallest card (costs of {r.device.name})")
+    where = (f"card {r.device.name} ({format_size(r.device.capacity)}{_card_share(r)})"
+             if card else f"the smallest card (costs of {r.device.name}{_card_share(r)})")
     budget = "none" if r.max_slowdown is None else f"{r.max_slowdown:.2f}x"
-    lines = [f"tune {r.trace['name']} as {r.framework} on {where}; slowdown budget {budget}", ""]
+    lines = [f"tune {r.trace['name']} as {r.framework} on {where}; slowdown budget {budget}"]
+    before = before_recording_note(r.trace)
+    if before:
+        lines.append(f"  peak live {format_size(r.trace['peak_live'])}{before}")
+    lines.append("")
     if r.best is None:
         lines.append("ANSWER: " + r.headline())
     else:
@@ -59,13 +98,12 @@ def text(result: TuneResult) -> str:
                             f"{r.current.alloc_time_s * 1e3:.3g} ms"))
         lines.append("  why:")
         lines += [f"    - {reason}" for reason in r.reasons]
+    lines.append(f"  rule: {r.rule}")
     lines += ["", f"Pareto front: {'peak reserved' if card else 'smallest card'} against "
-                  "modelled allocator time (settings within the budget no other beats on both)"]
-    rows = [[describe(t.setting, r.capacity), _memory(t, card), f"{t.alloc_time_s * 1e3:.3g} ms",
-             f"{t.slowdown:.3f}x", f"{t.result['device_mallocs']:,}",
-             "answer" if t is r.best else ""] for t in r.front]
-    lines.append(format_table(rows, ["setting", "memory", "alloc time", "slowdown",
-                                     "dev mallocs", ""], left=(0, 5)) if rows else "  (none)")
+                  "modelled allocator time (settings within the budget no other beats on both; "
+                  "the defaults always shown)"]
+    lines.append(format_table(_table_rows(r), ["setting", "memory", "alloc time", "slowdown",
+                                               "dev mallocs", ""], left=(0, 5)))
     lines += ["", f"failing settings: {len(r.failing)} of {len(r.trials)}"]
     kinds: Counter[str] = Counter(_reason_kind(reason) for _, reason in r.failing)
     for kind, count in kinds.most_common():
@@ -188,7 +226,8 @@ def comparison_document(result: TuneResult, trace: Trace) -> dict[str, Any]:
     return {"schema": SCHEMA_VERSION, "kind": COMPARE_KIND, "trace": result.trace,
             "device": {"name": result.device.name, "capacity": result.device.capacity,
                        "granularity": result.device.granularity,
-                       "map_granularity": result.device.map_granularity},
+                       "map_granularity": result.device.map_granularity,
+                       "context_bytes": result.device.context_bytes},
             "results": runs,
             "winner": None if best is None else runs[chosen.index(best)]["policy"],
             "reason": f"tune: paste {paste} — {result.headline()}",

@@ -53,10 +53,20 @@ class CapacityAnswer:
     monotone: bool
     evaluations: int
     exceptions: list[str] = field(default_factory=list)
+    # The device's own share (CUDA context and libraries, the TPU runtime's bytes), held on
+    # every card before any allocator starts: part of min_capacity and so of the headroom.
+    context_bytes: int = 0
 
     @property
     def headroom(self) -> int | None:
+        """The smallest card over peak live: the context and what the allocator adds."""
         return None if self.min_capacity is None else self.min_capacity - self.lower_bound
+
+    @property
+    def allocator_headroom(self) -> int | None:
+        """What the policy itself needs beyond peak live: the headroom less the context."""
+        headroom = self.headroom
+        return None if headroom is None else headroom - self.context_bytes
 
     @property
     def headroom_ratio(self) -> float | None:
@@ -69,6 +79,7 @@ class CapacityAnswer:
         data["headroom"] = self.headroom
         ratio = self.headroom_ratio
         data["headroom_ratio"] = None if ratio is None else round(ratio, 6)
+        data["allocator_headroom"] = self.allocator_headroom
         return data
 
 
@@ -87,17 +98,22 @@ def _min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile,
     normalized = normalize_spec(policy)
     peak_live, _ = trace.peak_live()
     lower = max(resolution, peak_live // resolution * resolution)
+    # What a card holds before any allocator, as the device model takes it (sim/kernel/
+    # device.py: rounded up to the granularity).
+    context = round_up(device.context_bytes, device.granularity) if device.context_bytes else 0
     if isinstance(normalized, str):     # OFFLINE_NAME: the only name normalize_spec keeps
-        # The plan does not depend on capacity: it fits exactly when its heap does.
+        # The plan does not depend on capacity: it fits exactly when its heap and the
+        # device's own share do (the same card the online policies are asked to fit).
         heap = offline_result(trace, device.with_capacity(PROBE_CAPACITY)).peak_reserved
-        return CapacityAnswer(OFFLINE_NAME, round_up(max(heap, 1), resolution), peak_live,
-                              resolution, True, 1)
+        return CapacityAnswer(OFFLINE_NAME, round_up(max(heap, 1) + context, resolution),
+                              peak_live, resolution, True, 1, context_bytes=context)
     spec = normalized
 
     oracle = CompletionOracle(trace, spec, device, shortcuts=shortcuts)
     probe, works = oracle.probe, oracle.completes
     if not probe.completed:
-        return CapacityAnswer(str(spec), None, peak_live, resolution, True, oracle.replays)
+        return CapacityAnswer(str(spec), None, peak_live, resolution, True, oracle.replays,
+                              context_bytes=context)
     # What the policy reserved with no limit is what most policies need at most; what the
     # device handed out (its own share too) may be shown to work without a replay.
     guess = probe.peak_reserved
@@ -105,7 +121,8 @@ def _min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile,
         guess = probe.peak_used
     low, high = _bracket(works, lower, resolution, guess)
     if high is None:
-        return CapacityAnswer(str(spec), None, peak_live, resolution, True, oracle.replays)
+        return CapacityAnswer(str(spec), None, peak_live, resolution, True, oracle.replays,
+                              context_bytes=context)
     while high - low > resolution:
         point = _probe_point(low, high, resolution)
         if works(point):
@@ -131,7 +148,7 @@ def _min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile,
                               "found (taken as the answer)")
             answer = capacity
     return CapacityAnswer(str(spec), answer, peak_live, resolution, not exceptions,
-                          oracle.replays, exceptions)
+                          oracle.replays, exceptions, context_bytes=context)
 
 
 def _bracket(works: Callable[[int], bool], lower: int, resolution: int,

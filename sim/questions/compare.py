@@ -25,6 +25,7 @@ from allocsim.policies import PolicySpec, format_size, parse_policy
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.engine import replay
 from allocsim.sim.kernel.results import SCHEMA_VERSION, RunResult
+from allocsim.sim.questions.framework_settings import Choice
 from allocsim.sim.questions.offline import OFFLINE_NAME, offline_result
 from allocsim.traces.model import Trace
 
@@ -45,8 +46,29 @@ class Comparison:
     winner: str | None
     reason: str
     max_slowdown: float | None = DEFAULT_MAX_SLOWDOWN
+    # What was compared and why: a framework's settings (each with its lines to paste) or
+    # the generic policies; None for a comparison made without one (the Python API's).
+    choice: Choice | None = None
+
+    def label(self, policy: str) -> str:
+        """How the table and the verdict name ``policy``: the setting as pasted, where it is
+        one of the framework's."""
+        return policy if self.choice is None else self.choice.label(policy)
+
+    @property
+    def paste(self) -> tuple[str, ...] | None:
+        """The winner's lines to paste (() for the framework's defaults); None without a
+        winner or outside a framework's settings."""
+        if self.winner is None or self.choice is None:
+            return None
+        return self.choice.paste(self.winner)
 
     def to_json_dict(self, *, timeline: bool = False) -> dict[str, Any]:
+        framework = {}
+        if self.choice is not None:
+            paste = self.paste
+            framework = {"framework": {**self.choice.to_json_dict(),
+                                       "paste": None if paste is None else list(paste)}}
         return {
             "schema": SCHEMA_VERSION,
             KIND_KEY: COMPARE_KIND,
@@ -59,6 +81,7 @@ class Comparison:
             "winner": self.winner,
             "reason": self.reason,
             "max_slowdown": self.max_slowdown,
+            **framework,
         }
 
 
@@ -97,50 +120,63 @@ def _against_the_plan(best: RunResult, plan: RunResult) -> str:
             f"({format_size(plan.peak_reserved)}), a heuristic, not a bound" + floor)
 
 
-def pick_winner(results: Sequence[RunResult], max_slowdown: float | None = DEFAULT_MAX_SLOWDOWN
+def pick_winner(results: Sequence[RunResult], max_slowdown: float | None = DEFAULT_MAX_SLOWDOWN,
+                name: Callable[[str], str] = str, order: Sequence[str] | None = None
                 ) -> tuple[RunResult | None, str]:
-    """The winning result and a one-sentence reason (see the module docstring for the rule)."""
+    """The winning result and a one-sentence reason (see the module docstring for the rule);
+    ``name`` turns a policy spec into how the reason names it (a framework's setting as
+    pasted). ``order``: a framework's settings, the defaults first and then one change each:
+    a full tie goes to the earlier (the fewest changes) rather than to the name."""
+    def rank(result: RunResult) -> tuple:
+        if order is None or result.policy not in order:
+            return rank_key(result)
+        return (*rank_key(result)[:3], f"{order.index(result.policy):09d}")
     budget = math.inf if max_slowdown is None else max_slowdown
     # The offline plan is a reference to compare against, not a policy a job can run; it is a
     # heuristic plan, not a bound (an online policy can beat it); the bound is peak live.
     plan = next((r for r in results if r.policy == OFFLINE_NAME and r.completed), None)
     results = [r for r in results if r.policy != OFFLINE_NAME]
     completed = [r for r in results if r.completed]
-    slow = sorted((r for r in completed if r.slowdown > budget), key=rank_key)
-    done = sorted((r for r in completed if r.slowdown <= budget), key=rank_key)
+    slow = sorted((r for r in completed if r.slowdown > budget), key=rank)
+    done = sorted((r for r in completed if r.slowdown <= budget), key=rank)
     excluded = ""
     if slow:
         excluded = f"; over the {budget:.2f}x slowdown budget: " + ", ".join(
-            f"{r.policy} ({format_size(r.peak_reserved)}, {r.slowdown:.2f}x)" for r in slow)
+            f"{name(r.policy)} ({format_size(r.peak_reserved)}, {r.slowdown:.2f}x)" for r in slow)
     if not done:
         if slow:
             return None, "no policy completes within the slowdown budget" + excluded
         fewest = min(results, key=lambda r: (r.ooms, r.policy), default=None)
-        hint = f" (fewest OOMs: {fewest.policy}, {fewest.ooms})" if fewest else ""
+        hint = f" (fewest OOMs: {name(fewest.policy)}, {fewest.ooms})" if fewest else ""
         return None, "no policy completes the trace without running out of memory" + hint
     best = done[0]
     if plan is not None:
         excluded += _against_the_plan(best, plan)
     cost = (f"{best.device_mallocs + best.device_frees:,} device calls, "
             f"{best.alloc_time_s * 1e3:.3g} ms modelled allocator time")
+    first = name(best.policy)
     if len(done) == 1:
-        return best, (f"{best.policy} is the only policy that completes without OOM within the "
+        return best, (f"{first} is the only policy that completes without OOM within the "
                       f"budget ({cost}){excluded}")
     second = done[1]
+    runner_up = name(second.policy)
     if second.peak_reserved == best.peak_reserved:
         if second.alloc_time_s == best.alloc_time_s:
             # The same memory and the same modelled time (often the same allocator under two
-            # names): the name decides, and the reason says so rather than inventing a gap.
-            return best, (f"{best.policy} completes without OOM and ties {second.policy} on "
+            # names): the name (or, among a framework's settings, the fewer change) decides,
+            # and the reason says so rather than inventing a gap.
+            return best, (f"{first} completes without OOM and ties {runner_up} on "
                           f"peak reserved ({format_size(best.peak_reserved)}) and allocator "
-                          f"time ({cost}); first by name{excluded}")
-        return best, (f"{best.policy} completes without OOM, ties {second.policy} on peak "
+                          f"time ({cost}); "
+                          + ("first by name" if order is None else "the fewest changes from "
+                             "the defaults decide") + excluded)
+        return best, (f"{first} completes without OOM, ties {runner_up} on peak "
                       f"reserved ({format_size(best.peak_reserved)}) and spends less time in "
                       f"the allocator ({cost}){excluded}")
     saved = second.peak_reserved - best.peak_reserved
-    return best, (f"{best.policy} completes without OOM with the lowest peak reserved, "
+    return best, (f"{first} completes without OOM with the lowest peak reserved, "
                   f"{format_size(best.peak_reserved)} ({format_size(saved)} less than "
-                  f"{second.policy}); it costs {cost}{excluded}")
+                  f"{runner_up}); it costs {cost}{excluded}")
 
 
 def normalize_spec(spec: str | PolicySpec) -> str | PolicySpec:
@@ -152,8 +188,13 @@ def normalize_spec(spec: str | PolicySpec) -> str | PolicySpec:
 
 def compare(trace: Trace, policies: Sequence[str | PolicySpec], device: DeviceProfile, *,
             progress: Callable[[str, int, int], None] | None = None,
-            max_slowdown: float | None = DEFAULT_MAX_SLOWDOWN) -> Comparison:
-    """Replay ``trace`` through each policy on a fresh ``device`` and pick the winner."""
+            max_slowdown: float | None = DEFAULT_MAX_SLOWDOWN,
+            choice: Choice | None = None) -> Comparison:
+    """Replay ``trace`` through each policy on a fresh ``device`` and pick the winner.
+    ``choice``: what the policies stand for (a framework's settings: the verdict names each as
+    pasted; :mod:`~allocsim.sim.questions.framework_settings`)."""
+    name = str if choice is None else choice.label
+    order = None if choice is None or choice.framework is None else choice.specs
     specs = [normalize_spec(p) for p in policies]
     results = []
     for spec in specs:
@@ -165,11 +206,11 @@ def compare(trace: Trace, policies: Sequence[str | PolicySpec], device: DevicePr
         results.append(replay(trace, spec, device, progress=report))
     if trace.metadata.get("synthetic_times") and max_slowdown is not None:
         # Made-up timestamps give made-up slowdowns: judge on memory alone, and say so.
-        winner, reason = pick_winner(results, None)
+        winner, reason = pick_winner(results, None, name, order)
         reason += "; the trace's times are synthesised, so no slowdown budget was applied"
         max_slowdown = None
     else:
-        winner, reason = pick_winner(results, max_slowdown)
+        winner, reason = pick_winner(results, max_slowdown, name, order)
     return Comparison(trace=trace_facts(trace), device=device, results=results,
                       winner=winner.policy if winner else None, reason=reason,
-                      max_slowdown=max_slowdown)
+                      max_slowdown=max_slowdown, choice=choice)

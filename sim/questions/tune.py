@@ -15,8 +15,11 @@ The question and the answer
       allocator time (within 2%, closer than the cost model tells apart, or within 0.1% of
       the job's duration, a difference the job cannot feel, counts as a tie),
       then the fewest changes from the defaults, then the lowest peak reserved
-      (:func:`~allocsim.sim.questions.tune_search.answer_order`). When the defaults fit and
-      nothing is faster, the answer is "nothing to set".
+      (:func:`~allocsim.sim.questions.tune_search.answer_order`) — among the settings no
+      other beats on both memory and modelled time (the Pareto front, the table tune prints):
+      a tie never hands the answer to a setting the table shows beaten on both
+      (:func:`answer_from_table`). When the defaults fit and nothing is faster or smaller, the
+      answer is "nothing to set". The rule travels with the answer (:func:`answer_rule`).
     - Without a card (``card=False``): the smallest card each setting runs on (min-capacity's
       search) wins, then the modelled time, then the fewest changes.
     The result also holds the Pareto front of memory against modelled time (the settings no
@@ -46,11 +49,14 @@ from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, trace_facts
 from allocsim.sim.questions.tune_evidence import Evidence, gather
 from allocsim.sim.questions.tune_explain import why
 from allocsim.sim.questions.tune_search import (
+    TIME_TIE,
+    TIME_TIE_OF_RUN,
     Evaluator,
     FractionAnswer,
     NonMonotone,
     Progress,
     Trial,
+    answer_order,
     rank_key,
     search,
 )
@@ -117,13 +123,18 @@ class TuneResult:
                 f"allocator time ({b.slowdown:.3f}x); {state}: {what} {theirs}, "
                 f"{d.alloc_time_s * 1e3:.3g} ms ({d.slowdown:.3f}x)")
 
+    @property
+    def rule(self) -> str:
+        return answer_rule(self.card)
+
     def to_json_dict(self) -> dict[str, Any]:
         return {
             "schema": TUNE_SCHEMA,
             "trace": self.trace, "framework": self.framework,
-            "device": {"name": self.device.name, "capacity": self.device.capacity},
+            "device": {"name": self.device.name, "capacity": self.device.capacity,
+                       "context_bytes": self.device.context_bytes},
             "card": self.card, "max_slowdown": self.max_slowdown, "seed": self.seed,
-            "answer": {"paste": self.paste, "headline": self.headline(),
+            "answer": {"paste": self.paste, "headline": self.headline(), "rule": self.rule,
                        "setting": None if self.best is None else self.best.to_json_dict(),
                        "why": self.reasons},
             "defaults": self.defaults.to_json_dict(),
@@ -159,6 +170,28 @@ def pareto_front(trials: Sequence[Trial], budget: float | None) -> list[Trial]:
             front.append(trial)
             best_time = trial.alloc_time_s
     return front
+
+
+def answer_rule(card: bool) -> str:
+    """The rule that picked the answer, in a sentence printed with it."""
+    if not card:
+        return ("the smallest card; then the least modelled allocator time; then the fewest "
+                "changes from the defaults")
+    return (f"the fastest setting that fits the card within the slowdown budget; modelled "
+            f"times within {TIME_TIE:.0%} of the fastest (or {TIME_TIE_OF_RUN:.1%} of the "
+            "job's duration) tie, and a tie goes to the fewest changes from the defaults, then "
+            "the least memory; only the table's rows (settings no other beats on both memory "
+            "and time) can be the answer")
+
+
+def answer_from_table(front: Sequence[Trial], *, card: bool, duration_s: float
+                      ) -> Trial | None:
+    """The answer: :func:`~allocsim.sim.questions.tune_search.answer_order`'s first among
+    the Pareto ``front``. Taken from all passing ``trials`` instead, a tie on time could go
+    to a setting (often the defaults) that another beats on both memory and time, an answer
+    the printed table contradicts."""
+    ordered = answer_order(list(front), card, duration_s)
+    return ordered[0] if ordered else None
 
 
 def check_trace(trace: Trace, fw: Framework, device: DeviceProfile, *, card: bool,
@@ -207,8 +240,8 @@ def tune(trace: Trace, framework_name: str, device: DeviceProfile, *, card: bool
     trials = found.trials
     by_label = {t.setting.label: t for t in trials}
     defaults = by_label[fw.default().label]
-    ranked = found.best(trials)
-    best = ranked[0] if ranked else None
+    front = pareto_front(trials, max_slowdown)
+    best = answer_from_table(front, card=card, duration_s=trace.duration_ns / 1e9)
     failing = [(t, reason) for t in trials
                if (reason := t.failure(max_slowdown)) is not None]
     capacity = device.capacity if card else None
@@ -221,10 +254,11 @@ def tune(trace: Trace, framework_name: str, device: DeviceProfile, *, card: bool
         trace=trace_facts(trace), framework=fw.name, device=device, card=card,
         max_slowdown=max_slowdown, seed=seed, defaults=defaults, best=best,
         current=None if now is None else by_label[now.label], trials=trials,
-        front=pareto_front(trials, max_slowdown), failing=failing,
+        front=front, failing=failing,
         non_monotone=found.non_monotone, fractions=found.fractions, reasons=reasons,
         evidence=evidence, not_modelled=fw.not_modelled, replays=found.replays,
         shared=found.shared, paste=paste)
 
 
-__all__ = ["Setting", "TuneInputError", "TuneResult", "pareto_front", "tune"]
+__all__ = ["Setting", "TuneInputError", "TuneResult", "answer_from_table", "answer_rule",
+           "pareto_front", "tune"]

@@ -150,7 +150,7 @@ class Framework:
 ROUNDUP_CHOICES = ("", "2", "4", "8", "16", "[256:1,512:2,1024:4,>:8]", "[64:8,>:2]")
 
 
-def _max_split_candidates(trace: Trace) -> list[int]:
+def max_split_candidates(trace: Trace) -> list[int]:
     """max_split_size_mb values worth trying on this trace: 20 (PyTorch's smallest), the
     powers of two from 32 MiB, and the quartiles of the requests over 20 MiB, each below the
     largest segment the trace makes (at or beyond it nothing is oversize: as unset)."""
@@ -191,7 +191,7 @@ class PyTorch(Framework):
                 "with the recorded ones")
 
     def discrete(self, trace: Trace, capacity: int | None) -> Iterator[Setting]:
-        splits = [0, *_max_split_candidates(trace)]
+        splits = [0, *max_split_candidates(trace)]
         for expandable, split, roundup in product((False, True), splits, ROUNDUP_CHOICES):
             yield self.make({"expandable_segments": expandable, "max_split_size_mb": split,
                              "roundup_power2_divisions": roundup})
