@@ -17,14 +17,19 @@ of a recording and puts every one back after:
   are the live and peak bytes recorded so far (the bytes the program's tensors hold, as
   PyTorch counts them); ``memory_reserved`` / ``max_memory_reserved`` are the same numbers (the
   caching allocator's reserve is the simulator's to answer, not the recorder's),
-  ``reset_peak_memory_stats`` resets the peak;
+  ``reset_peak_memory_stats`` resets the peak, ``memory_stats`` has those four counters;
 - streams: :class:`FakeStream` objects with small ids (the default stream is 0), a current
   stream per recording, ``torch.cuda.stream(s)`` / ``set_stream`` to change it, events that
-  do nothing (the meta device runs nothing asynchronously).
+  do nothing (the meta device runs nothing asynchronously); no stream is ever capturing a
+  CUDA graph.
+
+``torch.accelerator``, the device-generic face of the same GPU, answers from these functions
+(:mod:`~allocsim.traces.record.torch_meta_accelerator`).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 from collections.abc import Callable, Iterator
@@ -70,6 +75,17 @@ class FakeStream:
 
     def query(self) -> bool:
         return True
+
+    def is_capturing(self) -> bool:
+        """Never: CUDA graphs are not recorded (the optimizers ask before each step)."""
+        return False
+
+    @property
+    def device(self) -> Any:
+        import torch
+        return torch.device("cuda", 0)
+
+    device_index = 0
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, FakeStream) and other.stream_id == self.stream_id
@@ -221,6 +237,7 @@ class FakeCuda:
             "max_memory_reserved": lambda device=None: self._peak(),
             "reset_peak_memory_stats": lambda device=None: self._reset_peak(),
             "reset_max_memory_allocated": lambda device=None: self._reset_peak(),
+            "memory_stats": lambda device=None: self._memory_stats(),
             "mem_get_info": lambda device=None: (target.total_memory - self._live(),
                                                  target.total_memory),
             "Stream": FakeStream,
@@ -229,7 +246,16 @@ class FakeCuda:
             "default_stream": lambda device=None: default,
             "set_stream": set_stream,
             "stream": stream,
+            "is_current_stream_capturing": lambda: False,
         }
+
+    def _memory_stats(self) -> collections.OrderedDict[str, int]:
+        """The byte counters of ``memory_stats()`` that the recording knows (reserved is
+        allocated, as ``memory_reserved`` says)."""
+        live, peak = self._live(), self._peak()
+        return collections.OrderedDict([
+            ("allocated_bytes.all.current", live), ("allocated_bytes.all.peak", peak),
+            ("reserved_bytes.all.current", live), ("reserved_bytes.all.peak", peak)])
 
     def install(self) -> None:
         import torch.cuda

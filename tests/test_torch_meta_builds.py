@@ -1,0 +1,142 @@
+"""The PyTorch recorder under the torch a user has (issue 37, item 6): the CPU build and the
+CUDA build on a machine with no GPU driver, releases 2.13 and 2.14.
+
+An ordinary AdamW training script (tests/torch_programs/mlp_adamw.py: the device from
+``torch.accelerator``, as PyTorch's tutorials pick it) is recorded, and its trace is held to
+arithmetic done here from the model's shapes, not from the recording:
+
+- at the end, with only the model and the optimizer left, live = parameters + AdamW's two
+  moments + the cuBLAS workspaces (one per thread that ran a GEMM: the main thread's and the
+  autograd engine's);
+- the peak is inside ``optimizer.step()``: parameters + gradients + the two moments + the one
+  temporary per parameter that foreach AdamW makes (the square root of the second moment) +
+  the batch, the labels and the loss + the workspaces.
+
+In-process tests use the torch of the interpreter running pytest. The same recording under
+other builds runs in a subprocess of each interpreter that ``ALLOCSIM_TORCH_PYTHONS`` names
+(paths separated by ``os.pathsep``; each must import allocsim and its own torch): CI makes
+one with the CUDA build (``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the meta recorder needs PyTorch (pip install "
+                                             "torch==2.13.0, the CPU wheel)")
+
+from allocsim.errors import UserInputError  # noqa: E402
+from allocsim.traces.formats import load  # noqa: E402
+from allocsim.traces.model import OP_ALLOC, Trace  # noqa: E402
+from allocsim.traces.record.torch_meta import TorchMetaRecorder  # noqa: E402
+from allocsim.traces.record.torch_meta_script import record_script  # noqa: E402
+from allocsim.traces.record.torch_meta_targets import TARGETS, cublas_workspace_bytes  # noqa: E402
+
+PROGRAM = Path(__file__).parent / "torch_programs" / "mlp_adamw.py"
+FEATURES, HIDDEN, CLASSES, BATCH, STEPS = 256, 512, 10, 16, 3
+SIZES = [str(n) for n in (FEATURES, HIDDEN, CLASSES, BATCH, STEPS)]
+FLOAT32, INT64 = 4, 8
+
+
+def _expected(target: str) -> tuple[int, int]:
+    """(live at the end, peak) of mlp_adamw.py at SIZES, from its shapes (module docstring)."""
+    parameters = FLOAT32 * (FEATURES * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES)
+    workspaces = 2 * cublas_workspace_bytes(TARGETS[target])
+    batch = FLOAT32 * BATCH * FEATURES + INT64 * BATCH + FLOAT32  # x, y and the scalar loss
+    end = parameters + 2 * parameters + workspaces
+    peak = parameters + parameters + 2 * parameters + parameters + batch + workspaces
+    return end, peak
+
+
+def _live_at_end(trace: Trace) -> int:
+    sizes = trace.size.astype("int64")
+    return int(sizes[trace.op == OP_ALLOC].sum() - sizes[trace.op != OP_ALLOC].sum())
+
+
+def _assert_adamw_trace(trace: Trace, target: str) -> None:
+    end, peak = _expected(target)
+    assert trace.metadata["cublas_workspaces"] == 2
+    assert _live_at_end(trace) == end
+    assert int(trace.peak_live()[0]) == peak
+    tags = set(trace.tags)
+    assert any(tag.startswith("optimizer:AdamW.step:") for tag in tags)
+    assert any(tag.startswith("backward:") for tag in tags)
+
+
+def test_an_ordinary_adamw_script_is_recorded_in_full(tmp_path):
+    run = record_script(["python", str(PROGRAM), *SIZES], tmp_path / "run.npz",
+                        target="h100-80g")
+    assert run.error is None, run.error
+    _assert_adamw_trace(run.trace, "h100-80g")
+    assert load(str(tmp_path / "run.npz")).metadata["torch"] == torch.__version__
+
+
+def test_torch_accelerator_answers_as_the_target_and_is_put_back():
+    accelerator = torch.accelerator
+    before = {name: getattr(accelerator, name) for name in accelerator.__all__}
+    with TorchMetaRecorder(None, target="h100-80g") as recorder:
+        assert accelerator.is_available() and accelerator.device_count() == 1
+        assert accelerator.current_accelerator() == torch.device("cuda")
+        assert accelerator.current_accelerator(check_available=True).type == "cuda"
+        assert accelerator.current_device_index() == 0
+        stream = accelerator.current_stream()
+        assert stream is torch.cuda.current_stream() and not stream.is_capturing()
+        side = torch.cuda.Stream()
+        accelerator.set_stream(side)
+        x = torch.empty(256, device="cuda")
+        accelerator.set_stream(stream)
+        with accelerator.device_index(0):
+            accelerator.synchronize()
+        assert accelerator.memory_allocated() == 1024 == recorder.live_bytes
+        assert accelerator.max_memory_allocated() == 1024
+        assert accelerator.get_memory_info() == (TARGETS["h100-80g"].total_memory - 1024,
+                                                 TARGETS["h100-80g"].total_memory)
+        del x
+        assert accelerator.memory_allocated() == 0
+    assert recorder.trace is not None and recorder.trace.stream.tolist() == [side.stream_id] * 2
+    assert {name: getattr(accelerator, name) for name in accelerator.__all__} == before
+
+
+def test_a_script_that_computes_on_the_cpu_is_refused_not_recorded_as_workspaces(tmp_path):
+    prog = tmp_path / "prog.py"
+    prog.write_text(textwrap.dedent("""\
+        import torch
+        a = torch.ones(8, 8)
+        (a @ a).sum()
+        """))
+    with pytest.raises(UserInputError, match="put nothing on 'cuda'"):
+        record_script(["python", str(prog)], tmp_path / "out.npz")
+    assert not (tmp_path / "out.npz").exists()
+
+
+def _other_pythons() -> list[str]:
+    named = os.environ.get("ALLOCSIM_TORCH_PYTHONS", "")
+    return [path for path in named.split(os.pathsep) if path]
+
+
+@pytest.mark.parametrize("python", _other_pythons() or [
+    pytest.param(None, marks=pytest.mark.skip(
+        reason="ALLOCSIM_TORCH_PYTHONS names no other interpreter (CI names one with torch's "
+               "CUDA build: .ci/run)"))])
+@pytest.mark.slow
+def test_the_adamw_script_under_another_torch_build(tmp_path, python):
+    out = tmp_path / "run.npz"
+    version = subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
+                             capture_output=True, text=True, timeout=120)
+    assert version.returncode == 0, f"{python} cannot import torch: {version.stderr[-2000:]}"
+    done = subprocess.run(
+        [python, "-m", "allocsim", "record", "--framework", "torch", "--target", "h100-80g",
+         "-o", str(out), "--", "python", str(PROGRAM), *SIZES],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": ""})
+    assert done.returncode == 0, done.stderr[-4000:]
+    trace = load(str(out))
+    assert trace.metadata["torch"] == version.stdout.strip()
+    _assert_adamw_trace(trace, "h100-80g")
+    print(f"{python}: torch {version.stdout.strip()}", file=sys.stderr)
