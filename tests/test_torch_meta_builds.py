@@ -163,3 +163,22 @@ def test_another_build_records_the_same_events_as_this_one(tmp_path, python, mon
     for column in ("op", "size", "stream"):
         assert getattr(here, column).tolist() == getattr(other, column).tolist(), column
     assert [here.tags[i] for i in here.tag] == [other.tags[i] for i in other.tag]
+
+
+def test_a_dataloader_pinning_in_its_own_thread_records_the_batches(tmp_path):
+    """With workers, the DataLoader pins each batch in a thread of its own (which needs an
+    accelerator on the CPU build and a driver on the CUDA build): pinned host memory is not the
+    device's, so the batches' host-to-device copies are all that is recorded of them."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(textwrap.dedent("""\
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        data = TensorDataset(torch.randn(64, 16), torch.randint(0, 4, (64,)))
+        loader = DataLoader(data, batch_size=16, num_workers=2, pin_memory=True)
+        batches = [x.to("cuda", non_blocking=True) for x, _ in loader]
+        """))
+    pin_memory = torch.Tensor.pin_memory
+    run = record_script(["python", str(prog)], tmp_path / "out.npz")
+    assert run.error is None, run.error
+    assert run.trace.size.tolist() == [16 * 16 * 4] * 4
+    assert torch.Tensor.pin_memory is pin_memory

@@ -201,6 +201,7 @@ class TorchMetaRecorder(SavedOnce):
         self._installed.append(self.fake_cuda.uninstall)
         self.fake_accelerator.install()
         self._installed.append(self.fake_accelerator.uninstall)
+        self._installed.append(_pin_as_is(torch))
         original_sdpa = functional.scaled_dot_product_attention
         if self.backing == "meta":
             functional.scaled_dot_product_attention = self._sdpa(original_sdpa)
@@ -461,6 +462,32 @@ class TorchMetaRecorder(SavedOnce):
             rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], stream=rows[:, 4], tag=rows[:, 5],
             tags=list(self._tags), name=trace_name(self.output, "torch-meta"),
             source=self.output or "<torch meta recorder>", **meta))
+
+
+def _pin_as_is(torch: Any) -> Any:
+    """Make ``Tensor.pin_memory()`` return the tensor itself, in every thread; return the undo.
+
+    Pinned memory is the CUDA host allocator's, not the device's, and pinning needs an
+    accelerator (the CPU build has none) and a driver (the CUDA build here has none). The
+    redirect mode answers it in the program's thread, but a DataLoader with workers pins in a
+    thread of its own, which torch's modes do not reach (they are per thread).
+    """
+    tensor = torch.Tensor
+    own = "pin_memory" in vars(tensor)
+    original = vars(tensor).get("pin_memory")
+
+    def pin_memory(self: Any, device: Any = None) -> Any:
+        return self
+
+    tensor.pin_memory = pin_memory
+
+    def undo() -> None:
+        if own:
+            tensor.pin_memory = original
+        else:
+            del tensor.pin_memory
+
+    return undo
 
 
 def _numpy_dtype(dtype: Any) -> Any:
