@@ -102,6 +102,23 @@ def test_torch_accelerator_answers_as_the_target_and_is_put_back():
     assert {name: getattr(accelerator, name) for name in accelerator.__all__} == before
 
 
+def test_torch_cuda_submodules_and_the_memory_summary_answer_as_torch_cuda_does():
+    memory, random, graphs = torch.cuda.memory, torch.cuda.random, torch.cuda.graphs
+    before = (memory.mem_get_info, random.manual_seed, graphs.is_current_stream_capturing)
+    total = TARGETS["h100-80g"].total_memory
+    with TorchMetaRecorder(None, target="h100-80g"):
+        x = torch.empty(256, device="cuda")
+        assert memory.mem_get_info() == (total - 1024, total)
+        assert memory.memory_allocated() == 1024 == memory.max_memory_allocated()
+        random.manual_seed(0)
+        assert not graphs.is_current_stream_capturing()
+        summary = torch.cuda.memory_summary()
+        assert "1024" in summary and "h100-80g" in summary
+        del x
+    assert (memory.mem_get_info, random.manual_seed, graphs.is_current_stream_capturing) \
+        == before
+
+
 def test_a_script_that_computes_on_the_cpu_is_refused_not_recorded_as_workspaces(tmp_path):
     prog = tmp_path / "prog.py"
     prog.write_text(textwrap.dedent("""\
