@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch", reason="the meta recorder needs PyTorch (pip install "
-                                             "torch==2.13.0, the CPU wheel)")
+                                             "'torch>=2.13,<2.15', the CPU build is enough)")
 
 from allocsim.errors import UserInputError  # noqa: E402
 from allocsim.sim.cli.main import main  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch", reason="the meta recorder needs PyTorch (pip install "
-                                    "torch==2.13.0, the CPU wheel)")
+                                    "'torch>=2.13,<2.15', the CPU build is enough)")
 
 from allocsim.sim.cli.main import main
 from allocsim.traces.formats import load

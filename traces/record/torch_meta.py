@@ -24,7 +24,9 @@ that builds tensors "on the input's device" or picks a CUDA path by the device (
 ``foreach`` default, ``torch.autocast(x.device.type)``) takes the path it takes on a GPU;
 ``torch.autocast("cuda")`` casts as CUDA's autocast does
 (:mod:`~allocsim.traces.record.torch_meta_autocast`);
-``torch.cuda`` answers as a GPU of the target would (:class:`FakeCuda`). Where CUDA chooses
+``torch.cuda`` and ``torch.accelerator`` answer as a GPU of the target would
+(:class:`FakeCuda`, :class:`FakeAccelerator`), on the CPU build and on the CUDA build without a
+driver alike. Where CUDA chooses
 another kernel than the meta device (scaled-dot-product attention, the cuBLAS workspace) the
 recording follows CUDA's choice for the target
 (:mod:`~allocsim.traces.record.torch_meta_targets`); what is not modelled is listed in the
@@ -68,6 +70,7 @@ import numpy as np
 from allocsim.errors import UserInputError
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 from allocsim.traces.record.recording_end import SavedOnce, finished, recorder_header, trace_name
+from allocsim.traces.record.torch_meta_accelerator import FakeAccelerator
 from allocsim.traces.record.torch_meta_cuda import FakeCuda
 from allocsim.traces.record.torch_meta_targets import (
     Target,
@@ -180,6 +183,7 @@ class TorchMetaRecorder(SavedOnce):
         self._closed = False
         self.fake_cuda = FakeCuda(self.target, lambda: self._live_bytes,
                                   lambda: self._peak_bytes, self._reset_peak)
+        self.fake_accelerator = FakeAccelerator()
 
     # ------------------------------------------------------------------ with-block
     def __enter__(self) -> TorchMetaRecorder:
@@ -195,6 +199,9 @@ class TorchMetaRecorder(SavedOnce):
         self._t0 = time.perf_counter_ns()
         self.fake_cuda.install()
         self._installed.append(self.fake_cuda.uninstall)
+        self.fake_accelerator.install()
+        self._installed.append(self.fake_accelerator.uninstall)
+        self._installed.append(_pin_as_is(torch))
         original_sdpa = functional.scaled_dot_product_attention
         if self.backing == "meta":
             functional.scaled_dot_product_attention = self._sdpa(original_sdpa)
@@ -455,6 +462,32 @@ class TorchMetaRecorder(SavedOnce):
             rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], stream=rows[:, 4], tag=rows[:, 5],
             tags=list(self._tags), name=trace_name(self.output, "torch-meta"),
             source=self.output or "<torch meta recorder>", **meta))
+
+
+def _pin_as_is(torch: Any) -> Any:
+    """Make ``Tensor.pin_memory()`` return the tensor itself, in every thread; return the undo.
+
+    Pinned memory is the CUDA host allocator's, not the device's, and pinning needs an
+    accelerator (the CPU build has none) and a driver (the CUDA build here has none). The
+    redirect mode answers it in the program's thread, but a DataLoader with workers pins in a
+    thread of its own, which torch's modes do not reach (they are per thread).
+    """
+    tensor = torch.Tensor
+    own = "pin_memory" in vars(tensor)
+    original = vars(tensor).get("pin_memory")
+
+    def pin_memory(self: Any, device: Any = None) -> Any:
+        return self
+
+    tensor.pin_memory = pin_memory
+
+    def undo() -> None:
+        if own:
+            tensor.pin_memory = original
+        else:
+            del tensor.pin_memory
+
+    return undo
 
 
 def _numpy_dtype(dtype: Any) -> Any:

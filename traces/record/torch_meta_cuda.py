@@ -6,7 +6,8 @@ which disables itself when CUDA is not available) and call it on the way
 (``synchronize``, ``manual_seed``, streams, ``max_memory_allocated``). On a machine without a
 GPU — or with a CPU build of torch — those answers would send the program down its CPU path or
 fail. :class:`FakeCuda` replaces these functions on the ``torch.cuda`` module for the duration
-of a recording and puts every one back after:
+of a recording (and on the submodules that define them: ``torch.cuda.memory``, ``.random``,
+``.graphs``, ``.streams``) and puts every one back after:
 
 - availability and the device: one device, index 0, the target's name, capability and total
   memory (:class:`~allocsim.traces.record.torch_meta_targets.Target`);
@@ -17,14 +18,20 @@ of a recording and puts every one back after:
   are the live and peak bytes recorded so far (the bytes the program's tensors hold, as
   PyTorch counts them); ``memory_reserved`` / ``max_memory_reserved`` are the same numbers (the
   caching allocator's reserve is the simulator's to answer, not the recorder's),
-  ``reset_peak_memory_stats`` resets the peak;
+  ``reset_peak_memory_stats`` resets the peak, ``memory_stats`` has those four counters and
+  ``memory_summary`` says them;
 - streams: :class:`FakeStream` objects with small ids (the default stream is 0), a current
   stream per recording, ``torch.cuda.stream(s)`` / ``set_stream`` to change it, events that
-  do nothing (the meta device runs nothing asynchronously).
+  do nothing (the meta device runs nothing asynchronously); no stream is ever capturing a
+  CUDA graph.
+
+``torch.accelerator``, the device-generic face of the same GPU, answers from these functions
+(:mod:`~allocsim.traces.record.torch_meta_accelerator`).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 from collections.abc import Callable, Iterator
@@ -34,6 +41,9 @@ from typing import Any
 from allocsim.traces.record.torch_meta_targets import Target
 
 __all__ = ["FakeCuda", "FakeDeviceProperties", "FakeEvent", "FakeStream"]
+
+# torch.cuda's submodules whose functions torch.cuda re-exports (and programs call by them)
+_SUBMODULES = ("memory", "random", "graphs", "streams")
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,17 @@ class FakeStream:
 
     def query(self) -> bool:
         return True
+
+    def is_capturing(self) -> bool:
+        """Never: CUDA graphs are not recorded (the optimizers ask before each step)."""
+        return False
+
+    @property
+    def device(self) -> Any:
+        import torch
+        return torch.device("cuda", 0)
+
+    device_index = 0
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, FakeStream) and other.stream_id == self.stream_id
@@ -144,7 +165,7 @@ class FakeCuda:
         self.target = target
         self.current = FakeStream(stream_id=0)
         self._live, self._peak, self._reset_peak = live, peak, reset_peak
-        self._saved: dict[str, Any] = {}
+        self._saved: list[tuple[Any, str, Any]] = []
         self._missing: list[str] = []
 
     # ------------------------------------------------------------------ the functions
@@ -221,6 +242,8 @@ class FakeCuda:
             "max_memory_reserved": lambda device=None: self._peak(),
             "reset_peak_memory_stats": lambda device=None: self._reset_peak(),
             "reset_max_memory_allocated": lambda device=None: self._reset_peak(),
+            "memory_stats": lambda device=None: self._memory_stats(),
+            "memory_summary": lambda device=None, abbreviated=False: self._memory_summary(),
             "mem_get_info": lambda device=None: (target.total_memory - self._live(),
                                                  target.total_memory),
             "Stream": FakeStream,
@@ -229,26 +252,50 @@ class FakeCuda:
             "default_stream": lambda device=None: default,
             "set_stream": set_stream,
             "stream": stream,
+            "is_current_stream_capturing": lambda: False,
         }
 
+    def _memory_stats(self) -> collections.OrderedDict[str, int]:
+        """The byte counters of ``memory_stats()`` that the recording knows (reserved is
+        allocated, as ``memory_reserved`` says)."""
+        live, peak = self._live(), self._peak()
+        return collections.OrderedDict([
+            ("allocated_bytes.all.current", live), ("allocated_bytes.all.peak", peak),
+            ("reserved_bytes.all.current", live), ("reserved_bytes.all.peak", peak)])
+
+    def _memory_summary(self) -> str:
+        """``memory_summary()``: the counters the recording has, and where they come from."""
+        return (f"allocsim recording on the meta device for {self.target.name} "
+                f"({self.target.card}): allocated {self._live()} bytes now, peak "
+                f"{self._peak()} bytes (the program's tensors; the caching allocator's "
+                "reserve is allocsim's to simulate)\n")
+
     def install(self) -> None:
+        """Replace the functions on ``torch.cuda`` (adding those a build lacks) and, under the
+        same names, on its submodules that define them (``torch.cuda.memory.mem_get_info``,
+        ``torch.cuda.random.manual_seed``, ...: the objects ``torch.cuda`` re-exports)."""
         import torch.cuda
         _STREAM_IDS.restart()
+        submodules = [getattr(torch.cuda, sub, None) for sub in _SUBMODULES]
         for name, value in self._functions().items():
             if hasattr(torch.cuda, name):
-                self._saved[name] = getattr(torch.cuda, name)
+                self._saved.append((torch.cuda, name, getattr(torch.cuda, name)))
             else:
                 self._missing.append(name)
             setattr(torch.cuda, name, value)
+            for module in submodules:
+                if module is not None and name in vars(module):
+                    self._saved.append((module, name, getattr(module, name)))
+                    setattr(module, name, value)
 
     def uninstall(self) -> None:
         import torch.cuda
-        for name, value in self._saved.items():
-            setattr(torch.cuda, name, value)
+        while self._saved:
+            module, name, value = self._saved.pop()
+            setattr(module, name, value)
         for name in self._missing:
             if hasattr(torch.cuda, name):
                 delattr(torch.cuda, name)
-        self._saved.clear()
         self._missing.clear()
 
 

@@ -165,9 +165,11 @@ class Record(TorchDispatchMode):
         stream = rec.fake_cuda.current.stream_id
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, _Tensor)]
         if rec.backing == "meta":
-            for t in outputs:
-                if t.is_meta:
-                    rec.track(t.untyped_storage(), name, stream)
+            on_device = [t for t in outputs if t.is_meta]
+            for t in on_device:
+                rec.track(t.untyped_storage(), name, stream)
+            if not on_device:
+                return out  # a host op: CUDA's own allocations (cuBLAS) are not its
         else:
             # On the CPU, a storage is the device's when the op works on device tensors or
             # the program asked for "cuda" (a factory, a host-to-device copy).

@@ -101,8 +101,9 @@ def record_script(argv: list[str], output: str | os.PathLike[str], *,
     try:
         import torch  # noqa: F401  (imported here so a missing torch is refused up front)
     except ImportError:
-        raise UserInputError("record --framework pytorch needs PyTorch: pip install "
-                             "torch==2.13.0 (the CPU wheel is enough)") from None
+        raise UserInputError("record --framework pytorch needs PyTorch 2.13 or 2.14: pip "
+                             "install 'torch>=2.13,<2.15' (the CPU build is enough; the CUDA "
+                             "build needs no GPU)") from None
     meta = script_metadata(script, module, argv, options.pop("metadata", None))
     status = 0
     error: BaseException | None = None
