@@ -278,3 +278,13 @@ def test_the_fidelity_command_judges_a_tpu_profile_by_the_tpu_model(
     assert main(["fidelity", str(DATA / "compaction-4")]) == 0
     out = capsys.readouterr().out
     assert "512/512 matched" in out and "compactions in the model: 1" in out
+
+
+def test_tune_on_a_tpu_says_no_allocator_setting_changes_memory_there(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from allocsim.sim.cli.main import main
+    assert main(["tune", str(DATA / "compaction-2"), "--framework", "jax", "--device",
+                 "tpu-v5e"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "no allocator setting changes memory" in err and "min-capacity" in err

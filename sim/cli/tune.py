@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from allocsim.errors import UserInputError
 from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     JAX_SAMPLE,
@@ -29,6 +30,7 @@ from allocsim.sim.cli.common import (
     workers_option,
 )
 from allocsim.sim.kernel.device import DeviceProfile, resolve_device
+from allocsim.sim.kernel.device_buffers import is_tpu
 from allocsim.sim.output.next_step import does_not_fit
 from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN
 from allocsim.sim.questions.tune import tune
@@ -78,6 +80,15 @@ def _card(args: argparse.Namespace) -> bool:
     return args.device is not None or args.capacity is not None or args.device_profile is not None
 
 
+# Measured on a v5e (experiments/tpu/README.md): the TPU runtime takes all of HBM whatever
+# XLA_PYTHON_CLIENT_* say, so the settings tune searches do not exist there.
+TPU_HAS_NO_SETTINGS = (
+    "tune: on a TPU ({device}) no allocator setting changes memory: the runtime ignores "
+    "XLA_PYTHON_CLIENT_* (measured on a v5e, experiments/tpu/README.md); the program does "
+    "(donation, remat: compile each with compile_for(target=\"tpu-v5e\") and compare); for the "
+    "memory a trace needs, run: allocsim min-capacity TRACE --device {device} --policies tpu")
+
+
 def run(args: argparse.Namespace) -> int:
     budget = max_slowdown_option(args.max_slowdown)
     workers = workers_option(args.workers)
@@ -85,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     if args.capacity is not None:
         capacity_option(args.capacity)
     device = device_from_args(args) if card else resolve_device(None, None, args.device_profile)
+    if is_tpu(device):
+        raise UserInputError(TPU_HAS_NO_SETTINGS.format(device=device.name.split("@")[0]))
     traces = [load_trace(path, args) for path in args.traces]
     if len(traces) > 1:
         return _run_share(args, traces, device, card, budget)
