@@ -130,3 +130,102 @@ def test_an_edited_population_table_fails(copy: Path) -> None:
     results["families"][0]["members"][0]["peak_live"] += 1 << 30
     (copy / "population.json").write_text(json.dumps(results))
     assert any("not what population.json renders" in p for p in pop.population_problems(copy))
+
+
+# --- method (issue 40, item 3) ---------------------------------------------------------------
+
+def test_a_no_more_than_claim_counts_a_tie_as_holding() -> None:
+    fams = [family("f", "generated", row("seed 0", a=130, b=130), row("seed 1", a=101, b=150))]
+    judged = pop.judge({"text": "a needs no more than b", "lower": "a", "higher": "b",
+                        "compare": "<="}, fams)
+    assert (judged["verdict"], judged["holds"], judged["tie"]) == ("supported", 2, 0)
+    assert "≤" in judged["test"]
+    # ... while "less than" still needs a margin beyond the resolution
+    assert pop.judge({**CLAIM}, fams)["verdict"] == "depends"
+
+
+def test_a_no_more_than_claim_tested_strictly_is_a_definition_error() -> None:
+    with pytest.raises(pop.DefinitionError, match="no more than"):
+        pop.judge({"text": "a needs no more than b", "lower": "a", "higher": "b"},
+                  [family("f", "generated", row("seed 0", a=1, b=3))])
+
+
+def test_shipped_no_more_than_claims_are_non_strict() -> None:
+    for name in SHIPPED:
+        definition = pop.tomllib.loads((EXPERIMENTS / name / "population.toml").read_text())
+        for claim in definition.get("claims", []):
+            pop.comparison(claim)     # raises on a strict "no more than"
+
+
+def test_members_whose_traces_differ_only_in_timing_count_once() -> None:
+    from allocsim.traces.model import Trace
+    events = [(0, "alloc", 1, 64), (5, "alloc", 2, 32), (9, "free", 1, 64), (12, "free", 2, 32)]
+    slower = [(t * 3, op, i, s) for t, op, i, s in events]
+    assert (pop.fingerprint(Trace.from_events(events))
+            == pop.fingerprint(Trace.from_events(slower)))
+    bigger = [(t, op, i, s * 2) for t, op, i, s in events]
+    assert (pop.fingerprint(Trace.from_events(events))
+            != pop.fingerprint(Trace.from_events(bigger)))
+    same = [{**row("seed 0", a=110, b=130), "fingerprint": "x"},
+            {**row("seed 1", a=110, b=130), "fingerprint": "x"},
+            {**row("seed 2", a=140, b=130), "fingerprint": "y"}]
+    judged = pop.judge(CLAIM, [family("f", "generated", *same)])
+    assert (judged["members"], judged["holds"], judged["reversed"]) == (2, 1, 1)
+
+
+def test_a_generated_family_generated_twice_is_one_member_per_distinct_trace() -> None:
+    rows = pop.members({"generate": "training", "seeds": 3,
+                        "params": {"steps": 2, "pattern": "jax",
+                                   "optimizer_mode": "functional", "donate": True}}, "a100-80g")
+    prints = {pop.fingerprint(trace) for _, _, trace in rows}
+    assert len(rows) == 3 and len(prints) >= 1    # the MLP's seed changes only timing
+    assert pop.distinct_members([{"fingerprint": pop.fingerprint(t)} for _, _, t in rows]) \
+        == len(prints)
+
+
+def test_a_minimum_capacity_that_is_not_monotone_is_stored_as_a_range_with_its_failures() \
+        -> None:
+    from allocsim.sim.questions.capacity import CapacityAnswer
+    answer = CapacityAnswer("jax:fraction=1.0", 110 * MiB, 100 * MiB, MiB, False, 30,
+                            ["fails at 150.00MiB, above the answer 140.00MiB",
+                             "completes at 110.00MiB, below the 140.00MiB the bisection found "
+                             "(taken as the answer)"],
+                            failed_above=[112 * MiB, 150 * MiB])
+    stored = pop.capacity_record(answer)
+    assert stored["monotone"] is False
+    assert stored["exceptions"] == answer.exceptions
+    assert stored["range"] == [110 * MiB, 151 * MiB]
+    steady = pop.capacity_record(CapacityAnswer("bfc", 120 * MiB, 100 * MiB, MiB, True, 9))
+    assert steady == {"monotone": True, "exceptions": [], "range": [120 * MiB, 120 * MiB]}
+
+
+def test_the_headroom_table_shows_a_non_monotone_answer_as_a_range() -> None:
+    member = row("seed 0", a=110)
+    member["capacity"] = {"a": {"monotone": False, "exceptions": ["fails at ..."],
+                                "range": [110 * MiB, 179 * MiB]}}
+    results = {"experiment": "x", "title": "t", "reserved": False, "skipped": [], "claims": [],
+               "policies": ["a"], "families": [family("f", "generated", member)]}
+    text = pop.markdown(results)
+    assert "+10.0%–+79.0%" in text
+    assert "not monotone" in text.lower()
+
+
+def test_no_finding_calls_cuda_asyncs_release_threshold_a_cap() -> None:
+    """policies/cuda_async.py: JAX sets the pool's release threshold to fraction × capacity —
+    what it keeps cached at a synchronisation, not a limit on what it may hold."""
+    for readme in [EXPERIMENTS / "README.md", *EXPERIMENTS.glob("*/README.md")]:
+        for line in readme.read_text().splitlines():
+            if "cuda_async" in line or "its pool" in line:
+                assert "capped" not in line, f"{readme}: {line}"
+
+
+def test_rejudging_changes_the_claims_and_nothing_measured() -> None:
+    fams = [family("f", "recorded", row("train", a=130, b=130))]
+    results = {"families": fams, "skipped": [], "claims": [pop.judge(CLAIM, fams)]}
+    definition = {"device": "a100-80g", "families": [{"label": "f", "files": []}],
+                  "claims": [{"text": "a needs no more than b", "lower": "a", "higher": "b",
+                              "compare": "<="}]}
+    again = pop.rejudge(definition, json.loads(json.dumps(results)))
+    assert results["claims"][0]["verdict"] == "not supported"
+    assert again["claims"][0]["verdict"] == "supported"
+    assert again["families"] == results["families"]
