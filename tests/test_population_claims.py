@@ -173,14 +173,16 @@ def test_members_whose_traces_differ_only_in_timing_count_once() -> None:
     assert (judged["members"], judged["holds"], judged["reversed"]) == (2, 1, 1)
 
 
-def test_a_generated_family_generated_twice_is_one_member_per_distinct_trace() -> None:
-    rows = pop.members({"generate": "training", "seeds": 3,
-                        "params": {"steps": 2, "pattern": "jax",
-                                   "optimizer_mode": "functional", "donate": True}}, "a100-80g")
-    prints = {pop.fingerprint(trace) for _, _, trace in rows}
-    assert len(rows) == 3 and len(prints) >= 1    # the MLP's seed changes only timing
-    assert pop.distinct_members([{"fingerprint": pop.fingerprint(t)} for _, _, t in rows]) \
-        == len(prints)
+def test_the_jitted_mlps_seeds_are_one_member_and_varlen_seeds_are_not() -> None:
+    mlp = pop.members({"generate": "training", "seeds": 3,
+                       "params": {"steps": 2, "pattern": "jax",
+                                  "optimizer_mode": "functional", "donate": True}}, "a100-80g")
+    varlen = pop.members({"generate": "transformer", "seeds": 3,
+                          "params": {"steps": 2, "min_seq": 64, "max_seq": 1024}}, "a100-80g")
+    def rows(found: list) -> list[dict[str, Any]]:
+        return [{"fingerprint": pop.fingerprint(trace)} for _, _, trace in found]
+    assert (len(mlp), pop.distinct_members(rows(mlp))) == (3, 1)   # the seed moves only times
+    assert pop.distinct_members(rows(varlen)) == 3
 
 
 def test_a_minimum_capacity_that_is_not_monotone_is_stored_as_a_range_with_its_failures() \
