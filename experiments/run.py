@@ -86,6 +86,7 @@ from allocsim.sim.output.files import write_json
 from experiments.runner.execute import HERE, ROOT, execute, load_traces
 from experiments.runner.readme_check import readme_problems
 from experiments.runner.render import END, START, figures, markdown, update_readme
+from experiments.runner.verdict_words import verdict_word_problems
 from experiments.runner.verify import regenerate
 
 __all__ = ["END", "HERE", "ROOT", "START", "load_traces", "main", "run_experiment"]
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         problems = [line for name in names for line in readme_problems(
             Path(name) if Path(name).is_dir() else HERE / name)]
+        problems += verdict_word_problems(HERE / "README.md")
         print("\n".join(problems) or f"{len(names)} README(s) agree with their results.json")
         return 1 if problems else 0
     if args.verify:

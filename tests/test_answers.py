@@ -196,3 +196,22 @@ def test_sizes_in_a_note_are_shown_with_the_digits_that_tell_them_apart(monkeypa
     for note in answer.exceptions:
         first, second = _sizes_in(note)
         assert first != second, note
+
+
+def test_a_non_monotone_answer_keeps_the_failures_above_it_and_where_it_completes_from(
+        monkeypatch) -> None:
+    """The pocket at the lower bound is the answer, but the policy fails on the way up to the
+    bisection's threshold: those failures are kept as numbers, and the range the answer spans
+    runs to the capacity from which every one tried completed (issue 40)."""
+    from allocsim.traces.bundled import load_default_trace
+    trace = load_default_trace()
+    lower = trace.peak_live()[0] // MiB * MiB
+    _pretend_completes(monkeypatch, lambda c: c >= lower + 64 * MiB or c == lower)
+    answer = min_capacity(trace, "best-fit", device())
+    assert answer.min_capacity == lower and answer.failed_above
+    assert all(lower < c < lower + 64 * MiB for c in answer.failed_above)
+    assert answer.completes_from == lower + 64 * MiB
+    monkeypatch.undo()
+    steady = min_capacity(trace, "bfc", device())
+    assert steady.monotone and steady.failed_above == []
+    assert steady.completes_from == steady.min_capacity

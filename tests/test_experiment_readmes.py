@@ -184,3 +184,48 @@ def test_a_model_size_is_not_a_number_of_bytes() -> None:
     """"6.7B parameters" is no size: bytes are whole, so a decimal before B is a count."""
     assert [(q.text, q.unit) for q in quantities("the 6.7B step, 1.3B and 2351104B")] == [
         ("2351104", "B")]
+
+
+# --- verdict words bound to the data (issue 40) ------------------------------------------------
+
+def test_every_verdict_word_of_a_population_line_is_the_datas_verdict() -> None:
+    from experiments.runner.verdict_words import verdict_word_problems
+    assert verdict_word_problems(ROOT / "README.md") == []
+
+
+def _summary_copy(tmp_path: Path, line: str) -> Path:
+    """experiments/README.md's frame with one table line, beside a copy of one population."""
+    (tmp_path / "arena_vs_growth").mkdir(parents=True)
+    shutil.copy(ROOT / "arena_vs_growth" / "population.json",
+                tmp_path / "arena_vs_growth" / "population.json")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"| claim | answer | evidence |\n| --- | --- | --- |\n{line}\n")
+    return readme
+
+
+def test_supported_where_the_data_says_depends_fails(tmp_path: Path) -> None:
+    from experiments.runner.verdict_words import verdict_word_problems
+    claim = "XLA's compile-time plan needs less than BFC growing online"
+    line = (f"| planning | **supported** <!-- claim: arena_vs_growth: {claim} --> on 8 of 9 | "
+            "[arena_vs_growth](arena_vs_growth/README.md#findings) |")
+    [problem] = verdict_word_problems(_summary_copy(tmp_path, line))
+    assert "'depends' in population.json" in problem
+    fixed = line.replace("**supported**", "**depends**")
+    assert verdict_word_problems(_summary_copy(tmp_path / "b", fixed)) == []
+
+
+def test_an_unbound_or_misbound_verdict_word_on_a_population_line_fails(tmp_path: Path) -> None:
+    from experiments.runner.verdict_words import verdict_word_problems
+    line = ("| planning | **depends** on the pattern; **supported** <!-- claim: arena_vs_growth: "
+            "no such claim --> | [arena_vs_growth](arena_vs_growth/README.md#findings) |")
+    problems = verdict_word_problems(_summary_copy(tmp_path, line))
+    assert any("bound to no claim" in p for p in problems)
+    assert any("has no claim 'no such claim'" in p for p in problems)
+
+
+def test_the_check_command_holds_the_summarys_verdict_words(monkeypatch, capsys) -> None:
+    from experiments import run as runner
+    monkeypatch.setattr(runner, "verdict_word_problems",
+                        lambda path: [f"{path.name}:1: **supported** planted"])
+    assert runner.main(["--check", "sharing"]) == 1
+    assert "planted" in capsys.readouterr().out

@@ -39,12 +39,21 @@ and rewrites the README part between ``<!-- population:start -->`` and ``<!-- po
 A compiled member (an XLA:GPU job) is sized on its own target's profile. A claim's verdict is
 ``supported`` where it holds on every member, ``not supported`` where it holds on none, and
 ``depends`` otherwise, naming the members where it flips. Two values within the search's
-resolution (about 0.1% of peak live) are a tie, neither direction.
+resolution (about 0.1% of peak live) are a tie, neither direction — unless the claim says
+"no more than" (``compare = "<="``), where a tie holds.
+
+Method (issue 40): a member is a distinct trace. Seeds whose traces differ only in their times
+(the same ops, ids and sizes: :func:`fingerprint`) are one member, counted once in every claim.
+A minimum capacity is stored with its ``monotone`` flag, judged by the search's own check and
+by a scan of a 1%-of-peak-live grid above the answer (:func:`grid_failures`), and, where it is
+not monotone, the failures seen above it and the range from the smallest capacity that
+completes to the one from which every capacity tried completed (:func:`capacity_record`).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import statistics
@@ -63,9 +72,10 @@ except ModuleNotFoundError:  # Python 3.10
 
 from allocsim.atomic_files import write_text
 from allocsim.policies import format_size
-from allocsim.sim.kernel.device import resolve_device
-from allocsim.sim.questions.capacity import min_capacity
-from allocsim.sim.questions.compare import compare
+from allocsim.sim.kernel.device import DeviceProfile, resolve_device
+from allocsim.sim.questions.capacity import CapacityAnswer, min_capacity
+from allocsim.sim.questions.capacity_oracle import CompletionOracle
+from allocsim.sim.questions.compare import compare, normalize_spec
 from allocsim.traces import formats, synth
 from allocsim.traces.model import Trace
 from experiments.runner.execute import (
@@ -114,6 +124,55 @@ def members(family: dict[str, Any], device: str) -> list[tuple[str, str, Trace]]
     return out
 
 
+def fingerprint(trace: Trace) -> str:
+    """What makes a member distinct: a hash of the trace's ops, ids, sizes, streams and
+    processes, leaving out its times (a seed that moves only the times is not a new member)."""
+    digest = hashlib.sha256()
+    for column in (trace.op, trace.id, trace.size, trace.stream, trace.process):
+        digest.update(np.ascontiguousarray(column).astype(np.int64).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def distinct_members(rows: Sequence[dict[str, Any]]) -> int:
+    """How many distinct traces a family's members are (each row counted where it has no
+    fingerprint, as results from before fingerprints were stored)."""
+    return len({r.get("fingerprint") or id(r) for r in rows})
+
+
+GRID = 0.01          # the monotonicity scan's step, a fraction of peak live ...
+GRID_POINTS = 100    # ... and how many steps above the answer it checks (to +100% over it)
+
+
+def grid_failures(trace: Trace, policy: str, device: DeviceProfile,
+                  answer: CapacityAnswer) -> list[int]:
+    """The capacities on a grid of :data:`GRID` × peak live above the answer (up to
+    :data:`GRID_POINTS` steps) at which the policy does not complete. The search verifies
+    only a few resolution steps above its answer: a policy that completes at +10% and fails
+    again at +12% to +78% (``jax:fraction=1.0`` on the jitted generated transformer) passes
+    that check, and only a scan this wide shows it."""
+    if answer.min_capacity is None:
+        return []
+    step = max(answer.resolution,
+               -(-int(answer.lower_bound * GRID) // answer.resolution) * answer.resolution)
+    oracle = CompletionOracle(trace, normalize_spec(policy), device)
+    return [capacity for k in range(1, GRID_POINTS + 1)
+            if not oracle.completes(capacity := answer.min_capacity + k * step)]
+
+
+def capacity_record(answer: CapacityAnswer, scanned: Sequence[int] = ()) -> dict[str, Any]:
+    """The confidence in one minimum capacity: the ``monotone`` flag (false where the search's
+    own check or the grid scan, ``scanned``, found a failure above the answer), the failures
+    above it, the exceptions, and the range of capacities over which the answer is uncertain —
+    from the smallest that completes to the one from which every capacity tried completed
+    (one value twice where the policy is monotone)."""
+    failures = sorted({*answer.failed_above, *scanned})
+    high = answer.completes_from
+    if high is not None and failures:
+        high = max(high, failures[-1] + answer.resolution)
+    return {"monotone": answer.monotone and not failures, "failures": failures,
+            "exceptions": list(answer.exceptions), "range": [answer.min_capacity, high]}
+
+
 def measure(definition: dict[str, Any], say: Any) -> dict[str, Any]:
     """Every member's minimum capacity (and peak reserved) under every policy."""
     policies = definition["policies"]
@@ -134,13 +193,16 @@ def measure(definition: dict[str, Any], say: Any) -> dict[str, Any]:
             row: dict[str, Any] = {"member": member, "device": device.name,
                                    "peak_live": int(trace.peak_live()[0]),
                                    "resolution": step, "events": len(trace),
-                                   "min_capacity": {}, "peak_reserved": {}}
+                                   "fingerprint": fingerprint(trace),
+                                   "min_capacity": {}, "capacity": {}, "peak_reserved": {}}
             for policy in policies:
                 if policy == XLA_PLAN:
                     row["min_capacity"][policy] = _xla_plan(trace, step)
                     continue
-                row["min_capacity"][policy] = min_capacity(trace, policy, device,
-                                                           resolution=step).min_capacity
+                answer = min_capacity(trace, policy, device, resolution=step)
+                row["min_capacity"][policy] = answer.min_capacity
+                row["capacity"][policy] = capacity_record(
+                    answer, grid_failures(trace, policy, device, answer))
             measured_times = (family.get("kind") == "recorded"
                               and not trace.metadata.get("synthetic_times"))
             if definition.get("reserved") or (grid and measured_times):
@@ -179,9 +241,26 @@ def _value(row: dict[str, Any], metric: str, policy: str) -> float:
     return float("inf") if value is None else float(value)
 
 
-def _outcome(a: float, b: float, tolerance: float) -> str:
+NON_STRICT = ("no more than", "at most", "not more than")   # claims a tie satisfies
+
+
+def comparison(claim: dict[str, Any]) -> str:
+    """The claim's comparison: ``<`` (less by more than the resolution; the default) or
+    ``<=`` (a tie holds too). A claim worded "no more than" must say ``compare = "<="``."""
+    compare = claim.get("compare", "<")
+    if compare not in ("<", "<="):
+        raise DefinitionError(f"claim {claim['text']!r}: compare must be \"<\" or \"<=\", "
+                              f"got {compare!r}")
+    worded = next((w for w in NON_STRICT if w in claim["text"].lower()), None)
+    if worded and compare == "<":
+        raise DefinitionError(f"claim {claim['text']!r} says {worded!r}: "
+                              "a tie satisfies it, so it needs compare = \"<=\"")
+    return compare
+
+
+def _outcome(a: float, b: float, tolerance: float, compare: str = "<") -> str:
     if a == b or abs(a - b) <= tolerance:
-        return "tie"
+        return "holds" if compare == "<=" else "tie"
     return "holds" if a < b else "reversed"
 
 
@@ -205,7 +284,14 @@ def _claim(claim: dict[str, Any], test: str, outcomes: list[dict[str, Any]]) -> 
 
 
 def _key(family: dict[str, Any], row: dict[str, Any]) -> str:
-    return row["member"] if family["kind"] == "compiled" else f"{family['label']}: {row['member']}"
+    """One key per distinct member: a compiled job by its name (one job in several families is
+    one member), any other by its trace where the fingerprint is known (seeds that change only
+    the times are one member)."""
+    if family["kind"] == "compiled":
+        return row["member"]
+    if row.get("fingerprint"):
+        return f"trace {row['fingerprint']} on {row['device']}"
+    return f"{family['label']}: {row['member']}"
 
 
 def judge_pairs(claim: dict[str, Any], families: list[dict[str, Any]],
@@ -213,6 +299,7 @@ def judge_pairs(claim: dict[str, Any], families: list[dict[str, Any]],
     """Is ``policy``'s headroom lower on the first family of each pair of ``pairs`` than on
     the second, member by member (the i-th of each: the same seed, or the same job with other
     shapes)?"""
+    compare = comparison(claim)
     by_label = {f["label"]: f for f in families}
     outcomes = []
     for first, second in claim["pairs"]:
@@ -231,11 +318,14 @@ def judge_pairs(claim: dict[str, Any], families: list[dict[str, Any]],
                          + b_row["resolution"] / b_row["peak_live"])
             where = (a_row["member"] if a_row["member"] == b_row["member"]
                      else f"{a_row['member']} vs {b_row['member']}")
-            outcomes.append({"family": f"{first} vs {second}", "member": where,
-                             "key": f"{first}: {a_row['member']} vs {b_row['member']}",
-                             "outcome": _outcome(_finite(a), _finite(b), tolerance),
+            key = (f"{_key(low, a_row)} vs {_key(high, b_row)}"
+                   if a_row.get("fingerprint") and b_row.get("fingerprint")
+                   else f"{first}: {a_row['member']} vs {b_row['member']}")
+            outcomes.append({"family": f"{first} vs {second}", "member": where, "key": key,
+                             "outcome": _outcome(_finite(a), _finite(b), tolerance, compare),
                              "gap": None if a is None or b is None else b - a})
-    return _claim(claim, f"`{claim['policy']}` headroom: first family < second", outcomes)
+    sign = "≤" if compare == "<=" else "<"
+    return _claim(claim, f"`{claim['policy']}` headroom: first family {sign} second", outcomes)
 
 
 def _finite(value: float | None) -> float:
@@ -249,6 +339,7 @@ def judge(claim: dict[str, Any], families: list[dict[str, Any]],
     if "policy" in claim:
         return judge_pairs(claim, families, list(skipped))
     metric, lower, higher = claim.get("metric", "min_capacity"), claim["lower"], claim["higher"]
+    compare = comparison(claim)
     chosen = [c for c in claim.get("families") or [f["label"] for f in families]
               if c not in skipped]
     unknown = [c for c in chosen if c not in {f["label"] for f in families}]
@@ -263,9 +354,10 @@ def judge(claim: dict[str, Any], families: list[dict[str, Any]],
             finite = a != float("inf") and b != float("inf")
             outcomes.append({"family": family["label"], "member": row["member"],
                              "key": _key(family, row),
-                             "outcome": _outcome(a, b, row["resolution"]),
+                             "outcome": _outcome(a, b, row["resolution"], compare),
                              "gap": (b - a) / row["peak_live"] if finite else None})
-    return _claim(claim, f"`{lower}` < `{higher}` ({metric.replace('_', ' ')})", outcomes)
+    sign = "≤" if compare == "<=" else "<"
+    return _claim(claim, f"`{lower}` {sign} `{higher}` ({metric.replace('_', ' ')})", outcomes)
 
 
 def _headroom(row: dict[str, Any], policy: str) -> float | None:
@@ -307,7 +399,9 @@ def markdown(results: dict[str, Any]) -> str:
     for f in results["families"]:
         lives = [m["peak_live"] for m in f["members"]]
         devices = sorted({m["device"] for m in f["members"]})
-        rows.append([f["label"], f["kind"], str(len(f["members"])),
+        count, distinct = len(f["members"]), distinct_members(f["members"])
+        rows.append([f["label"], f["kind"],
+                     str(count) + (f" ({distinct} distinct)" if distinct < count else ""),
                      f"{format_size(min(lives))} – {format_size(max(lives))}",
                      ", ".join(devices)])
     parts += [*_table(rows, ["family", "kind", "members", "peak live", "devices"]), ""]
@@ -321,6 +415,7 @@ def markdown(results: dict[str, Any]) -> str:
                 continue   # not a logical-buffer family: XLA's plan is not a member's answer
             rows.append([f["label"], f"`{policy}`", *_spread(values)])
     parts += [*_table(rows, ["family", "policy", "min", "median", "max"]), ""]
+    parts += _not_monotone(results)
     if results["reserved"]:
         parts += ["**Peak reserved on the roomy device** over peak live (min / median / max):",
                   ""]
@@ -368,6 +463,28 @@ def markdown(results: dict[str, Any]) -> str:
                       "a finding):", "", *lines, ""]
     parts.append("![population.png](population.png)")
     return "\n".join(parts)
+
+
+def _not_monotone(results: dict[str, Any]) -> list[str]:
+    """The minimum capacities that are not monotone, each as the range it spans (the headroom
+    tables give the smallest capacity that completes: the range's low end)."""
+    lines = []
+    for f in results["families"]:
+        for m in f["members"]:
+            for policy, record in m.get("capacity", {}).items():
+                low, high = record["range"]
+                if record["monotone"] or low is None:
+                    continue
+                span = "–".join(f"{v / m['peak_live'] - 1:+.1%}" for v in (low, high or low))
+                failures = record.get("failures", [])
+                lines.append(f"- {f['label']}: {m['member']}: `{policy}` {span} "
+                             f"(fails at {len(failures)} capacities above the low end"
+                             + "".join(f"; {e}" for e in record["exceptions"][:2]) + ")")
+    if not lines:
+        return []
+    return ["**Not monotone** (the policy completes at the low end, fails somewhere above it, "
+            "and completes at every capacity the search tried from the high end; headroom "
+            "over peak live):", "", *lines, ""]
 
 
 def figure(results: dict[str, Any], path: Path) -> None:
@@ -450,12 +567,31 @@ def population_problems(folder: Path) -> list[str]:
     return problems
 
 
-def run(name: str, say: Any = None, *, render_only: bool = False) -> dict[str, Any]:
-    """Measure (or, ``render_only``, read population.json) and write the results."""
+def rejudge(definition: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` with each member's fingerprint (its trace made again: no replay) and every
+    claim judged again from the stored measurements under ``definition``'s claims: what a
+    change to the judging or to a claim's wording changes, without measuring anything."""
+    for stored, family in zip(results["families"],
+                              [f for f in definition["families"]
+                               if f["label"] not in results["skipped"]]):
+        traces = {member: trace for member, _, trace in members(family, definition["device"])}
+        for row in stored["members"]:
+            if row["member"] in traces:
+                row["fingerprint"] = fingerprint(traces[row["member"]])
+    return {**results, "claims": [judge(claim, results["families"], results["skipped"])
+                                  for claim in definition.get("claims", [])]}
+
+
+def run(name: str, say: Any = None, *, render_only: bool = False,
+        judge_only: bool = False) -> dict[str, Any]:
+    """Measure (or, ``render_only``, read population.json; ``judge_only``, read it and judge
+    its claims again) and write the results."""
     folder = HERE / name
     say = say or (lambda *a: print(*a, file=sys.stderr))
-    if render_only:
+    if render_only or judge_only:
         results = json.loads((folder / "population.json").read_text())
+        if judge_only:
+            results = rejudge(tomllib.loads((folder / "population.toml").read_text()), results)
     else:
         definition = tomllib.loads((folder / "population.toml").read_text())
         results = {"experiment": folder.name, **measure(definition, say)}
@@ -472,13 +608,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="run nothing: hold each README to its population.json")
     parser.add_argument("--render", action="store_true",
                         help="measure nothing: redraw the figure and README from population.json")
+    parser.add_argument("--rejudge", action="store_true",
+                        help="measure nothing: fingerprint the members and judge the claims "
+                             "again from population.json")
     args = parser.parse_args(argv)
     if args.check:
         problems = [p for n in args.names for p in population_problems(HERE / n)]
         print("\n".join(problems) or f"{len(args.names)} population section(s) agree")
         return 1 if problems else 0
     for name in args.names:
-        run(name, render_only=args.render)
+        run(name, render_only=args.render, judge_only=args.rejudge)
         print(f"experiments/{name}: population.json, population.png and README updated")
     return 0
 

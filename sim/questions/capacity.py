@@ -56,6 +56,20 @@ class CapacityAnswer:
     # The device's own share (CUDA context and libraries, the TPU runtime's bytes), held on
     # every card before any allocator starts: part of min_capacity and so of the headroom.
     context_bytes: int = 0
+    # Every capacity above the answer that the search saw fail (the exceptions, as numbers):
+    # where the policy is not monotone the answer is a range, from min_capacity to one
+    # resolution above the last of these (:attr:`completes_from`).
+    failed_above: list[int] = field(default_factory=list)
+
+    @property
+    def completes_from(self) -> int | None:
+        """The smallest capacity from which every capacity the search tried completed: the
+        answer where the policy is monotone, higher where it fails above the answer."""
+        if self.min_capacity is None:
+            return None
+        if not self.failed_above:
+            return self.min_capacity
+        return max(self.min_capacity, max(self.failed_above) + self.resolution)
 
     @property
     def headroom(self) -> int | None:
@@ -110,7 +124,13 @@ def _min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile,
     spec = normalized
 
     oracle = CompletionOracle(trace, spec, device, shortcuts=shortcuts)
-    probe, works = oracle.probe, oracle.completes
+    probe = oracle.probe
+    asked: dict[int, bool] = {}     # every capacity the search asked about, and the answer
+
+    def works(capacity: int) -> bool:
+        asked[capacity] = oracle.completes(capacity)
+        return asked[capacity]
+
     if not probe.completed:
         return CapacityAnswer(str(spec), None, peak_live, resolution, True, oracle.replays,
                               context_bytes=context)
@@ -148,7 +168,9 @@ def _min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile,
                               "found (taken as the answer)")
             answer = capacity
     return CapacityAnswer(str(spec), answer, peak_live, resolution, not exceptions,
-                          oracle.replays, exceptions, context_bytes=context)
+                          oracle.replays, exceptions, context_bytes=context,
+                          failed_above=sorted(c for c, completed in asked.items()
+                                              if c > answer and not completed))
 
 
 def _bracket(works: Callable[[int], bool], lower: int, resolution: int,
