@@ -91,8 +91,6 @@ ChunkConfig chunk_config(const nb::dict& d) {
   if (growth == "bfc") c.growth = ChunkConfig::kBfc;
   else if (growth == "best-fit") c.growth = ChunkConfig::kBestFit;
   else throw std::invalid_argument("unknown chunk growth " + growth);
-  c.bin_of_bits = get<std::vector<int>>(d, "bin_of_bits");
-  if (c.bin_of_bits.size() < 65) throw std::invalid_argument("bin table too short");
   c.alignment = get<int64_t>(d, "alignment");
   c.max_slack = get<int64_t>(d, "max_slack");
   if (c.growth == ChunkConfig::kBfc) {
@@ -124,12 +122,6 @@ PyTorchConfig pytorch_config(const nb::dict& d) {
     c.range_large = get<int64_t>(d, "range_large");
   }
   return c;
-}
-
-std::vector<int> bin_table(const nb::dict& d) {
-  std::vector<int> table = get<std::vector<int>>(d, "bin_of_bits");
-  if (table.size() < 65) throw std::invalid_argument("bin table too short");
-  return table;
 }
 
 // What a policy's state holds beyond PolicyStats: nothing, but for the tpu's ...
@@ -277,15 +269,14 @@ static std::unique_ptr<Replay> make_replay(nb::tuple columns, int64_t n, int64_t
   if (family == "cupy") {
     return replay_of<CuPyPolicy>(columns, engine, device,
                                  CuPyConfig{get<int64_t>(policy, "unit"),
-                                            get<int64_t>(policy, "limit"),
-                                            bin_table(policy)});
+                                            get<int64_t>(policy, "limit")});
   }
   if (family == "cuda-async") {
     return replay_of<CudaAsyncPolicy>(
         columns, engine, device,
         CudaAsyncConfig{get<int64_t>(policy, "threshold"), get<int64_t>(policy, "chunk"),
                         get<int64_t>(policy, "alignment"), get<bool>(policy, "sync_on_free"),
-                        get<bool>(policy, "preallocate"), bin_table(policy)});
+                        get<bool>(policy, "preallocate")});
   }
   if (family == "tpu") return replay_of<TpuPolicy>(columns, engine, device, tpu_config(policy));
   throw std::invalid_argument("no native policy family " + family);

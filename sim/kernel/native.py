@@ -12,13 +12,14 @@ the policy's stats (PolicyStats' fields). Runs that read a policy object (memory
 snapshots, export), keep a device-call log (the validator), step in simpy (``share``) or watch
 a policy (min-capacity's probes, explain-oom) build a ProcessReplay and run in Python.
 
-Nothing the core decides is written twice here: every table and constant it uses (the bins of
-each bit length, the alignment and split slack, BFC's memory limit, first region and back-off
-factor, best-fit's page and heap base, PyTorch's sizes, settings and expandable range sizes,
-CuPy's unit, limit and arena bins, the stream-ordered pool's threshold, chunk, alignment and
-sync mode, the TPU runtime's granule, own bytes and compaction cost line, the device's
-granules, alignment and costs) is read off the Python device and the
-Python policy built for the run's device, so the two cannot drift.
+Nothing the core decides is written twice here: every constant it uses (the alignment and
+split slack, BFC's memory limit, first region and back-off factor, best-fit's page and heap
+base, PyTorch's sizes, settings and expandable range sizes, CuPy's unit and limit, the
+stream-ordered pool's threshold, chunk, alignment and sync mode, the TPU runtime's granule,
+own bytes and compaction cost line, the device's granules, alignment and costs) is read off the
+Python device and the Python policy built for the run's device, so the two cannot drift. The
+core's free indexes keep the Python's order of free blocks, (size, tie), in size-class bins of
+their own (native/src/sorted_bins.hpp): a layout, not a rule, so no bin table crosses.
 ``ALLOCSIM_NATIVE=0`` turns the core off; without the module (no C++ compiler at install
 time) the Python models run, with the same answers (tests/test_native_differential.py).
 """
@@ -41,9 +42,8 @@ from allocsim.policies.bfc import (
     PreallocateAllocator,
 )
 from allocsim.policies.buddy import BuddyAllocator
-from allocsim.policies.chunks import BIN
 from allocsim.policies.cuda_async import CudaAsyncAllocator
-from allocsim.policies.cupy_pool import ALLOCATION_UNIT_SIZE, NUM_BINS, CuPyPoolAllocator
+from allocsim.policies.cupy_pool import ALLOCATION_UNIT_SIZE, CuPyPoolAllocator
 from allocsim.policies.on_demand import OnDemandAllocator
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
 from allocsim.policies.pytorch_settings import (
@@ -161,13 +161,11 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
     if isinstance(policy, OnDemandAllocator):
         return {"family": family}
     if isinstance(policy, CuPyPoolAllocator):
-        # The arena's bins by bit length (cupy_pool._Arena: bin b holds bit length b).
-        return {"family": family, "unit": ALLOCATION_UNIT_SIZE, "limit": policy.get_limit(),
-                "bin_of_bits": list(range(NUM_BINS))}
+        return {"family": family, "unit": ALLOCATION_UNIT_SIZE, "limit": policy.get_limit()}
     if isinstance(policy, CudaAsyncAllocator):
         return {"family": family, "threshold": policy.threshold, "chunk": policy.chunk,
                 "alignment": policy.alignment, "sync_on_free": bool(policy.sync_on_free),
-                "preallocate": bool(policy.preallocate_pending), "bin_of_bits": list(BIN)}
+                "preallocate": bool(policy.preallocate_pending)}
     if isinstance(policy, TpuRuntimeAllocator):
         if not (0 <= policy.runtime_bytes < _SIZE_LIMIT and policy.granule < _SIZE_LIMIT):
             return None       # the core's int64 heap size and rounding
@@ -177,7 +175,7 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
     if isinstance(policy, BuddyAllocator):
         return {"family": family, "min_block": policy.min_block, "arena": policy.arena,
                 "release": bool(policy.release)}
-    config: dict[str, Any] = {"family": family, "bin_of_bits": list(BIN),
+    config: dict[str, Any] = {"family": family,
                               "alignment": policy.alignment, "max_slack": policy.max_slack}
     if isinstance(policy, BFCAllocator):
         if not 0 <= policy.memory_limit < _SIZE_LIMIT:
