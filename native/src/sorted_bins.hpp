@@ -11,9 +11,9 @@
 // nothing — with a bitmask of the non-empty bins: the smallest key >= (size, minimum) is a
 // binary search in bin(size), then the last key of the next non-empty bin (an O(1) jump).
 // add/remove O(log k + k) (k: the bin's keys, a memmove of those below the key), lower_bound
-// O(log k) plus the jump, largest O(1). (The tuned floor of experiments/bench_native.py,
-// native/src/tuned_best_fit.cpp, measured this layout against 21 ascending bins by bit
-// length: the policies on it run 1.2-1.4x faster.)
+// O(log k) plus the jump, largest O(1). The layout is the tuned floor's
+// (native/src/tuned_best_fit.cpp); against 21 ascending bins by bit length it took CuPy and
+// the stream-ordered pool from 2.6-2.7x that floor's time to 2.2-2.5x (docs/benchmarks.md).
 #pragma once
 
 #include <algorithm>
