@@ -12,14 +12,16 @@ the policy's stats (PolicyStats' fields). Runs that read a policy object (memory
 snapshots, export), keep a device-call log (the validator), step in simpy (``share``) or watch
 a policy (min-capacity's probes, explain-oom) build a ProcessReplay and run in Python.
 
-Nothing the core decides is written twice here: every constant it uses (the alignment and
-split slack, BFC's memory limit, first region and back-off factor, best-fit's page and heap
-base, PyTorch's sizes, settings and expandable range sizes, CuPy's unit and limit, the
-stream-ordered pool's threshold, chunk, alignment and sync mode, the TPU runtime's granule,
-own bytes and compaction cost line, the device's granules, alignment and costs) is read off the
-Python device and the Python policy built for the run's device, so the two cannot drift. The
-core's free indexes keep the Python's order of free blocks, (size, tie), in size-class bins of
-their own (native/src/sorted_bins.hpp): a layout, not a rule, so no bin table crosses.
+Nothing the core decides is written twice here: every table and constant it uses (the bins of
+each bit length of BFC, preallocate and best-fit, the alignment and split slack, BFC's memory
+limit, first region and back-off factor, best-fit's page and heap base, PyTorch's sizes,
+settings and expandable range sizes, CuPy's unit and limit, the stream-ordered pool's
+threshold, chunk, alignment and sync mode, the TPU runtime's granule, own bytes and compaction
+cost line, the device's granules, alignment and costs) is read off the Python device and the
+Python policy built for the run's device, so the two cannot drift. The other free indexes
+(PyTorch's pools, CuPy's arenas, the stream-ordered pool's, the TPU's) keep the Python's order
+of free blocks, (size, tie), in size-class bins of their own (native/src/sorted_bins.hpp): a
+layout, not a rule.
 ``ALLOCSIM_NATIVE=0`` turns the core off; without the module (no C++ compiler at install
 time) the Python models run, with the same answers (tests/test_native_differential.py).
 """
@@ -42,6 +44,7 @@ from allocsim.policies.bfc import (
     PreallocateAllocator,
 )
 from allocsim.policies.buddy import BuddyAllocator
+from allocsim.policies.chunks import BIN
 from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.policies.cupy_pool import ALLOCATION_UNIT_SIZE, CuPyPoolAllocator
 from allocsim.policies.on_demand import OnDemandAllocator
@@ -175,7 +178,7 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
     if isinstance(policy, BuddyAllocator):
         return {"family": family, "min_block": policy.min_block, "arena": policy.arena,
                 "release": bool(policy.release)}
-    config: dict[str, Any] = {"family": family,
+    config: dict[str, Any] = {"family": family, "bin_of_bits": list(BIN),
                               "alignment": policy.alignment, "max_slack": policy.max_slack}
     if isinstance(policy, BFCAllocator):
         if not 0 <= policy.memory_limit < _SIZE_LIMIT:
