@@ -13,8 +13,9 @@
 // binary search in bin(size), then the last key of the next non-empty bin (an O(1) jump).
 // add/remove O(log k + k) (k: the bin's keys, a memmove of those below the key), lower_bound
 // O(log k) plus the jump, largest O(1). The layout is the tuned floor's
-// (native/src/tuned_best_fit.cpp); against 21 ascending bins by bit length it took CuPy and
-// the stream-ordered pool from 2.6-2.7x that floor's time to 2.2-2.5x (docs/benchmarks.md).
+// (native/src/tuned_best_fit.cpp); against 21 ascending bins by bit length it took PyTorch,
+// CuPy and the stream-ordered pool from 2.6-3.0x that floor's time to 1.9-2.5x on the
+// transformer trace (docs/benchmarks.md).
 #pragma once
 
 #include <algorithm>
