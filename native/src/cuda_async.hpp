@@ -8,7 +8,8 @@
 // The Python module is the specification (it lists what is documented and what is assumed);
 // this is its twin, held to it by tests/test_native_differential.py. From Python
 // (CudaAsyncConfig): the threshold, the growth chunk, the alignment, the sync mode, whether
-// preallocation is pending, and chunks.BIN (FreeIndex's bins).
+// preallocation is pending. Its free indexes are SortedBins by (size, address), FreeIndex's
+// order (sorted_bins.hpp).
 //
 // Invariants (cuda_async.py's): a mapped region's chunks tile it, linked by address (-1 at
 // its ends, where the Python ring is); a chunk is free exactly when it is in its owner's
@@ -31,14 +32,13 @@ namespace allocsim {
 struct CudaAsyncConfig {
   int64_t threshold, chunk, alignment;
   bool sync_on_free, preallocate;  // preallocate: CudaAsyncAllocator's pending preallocation
-  std::vector<int> bin_of_bits;    // chunks.BIN
 };
 
 class CudaAsyncPolicy : public Counters {
  public:
   CudaAsyncPolicy(CudaAsyncConfig config, Device& device)
       : c_(std::move(config)), device_(device), pending_(c_.preallocate),
-        indexes_(&c_.bin_of_bits, 1) {}
+        indexes_(1) {}
 
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
     if (pending_) preallocate();
@@ -200,9 +200,7 @@ class CudaAsyncPolicy : public Counters {
   void synchronize() {
     for (int32_t owner = 1; owner < indexes_.count(); ++owner) {
       if (!indexes_[owner].size()) continue;
-      std::vector<SortedBins::Key> keys;
-      for (const auto& bin : indexes_[owner].bins()) keys.insert(keys.end(), bin.begin(), bin.end());
-      for (const SortedBins::Key& key : keys) {
+      for (const SortedBins::Key& key : indexes_[owner].ascending()) {
         indexes_[owner].remove(key.size, key.tie);
         give_back(key.chunk, kShared);
       }

@@ -4,8 +4,9 @@
 //
 // The Python module is the specification; this is its twin, held to it by
 // tests/test_native_differential.py. From Python (CuPyConfig): the allocation unit (512 B),
-// the limit the Python pool computed (set_limit's size or fraction × capacity; 0 = none) and
-// the bin table of its arenas (by bit length).
+// the limit the Python pool computed (set_limit's size or fraction × capacity; 0 = none). An
+// arena is SortedBins by (size, creation id) (sorted_bins.hpp), whose bins are a layout of its
+// own: the order of its keys is _Arena's.
 //
 // Invariants (cupy_pool.py's): a cudaMalloc'd block's chunks tile it, linked by address (-1
 // at its ends); every chunk keeps the arena of the stream whose allocation made its block; a
@@ -26,13 +27,12 @@ namespace allocsim {
 struct CuPyConfig {
   int64_t unit;                 // ALLOCATION_UNIT_SIZE
   int64_t limit;                // CuPyPoolAllocator.get_limit(): 0 = none
-  std::vector<int> bin_of_bits;  // the arena's bin of each bit length
 };
 
 class CuPyPolicy : public Counters {
  public:
   CuPyPolicy(CuPyConfig config, Device& device)
-      : c_(std::move(config)), device_(device), arenas_(&c_.bin_of_bits, 0) {}
+      : c_(std::move(config)), device_(device), arenas_(0) {}
 
   // malloc: the smallest free chunk of this stream's arena that fits (split, the caller
   // keeping the low end), else a new block of exactly the rounded size; -1 on OOM.
@@ -141,21 +141,13 @@ class CuPyPolicy : public Counters {
   void free_all_blocks() {
     for (SortedBins& arena : arenas_.all()) {
       if (!arena.size()) continue;
-      const auto& bins = arena.bins();
-      for (int number = 0; number < static_cast<int>(bins.size()); ++number) {
-        if (bins[number].empty()) continue;
-        std::vector<SortedBins::Key> kept;
-        for (const SortedBins::Key& key : bins[number]) {
-          const Chunk& chunk = chunks_[key.chunk];
-          if (chunk.prev >= 0 || chunk.next >= 0) {
-            kept.push_back(key);
-            continue;
-          }
-          total_bytes_ -= chunk.size;
-          device_.release(chunk.address);
-          chunks_.recycle(key.chunk);
-        }
-        if (kept.size() != bins[number].size()) arena.keep(number, std::move(kept));
+      for (const SortedBins::Key& key : arena.ascending()) {
+        const Chunk& chunk = chunks_[key.chunk];
+        if (chunk.prev >= 0 || chunk.next >= 0) continue;
+        arena.remove(key.size, key.tie);
+        total_bytes_ -= chunk.size;
+        device_.release(chunk.address);
+        chunks_.recycle(key.chunk);
       }
     }
   }

@@ -35,6 +35,9 @@ using namespace allocsim;
 namespace allocsim {
 int64_t plain_best_fit(const Column& op, const Column& id, const Column& size, int64_t n,
                        int64_t* peak_heap);
+int64_t tuned_best_fit(const Column& op, const Column& id, const Column& size, int64_t n,
+                       int64_t page);
+int64_t read_columns(const Column& op, const Column& id, const Column& size, int64_t n);
 }
 
 namespace {
@@ -121,12 +124,6 @@ PyTorchConfig pytorch_config(const nb::dict& d) {
     c.range_large = get<int64_t>(d, "range_large");
   }
   return c;
-}
-
-std::vector<int> bin_table(const nb::dict& d) {
-  std::vector<int> table = get<std::vector<int>>(d, "bin_of_bits");
-  if (table.size() < 65) throw std::invalid_argument("bin table too short");
-  return table;
 }
 
 // What a policy's state holds beyond PolicyStats: nothing, but for the tpu's ...
@@ -274,15 +271,14 @@ static std::unique_ptr<Replay> make_replay(nb::tuple columns, int64_t n, int64_t
   if (family == "cupy") {
     return replay_of<CuPyPolicy>(columns, engine, device,
                                  CuPyConfig{get<int64_t>(policy, "unit"),
-                                            get<int64_t>(policy, "limit"),
-                                            bin_table(policy)});
+                                            get<int64_t>(policy, "limit")});
   }
   if (family == "cuda-async") {
     return replay_of<CudaAsyncPolicy>(
         columns, engine, device,
         CudaAsyncConfig{get<int64_t>(policy, "threshold"), get<int64_t>(policy, "chunk"),
                         get<int64_t>(policy, "alignment"), get<bool>(policy, "sync_on_free"),
-                        get<bool>(policy, "preallocate"), bin_table(policy)});
+                        get<bool>(policy, "preallocate")});
   }
   if (family == "tpu") return replay_of<TpuPolicy>(columns, engine, device, tpu_config(policy));
   throw std::invalid_argument("no native policy family " + family);
@@ -315,4 +311,28 @@ NB_MODULE(_native, m) {
       nb::arg("columns"), nb::arg("n"),
       "The benchmark's floor: address-ordered best fit with coalescing over an unbounded "
       "heap, written plainly (std::set and std::map). Returns (peak heap bytes, 0).");
+  m.def(
+      "tuned_best_fit",
+      [](nb::tuple columns, int64_t n, int64_t page) {
+        if (page <= 0 || page % 256) throw std::invalid_argument("page must be a positive multiple of 256");
+        Column op = column_of(nb::cast<Array>(columns[0]));
+        Column id = column_of(nb::cast<Array>(columns[1]));
+        Column size = column_of(nb::cast<Array>(columns[2]));
+        nb::gil_scoped_release release;
+        return tuned_best_fit(op, id, size, n, page);
+      },
+      nb::arg("columns"), nb::arg("n"), nb::arg("page"),
+      "The benchmark's tuned floor: best-fit's rule (policies/best_fit.py) over pooled blocks, "
+      "size-class bins and a flat id table. Returns its peak mapped bytes.");
+  m.def(
+      "read_columns",
+      [](nb::tuple columns, int64_t n) {
+        Column op = column_of(nb::cast<Array>(columns[0]));
+        Column id = column_of(nb::cast<Array>(columns[1]));
+        Column size = column_of(nb::cast<Array>(columns[2]));
+        nb::gil_scoped_release release;
+        return read_columns(op, id, size, n);
+      },
+      nb::arg("columns"), nb::arg("n"),
+      "The benchmark's read limit: the columns widened and summed, nothing else.");
 }

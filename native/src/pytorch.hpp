@@ -13,7 +13,7 @@
 //
 // Invariants (pytorch_blocks.py's): a segment's blocks tile it, linked by address; a block is
 // free and mapped exactly when its request is 0, and then it is in its pool's free list — one
-// list per (stream, small) pool, sorted by (size, address); unmapped space of an expandable
+// list per (stream, small) pool, a SortedBins by (size, address); unmapped space of an expandable
 // segment is a block whose request is kUnmapped, in its pool's unmapped list (by address); no
 // two neighbours are both free and mapped, nor both unmapped. An allocated block's record
 // never moves: its index is the engine's handle.
@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "device.hpp"
+#include "sorted_bins.hpp"
 
 namespace allocsim {
 
@@ -53,22 +54,21 @@ class PyTorchPolicy {
     int64_t rounded = round_size(size);
     bool small = rounded <= c_.small_size;
     int64_t pool_key = static_cast<int64_t>(static_cast<uint64_t>(stream) << 1) | (small ? 1 : 0);
-    std::vector<Key>& keys = pool(pool_key);
+    SortedBins& keys = pool(pool_key);
     if (c_.gc_on) ++gc_calls_[small ? 1 : 0];
     // get_free_block: the smallest block of this stream and pool that fits, or none; no
     // search beyond it, and it is refused when max_split_size says so.
     int32_t at = -1;
-    auto it = std::lower_bound(keys.begin(), keys.end(), Key{rounded, INT64_MIN, 0});
-    if (it != keys.end()) {
-      if (c_.expandable) it = expandable_best_fit(keys, it);
-      int64_t block_size = it->size;
+    Key found;
+    if (keys.lower_bound(rounded, false, &found)) {
+      if (c_.expandable) found = expandable_best_fit(keys, found);
+      int64_t block_size = found.size;
       bool take = rounded < c_.max_split_size
                       ? block_size < c_.max_split_size
                       : block_size < rounded + c_.max_non_split_rounding;
       if (take) {
-        at = it->block;
-        keys.erase(it);
-        --free_count_;
+        at = found.chunk;
+        keys.remove(found.size, found.tie);
       }
     }
     if (at < 0) {
@@ -136,12 +136,14 @@ class PyTorchPolicy {
   // stats(): the largest free block of any pool.
   int64_t largest_free() const {
     int64_t largest = 0;
-    for (const auto& [key, keys] : free_) {
-      if (!keys.empty()) largest = std::max(largest, keys.back().size);
-    }
+    for (const SortedBins& keys : pools_) largest = std::max(largest, keys.largest());
     return largest;
   }
-  int64_t free_blocks() const { return free_count_; }
+  int64_t free_blocks() const {
+    int64_t count = 0;
+    for (const SortedBins& keys : pools_) count += keys.size();
+    return count;
+  }
   int64_t pool_bytes() const { return pool_bytes_; }
   int64_t peak_pool_bytes() const { return peak_pool_bytes_; }
 
@@ -156,13 +158,7 @@ class PyTorchPolicy {
     int32_t prev, next;          // neighbours in the segment; -1 at its ends
     int64_t gc_base;             // the pool's search count when it became free (GC's age)
   };
-  struct Key {
-    int64_t size, address;
-    int32_t block;
-    bool operator<(const Key& o) const {
-      return size < o.size || (size == o.size && address < o.address);
-    }
-  };
+  using Key = SortedBins::Key;  // (size, tie = address, chunk = the block)
 
   int32_t new_block(int64_t address, int64_t size, int64_t pool_key) {
     int32_t at;
@@ -179,17 +175,12 @@ class PyTorchPolicy {
 
   void insert_free(int32_t at) {
     const Block& block = blocks_[at];
-    std::vector<Key>& keys = pool(block.pool_key);
-    Key key{block.size, block.address, at};
-    keys.insert(std::upper_bound(keys.begin(), keys.end(), key), key);
-    ++free_count_;
+    pool(block.pool_key).add(block.size, block.address, at);
   }
 
   void remove_free(int32_t at) {
     const Block& block = blocks_[at];
-    std::vector<Key>& keys = free_[block.pool_key];
-    keys.erase(std::lower_bound(keys.begin(), keys.end(), Key{block.size, block.address, 0}));
-    --free_count_;
+    pool(block.pool_key).remove(block.size, block.address);
   }
 
   // round_size (pytorch_settings.py): 512 B at least; with a division count d > 1 for the
@@ -282,11 +273,11 @@ class PyTorchPolicy {
     int64_t target = pool_bytes_ - threshold;
     int64_t now = gc_calls_[0];
     std::vector<int32_t> candidates;
-    for (int64_t pool_key : pool_order_) {
-      if (pool_key & 1) continue;
-      for (const Key& key : free_[pool_key]) {
-        const Block& block = blocks_[key.block];
-        if (block.prev < 0 && block.next < 0) candidates.push_back(key.block);
+    for (size_t number = 0; number < pool_keys_.size(); ++number) {
+      if (pool_keys_[number] & 1) continue;
+      for (const Key& key : pools_[number].ascending()) {
+        const Block& block = blocks_[key.chunk];
+        if (block.prev < 0 && block.next < 0) candidates.push_back(key.chunk);
       }
     }
     int64_t total_age = 0;
@@ -314,12 +305,15 @@ class PyTorchPolicy {
     }
   }
 
-  // The free list of a pool, made on first use (the Python dict's insertion order kept).
-  std::vector<Key>& pool(int64_t pool_key) {
-    auto it = free_.find(pool_key);
-    if (it != free_.end()) return it->second;
-    pool_order_.push_back(pool_key);
-    return free_[pool_key];
+  // The free list of a pool, made on first use (the Python dict's insertion order kept). A
+  // run has a few pools (two per stream): a scan of their keys beats a tree's lookup.
+  SortedBins& pool(int64_t pool_key) {
+    for (size_t number = 0; number < pool_keys_.size(); ++number) {
+      if (pool_keys_[number] == pool_key) return pools_[number];
+    }
+    pool_keys_.push_back(pool_key);
+    pools_.emplace_back();
+    return pools_.back();
   }
 
   // release_available_cached_blocks (only with max_split_size, never expandable segments):
@@ -327,18 +321,20 @@ class PyTorchPolicy {
   // blocks from the largest down until that many bytes went.
   bool release_available_cached_blocks(int64_t rounded, int64_t pool_key) {
     if (c_.max_split_size == c_.no_limit || c_.expandable) return false;
-    std::vector<Key>& keys = free_[pool_key];
+    SortedBins& keys = pool(pool_key);
     int64_t target = std::max(rounded, c_.max_split_size);
-    auto it = std::lower_bound(keys.begin(), keys.end(), Key{target, INT64_MIN, 0});
-    if (it != keys.end()) {
-      release_block(it->block);
+    Key found;
+    if (keys.lower_bound(target, false, &found)) {
+      release_block(found.chunk);
       return true;
     }
+    // Every key is below the target: from the largest down.
+    std::vector<Key> below = keys.ascending();
     int64_t released = 0;
-    int64_t index = static_cast<int64_t>(it - keys.begin()) - 1;
-    while (released < target && index >= 0 && keys[index].size >= c_.max_split_size) {
-      Key key = keys[index];
-      release_block(key.block);
+    int64_t index = static_cast<int64_t>(below.size()) - 1;
+    while (released < target && index >= 0 && below[index].size >= c_.max_split_size) {
+      Key key = below[index];
+      release_block(key.chunk);
       released += key.size;
       --index;
     }
@@ -350,15 +346,14 @@ class PyTorchPolicy {
   // expandable segments the whole pages of every free block are unmapped instead, in that
   // order, and a virtual range left wholly unmapped is forgotten.
   void release_cached_blocks() {
-    std::vector<int64_t> order;
-    for (const auto& [key, keys] : free_) order.push_back(key);
+    std::vector<int64_t> order = pool_keys_;
     std::sort(order.begin(), order.end(), [](int64_t a, int64_t b) {
       return (a & 1) != (b & 1) ? (a & 1) < (b & 1) : a < b;
     });
     if (c_.expandable) {
       std::vector<int32_t> to_unmap;
       for (int64_t pool_key : order) {
-        for (const Key& key : free_[pool_key]) to_unmap.push_back(key.block);
+        for (const Key& key : pool(pool_key).ascending()) to_unmap.push_back(key.chunk);
       }
       for (int32_t at : to_unmap) {
         int32_t unmapped = unmap_block(at);
@@ -369,21 +364,16 @@ class PyTorchPolicy {
       return;
     }
     for (int64_t pool_key : order) {
-      std::vector<Key>& keys = free_[pool_key];
-      std::vector<Key> kept;
-      kept.reserve(keys.size());
-      for (const Key& key : keys) {
-        const Block& block = blocks_[key.block];
+      SortedBins& keys = pool(pool_key);
+      for (const Key& key : keys.ascending()) {
+        const Block& block = blocks_[key.chunk];
         if (block.prev < 0 && block.next < 0) {
+          keys.remove(key.size, key.tie);
           device_.release(block.address);
           pool_bytes_ -= block.size;
-          spare_.push_back(key.block);
-          --free_count_;
-        } else {
-          kept.push_back(key);
+          spare_.push_back(key.chunk);
         }
       }
-      keys.swap(kept);
     }
   }
 
@@ -408,15 +398,15 @@ class PyTorchPolicy {
 
   // get_free_block's walk: from the first fitting block, move on to the next bigger block
   // while its expandable size is smaller (a tie stays).
-  std::vector<Key>::iterator expandable_best_fit(std::vector<Key>& keys,
-                                                 std::vector<Key>::iterator it) {
-    int32_t after = blocks_[it->block].next;
+  Key expandable_best_fit(const SortedBins& keys, Key it) const {
+    int32_t after = blocks_[it.chunk].next;
     if (after < 0 || blocks_[after].req != kUnmapped) return it;
-    int64_t current = expandable_size(it->block);
-    while (it + 1 != keys.end()) {
-      int64_t following = expandable_size((it + 1)->block);
+    int64_t current = expandable_size(it.chunk);
+    Key next;
+    while (keys.after(it, &next)) {
+      int64_t following = expandable_size(next.chunk);
       if (following >= current) break;
-      ++it;
+      it = next;
       current = following;
     }
     return it;
@@ -585,10 +575,9 @@ class PyTorchPolicy {
   Device& device_;
   std::vector<Block> blocks_;
   std::vector<int32_t> spare_;
-  std::map<int64_t, std::vector<Key>> free_;  // pool key (stream << 1 | small) -> free list
-  std::vector<int64_t> pool_order_;           // pool keys in the order first used
+  std::vector<int64_t> pool_keys_;  // pool keys (stream << 1 | small), in the order first used
+  std::vector<SortedBins> pools_;    // their free lists, by (size, address)
   int64_t gc_calls_[2] = {0, 0};              // searches per pool kind (large, small)
-  int64_t free_count_ = 0;
   int64_t pool_bytes_ = 0, peak_pool_bytes_ = 0;
   // Expandable segments: per pool key its unmapped blocks as (address, block), by address;
   // the bases of the virtual ranges, sorted.

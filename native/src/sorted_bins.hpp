@@ -1,20 +1,26 @@
-// Free chunks ordered by (size, tie), in bins by size class: policies/chunks.py's FreeIndex
-// (tie = the address; cuda_async.hpp), cupy_pool.py's _Arena (tie = the chunk's creation
-// id; cupy.hpp) and tpu.py's best-fit index (tie = minus the offset; tpu.hpp), which are the
-// same structure over different keys.
+// Free chunks ordered by (size, tie): policies/chunks.py's FreeIndex in cuda_async.hpp (tie =
+// the address; chunk_policy.hpp keeps its own, in chunks.BIN's 21 ascending bins, which
+// measured faster for BFC on the training trace), PyTorch's pools (tie = the address;
+// pytorch.hpp), cupy_pool.py's _Arena (tie = the chunk's creation id; cupy.hpp) and tpu.py's
+// best-fit index (tie = minus the offset; tpu.hpp): the same structure over different keys.
 //
-// The bin of a size is table[bit length] (the Python module's table, passed in: chunks.BIN, or
-// the bit length itself for CuPy's arena); bins grow with size, so the order of the keys across
-// the bins is the order of (size, tie). Each bin is a vector sorted by key, with a bitmask of
-// the non-empty bins: the smallest key >= (size, minimum) is a binary search in bin(size), then
-// the first key of the next non-empty bin. add/remove O(log k + k) (k: the bin's keys, a
-// memmove), lower_bound O(log k) plus an O(1) jump, largest O(1).
+// The order of the keys is the rule; the bins are a layout of the core's own (the Python
+// modules bin differently, or not at all, for the same order): four size classes per power of
+// two, which grow with size, so the order of the keys across the bins is the order of
+// (size, tie). Each bin is a vector sorted by key in *descending* order, so its smallest key
+// is its last — taking the smallest of the next non-empty bin, the common best fit, moves
+// nothing — with a bitmask of the non-empty bins: the smallest key >= (size, minimum) is a
+// binary search in bin(size), then the last key of the next non-empty bin (an O(1) jump).
+// add/remove O(log k + k) (k: the bin's keys, a memmove of those below the key), lower_bound
+// O(log k) plus the jump, largest O(1). The layout is the tuned floor's
+// (native/src/tuned_best_fit.cpp); against 21 ascending bins by bit length it took PyTorch,
+// CuPy and the stream-ordered pool from 2.6-3.0x that floor's time to 1.9-2.5x on the
+// transformer trace (docs/benchmarks.md).
 #pragma once
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <stdexcept>
 #include <unordered_map>
 #include <vector>
 
@@ -28,26 +34,20 @@ class SortedBins {
     bool operator<(const Key& o) const { return size < o.size || (size == o.size && tie < o.tie); }
   };
 
-  explicit SortedBins(const std::vector<int>* table) : table_(table) {
-    int bins = table->empty() ? 0 : *std::max_element(table->begin(), table->end()) + 1;
-    if (bins > 128 || table->size() < 65) throw std::invalid_argument("bin table out of range");
-    bins_.resize(bins);
-  }
-
   void add(int64_t size, int64_t tie, int32_t chunk) {
     int number = bin(size);
     std::vector<Key>& keys = bins_[number];
     Key key{size, tie, chunk};
     if (keys.empty()) set(number);
-    if (keys.empty() || keys.back() < key) keys.push_back(key);
-    else keys.insert(std::lower_bound(keys.begin(), keys.end(), key), key);
+    if (keys.empty() || key < keys.back()) keys.push_back(key);
+    else keys.insert(first_not_above(keys, key), key);
     ++count_;
   }
 
   void remove(int64_t size, int64_t tie) {
     int number = bin(size);
     std::vector<Key>& keys = bins_[number];
-    keys.erase(std::lower_bound(keys.begin(), keys.end(), Key{size, tie, 0}));
+    keys.erase(first_not_above(keys, Key{size, tie, 0}));
     if (keys.empty()) clear(number);
     --count_;
   }
@@ -56,19 +56,18 @@ class SortedBins {
   bool lower_bound(int64_t size, bool pop, Key* out) {
     int number = bin(size);
     std::vector<Key>& keys = bins_[number];
-    if (!keys.empty()) {
-      auto it = std::lower_bound(keys.begin(), keys.end(), Key{size, INT64_MIN, 0});
-      if (it != keys.end()) {
-        *out = *it;
-        if (pop) erase(number, it);
-        return true;
-      }
+    if (!keys.empty() && keys.front().size >= size) {
+      // The keys >= (size, minimum) are a prefix; the smallest of them is its last.
+      auto it = first_not_above(keys, Key{size, INT64_MIN, 0}) - 1;
+      *out = *it;
+      if (pop) erase(number, it);
+      return true;
     }
     int next = next_nonempty(number + 1);
     if (next < 0) return false;
     std::vector<Key>& above = bins_[next];
-    *out = above.front();
-    if (pop) erase(next, above.begin());
+    *out = above.back();
+    if (pop) erase(next, above.end() - 1);
     return true;
   }
 
@@ -76,41 +75,55 @@ class SortedBins {
   bool after(const Key& key, Key* out) const {
     int number = bin(key.size);
     const std::vector<Key>& keys = bins_[number];
-    auto it = std::upper_bound(keys.begin(), keys.end(), key);
-    if (it != keys.end()) {
-      *out = *it;
+    auto it = std::lower_bound(keys.begin(), keys.end(), key,
+                               [](const Key& a, const Key& b) { return b < a; });
+    if (it != keys.begin()) {  // the keys above `key` are a prefix; its last is the smallest
+      *out = *(it - 1);
       return true;
     }
     int next = next_nonempty(number + 1);
     if (next < 0) return false;
-    *out = bins_[next].front();
+    *out = bins_[next].back();
     return true;
+  }
+
+  // Every key, in ascending order (for the rare passes over all of them).
+  std::vector<Key> ascending() const {
+    std::vector<Key> keys;
+    keys.reserve(static_cast<size_t>(count_));
+    for (const std::vector<Key>& bin : bins_) keys.insert(keys.end(), bin.rbegin(), bin.rend());
+    return keys;
   }
 
   // Every key out; the bins keep their memory.
   void clear() {
     for (std::vector<Key>& keys : bins_) keys.clear();
-    mask_[0] = mask_[1] = 0;
+    for (uint64_t& word : mask_) word = 0;
     count_ = 0;
   }
 
   int64_t largest() const {
     int top = top_nonempty();
-    return top < 0 ? 0 : bins_[top].back().size;
+    return top < 0 ? 0 : bins_[top].front().size;
   }
   int64_t size() const { return count_; }
-  const std::vector<std::vector<Key>>& bins() const { return bins_; }
-  // Replace bin `number`'s keys by `kept` (a subsequence of them, as free_all keeps).
-  void keep(int number, std::vector<Key>&& kept) {
-    count_ -= static_cast<int64_t>(bins_[number].size() - kept.size());
-    bins_[number] = std::move(kept);
-    if (bins_[number].empty()) clear(number);
-  }
 
  private:
-  int bin(int64_t size) const {
-    int bits = size > 0 ? 64 - __builtin_clzll(static_cast<uint64_t>(size)) : 0;
-    return (*table_)[bits];
+  static constexpr int kBins = 256;
+  static constexpr int kWords = kBins / 64;
+
+  // Four classes per power of two: sizes below 4 are their own class; above, the bit length
+  // and the two bits below the top one. Monotone in size; at most 247 for sizes below 2**62.
+  static int bin(int64_t size) {
+    if (size < 4) return size > 0 ? static_cast<int>(size) : 0;
+    uint64_t value = static_cast<uint64_t>(size);
+    int bits = 64 - __builtin_clzll(value);
+    return (bits - 2) * 4 + static_cast<int>((value >> (bits - 3)) & 3);
+  }
+  // The first key of a descending bin that is not above `key` (where `key` is or would go).
+  static std::vector<Key>::iterator first_not_above(std::vector<Key>& keys, const Key& key) {
+    return std::lower_bound(keys.begin(), keys.end(), key,
+                            [](const Key& a, const Key& b) { return b < a; });
   }
   void erase(int number, std::vector<Key>::iterator it) {
     std::vector<Key>& keys = bins_[number];
@@ -121,7 +134,7 @@ class SortedBins {
   void set(int number) { mask_[number >> 6] |= uint64_t{1} << (number & 63); }
   void clear(int number) { mask_[number >> 6] &= ~(uint64_t{1} << (number & 63)); }
   int next_nonempty(int from) const {
-    for (int word = from >> 6; word < 2; ++word) {
+    for (int word = from >> 6; word < kWords; ++word) {
       uint64_t bits = mask_[word];
       if (word == from >> 6) bits &= ~uint64_t{0} << (from & 63);
       if (bits) return word * 64 + __builtin_ctzll(bits);
@@ -129,14 +142,14 @@ class SortedBins {
     return -1;
   }
   int top_nonempty() const {
-    if (mask_[1]) return 64 + 63 - __builtin_clzll(mask_[1]);
-    if (mask_[0]) return 63 - __builtin_clzll(mask_[0]);
+    for (int word = kWords - 1; word >= 0; --word) {
+      if (mask_[word]) return word * 64 + 63 - __builtin_clzll(mask_[word]);
+    }
     return -1;
   }
 
-  const std::vector<int>* table_;
-  std::vector<std::vector<Key>> bins_;
-  uint64_t mask_[2] = {0, 0};
+  std::vector<Key> bins_[kBins];
+  uint64_t mask_[kWords] = {};
   int64_t count_ = 0;
 };
 
@@ -145,15 +158,13 @@ class SortedBins {
 // indexes that belong to no stream.
 class StreamIndexes {
  public:
-  StreamIndexes(const std::vector<int>* table, int first) : table_(table) {
-    for (int k = 0; k < first; ++k) all_.emplace_back(table_);
-  }
+  explicit StreamIndexes(int first) : all_(first) {}
   // The stream's index, made now if it has none.
   int32_t of(int64_t stream) {
     auto it = by_stream_.find(stream);
     if (it != by_stream_.end()) return it->second;
     int32_t index = static_cast<int32_t>(all_.size());
-    all_.emplace_back(table_);
+    all_.emplace_back();
     by_stream_.emplace(stream, index);
     return index;
   }
@@ -178,7 +189,6 @@ class StreamIndexes {
   }
 
  private:
-  const std::vector<int>* table_;
   std::vector<SortedBins> all_;
   std::unordered_map<int64_t, int32_t> by_stream_;
 };

@@ -13,7 +13,7 @@
 // (-1 at its ends); no two free blocks touch; a block is in the free index exactly while
 // free, keyed (size, -offset), so the index's lower bound of (size, minimum) is the smallest
 // block that holds the request, the highest among equals — the Python's bisect over the same
-// keys. The free index is SortedBins (bins by bit length, each a sorted vector): a best fit
+// keys. The free index is SortedBins (sorted_bins.hpp): a best fit
 // is O(log k) plus a jump, add and remove O(log k + k) for k keys in a bin, no allocation
 // once the bins have grown. A live buffer's record never changes index while it lives
 // (compaction moves its offset, not its record), so the index is the engine's handle; malloc
@@ -41,7 +41,7 @@ struct TpuConfig {
 class TpuPolicy {
  public:
   TpuPolicy(TpuConfig config, Device& device)
-      : c_(config), device_(device), hbm_bytes_(device.capacity), free_(&bit_length_bins()) {
+      : c_(config), device_(device), hbm_bytes_(device.capacity) {
     if (c_.granule < 1) throw std::invalid_argument("granule must be at least 1 byte");
   }
 
@@ -252,16 +252,6 @@ class TpuPolicy {
 
   void add_free(int32_t at) { free_.add(blocks_[at].size, -blocks_[at].offset, at); }
   void remove_free(int32_t at) { free_.remove(blocks_[at].size, -blocks_[at].offset); }
-
-  // The free index's bins: one per bit length of the size (a layout, not a rule).
-  static const std::vector<int>& bit_length_bins() {
-    static const std::vector<int> table = [] {
-      std::vector<int> bins(65);
-      for (int bits = 0; bits < 65; ++bits) bins[bits] = bits;
-      return bins;
-    }();
-    return table;
-  }
 
   const TpuConfig c_;
   Device& device_;

@@ -13,12 +13,15 @@ snapshots, export), keep a device-call log (the validator), step in simpy (``sha
 a policy (min-capacity's probes, explain-oom) build a ProcessReplay and run in Python.
 
 Nothing the core decides is written twice here: every table and constant it uses (the bins of
-each bit length, the alignment and split slack, BFC's memory limit, first region and back-off
-factor, best-fit's page and heap base, PyTorch's sizes, settings and expandable range sizes,
-CuPy's unit, limit and arena bins, the stream-ordered pool's threshold, chunk, alignment and
-sync mode, the TPU runtime's granule, own bytes and compaction cost line, the device's
-granules, alignment and costs) is read off the Python device and the
-Python policy built for the run's device, so the two cannot drift.
+each bit length of BFC, preallocate and best-fit, the alignment and split slack, BFC's memory
+limit, first region and back-off factor, best-fit's page and heap base, PyTorch's sizes,
+settings and expandable range sizes, CuPy's unit and limit, the stream-ordered pool's
+threshold, chunk, alignment and sync mode, the TPU runtime's granule, own bytes and compaction
+cost line, the device's granules, alignment and costs) is read off the Python device and the
+Python policy built for the run's device, so the two cannot drift. The other free indexes
+(PyTorch's pools, CuPy's arenas, the stream-ordered pool's, the TPU's) keep the Python's order
+of free blocks, (size, tie), in size-class bins of their own (native/src/sorted_bins.hpp): a
+layout, not a rule.
 ``ALLOCSIM_NATIVE=0`` turns the core off; without the module (no C++ compiler at install
 time) the Python models run, with the same answers (tests/test_native_differential.py).
 """
@@ -43,7 +46,7 @@ from allocsim.policies.bfc import (
 from allocsim.policies.buddy import BuddyAllocator
 from allocsim.policies.chunks import BIN
 from allocsim.policies.cuda_async import CudaAsyncAllocator
-from allocsim.policies.cupy_pool import ALLOCATION_UNIT_SIZE, NUM_BINS, CuPyPoolAllocator
+from allocsim.policies.cupy_pool import ALLOCATION_UNIT_SIZE, CuPyPoolAllocator
 from allocsim.policies.on_demand import OnDemandAllocator
 from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
 from allocsim.policies.pytorch_settings import (
@@ -161,13 +164,11 @@ def policy_config(policy: Any) -> dict[str, Any] | None:
     if isinstance(policy, OnDemandAllocator):
         return {"family": family}
     if isinstance(policy, CuPyPoolAllocator):
-        # The arena's bins by bit length (cupy_pool._Arena: bin b holds bit length b).
-        return {"family": family, "unit": ALLOCATION_UNIT_SIZE, "limit": policy.get_limit(),
-                "bin_of_bits": list(range(NUM_BINS))}
+        return {"family": family, "unit": ALLOCATION_UNIT_SIZE, "limit": policy.get_limit()}
     if isinstance(policy, CudaAsyncAllocator):
         return {"family": family, "threshold": policy.threshold, "chunk": policy.chunk,
                 "alignment": policy.alignment, "sync_on_free": bool(policy.sync_on_free),
-                "preallocate": bool(policy.preallocate_pending), "bin_of_bits": list(BIN)}
+                "preallocate": bool(policy.preallocate_pending)}
     if isinstance(policy, TpuRuntimeAllocator):
         if not (0 <= policy.runtime_bytes < _SIZE_LIMIT and policy.granule < _SIZE_LIMIT):
             return None       # the core's int64 heap size and rounding
