@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,9 +49,15 @@ def wait_for(predicate, process: subprocess.Popen, timeout_s: float = 60) -> Non
         time.sleep(0.005)
 
 
+PROGRESS_LINE = re.compile(r"^allocsim: (compare|sweep|min-capacity|tune|report|info|validate): ")
+
+
 def assert_one_clean_line(out: str, err: str) -> str:
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err, out + err
-    lines = [line for line in err.splitlines() if line.startswith("allocsim:")]
+    # Progress lines ("allocsim: compare: replaying ...") say what was running; the ending is
+    # one line beside them.
+    lines = [line for line in err.splitlines() if line.startswith("allocsim:")
+             and not PROGRESS_LINE.match(line)]
     assert len(lines) <= 1, err
     return (out + err).strip().splitlines()[-1]
 

@@ -167,7 +167,8 @@ def test_compare_keeps_a_file_written_in_its_folder_while_it_draws(tmp_path, mon
 
     monkeypatch.setattr(results_dir, "png_bytes", drawing_while_someone_writes)
     capsys.readouterr()
-    assert main(["compare", str(source), "--policies", "on-demand", "-o", str(out)]) == 2
+    assert main(["compare", str(source), "--policies", "on-demand", "-o", str(out),
+                 "--figures"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"allocsim: error: {out}/report.html: another program wrote this file after allocsim "
         "checked it; it is left as it is and nothing was written"]
