@@ -53,8 +53,13 @@ def figures(results: dict[str, Any], folder: Path) -> list[str]:
         from matplotlib.ticker import FuncFormatter
         plain = FuncFormatter(lambda value, _: f"{value:g}")
         ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
-        ax.tick_params(axis="y", which="minor", labelsize=7)
+        low, high = ax.get_ylim()
+        if high / max(low, 1e-12) <= 30:    # within about a decade the minor ticks read too
+            ax.yaxis.set_minor_formatter(plain)
+            ax.tick_params(axis="y", which="minor", labelsize=7)
+        else:                               # past it their labels run into each other
+            from matplotlib.ticker import NullFormatter
+            ax.yaxis.set_minor_formatter(NullFormatter())
         # outside the axes, so that no bar is hidden behind it
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         ax.set_title(textwrap.fill(results["title"], 70), fontsize=9)
