@@ -365,7 +365,7 @@ def _headroom(row: dict[str, Any], policy: str) -> float | None:
     return None if value is None else value / row["peak_live"] - 1
 
 
-def _spread(values: list[float | None], fmt: str = "+{:.1%}") -> list[str]:
+def _spread(values: list[float | None], fmt: str = "{:+.1%}") -> list[str]:
     known = sorted(v for v in values if v is not None)
     never = len(values) - len(known)
     if not known:
