@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
+from one_line import refused
 
 from allocsim.sim.cli.main import main
 from allocsim.traces import formats
@@ -16,16 +16,6 @@ from allocsim.traces.model import Trace, TraceError
 from allocsim.traces.validate import first_live_overflow, validate
 
 EiB = 1 << 60
-
-
-def refused(capsys: Any, *argv: Any) -> str:
-    capsys.readouterr()
-    code = main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("allocsim: error:"), err
-    return lines[0]
 
 
 # -- 13. live bytes past int64 -------------------------------------------------------------

@@ -6,9 +6,9 @@ within what the model holds (64-bit sizes, a device of at most 1 EiB). Past that
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
+from one_line import refused
 
 from allocsim.ascii_numbers import is_whole_number, whole_number
 from allocsim.policies import PolicySpecError, parse_policy
@@ -18,20 +18,6 @@ from allocsim.sim.kernel.device import SimulatedDevice, resolve_device
 from allocsim.traces import formats, synth
 
 XLA_DUMP = Path(__file__).parent / "data" / "xla" / "cpu"
-
-
-def refused(capsys: Any, *argv: Any) -> str:
-    """Run ``allocsim ARGV``; assert one error line and exit 2; return the line."""
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exit_:
-        code = exit_.code
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("allocsim: error:"), err
-    return lines[0]
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from one_line import refused
 from snapshot_checks import block, entry, read, segment
 
 from allocsim.sim.cli.main import main
@@ -20,17 +21,6 @@ from allocsim.traces.metadata import check_metadata
 from allocsim.traces.model import TraceError
 
 XLA_DUMP = Path(__file__).parent / "data" / "xla" / "cpu"
-
-
-def refused(capsys: Any, *argv: Any) -> str:
-    capsys.readouterr()
-    code = main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("allocsim: error:"), err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 def saved_with(tmp_path: Path, **metadata: Any) -> Path:
