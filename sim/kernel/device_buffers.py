@@ -7,9 +7,10 @@ in tiles (:mod:`allocsim.traces.tpu_layout`), so on a TPU the same buffer takes 
 in use exactly (experiments/tpu/validate-on-chip.json). A TPU's own profile already records
 on-device sizes (``sizes_on_device`` in its metadata) and is left as it is.
 
-Every replay on a device goes through :func:`buffers_on_device` (``replay``, ``ProcessReplay``
-and the capacity search's oracle), so every policy on a TPU sees the same buffers and peak
-live is the bytes the chip would hold.
+Both engines take a trace through :func:`buffers_on_device` where a run starts (the Python
+``ProcessReplay`` and the native core's ``open_run``), and so does the capacity search's oracle
+(whose lower bound is the trace's peak live), so every policy on a TPU sees the same buffers and
+peak live is the bytes the chip would hold.
 """
 
 from __future__ import annotations

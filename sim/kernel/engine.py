@@ -438,7 +438,6 @@ def replay(trace: Trace, policy: str | PolicySpec, device: DeviceProfile, *,
                              "replay them together with `allocsim share` / run_shared, or one "
                              "at a time with trace.for_process(p)")
     spec = _as_spec(policy)
-    trace = buffers_on_device(trace, device)   # a TPU holds u8[n] buffers
     step = CHUNK_EVENTS * 4
     # The native core replays the run when it has the policy and the run needs no Python
     # objects (sim/kernel/native.py); else the Python models below, with the same answers.
