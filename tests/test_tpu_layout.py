@@ -121,3 +121,9 @@ def test_on_a_tpu_device_every_policy_sees_u8_buffers_as_the_chip_held_them() ->
     for policy in ("tpu", "bfc"):
         assert replay(trace, policy, resolve_device("tpu-v5e")).peak_allocated == chip_peak
     assert replay(trace, "bfc", resolve_device("a100-80g")).peak_allocated < chip_peak
+
+
+def test_the_column_form_of_the_u8_rule_is_the_rule() -> None:
+    sizes = np.arange(-2, 5000, dtype=np.int64)
+    assert u8_buffer_sizes(sizes).tolist() == [u8_buffer_bytes(int(n)) if n > 0 else int(n)
+                                               for n in sizes]

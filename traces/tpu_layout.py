@@ -119,6 +119,12 @@ def _vector_tile(elements: int, bits: int) -> int:
     return min(most, max(least, 1 << max(0, elements - 1).bit_length()))
 
 
+def _vector_bytes(elements: int, bits: int) -> tuple[int, int]:
+    """(bytes, tile) of a rank-0 or rank-1 array of ``elements``: whole tiles, whole granules."""
+    tile = _vector_tile(elements, bits)
+    return _round_up(_round_up(elements, tile) * bits // 8, GRANULE), tile
+
+
 def _row_choices(rows: int, bits: int) -> list[int]:
     """The tile heights the runtime weighs for a second-minor dimension of ``rows``."""
     ordinary = min(MAX_ROWS, max(PACKING_ROWS[bits], 1 << max(0, rows - 1).bit_length()))
@@ -133,9 +139,7 @@ def tpu_layout(text: str) -> TpuLayout:
     bits = TYPE_BITS[dtype]
     nbytes = -(-math.prod(dims) * bits // 8)
     if len(dims) <= 1:
-        elements = dims[0] if dims else 1
-        tile = _vector_tile(elements, bits)
-        size = _round_up(_round_up(elements, tile) * bits // 8, GRANULE)
+        size, tile = _vector_bytes(dims[0] if dims else 1, bits)
         return TpuLayout(text, dtype, dims, tuple(range(len(dims))), (tile,), nbytes, size)
     rank = len(dims)
     best: tuple[tuple[int, bool, int], tuple[int, ...], int] | None = None
@@ -160,13 +164,13 @@ def tpu_layout(text: str) -> TpuLayout:
 def u8_buffer_bytes(n: int) -> int:
     """The HBM a plain buffer of ``n`` bytes takes on a TPU: ``u8[n]``'s size (512 B up to
     512 bytes, then whole 1024-element tiles)."""
-    if n <= 0:
-        return 0
-    return _round_up(n, GRANULE if n <= GRANULE else 1024)
+    return _vector_bytes(n, 8)[0] if n > 0 else 0
 
 
 def u8_buffer_sizes(sizes: np.ndarray) -> np.ndarray:
-    """:func:`u8_buffer_bytes` of every size in a column (non-positive sizes kept as they are)."""
+    """:func:`u8_buffer_bytes` of every size in a column (non-positive sizes kept as they are):
+    the same rule in closed form for a whole column (512 B up to 512, then 1024-byte tiles),
+    held to it by tests/test_tpu_layout.py."""
     sizes = np.asarray(sizes, dtype=np.int64)
     rounded = np.where(sizes <= GRANULE, GRANULE, -(-sizes // 1024) * 1024)
     return np.where(sizes <= 0, sizes, rounded)

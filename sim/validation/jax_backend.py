@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ from allocsim.sim.validation.report import Check, ValidationReport
 from allocsim.traces.model import OP_ALLOC, Trace
 
 __all__ = ["JaxRun", "add_jax_checks", "jax_profile", "model_spec_text", "require_jax",
-           "run_jax", "tpu_buffers"]
+           "run_jax"]
 
 _CHILD = "allocsim.sim.validation.jax_child"
 NO_TPU_STATUS = 3
@@ -73,11 +73,6 @@ class JaxRun:
     runtime_bytes: int            # bytes_in_use before the first array
     stopped_at: int | None
     elapsed: dict[str, float] = field(default_factory=dict)
-
-
-def tpu_buffers(trace: Trace) -> Trace:
-    """The trace with every buffer at the HBM its ``u8[n]`` array takes on a TPU."""
-    return buffers_on_device(trace, resolve_device("tpu-v5e"))
 
 
 def model_spec_text(runtime_bytes: int) -> str:
@@ -144,7 +139,9 @@ def run_jax(trace: Trace, capacity: int | None = None, *, max_ooms: int = 1,
     fidelity.name = trace.name
     stopped_at = result.get("stopped_at")
     stop = len(trace) if stopped_at is None else int(stopped_at) + 1
-    replayed = tpu_buffers(trace.select(np.arange(len(trace)) < stop))
+    # Each buffer at the HBM its u8[n] array takes, as the chip held it.
+    replayed = buffers_on_device(trace.select(np.arange(len(trace)) < stop),
+                                 resolve_device("tpu-v5e"))
     in_use = np.asarray(result["in_use"], dtype=np.int64) - runtime_bytes
     allocs = np.flatnonzero(np.asarray(replayed.op) == OP_ALLOC)
     heap = limit - runtime_bytes
@@ -181,7 +178,6 @@ def jax_profile(run: JaxRun, given: DeviceProfile | None) -> DeviceProfile:
     base = given if given is not None else resolve_device("tpu-v5e")
     if base.capacity != run.limit:
         base = base.with_capacity(run.limit)
-    from dataclasses import replace
     return replace(base, context_bytes=0)
 
 
