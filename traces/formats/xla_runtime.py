@@ -208,15 +208,18 @@ class RuntimeReplay:
                                   **metadata)
 
 
-def replay_steps(executable: Executable, steps: int) -> RuntimeReplay:
+def replay_steps(executable: Executable, steps: int, *, code_bytes: int = 0) -> RuntimeReplay:
     """``steps`` executions of one executable over the same arguments, as a training loop
     runs it: the parameters allocated once before the first (a donated one passes to the output
     that aliases it, and on to the next execution), each execution's new outputs held until the
     next call (the loop rebinds them: ``state = step(state, batch)``) and everything freed at
-    the end."""
+    the end. ``code_bytes``: the executable's generated code, a buffer from its first call to
+    the end (XLA:TPU's runtime holds it in HBM; XLA:GPU's is the driver's, outside the trace)."""
     replay = RuntimeReplay()
     bound = replay.parameters(executable)
     replay.tick()
+    if code_bytes:
+        replay.array(code_bytes, f"{executable.name}: generated code")
     held: list[int] = []
     donated = {bound[b.parameter] for b in executable.parameters
                if b.donated and b.parameter is not None}

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from allocsim.errors import UserInputError
-from allocsim.traces.formats.xla_runtime import Executable, RuntimeReplay
+from allocsim.traces.formats.xla_runtime import Executable, replay_steps
 from allocsim.traces.model import Trace
 from allocsim.traces.record.compiled_dump import executable_from_dump
 
@@ -159,25 +159,7 @@ def compile_for(step: Callable[..., Any], args: Sequence[Any], *,
     topo = _topology(target, topology)
     compiled = compile_step(step, args, donate_argnums=donate_argnums, target=target,
                             topology=topology, keep_dump=keep_dump, _topo=topo)
-    executable = compiled.executable
-    replay = RuntimeReplay()
-    state = {b.parameter: replay.array(b.size, f"argument {b.parameter}: {b.label}"
-                                       + (" [donated]" if b.donated else ""))
-             for b in executable.parameters if b.parameter is not None}
-    replay.tick()
-    code = replay.array(compiled.code_bytes, f"{executable.name}: generated code")
-    held: list[int] = []
-    for _ in range(steps):
-        for ident in held:             # the previous call's outputs, rebound by this call
-            replay.release(ident)
-        replay.tick()
-        made = replay.execute(executable, state)
-        donated = {b.parameter: made[b.allocation] for b in executable.parameters
-                   if b.donated and b.parameter is not None}
-        held = [i for i in made.values() if i not in set(state.values())]
-        state.update(donated)
-    replay.release(code)
-    replay.release_all()
+    replay = replay_steps(compiled.executable, steps, code_bytes=compiled.code_bytes)
     chips = list(topo.devices)
     devices = len(chips)
     kind = str(getattr(chips[0], "device_kind", "?"))
