@@ -14,6 +14,7 @@ imports (numpy, the commands), where an early Ctrl-C would otherwise end in a tr
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -53,9 +54,16 @@ def ending_on_signals() -> Iterator[None]:
         yield
         return
     raised = False
+    owner = os.getpid()
 
     def terminate(signum: int, frame: FrameType | None) -> None:
         nonlocal raised
+        if os.getpid() != owner:
+            # A forked child (a sweep's worker) that has not yet set its own handlers: it
+            # ends as SIGTERM's default ends it, with nothing printed, not with an exception.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         if raised:
             return
         raised = True

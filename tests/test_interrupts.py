@@ -176,3 +176,22 @@ def test_the_entry_point_is_light_so_its_handlers_are_in_place_before_numpy_load
                              "print(sorted(m for m in ('numpy', 'allocsim.sim') "
                              "if m in sys.modules))"], capture_output=True, text=True)
     assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_ends_on_sigterm_as_by_default_not_with_the_parents_exception() -> None:
+    """A sweep's worker is forked with the coordinator's handler; a group SIGTERM that reaches
+    it before it sets its own must end it quietly, not raise the coordinator's exception."""
+    script = ("import os, signal\n"
+              "from allocsim.interrupts import ending_on_signals\n"
+              "with ending_on_signals():\n"
+              "    pid = os.fork()\n"
+              "    if pid == 0:\n"
+              "        os.kill(os.getpid(), signal.SIGTERM)\n"
+              "        os._exit(0)\n"
+              "    _, status = os.waitpid(pid, 0)\n"
+              "    print(os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == "True", done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
