@@ -291,14 +291,14 @@ def test_a_tpu_profiles_frees_take_their_sizes_from_the_allocs() -> None:
 
 # -- fidelity: a TPU profile replayed through the model, record by record -------------------
 def test_fidelity_of_a_recording_started_mid_run_places_its_earlier_buffers_first() -> None:
-    from allocsim.sim.questions.tpu_fidelity import tpu_fidelity
+    from allocsim.sim.questions.fidelity.tpu import tpu_fidelity
     report = tpu_fidelity(formats.load(DATA / "midrun"))
     assert report.live_before > 0 and report.notes
     assert report.exact, report.lines()
 
 
 def test_fidelity_names_the_first_record_the_model_places_elsewhere() -> None:
-    from allocsim.sim.questions.tpu_fidelity import tpu_fidelity
+    from allocsim.sim.questions.fidelity.tpu import tpu_fidelity
     trace = formats.load(DATA / "placement")
     refs = trace.metadata["reference_events"]
     moved = next(k for k in range(10, len(refs)) if refs[k]["action"] == "alloc")
@@ -310,7 +310,7 @@ def test_fidelity_names_the_first_record_the_model_places_elsewhere() -> None:
 
 
 def test_fidelity_refuses_a_profile_that_is_not_a_tpus() -> None:
-    from allocsim.sim.questions.tpu_fidelity import tpu_fidelity
+    from allocsim.sim.questions.fidelity.tpu import tpu_fidelity
     from allocsim.traces.model import TraceError
     trace = formats.load(DATA / "placement")
     trace.metadata["memory_runtime"] = "bfc"
