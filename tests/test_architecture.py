@@ -20,9 +20,11 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 # Which rooms each room may import (besides itself). `allocsim` is the root package: its
-# `errors` module imports nothing and may be raised from anywhere.
+# `errors` module imports nothing and may be raised from anywhere. `allocsim.api` is the flat
+# Python API over the questions, which the root package loads on first use.
 ALLOWED = {
-    "allocsim": {"sim.cli"},                          # only __main__, to run the CLI
+    "allocsim": {"sim.cli", "api"},                   # __main__, to run the CLI; the API
+    "api": {"allocsim", "policies", "traces", "sim.kernel", "sim.questions"},
     "policies": {"allocsim"},
     "traces": {"allocsim"},
     "sim": set(),
