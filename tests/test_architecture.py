@@ -83,7 +83,7 @@ def _imports_of(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("folder", ["allocsim", "sim", "policies", "traces", "tests",
-                                    "experiments"])
+                                    "experiments", "benchmarks"])
 def test_nothing_imports_the_old_top_level_names(folder: str) -> None:
     old = {"sim", "policies", "traces"}
     offenders = sorted(str(path.relative_to(REPO)) for path in (REPO / folder).rglob("*.py")

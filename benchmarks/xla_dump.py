@@ -1,6 +1,6 @@
 """Benchmark: importing an XLA dump module of many logical buffers.
 
-    python -m experiments.bench_xla_dump [--values 100000] [--keep DIR]
+    python -m benchmarks.xla_dump [--values 100000] [--keep DIR]
 
 Synthesises one module's dump files in the text formats jax 0.10 writes (a live-range file,
 a buffer assignment, the values file and the memory-usage report) for an unrolled program of

@@ -1,6 +1,6 @@
 """Benchmark: the PyTorch meta recorder on a 1.3B-parameter GPT training step.
 
-    python -m experiments.bench_torch_meta [--width 2048] [--layers 24] [--repeats 1]
+    python -m benchmarks.torch_meta [--width 2048] [--layers 24] [--repeats 1]
 
 Runs ``tests/torch_programs/gpt_adamw.py`` (two AdamW steps; width, 24 blocks, 16 heads, batch
 8, length 1024, a 32,000-way head) in this process, on the meta device, twice per repeat:

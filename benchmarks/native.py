@@ -1,8 +1,8 @@
 """Benchmark: the native core's speed and memory, as ratios to floors measured in the same run.
 
-    python -m experiments.bench_native [--events 1000000] [--kind transformer] [--repeat 3]
-    python -m experiments.bench_native --memory          # bytes/event, a subprocess per policy
-    python -m experiments.bench_native --context-bytes 0 --against-python
+    python -m benchmarks.native [--events 1000000] [--kind transformer] [--repeat 3]
+    python -m benchmarks.native --memory          # bytes/event, a subprocess per policy
+    python -m benchmarks.native --context-bytes 0 --against-python
 
 Speed (CPU time, ``time.process_time``, one process), against three floors over the same
 events, each run alternating with each policy's runs, best of ``--repeat``, every ratio to the
@@ -25,8 +25,8 @@ the end. Policies the core lacks replay in Python here, and show it (``impl``). 
 once, and the core's speed-up over it printed.
 
 DynaPipe: its simulator is not installed here (PyPI's ``dynapipe`` is another project), so
-its speed is the estimate bench_replay made: the Python dict loop's speed / 42
-(experiments/bench_replay.py, DYNAPIPE_FLOOR_RATIO); that dict loop is timed here, so
+its speed is the estimate replay.py made: the Python dict loop's speed / 42
+(benchmarks/replay.py, DYNAPIPE_FLOOR_RATIO); that dict loop is timed here, so
 pytorch's speed is set against the estimate at equal floors (target ≥ 20×).
 
 Memory (``--memory``): each policy in a fresh subprocess loads the saved trace and replays it;
@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experiments.bench_replay import (
+from benchmarks.replay import (
     DYNAPIPE_FLOOR_RATIO,
     _peak_rss_bytes,
     _reset_peak_rss,
@@ -119,7 +119,7 @@ def load_average() -> str:
 
 
 def dict_loop_seconds(trace: Trace, repeat: int) -> float:
-    """bench_replay's Python dict loop over ``trace`` (its lists made first, not timed)."""
+    """replay.py's Python dict loop over ``trace`` (its lists made first, not timed)."""
     ops, ids = trace.op.tolist(), trace.id.tolist()
     sizes = trace.matched_sizes().tolist()
     return cpu_best_of(repeat, lambda: dict_floor(ops, ids, sizes))
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'load bytes/event':>17s} {'trace bytes/event':>18s}")
             for policy in policies:
                 output = subprocess.run(
-                    [sys.executable, "-m", "experiments.bench_native", "--device", args.device,
+                    [sys.executable, "-m", "benchmarks.native", "--device", args.device,
                      *([] if args.context_bytes is None
                        else ["--context-bytes", str(args.context_bytes)]),
                      "--one", policy, path], check=True, capture_output=True, text=True).stdout

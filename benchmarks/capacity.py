@@ -1,6 +1,6 @@
 """Benchmark: min-capacity's time per policy, as a multiple of one replay (issue 17, item 3).
 
-    python -m experiments.bench_capacity [--events 1000000] [--kind training] [--policies ...]
+    python -m benchmarks.capacity [--events 1000000] [--kind training] [--policies ...]
 
 Generates the trace once, then per policy times one :func:`replay` on the default device and
 :func:`min_capacity` on it, in this one process (CPU time: on a shared machine wall time
