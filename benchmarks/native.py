@@ -45,8 +45,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.replay import (
     DYNAPIPE_FLOOR_RATIO,
@@ -164,7 +165,7 @@ def runs_native(trace: Trace, policy: str, profile: DeviceProfile) -> bool:
 
 
 def measure_speed(trace: Trace, policies: list[str], profile: DeviceProfile, repeat: int,
-                  against_python: bool = False) -> list[dict]:
+                  against_python: bool = False) -> list[dict[str, Any]]:
     """Every policy beside the three floors — the tuned C++ best fit, the plain one and the
     read limit — and the Python dict loop for DynaPipe's estimated speed; prints a line each
     as it goes, and the machine's load at the start and the end. Each policy's runs alternate
@@ -188,13 +189,14 @@ def measure_speed(trace: Trace, policies: list[str], profile: DeviceProfile, rep
           "(an estimate: DynaPipe's simulator is not installed here)")
     print(f"{'policy':28s} {'impl':7s} {'events/s':>12s} {'ns/event':>9s} {'× tuned':>8s} "
           f"{'× plain':>8s} {'× read':>7s} {'CPU s':>7s}")
-    rows = [{"policy": "tuned C++ best fit", "events": n, "cpu_s": tuned_s,
-             "events_per_s": n / tuned_s, "peak_bytes": tuned_peak,
-             "best_fit_peak_bytes": best_fit_peak},
-            {"policy": "plain C++ best fit", "events": n, "cpu_s": plain_s,
-             "events_per_s": n / plain_s},
-            {"policy": "read limit", "events": n, "cpu_s": read_s, "events_per_s": n / read_s,
-             "dict_loop_events_per_s": n / dict_s, "dynapipe_events_per_s": dynapipe}]
+    rows: list[dict[str, Any]] = [
+        {"policy": "tuned C++ best fit", "events": n, "cpu_s": tuned_s,
+         "events_per_s": n / tuned_s, "peak_bytes": tuned_peak,
+         "best_fit_peak_bytes": best_fit_peak},
+        {"policy": "plain C++ best fit", "events": n, "cpu_s": plain_s,
+         "events_per_s": n / plain_s},
+        {"policy": "read limit", "events": n, "cpu_s": read_s, "events_per_s": n / read_s,
+         "dict_loop_events_per_s": n / dict_s, "dynapipe_events_per_s": dynapipe}]
     for policy in policies:
         impl = "native" if runs_native(trace, policy, profile) else "Python"
         run_s = beside_tuned = beside_plain = beside_read = float("inf")
@@ -202,13 +204,13 @@ def measure_speed(trace: Trace, policies: list[str], profile: DeviceProfile, rep
             beside_tuned = min(beside_tuned, cpu_best_of(1, tuned))
             beside_plain = min(beside_plain, cpu_best_of(1, plain))
             beside_read = min(beside_read, cpu_best_of(1, read))
-            run_s = min(run_s, cpu_best_of(1, lambda policy=policy: replay(trace, policy,
-                                                                            profile)))
-        row = {"policy": policy, "impl": impl, "events": n, "cpu_s": run_s,
-               "events_per_s": n / run_s, "tuned_ratio": run_s / beside_tuned,
-               "tuned_events_per_s": n / beside_tuned, "floor_ratio": run_s / beside_plain,
-               "floor_events_per_s": n / beside_plain, "read_ratio": run_s / beside_read,
-               "read_events_per_s": n / beside_read}
+            run_s = min(run_s, cpu_best_of(1, partial(replay, trace, policy, profile)))
+        row: dict[str, Any] = {
+            "policy": policy, "impl": impl, "events": n, "cpu_s": run_s,
+            "events_per_s": n / run_s, "tuned_ratio": run_s / beside_tuned,
+            "tuned_events_per_s": n / beside_tuned, "floor_ratio": run_s / beside_plain,
+            "floor_events_per_s": n / beside_plain, "read_ratio": run_s / beside_read,
+            "read_events_per_s": n / beside_read}
         mark = "" if row["tuned_ratio"] <= TUNED_TARGET else "   (over the tuned floor)"
         if policy == "pytorch":
             row["dynapipe_x"] = n / run_s / dynapipe

@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if client is not None:
                 client.close()
+            if cluster is not None:
                 cluster.close()
         local_s = min(local_times)
         records = [json.loads(line) for line in local_out.read_text().splitlines()]

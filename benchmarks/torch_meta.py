@@ -28,10 +28,15 @@ import sys
 import time
 from pathlib import Path
 
+from allocsim.traces.model import Trace
+
+# What a run leaves: the trace (None unrecorded), live storages, bytes per storage, event bytes.
+Facts = tuple[Trace | None, int, int, int]
+
 PROGRAM = Path(__file__).resolve().parents[1] / "tests" / "torch_programs" / "gpt_adamw.py"
 
 
-def _run(argv: list[str], recorded: bool) -> tuple[float, float, object]:
+def _run(argv: list[str], recorded: bool) -> tuple[float, float, Facts]:
     from allocsim.traces.record.torch.meta import record_cuda
 
     saved = sys.argv
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # noqa: F401  (imported before timing: its import is not the recorder's)
 
     floor = recorded = floor_cpu = recorded_cpu = float("inf")
-    facts: tuple = (None, 0, 0, 0)
+    facts: Facts = (None, 0, 0, 0)
     for _ in range(args.repeats):
         seconds, cpu, _ = _run(program_args, recorded=False)
         floor, floor_cpu = min(floor, seconds), min(floor_cpu, cpu)

@@ -30,7 +30,10 @@ def synthesise(folder: Path, n_values: int, seed: int = 0) -> dict[str, int]:
     """Write the dump files of one synthetic module into ``folder``; returns its facts."""
     rng = random.Random(seed)
     length = PARAMS + n_values
-    starts, ends, sizes, inplace = [], [], [], []
+    starts: list[int] = []
+    ends: list[int] = []
+    sizes: list[int] = []
+    inplace: list[bool] = []
     for k in range(n_values):
         position = PARAMS + k
         if k and k % 4 == 0 and ends[-1] >= position:
@@ -45,7 +48,8 @@ def synthesise(folder: Path, n_values: int, seed: int = 0) -> dict[str, int]:
     # Pack into one temp allocation: a pool of slots per size, reused once free.
     free: dict[int, list[int]] = {s: [] for s in SIZES}
     releases: list[tuple[int, int, int]] = []  # (free after, size, offset)
-    offsets, top = [], 0
+    offsets: list[int] = []
+    top = 0
     for k in range(n_values):
         while releases and releases[0][0] < starts[k]:
             _, size, offset = heapq.heappop(releases)

@@ -14,13 +14,15 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from allocsim.traces.record import xla_gpu
 
 xla_gpu.prepare()
 
 
-def make_step(layers: int):  # a fresh function object: jax caches compiles per function
+def make_step(layers: int) -> Callable[..., Any]:  # a fresh function: jax caches per function
     import jax
     import jax.numpy as jnp
 
