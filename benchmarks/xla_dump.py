@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         facts = synthesise(folder, args.values)
         size = sum(p.stat().st_size for p in folder.iterdir())
         start = time.perf_counter()
-        trace = formats.load(folder)
+        trace = formats.load(folder, view="buffers")     # the logical buffers, as measured
         seconds = time.perf_counter() - start
     xla = trace.metadata["xla"]
     print(f"{facts['values']:,} logical values ({facts['in_place']:,} in place), "
