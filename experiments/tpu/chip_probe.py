@@ -149,7 +149,8 @@ def probe_env(out: Path) -> None:
     info["platform"] = device.platform
     info["devices"] = [str(d) for d in jax.devices()]
     try:
-        info["platform_version"] = jax.extend.backend.get_backend().platform_version
+        from jax.extend import backend as jax_backend
+        info["platform_version"] = jax_backend.get_backend().platform_version
     except Exception as err:
         info["platform_version"] = f"unavailable: {err}"
     info["stats_before_any_array"] = _stats(device)
