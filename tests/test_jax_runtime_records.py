@@ -62,3 +62,23 @@ def test_a_session_that_cannot_start_is_noted_not_raised(monkeypatch: pytest.Mon
     assert records.folder is None
     assert "could not start" in records.summary["note"]
     assert records.stop(recorded_peak=0) is None
+
+
+# -- recorded on the chip (experiments/tpu/record_on_chip.sh: jax 0.10.2, libtpu 0.0.42.1) ----
+CHIP = Path(__file__).parent / "data" / "tpu" / "recorder"
+
+
+@pytest.mark.parametrize("run", ["train", "train-nojit"])
+def test_on_the_chip_the_recorder_kept_the_runtimes_records_and_the_model_places_them(
+        run: str) -> None:
+    from allocsim.sim.questions.fidelity.tpu import tpu_fidelity
+    from allocsim.traces.record.jax_recorder.runtime_records import trace_peak
+    recording = load(CHIP / f"{run}.npz")
+    runtime = load(CHIP / f"{run}.runtime.npz")
+    summary = recording.metadata["runtime_records"]
+    assert summary["file"] == f"{run}.runtime.npz"
+    assert summary["records"] == len(runtime)
+    assert summary["recorder_peak_live"] == trace_peak(recording)
+    assert summary["runtime_peak_in_use"] == trace_peak(runtime)
+    report = tpu_fidelity(runtime)
+    assert report.matched == report.total == len(runtime)

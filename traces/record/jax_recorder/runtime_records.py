@@ -93,9 +93,8 @@ class RuntimeRecords:
             self.summary = {
                 "records": len(trace), "runtime_peak_in_use": peak,
                 "recorder_peak_live": recorded_peak,
-                "note": "the runtime's own records (sizes as it holds them; XLA's temp is "
-                        "held as reserved scratch, not allocated, so the recorder's peak "
-                        "may be higher)"}
+                "note": "the runtime's own records: sizes as it holds them, executables' "
+                        "generated code included, XLA's temp not (held as reserved scratch)"}
             if self.claim is not None:
                 save(trace, self.claim)
                 self.summary["file"] = self.claim.path.name
