@@ -1,6 +1,7 @@
 // BFC, preallocate and best-fit: policies/chunk_policy.py's ChunkPolicy over policies/chunks.py's
-// ChunkMap and FreeIndex, with bfc.py's Extend (doubling, back-off) and
-// DeallocateFreeRegions and best_fit.py's page growth and trim as the growth rules.
+// ChunkMap and FreeIndex. The growth rules are declared here and written in the twins of
+// their Python modules: bfc.hpp (bfc.py's Extend, doubling and back-off, and
+// DeallocateFreeRegions) and best_fit.hpp (best_fit.py's page growth and trim).
 //
 // The Python modules are the specification; this is their twin, held to them by
 // tests/test_native_differential.py (every RunResult field, timeline bucket, stat and the
@@ -58,7 +59,7 @@ class ChunkPolicy {
     }
     Chunk& chunk = chunks_[found];
     int64_t chunk_size = chunk.size;
-    bool split = chunk_size >= 2 * rounded || chunk_size - rounded >= c_.max_slack;
+    bool split = chunk_size >= smallest_split(rounded);  // ShouldSplitChunk
     chunk.free = false;
     chunk.requested = size;
     requested_sum += size;
@@ -82,6 +83,14 @@ class ChunkPolicy {
     ++num_allocs;
     *handle = found;
     return chunks_[found].address;
+  }
+
+  // ChunkPolicy.smallest_split: BFC's ShouldSplitChunk (split when chunk >= 2 * rounded or
+  // chunk - rounded >= max_internal_fragmentation) as the smallest chunk that a request of
+  // rounded bytes splits; 0 slack splits always.
+  int64_t smallest_split(int64_t rounded) const {
+    int64_t twice = 2 * rounded, slack_edge = rounded + c_.max_slack;
+    return twice < slack_edge ? twice : slack_edge;
   }
 
   // ChunkPolicy.free (ChunkMap.give_back_general): merge with the next chunk if free, then
@@ -238,137 +247,22 @@ class ChunkPolicy {
 
   bool make_room(int64_t rounded) {
     if (c_.growth == ChunkConfig::kBestFit) return grow(rounded);
-    return extend(rounded) || (deallocate_free_regions(rounded) && extend(rounded));
+    return extend_region(rounded) ||
+           (deallocate_free_regions(rounded) && extend_region(rounded));
   }
 
-  // -- BFC (bfc.py) -----------------------------------------------------------------
-  int64_t backpedal_bytes(int64_t nbytes) const {
-    // size_t x float kBackpedalFactor is a float, truncated back to size_t, then rounded up.
-    float product = static_cast<float>(nbytes) * c_.backpedal_factor;
-    int64_t truncated = static_cast<int64_t>(product);
-    return (truncated + c_.min_allocation - 1) / c_.min_allocation * c_.min_allocation;
-  }
-
-  bool extend(int64_t rounded) {  // BFC's Extend
-    int64_t available = (c_.memory_limit - pool_bytes_) / c_.min_allocation * c_.min_allocation;
-    if (c_.memory_limit - pool_bytes_ < 0) {  // Python's floor division of a negative
-      available = -((-(c_.memory_limit - pool_bytes_) + c_.min_allocation - 1) /
-                    c_.min_allocation) * c_.min_allocation;
-    }
-    if (rounded > available) return false;
-    bool increased = false;
-    while (rounded > curr_region_) {
-      double_region();
-      increased = true;
-    }
-    int64_t nbytes = std::min(curr_region_, available);
-    int64_t base = device_.reserve(nbytes);
-    while (base < 0) {
-      int64_t backpedal = backpedal_bytes(nbytes);
-      if (backpedal >= nbytes) backpedal = nbytes - c_.min_allocation;
-      nbytes = backpedal;
-      if (nbytes < rounded) return false;
-      base = device_.reserve(nbytes);
-    }
-    if (!increased) double_region();
-    add_region(base, nbytes);
-    pool_bytes_ += nbytes;
-    peak_pool_bytes_ = std::max(peak_pool_bytes_, pool_bytes_);
-    return true;
-  }
-
-  // curr_region_allocation_bytes *= 2, which Python's ints never overflow: every successful
-  // Extend without growth doubles it, so a run that garbage-collects and extends again 62
-  // times would wrap an int64 to 0 and spin in the loop above. Held at kRegionCap instead:
-  // above every memory limit the bridge passes (< 2**60, sim/kernel/native.py) and so above
-  // every `available`, where Extend reads it only as min(curr, available) = available and
-  // `rounded > curr` is false, exactly as for the Python's larger value.
-  void double_region() {
-    curr_region_ = curr_region_ >= kRegionCap / 2 ? kRegionCap : curr_region_ * 2;
-  }
+  // -- BFC's growth rules: their bodies are in bfc.hpp, the twin of bfc.py ----------------
+  int64_t backpedal_bytes(int64_t nbytes) const;
+  bool extend_region(int64_t rounded);
+  void double_region();
   static constexpr int64_t kRegionCap = int64_t{1} << 62;
+  bool region_is_free(const Region& r) const;
+  bool deallocate_free_regions(int64_t rounded);
 
-  bool region_is_free(const Region& r) const {
-    return r.live && r.first == r.last && chunks_[r.first].free;
-  }
-
-  bool deallocate_free_regions(int64_t rounded) {  // BFC's DeallocateFreeRegions
-    if (!c_.garbage_collection) return false;
-    int64_t free_bytes = 0;
-    for (const Region& r : regions_) if (region_is_free(r)) free_bytes += r.size;
-    if (free_bytes == 0 || rounded > c_.memory_limit - pool_bytes_ + free_bytes) return false;
-    // In the order the Python dict holds them: insertion order, as regions_ is.
-    for (Region& r : regions_) {
-      if (!region_is_free(r)) continue;
-      index_remove(r.first);
-      spare_.push_back(r.first);
-      r.live = false;
-      pool_bytes_ -= r.size;
-      device_.release(r.base);
-    }
-    return true;
-  }
-
-  // -- best-fit (best_fit.py) -------------------------------------------------------
-  int64_t tail_free_bytes() const {
-    if (!mapped_) return 0;
-    const Chunk& last = chunks_[regions_.back().last];
-    return last.free ? last.size : 0;
-  }
-
-  bool grow(int64_t rounded) {  // map just enough whole pages at the top
-    int64_t need = rounded - tail_free_bytes();
-    int64_t extra = (need + c_.page - 1) / c_.page * c_.page;
-    if (!device_.map(c_.heap_base + mapped_, extra)) return false;
-    if (mapped_) {  // ChunkMap.grow_region
-      Region& region = regions_.back();
-      region.size += extra;
-      int32_t last = region.last;
-      if (chunks_[last].free) {
-        index_remove(last);
-        chunks_[last].size += extra;
-        index_add(last);
-      } else {
-        int64_t end = region.base + region.size - extra;
-        int32_t at = new_chunk(end, extra);
-        Region& grown = regions_.back();
-        chunks_[at].region = static_cast<int32_t>(regions_.size() - 1);
-        chunks_[at].prev = grown.last;
-        chunks_[grown.last].next = at;
-        grown.last = at;
-        index_add(at);
-      }
-    } else {
-      regions_.clear();
-      add_region(c_.heap_base, extra);
-    }
-    mapped_ += extra;
-    peak_mapped_ = std::max(peak_mapped_, mapped_);
-    return true;
-  }
-
-  void trim() {  // unmap the wholly free pages at the top of the heap
-    int64_t free_pages = tail_free_bytes() / c_.page * c_.page;
-    if (free_pages == 0) return;
-    Region& region = regions_.back();
-    int32_t last = region.last;
-    if (free_pages == mapped_) {  // the whole heap is free: forget the region
-      index_remove(last);
-      spare_.push_back(last);
-      regions_.clear();
-    } else {  // ChunkMap.shrink_region
-      region.size -= free_pages;
-      index_remove(last);
-      if (chunks_[last].size == free_pages) {
-        unlink(last);
-      } else {
-        chunks_[last].size -= free_pages;
-        index_add(last);
-      }
-    }
-    mapped_ -= free_pages;
-    device_.unmap(c_.heap_base + mapped_, free_pages);
-  }
+  // -- best-fit's growth rules: their bodies are in best_fit.hpp, the twin of best_fit.py ----
+  int64_t tail_free_bytes() const;
+  bool grow(int64_t rounded);
+  void trim();
 
   ChunkConfig c_;
   Device& device_;
@@ -384,3 +278,7 @@ class ChunkPolicy {
 };
 
 }  // namespace allocsim
+
+// The growth rules' bodies, each in the twin of its Python module.
+#include "best_fit.hpp"
+#include "bfc.hpp"

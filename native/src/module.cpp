@@ -22,7 +22,7 @@
 #include "chunk_policy.hpp"
 #include "columns.hpp"
 #include "cuda_async.hpp"
-#include "cupy.hpp"
+#include "cupy_pool.hpp"
 #include "device.hpp"
 #include "engine.hpp"
 #include "on_demand.hpp"

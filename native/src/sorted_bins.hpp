@@ -1,7 +1,7 @@
 // Free chunks ordered by (size, tie): policies/chunks.py's FreeIndex in cuda_async.hpp (tie =
 // the address; chunk_policy.hpp keeps its own, in chunks.BIN's 21 ascending bins, which
 // measured faster for BFC on the training trace), PyTorch's pools (tie = the address;
-// pytorch.hpp), cupy_pool.py's _Arena (tie = the chunk's creation id; cupy.hpp) and tpu.py's
+// pytorch.hpp), cupy_pool.py's _Arena (tie = the chunk's creation id; cupy_pool.hpp) and tpu.py's
 // best-fit index (tie = minus the offset; tpu.hpp): the same structure over different keys.
 //
 // The order of the keys is the rule; the bins are a layout of the core's own (the Python
