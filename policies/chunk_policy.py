@@ -12,11 +12,11 @@ core's business): the best fit is :meth:`FreeIndex.pop_best_fit`, the split rule
 from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from allocsim.policies.base import DeviceMemory, Policy
 from allocsim.policies.chunk_records import ADDRESS_MASK, KEY_SHIFT
-from allocsim.policies.chunks import ChunkMap
+from allocsim.policies.chunks import BIN, ChunkMap
 
 
 class ChunkObserver(Protocol):
@@ -88,6 +88,13 @@ class ChunkPolicy(Policy):
         of the rule; min-capacity's region watch reads it too."""
         twice, slack_edge = 2 * rounded, rounded + self.max_slack
         return twice if twice < slack_edge else slack_edge
+
+    def chunk_numbers(self) -> dict[str, Any]:
+        """ChunkConfig's shared fields (native/src/chunk_policy.hpp): the bin of each bit
+        length, the alignment and the split slack; each growth rule's
+        :meth:`native_numbers` adds its own."""
+        return {"bin_of_bits": list(BIN), "alignment": self.alignment,
+                "max_slack": self.max_slack}
 
     # -- the interface -----------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0) -> int | None:

@@ -72,10 +72,11 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterator
 from itertools import pairwise
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from allocsim.policies.base import (
     DeviceMemory,
+    NativeTwin,
     Param,
     Policy,
     PolicyStats,
@@ -190,6 +191,7 @@ class _Arena:
 class CuPyPoolAllocator(Policy):
     name = "cupy"
     capacity_use = "limit; unless fraction"   # set_limit(fraction=) caps at fraction × capacity
+    native = NativeTwin("cupy", "cupy_pool.hpp")
     description = "CuPy MemoryPool: 512 B rounding, per-stream best fit, always split"
     def __init__(self, device: DeviceMemory, limit: int = 0, fraction: float = 0.0) -> None:
         super().__init__(device)
@@ -501,6 +503,10 @@ class CuPyPoolAllocator(Policy):
         check_live_chunks("CuPy", self, dict(self.requested), in_use, size_of)
         require(self.peak_bytes_in_use >= self.bytes_in_use, "CuPy: peak_bytes_in_use < current")
         require(self.peak_total_bytes >= self._total_bytes, "CuPy: peak_total_bytes < current")
+
+    def native_numbers(self) -> dict[str, Any] | None:
+        """CuPyConfig (native/src/cupy_pool.hpp): the allocation unit and the limit."""
+        return {"unit": ALLOCATION_UNIT_SIZE, "limit": self.get_limit()}
 
     def stats(self) -> PolicyStats:
         requested = sum(c.requested for c in self.record.values() if not c.key)

@@ -17,7 +17,7 @@ A mutation is keyed by its rule's name: ``function`` names the function that wri
 inside that function's body, where the mutation is made. Code moved around the rule, or the
 same text elsewhere in the file, does not break it; renaming the rule does, on purpose. Each
 rule of the Python models has its twin in the core: the same function name (less Python's
-leading underscore for a private method) in the twin file (:func:`twin_file`), so a rule the
+leading underscore for a private method) in the twin file (tests/twin_files.py), so a rule the
 core writes as an unnamed expression has nothing to mutate and fails here.
 
 The slow part (a pytest run per mutation) is marked ``slow``; that each mutation still applies
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from twin_files import twin_file, twin_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -65,21 +66,6 @@ def test_the_list_holds_the_mutations_the_issue_names() -> None:
     native = {m["name"] for m in MUTATIONS if m["file"].startswith(NATIVE)}
     assert {"native-pytorch-expandable-walk-tie", "native-cupy-limit-fits",
             "native-cuda-async-trim-to-threshold"} <= native
-
-
-def twin_file(python_file: str) -> str:
-    """The core's file that mirrors a Python model's module, one to one by name:
-    ``policies/X.py`` is ``native/src/X.hpp``; PyTorch's modules (``policies/pytorch_*.py``,
-    or the package ``policies/pytorch/``) are the one ``native/src/pytorch.hpp``."""
-    stem = Path(python_file).stem
-    if python_file.startswith("policies/pytorch/") or stem.startswith("pytorch_"):
-        stem = "pytorch"
-    return f"{NATIVE}src/{stem}.hpp"
-
-
-def twin_name(python_function: str) -> str:
-    """A Python rule's name in the core: the same, less a private method's underscore."""
-    return python_function.lstrip("_")
 
 
 def test_every_rule_edge_is_held_in_both_implementations() -> None:
