@@ -272,3 +272,20 @@ def test_each_mutation_fails_a_test(mutation: dict[str, Any], pristine: Path,
 
 # Source folder → where it sits in the copy.
 PACKAGES_TARGET = {source: target for target, source in PACKAGES.items()}
+
+
+def test_a_rule_is_written_only_in_its_model_and_its_twin() -> None:
+    """An importer or a question asks the policy's rule instead of copying it (issue 38.3: the
+    snapshot importer once held a third copy of should_split): no module of traces/ or sim/
+    defines a function named as a rule (the Policy interface's own names aside)."""
+    from allocsim.policies.base import Policy
+    interface = {name for name in vars(Policy) if not name.startswith("__")}
+    rules = {m["function"] for m in MUTATIONS if not m["file"].startswith(NATIVE)} - interface
+    copies = []
+    for folder in ("traces", "sim"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                        node.name in rules):
+                    copies.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert not copies, f"a rule written again outside policies/: {copies}"
