@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from allocsim.policies.base import DeviceMemory, Policy
 from allocsim.policies.chunk_records import ADDRESS_MASK, KEY_SHIFT
-from allocsim.policies.chunks import BIN, ChunkMap
+from allocsim.policies.chunks import ChunkMap
 
 
 class ChunkObserver(Protocol):
@@ -90,11 +90,9 @@ class ChunkPolicy(Policy):
         return twice if twice < slack_edge else slack_edge
 
     def chunk_numbers(self) -> dict[str, Any]:
-        """ChunkConfig's shared fields (native/src/chunk_policy.hpp): the bin of each bit
-        length, the alignment and the split slack; each growth rule's
-        :meth:`native_numbers` adds its own."""
-        return {"bin_of_bits": list(BIN), "alignment": self.alignment,
-                "max_slack": self.max_slack}
+        """ChunkConfig's shared fields (native/src/chunk_policy.hpp): the alignment and the
+        split slack; each growth rule's :meth:`native_numbers` adds its own."""
+        return {"alignment": self.alignment, "max_slack": self.max_slack}
 
     # -- the interface -----------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0) -> int | None:

@@ -5,17 +5,15 @@
 //
 // The Python modules are the specification; this is their twin, held to them by
 // tests/test_native_differential.py (every RunResult field, timeline bucket, stat and the
-// address of every malloc). The tables and constants come from Python (ChunkConfig): the bin
-// of each bit length (chunks.BIN), the alignment and split slack, BFC's memory limit, first
-// region size and back-off factor, best-fit's page and heap base, as the Python policy built
-// for the same device holds them.
+// address of every malloc). The constants come from Python (ChunkConfig): the alignment and
+// split slack, BFC's memory limit, first region size and back-off factor, best-fit's page and
+// heap base, as the Python policy built for the same device holds them.
 //
 // Invariants (chunks.py's): a region's chunks tile it, linked by address; no two neighbouring
-// chunks are both free; a chunk is in the free index exactly when it is free. Free chunks sit
-// in 21 bins by size class, each a vector sorted by (size, address), with a bitmask of the
-// non-empty ones: best fit is a binary search in bin(rounded), then the first chunk of the next
-// non-empty bin (the smallest fitting chunk, lowest address on ties). An in-use chunk's record
-// never moves, so its index is the handle the engine keeps for the live buffer.
+// chunks are both free; a chunk is in the free index exactly when it is free. The free index is
+// the core's one binned index, SortedBins (sorted_bins.hpp), keyed by (size, address): best fit
+// is its lower_bound (the smallest fitting chunk, lowest address on ties). An in-use chunk's
+// record never moves, so its index is the handle the engine keeps for the live buffer.
 #pragma once
 
 #include <algorithm>
@@ -23,12 +21,12 @@
 #include <vector>
 
 #include "device.hpp"
+#include "sorted_bins.hpp"
 
 namespace allocsim {
 
 struct ChunkConfig {
   enum Growth { kBfc, kBestFit } growth;
-  std::vector<int> bin_of_bits;  // chunks.BIN: bin number by bit length
   int64_t alignment;             // ChunkPolicy.alignment
   int64_t max_slack;             // ChunkPolicy.max_slack (split when slack >= this)
   // BFC (bfc.py): memory_limit, curr_region_allocation_bytes at the start, MIN_ALLOCATION,
@@ -44,9 +42,7 @@ struct ChunkConfig {
 class ChunkPolicy {
  public:
   ChunkPolicy(ChunkConfig config, Device& device)
-      : c_(std::move(config)), device_(device), curr_region_(c_.first_region) {
-    bins_.resize(kBins);
-  }
+      : c_(std::move(config)), device_(device), curr_region_(c_.first_region) {}
 
   // ChunkPolicy.malloc: the address handed out and its chunk (*handle); -1 on OOM.
   int64_t malloc(int64_t size, int64_t /*stream*/, int64_t* handle) {
@@ -123,47 +119,30 @@ class ChunkPolicy {
   }
 
   // FreeIndex.largest: the largest free chunk's size (0 if none).
-  int64_t largest_free() const {
-    if (!nonempty_) return 0;
-    int top = 31 - __builtin_clz(nonempty_);
-    return bins_[top].back().size;
-  }
+  int64_t largest_free() const { return free_.largest(); }
 
   int64_t pool_bytes() const { return c_.growth == ChunkConfig::kBfc ? pool_bytes_ : mapped_; }
   int64_t peak_pool_bytes() const {
     return c_.growth == ChunkConfig::kBfc ? peak_pool_bytes_ : peak_mapped_;
   }
-  int64_t free_blocks() const { return free_count_; }
+  int64_t free_blocks() const { return free_.size(); }
   int64_t bytes_requested() const { return requested_sum; }
 
   int64_t bytes_in_use = 0, peak_bytes_in_use = 0, requested_sum = 0;
   int64_t num_allocs = 0, num_frees = 0, num_ooms = 0;
 
  private:
-  static constexpr int kBins = 21;
   struct Chunk {
     int64_t size, address, requested;
     int32_t prev, next;  // neighbours in the region by address; -1 at its ends
     int32_t region;
     bool free;
   };
-  struct Key {  // FreeIndex's key: ordered by (size, address)
-    int64_t size, address;
-    int32_t chunk;
-    bool operator<(const Key& o) const {
-      return size < o.size || (size == o.size && address < o.address);
-    }
-  };
   struct Region {
     int64_t base, size;
     int32_t first, last;
     bool live;
   };
-
-  int bin(int64_t nbytes) const {
-    int bits = nbytes > 0 ? 64 - __builtin_clzll(static_cast<uint64_t>(nbytes)) : 0;
-    return c_.bin_of_bits[bits];
-  }
 
   int32_t new_chunk(int64_t address, int64_t size) {
     int32_t at;
@@ -189,51 +168,15 @@ class ChunkPolicy {
     spare_.push_back(at);
   }
 
-  void index_add(int32_t at) {
-    const Chunk& chunk = chunks_[at];
-    int number = bin(chunk.size);
-    std::vector<Key>& keys = bins_[number];
-    Key key{chunk.size, chunk.address, at};
-    if (keys.empty()) nonempty_ |= 1u << number;
-    if (keys.empty() || keys.back() < key) keys.push_back(key);
-    else keys.insert(std::lower_bound(keys.begin(), keys.end(), key), key);
-    ++free_count_;
-  }
-
-  void index_remove(int32_t at) {
-    const Chunk& chunk = chunks_[at];
-    int number = bin(chunk.size);
-    std::vector<Key>& keys = bins_[number];
-    Key key{chunk.size, chunk.address, at};
-    keys.erase(std::lower_bound(keys.begin(), keys.end(), key));
-    if (keys.empty()) nonempty_ &= ~(1u << number);
-    --free_count_;
-  }
+  // FreeIndex.add / remove: the free chunks by (size, address), the tie the address.
+  void index_add(int32_t at) { free_.add(chunks_[at].size, chunks_[at].address, at); }
+  void index_remove(int32_t at) { free_.remove(chunks_[at].size, chunks_[at].address); }
 
   // FreeIndex.pop_best_fit: the smallest free chunk >= rounded (lowest address on ties), out
   // of the index; -1 when none fits.
   int32_t pop_best_fit(int64_t rounded) {
-    int number = bin(rounded);
-    std::vector<Key>& keys = bins_[number];
-    if (!keys.empty()) {
-      auto it = std::lower_bound(keys.begin(), keys.end(), Key{rounded, INT64_MIN, 0});
-      if (it != keys.end()) {
-        int32_t at = it->chunk;
-        keys.erase(it);
-        if (keys.empty()) nonempty_ &= ~(1u << number);
-        --free_count_;
-        return at;
-      }
-    }
-    uint32_t above = number + 1 < 32 ? nonempty_ >> (number + 1) : 0;
-    if (!above) return -1;
-    number += __builtin_ctz(above) + 1;
-    std::vector<Key>& next = bins_[number];
-    int32_t at = next.front().chunk;
-    next.erase(next.begin());
-    if (next.empty()) nonempty_ &= ~(1u << number);
-    --free_count_;
-    return at;
+    SortedBins::Key found;
+    return free_.lower_bound(rounded, true, &found) ? found.chunk : -1;
   }
 
   // ChunkMap.add_region: a new region becomes one free chunk.
@@ -269,9 +212,7 @@ class ChunkPolicy {
   std::vector<Chunk> chunks_;
   std::vector<int32_t> spare_;
   std::vector<Region> regions_;
-  std::vector<std::vector<Key>> bins_;
-  uint32_t nonempty_ = 0;
-  int64_t free_count_ = 0;
+  SortedBins free_;  // the free chunks (FreeIndex)
   int64_t curr_region_;
   int64_t pool_bytes_ = 0, peak_pool_bytes_ = 0;
   int64_t mapped_ = 0, peak_mapped_ = 0;

@@ -91,8 +91,6 @@ ChunkConfig chunk_config(const nb::dict& d) {
   if (growth == "bfc") c.growth = ChunkConfig::kBfc;
   else if (growth == "best-fit") c.growth = ChunkConfig::kBestFit;
   else throw std::invalid_argument("unknown chunk growth " + growth);
-  c.bin_of_bits = get<std::vector<int>>(d, "bin_of_bits");
-  if (c.bin_of_bits.size() < 65) throw std::invalid_argument("bin table too short");
   c.alignment = get<int64_t>(d, "alignment");
   c.max_slack = get<int64_t>(d, "max_slack");
   if (c.growth == ChunkConfig::kBfc) {

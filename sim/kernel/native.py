@@ -14,15 +14,14 @@ a device-call log (the validator), step in simpy (``share``) or watch a policy (
 probes, explain-oom) build a ProcessReplay and run in Python.
 
 Nothing the core decides is written twice here, and no policy is named here: every table and
-constant it uses (the bins of each bit length, the alignment and split slack, BFC's memory
+constant it uses (the alignment and split slack, BFC's memory
 limit, first region and back-off factor, best-fit's page, PyTorch's sizes and settings, CuPy's
 unit and limit, the stream-ordered pool's threshold and chunk, the TPU runtime's granule and
 compaction cost line) is what the Python policy built for the run's device hands over itself
 (:meth:`~allocsim.policies.base.Policy.native_config`), and the device's granules, alignment
-and costs are read off the Python device, so the two cannot drift. The free indexes of
-PyTorch's pools, CuPy's arenas, the stream-ordered pool and the TPU keep the Python's order of
-free blocks, (size, tie), in size-class bins of their own (native/src/sorted_bins.hpp): a
-layout, not a rule.
+and costs are read off the Python device, so the two cannot drift. Every free index of the
+core keeps the Python's order of free blocks, (size, tie), in one binned index with
+size-class bins of its own (native/src/sorted_bins.hpp): a layout, not a rule.
 ``ALLOCSIM_NATIVE=0`` turns the core off; without the module (no C++ compiler at install
 time) the Python models run, with the same answers (tests/test_native_differential.py).
 """
