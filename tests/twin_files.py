@@ -2,10 +2,9 @@
 name a rule appears there: the one-to-one correspondence the twins keep (CPython's heapq.py
 and _heapqmodule.c name their operations alike, file for file).
 
-``policies/X.py`` is mirrored by ``native/src/X.hpp``; PyTorch's modules, one model in several
-modules (``policies/pytorch_*.py``, or the package ``policies/pytorch/``), by the one
-``native/src/pytorch.hpp``. A rule keeps its name, less the leading underscore Python gives a
-private method.
+``policies/X.py`` is mirrored by ``native/src/X.hpp``; a package of one model in several
+modules, ``policies/X/`` (PyTorch's), by the one ``native/src/X.hpp``. A rule keeps its name,
+less the leading underscore Python gives a private method.
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ NATIVE_SOURCES = "native/src/"
 
 def twin_file(python_file: str) -> str:
     """The core's file that mirrors ``python_file`` (a path from the repository's root)."""
-    stem = Path(python_file).stem
-    if python_file.startswith("policies/pytorch/") or stem.startswith("pytorch_"):
-        stem = "pytorch"
+    parts = Path(python_file).parts           # ("policies", "X.py") or ("policies", "X", …)
+    stem = parts[1] if len(parts) > 2 else Path(python_file).stem
     return f"{NATIVE_SOURCES}{stem}.hpp"
 
 
