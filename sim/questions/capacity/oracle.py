@@ -354,8 +354,8 @@ def _cupy_state(policy: Policy) -> object:
     is younger than all). Not: the statistics, the requested sizes."""
     pool: CuPyPoolAllocator = policy                                # type: ignore[assignment]
     stream_of = {id(arena): stream for stream, arena in pool.arenas.items()}
-    free = {key & CUPY_ADDRESS_MASK: stream for stream, arena in pool.arenas.items()
-            for key in arena.keys()}
+    free = {tie & CUPY_ADDRESS_MASK: stream for stream, arena in pool.arenas.items()
+            for _, tie in arena.keys()}
     in_use = {address: stream_of[id(arena)] for address, arena in pool.in_use.items()}
     age = {address: rank for rank, (_, address) in
            enumerate(sorted((cid, address) for address, cid in pool.cid_of.items()))}
