@@ -333,7 +333,7 @@ def _explain_replayed(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
     run.advance(len(trace))
     if run.first_oom is None:
         raise NoOOMError(f"{trace.name} does not run out of memory under {spec} on "
-                         f"{profile.name} ({format_size(profile.capacity)}); give a smaller "
+                         f"{profile.label} ({format_size(profile.capacity)}); give a smaller "
                          "--capacity")
     oom = run.first_oom
     event, request, live, reserved, largest = (oom.event, oom.size, oom.allocated,
@@ -350,8 +350,8 @@ def _explain_replayed(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
     peak_live = _peak_live_note(trace, capacity, kind, notes)
     alternatives = _alternatives(trace, variant_specs(spec, max_split_sizes_mb), profile, notes)
     return OOMExplanation(
-        trace=trace.name, policy=str(spec), device=profile.name, capacity=capacity,
-        capacity_source=f"device {profile.name}",
+        trace=trace.name, policy=str(spec), device=profile.label, capacity=capacity,
+        capacity_source=f"device {profile.label}",
         event=event, request=request, stream=int(trace.stream[event]), live=live,
         reserved=reserved, in_use=in_use, cached_free=reserved - in_use,
         largest_free_block=largest, device_free=capacity - reserved, verdict=kind,

@@ -126,12 +126,12 @@ def framework_of(trace: Trace, device: DeviceProfile) -> tuple[str | None, str]:
     meta = trace.metadata
     on_tpu = meta.get("memory_runtime") == TPU
     if is_tpu(device):
-        return TPU, (f"the device {device.name} is a TPU (JAX there runs the TPU runtime)"
+        return TPU, (f"the device {device.label} is a TPU (JAX there runs the TPU runtime)"
                      if not on_tpu else "the profile was recorded on a TPU (its frees carry "
-                     f"no sizes), compared on {device.name}")
+                     f"no sizes), compared on {device.label}")
     if on_tpu:      # a TPU job asked about on a GPU: JAX's GPU settings
         return "jax", (f"the profile was recorded by JAX on a TPU and is compared on a GPU, "
-                       f"{device.name} (--device tpu-v5e compares the TPU runtime)")
+                       f"{device.label} (--device tpu-v5e compares the TPU runtime)")
     fmt = str(meta.get("format", ""))
     if fmt == "xplane":
         return _xplane_framework(trace)

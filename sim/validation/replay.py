@@ -57,7 +57,7 @@ def simulate(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
     # The engine samples bytes in use sparsely for its timeline; every event is wanted here.
     run.sample_every = 1
     run.advance(run.n)
-    result = run.result(profile.name)
+    result = run.result(profile.label)
     events = np.asarray(run.call_events, dtype=np.int64)
     reserved = after_each_event(events, np.asarray(run.call_reserved, dtype=np.int64), run.n)
     used = np.zeros(run.n, dtype=np.int64)
