@@ -46,7 +46,7 @@ The command, ``allocsim explain-oom``: :mod:`allocsim.sim.cli.explain`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,7 @@ from allocsim.policies.pytorch_caching import (
     PyTorchCachingAllocator,
     get_allocation_size,
 )
+from allocsim.policies.settings import PyTorchSettings
 from allocsim.sim.kernel.device import (
     DEFAULT_PROFILE,
     DeviceProfile,
@@ -251,14 +252,11 @@ def variant_specs(failing: PolicySpec, max_split_sizes_mb: Sequence[int] = MAX_S
     variants built on the failing policy's pytorch parameters (plain pytorch otherwise), and
     pytorch, bfc and best-fit when the failing policy is not pytorch. The failing policy
     itself first."""
-    base = dict(failing.params) if failing.name == "pytorch" else {}
-    texts = []
-    for key, value in ([("expandable_segments", "true")]
-                       + [("max_split_size_mb", str(n)) for n in max_split_sizes_mb]
-                       + [("roundup_power2_divisions", "4")]):
-        params = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in base.items()}
-        params[key] = value
-        texts.append("pytorch:" + ",".join(f"{k}={v}" for k, v in params.items()))
+    base = PyTorchSettings(**dict(failing.params) if failing.name == "pytorch" else {})
+    variants = ([replace(base, expandable_segments=True)]
+                + [replace(base, max_split_size_mb=n) for n in max_split_sizes_mb]
+                + [replace(base, roundup_power2_divisions="4")])
+    texts = [variant.spec() for variant in variants]
     if failing.name != "pytorch":
         texts = ["pytorch", *texts, "bfc", "best-fit"]
     specs = [failing]

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from allocsim.policies import DEFAULT_POLICIES, parse_policy
+from allocsim.policies.settings import TpuSettings
+from allocsim.policies.settings.pytorch import ALLOC_CONF
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.device_buffers import is_tpu
 from allocsim.sim.questions.tune_space import (
@@ -193,7 +195,7 @@ def default_choice(trace: Trace, device: DeviceProfile) -> Choice:
         return generic_choice(DEFAULT_POLICIES, f"the generic policies, because {why} "
                               "(record your job, or name policies with --policies)")
     if name == TPU:
-        return Choice(TPU, why, (Candidate("tpu", "TPU runtime", ()),))
+        return Choice(TPU, why, (Candidate(TpuSettings().spec(), "TPU runtime", ()),))
     candidates = tuple(_candidate(s, device.capacity) for s in _settings(name, trace))
     return Choice(name, why, candidates)
 
@@ -206,8 +208,7 @@ def generic_choice(specs: Sequence[str], why: str = "the policies named with --p
 
 def with_alloc_confs(choice: Choice, confs: Sequence[tuple[str, str]]) -> Choice:
     """``choice`` and the ``--alloc-conf`` policies (``(text, spec)``), each pasted as given."""
-    extra = tuple(Candidate(spec, f"PYTORCH_CUDA_ALLOC_CONF={text}",
-                            (f"PYTORCH_CUDA_ALLOC_CONF={text}",))
+    extra = tuple(Candidate(spec, f"{ALLOC_CONF}={text}", (f"{ALLOC_CONF}={text}",))
                   for text, spec in confs if spec not in choice.specs)
     return Choice(choice.framework, choice.why, choice.candidates + extra)
 

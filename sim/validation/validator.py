@@ -57,6 +57,7 @@ from typing import Any
 
 from allocsim.policies import PolicySpec, PolicySpecError, parse_policy, parse_size
 from allocsim.policies.registry import alloc_conf_spec
+from allocsim.policies.settings import PyTorchSettings
 from allocsim.sim.kernel.device import DeviceProfile, resolve_device
 from allocsim.sim.kernel.device_profile import check_capacity, read_label
 from allocsim.sim.validation.backends import BACKENDS, DEFAULT_BACKEND, Backend
@@ -128,8 +129,8 @@ def _torch_model_spec(backend: Backend, capped: bool) -> PolicySpec:
             raise ValidatorError(f"{conf[0]}={conf[1]}: the pytorch model cannot take these "
                                  f"settings ({err})") from None
     if capped:
-        spec = parse_policy(f"{spec},per_process_memory_fraction=1.0" if ":" in str(spec)
-                            else f"{spec}:per_process_memory_fraction=1.0")
+        settings = PyTorchSettings(**dict(spec.params))
+        spec = parse_policy(replace(settings, per_process_memory_fraction=1.0).spec())
     return spec
 
 
