@@ -17,7 +17,7 @@ from allocsim.policies.settings import (
     TensorFlowSettings,
     TpuSettings,
 )
-from allocsim.sim.questions.tune_space import framework
+from allocsim.sim.questions.tune.space import framework
 
 GiB = 1 << 30
 
@@ -137,7 +137,7 @@ def test_tune_writes_every_framework_through_its_value(name, monkeypatch):
 def test_every_command_writes_pytorch_settings_through_the_value(monkeypatch):
     from allocsim.sim.kernel.device import resolve_device
     from allocsim.sim.questions.explain import variant_specs
-    from allocsim.sim.questions.fidelity_settings import settings_from_snapshot
+    from allocsim.sim.questions.fidelity.settings import settings_from_snapshot
     from allocsim.sim.questions.framework_settings import default_choice
     seen: list[str] = []
     real = PyTorchSettings.spec

@@ -5,7 +5,7 @@ registry spec of the model that stands for them.
 This module is where the settings' names are spelled (``expandable_segments``,
 ``max_split_size_mb`` …, PyTorch's own); every command, ``tune`` and ``fidelity`` go through
 :class:`PyTorchSettings` rather than writing or splitting ``key:value`` text themselves. The
-grammar and PyTorch's validation are :func:`allocsim.policies.pytorch_settings.parse_alloc_conf`
+grammar and PyTorch's validation are :func:`allocsim.policies.pytorch.settings.parse_alloc_conf`
 (c10/core/AllocatorConfig.cpp, c10/cuda/CUDAAllocatorConfig.cpp); the snapshot's keys are
 torch/csrc/cuda/memory_snapshot.cpp's ``_memory_snapshot_pickled``.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
-from allocsim.policies.pytorch_settings import (
+from allocsim.policies.pytorch.settings import (
     parse_alloc_conf,
     parse_roundup_power2_divisions,
 )
