@@ -253,7 +253,7 @@ def test_a_compaction_for_a_request_the_runtime_then_refused_is_followed() -> No
     move nor the request: the next frees name the moved addresses (the chip did this in
     steps/350m-eager). 16 KiB of HBM: A, B, C of 4 KiB top down, B freed, 12 KiB asked for
     (8 KiB free: refused after C slid up to B's place), then C and A freed."""
-    from allocsim.traces.formats.xplane import trace_from_records
+    from allocsim.traces.formats.xla.xplane import trace_from_records
     limit, k4 = 16 * 1024, 4 * 1024
     records = []
 
