@@ -20,7 +20,7 @@ Invariants, kept by every method here and asserted by :meth:`ChunkMap.check`:
 Best-fit index (:class:`FreeIndex`): BFC's own structure — 21 bins by size class, each a plain
 sorted list of (size, address) keys; search bin(rounded), then the first chunk of the next
 non-empty bin. That finds the smallest fitting chunk overall, lowest address on ties.
-tests/test_bfc.py checks it against a literal walk; experiments/bench_replay.py chose plain
+tests/test_bfc.py checks it against a literal walk; benchmarks/replay.py chose plain
 lists per bin over a SortedList of all free chunks (and over exact-size buckets, which real
 traces' ever-changing remainder sizes defeat).
 """

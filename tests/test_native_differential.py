@@ -297,7 +297,7 @@ def compare_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
         assert state["device"]["calls"] == python.view.calls, where
         assert state["device"]["cost_s"] == python.view.cost_s, where
         assert state["allocated"] == python.allocated, where
-        assert state["ooms"] == python.ooms, where
+        assert state["ooms"] == python.report.ooms, where
         assert state["policy_stats"] == python.policy.stats().as_dict(), where
         if isinstance(python.policy, TpuRuntimeAllocator):
             cases.assert_same_tpu_state(python.policy, state, where)

@@ -65,10 +65,10 @@ from typing import Any
 
 import numpy as np
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10
+    import tomli as tomllib
 
 from allocsim.atomic_files import write_text
 from allocsim.policies import format_size
@@ -154,7 +154,10 @@ def grid_failures(trace: Trace, policy: str, device: DeviceProfile,
         return []
     step = max(answer.resolution,
                -(-int(answer.lower_bound * GRID) // answer.resolution) * answer.resolution)
-    oracle = CompletionOracle(trace, normalize_spec(policy), device)
+    spec = normalize_spec(policy)
+    if isinstance(spec, str):       # the offline plan: its answer is exact, nothing to scan
+        return []
+    oracle = CompletionOracle(trace, spec, device)
     return [capacity for k in range(1, GRID_POINTS + 1)
             if not oracle.completes(capacity := answer.min_capacity + k * step)]
 

@@ -14,10 +14,10 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10
+    import tomli as tomllib
 
 from allocsim.errors import UserInputError
 from allocsim.policies import parse_size

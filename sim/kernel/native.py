@@ -301,7 +301,7 @@ def native_replay(trace: Trace, spec: PolicySpec, profile: DeviceProfile, *,
         return None
     if state["stopped"] and state["next_index"] < len(trace):
         # A run that stopped at its first OOM: its timeline's buckets are of the events run
-        # (ProcessReplay._timeline), so those events are replayed again in such buckets.
+        # (RunReport._timeline), so those events are replayed again in such buckets.
         state = run(state["next_index"], None)
         assert state is not None
         state["stopped"] = True
@@ -311,7 +311,7 @@ def native_replay(trace: Trace, spec: PolicySpec, profile: DeviceProfile, *,
 
 
 def _result(trace: Trace, policy: str, device_name: str, state: dict[str, Any]) -> RunResult:
-    """ProcessReplay.result for the core's state."""
+    """RunReport.result for the core's state."""
     oom = state["first_oom"]
     timeline = _timeline(trace, state)
     reserved = timeline.reserved.astype(np.float64)
@@ -344,7 +344,7 @@ def _result(trace: Trace, policy: str, device_name: str, state: dict[str, Any]) 
 
 
 def _timeline(trace: Trace, state: dict[str, Any]) -> Timeline:
-    """ProcessReplay._timeline from the core's buckets and samples."""
+    """RunReport._timeline from the core's buckets and samples."""
     n = state["next_index"]
     bucket = state["bucket"]
     last = np.minimum(np.arange(0, n, bucket, dtype=np.int64) + bucket, n) - 1

@@ -329,11 +329,11 @@ def _explain_replayed(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
     run = ProcessReplay(trace, spec, SimulatedDevice(profile), stop_on_oom=True,
                         call_log=False)             # the OOM's state is read, no timeline
     run.advance(len(trace))
-    if run.first_oom is None:
+    if run.report.first_oom is None:
         raise NoOOMError(f"{trace.name} does not run out of memory under {spec} on "
                          f"{profile.label} ({format_size(profile.capacity)}); give a smaller "
                          "--capacity")
-    oom = run.first_oom
+    oom = run.report.first_oom
     event, request, live, reserved, largest = (oom.event, oom.size, oom.allocated,
                                                 oom.reserved, oom.largest_free)
     in_use = run.policy.bytes_in_use

@@ -315,18 +315,18 @@ class CompletionOracle:
         for boundary in period.boundaries() if period is not None else ():
             assert period is not None
             run.advance(boundary)
-            if run.ooms:
+            if run.report.ooms:
                 break
             then = self._moment(run, state_of, places_of)
             run.advance(boundary + period.length)
-            if run.ooms:
+            if run.report.ooms:
                 break
             now = self._moment(run, state_of, places_of)
             if then[:2] == now[:2] and period.repeats(boundary, then[2], now[2]):
                 self.skipped += run.n - run.next_index
                 return True
         run.advance(run.n)
-        return run.ooms == 0 and not run.stopped
+        return run.report.ooms == 0 and not run.stopped
 
     @staticmethod
     def _moment(run: ProcessReplay, state_of: Callable[[Policy], object] | None,

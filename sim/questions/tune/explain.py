@@ -54,7 +54,7 @@ def oom_verdict(trace: Trace, spec: str, device: DeviceProfile) -> str | None:
     run = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(device), stop_on_oom=True,
                         call_log=False)
     run.advance(len(trace))
-    oom = run.first_oom
+    oom = run.report.first_oom
     if oom is None:
         return None
     policy = run.policy

@@ -1,6 +1,6 @@
 """Benchmark: min-capacity's time per policy, as a multiple of one replay (issue 17, item 3).
 
-    python -m experiments.bench_capacity [--events 1000000] [--kind training] [--policies ...]
+    python -m benchmarks.capacity [--events 1000000] [--kind training] [--policies ...]
 
 Generates the trace once, then per policy times one :func:`replay` on the default device and
 :func:`min_capacity` on it, in this one process (CPU time: on a shared machine wall time
@@ -60,15 +60,16 @@ class _ReplayLog:
         replay_one, probe = self._saved
         log = self.replays
 
-        def logged_replay(oracle_self: capacity_oracle.CompletionOracle, capacity: int) -> bool:
+        # The oracle's own methods, timed: ``self`` is the oracle here, as in the methods.
+        def logged_replay(self: capacity_oracle.CompletionOracle, capacity: int) -> bool:
             start = time.process_time()
-            completed = replay_one(oracle_self, capacity)
+            completed = replay_one(self, capacity)
             log.append((capacity, completed, time.process_time() - start))
             return completed
 
-        def logged_probe(oracle_self: capacity_oracle.CompletionOracle) -> capacity_oracle.Probe:
+        def logged_probe(self: capacity_oracle.CompletionOracle) -> capacity_oracle.Probe:
             start = time.process_time()
-            found = probe(oracle_self)
+            found = probe(self)
             log.append((capacity_oracle.PROBE_CAPACITY, found.completed,
                         time.process_time() - start))
             return found

@@ -1,7 +1,7 @@
 """Benchmark: ``allocsim tune``'s time against the replays it stands for (issue 28: a
 200-setting search over a 1M-event trace within 200 replays' time).
 
-    python -m experiments.bench_tune [--events 1000000] [--framework pytorch] [--headroom 0.04]
+    python -m benchmarks.tune [--events 1000000] [--framework pytorch] [--headroom 0.04]
 
 Generates the trace once, then, in this one process, in CPU time (wall-clock time on a
 shared machine measures the neighbours; both are printed): the whole tune search on a card
