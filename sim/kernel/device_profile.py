@@ -3,6 +3,12 @@
 ``--device-profile FILE``, ``--capacity``). sim/kernel/device.py's :class:`SimulatedDevice` is
 built from one.
 
+A device is resolved once, at the edge: the named profile (:func:`named_profile`) with what
+the user or a search overrides applied by one rule, :meth:`DeviceProfile.device_with` (a
+capacity given is the allocators' memory, with no context unless one is given). The profile
+keeps its name and the override beside it; :attr:`DeviceProfile.label` shows both
+(``a100-80g@24.00GiB``), and only a stored document's name is read back (:func:`read_label`).
+
 Where the numbers come from is written next to each. The costs are order-of-magnitude guesses
 from public measurements (below) until ``allocsim calibrate`` measures a real device.
 """
