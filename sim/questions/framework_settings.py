@@ -28,8 +28,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from allocsim.policies import DEFAULT_POLICIES, parse_policy
-from allocsim.policies.settings import TpuSettings
-from allocsim.policies.settings.pytorch import ALLOC_CONF
+from allocsim.policies.settings import (
+    CuPySettings,
+    JaxSettings,
+    PyTorchSettings,
+    TensorFlowSettings,
+    TpuSettings,
+)
+from allocsim.policies.settings.pytorch import ALLOC_CONF, ASYNC
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.device_buffers import is_tpu
 from allocsim.sim.questions.tune.space import (
@@ -157,12 +163,13 @@ def _candidate(setting: Setting, capacity: int | None = None) -> Candidate:
 def _pytorch_settings(trace: Trace) -> list[Setting]:
     fw = FRAMEWORK["pytorch"]
     assert isinstance(fw, PyTorch)
-    settings = [fw.default(), fw.make({"expandable_segments": True})]
+    choices = [PyTorchSettings(), PyTorchSettings(expandable_segments=True)]
     splits = max_split_candidates(trace)
     if splits:     # the middle of tune's candidates: a value that splits some but not all
-        settings.append(fw.make({"max_split_size_mb": splits[len(splits) // 2]}))
-    settings.append(fw.make({"roundup_power2_divisions": ROUNDUP}))
-    settings.append(fw.make({"backend": "cudaMallocAsync"}))
+        choices.append(PyTorchSettings(max_split_size_mb=splits[len(splits) // 2]))
+    choices.append(PyTorchSettings(roundup_power2_divisions=ROUNDUP))
+    choices.append(PyTorchSettings(backend=ASYNC))
+    settings = [fw.setting_of(choice) for choice in choices]
     # Drop a choice that cannot change this trace's replay (tune's sharing rule): its row
     # would repeat another's under a different name.
     sizes = distinct_sizes(trace)
@@ -181,11 +188,13 @@ def _settings(name: str, trace: Trace) -> list[Setting]:
     if name == "pytorch":
         return _pytorch_settings(trace)
     if name == "jax":
-        return [fw.default(), fw.make({"preallocate": False}), fw.make({"allocator": "platform"}),
-                fw.make({"fraction": JAX_FRACTION})]
-    if name == "tensorflow":
-        return [fw.default(), fw.make({"allow_growth": True})]
-    return [fw.default(), fw.make({"pool": "async"}), fw.make({"pool": "none"})]
+        choices: list[Any] = [JaxSettings(), JaxSettings(preallocate=False),
+                              JaxSettings(allocator="platform"), JaxSettings(fraction=JAX_FRACTION)]
+    elif name == "tensorflow":
+        choices = [TensorFlowSettings(), TensorFlowSettings(allow_growth=True)]
+    else:
+        choices = [CuPySettings(), CuPySettings(pool="async"), CuPySettings(pool="none")]
+    return [fw.setting_of(choice) for choice in choices]
 
 
 def default_choice(trace: Trace, device: DeviceProfile) -> Choice:

@@ -49,8 +49,9 @@ from allocsim.policies.settings import (
     PyTorchSettings,
     TensorFlowSettings,
 )
+from allocsim.policies.settings.cupy import POOLS
 from allocsim.policies.settings.jax import fraction_text
-from allocsim.policies.settings.pytorch import ALLOC_CONF
+from allocsim.policies.settings.pytorch import ALLOC_CONF, ASYNC, NATIVE
 from allocsim.traces.model import OP_ALLOC, Trace
 
 MiB = 1 << 20
@@ -228,12 +229,13 @@ class PyTorch(Framework):
     def discrete(self, trace: Trace, capacity: int | None) -> Iterator[Setting]:
         splits = [0, *max_split_candidates(trace)]
         for expandable, split, roundup in product((False, True), splits, ROUNDUP_CHOICES):
-            yield self.make({"expandable_segments": expandable, "max_split_size_mb": split,
-                             "roundup_power2_divisions": roundup})
-        yield self.make({"backend": "cudaMallocAsync"})
+            yield self.setting_of(PyTorchSettings(expandable_segments=expandable,
+                                                  max_split_size_mb=split,
+                                                  roundup_power2_divisions=roundup))
+        yield self.setting_of(PyTorchSettings(backend=ASYNC))
 
     def fraction_applies(self, setting: Setting) -> bool:
-        return setting.get("backend", "native") == "native"
+        return self.value(setting).backend == NATIVE
 
     def parse_current(self, text: str) -> Setting:
         """``PYTORCH_CUDA_ALLOC_CONF=...`` (or the bare value) as PyTorch parses it, plus
@@ -266,20 +268,20 @@ class PyTorch(Framework):
         block is oversize: every rule that reads max_split_size decides as unset, and the
         OOM path's release of oversize blocks finds none); a GC threshold without a fraction
         (PyTorch runs GC only when a fraction is set)."""
-        v = dict(setting.values)
-        if setting.get("backend", "native") != "native":
+        v = self.value(setting)
+        if v.backend != NATIVE:
             return setting
-        table = v.get("roundup_power2_divisions")
+        table = v.roundup_power2_divisions
         if table and all(round_size(s, parse_roundup_power2_divisions(table)) == round_size(s)
                          for s in sizes):
-            v.pop("roundup_power2_divisions")
-        split = v.get("max_split_size_mb")
-        if (split and not v.get("expandable_segments")
-                and split * MiB > _largest_block(sizes, v.get("roundup_power2_divisions"))):
-            v.pop("max_split_size_mb")
-        if v.get("garbage_collection_threshold") and not v.get("per_process_memory_fraction"):
-            v.pop("garbage_collection_threshold")
-        return self.make(v)
+            v = replace(v, roundup_power2_divisions="")
+        split = v.max_split_size_mb
+        if (split and not v.expandable_segments
+                and split * MiB > _largest_block(sizes, v.roundup_power2_divisions or None)):
+            v = replace(v, max_split_size_mb=0)
+        if v.garbage_collection_threshold and v.per_process_memory_fraction is None:
+            v = replace(v, garbage_collection_threshold=0.0)
+        return self.setting_of(v)
 
 
 def _largest_block(sizes: list[int], table: str | None) -> int:
@@ -308,12 +310,12 @@ class Jax(Framework):
     def discrete(self, trace: Trace, capacity: int | None) -> Iterator[Setting]:
         for allocator in ("bfc", "cuda_async"):
             for preallocate in (True, False):
-                yield self.make({"allocator": allocator, "preallocate": preallocate})
-        yield self.make({"allocator": "platform"})
+                yield self.setting_of(JaxSettings(allocator=allocator, preallocate=preallocate))
+        yield self.setting_of(JaxSettings(allocator="platform"))
 
     def fraction_applies(self, setting: Setting) -> bool:
-        v = self.full(setting)
-        return v["allocator"] == "bfc" or (v["allocator"] == "cuda_async" and v["preallocate"])
+        v = self.value(setting)
+        return v.allocator == "bfc" or (v.allocator == "cuda_async" and v.preallocate)
 
 
 # ============================================================================= TensorFlow
@@ -330,7 +332,8 @@ class TensorFlow(Framework):
 
     def discrete(self, trace: Trace, capacity: int | None) -> Iterator[Setting]:
         for growth, collect in product((False, True), (True, False)):
-            yield self.make({"allow_growth": growth, "garbage_collection": collect})
+            yield self.setting_of(TensorFlowSettings(allow_growth=growth,
+                                                     garbage_collection=collect))
 
 
 # =================================================================================== CuPy
@@ -346,11 +349,11 @@ class CuPy(Framework):
                 "cupy/cuda/memory.pyx")
 
     def discrete(self, trace: Trace, capacity: int | None) -> Iterator[Setting]:
-        for pool in ("default", "async", "none"):
-            yield self.make({"pool": pool})
+        for pool in POOLS:
+            yield self.setting_of(CuPySettings(pool=pool))
 
     def fraction_applies(self, setting: Setting) -> bool:
-        return setting.get("pool", "default") in ("default", "async")
+        return self.value(setting).pool in ("default", "async")
 
 
 FRAMEWORK: dict[str, Framework] = {f.name: f for f in (PyTorch(), Jax(), TensorFlow(), CuPy())}
