@@ -108,7 +108,7 @@ def case(trace: Trace, policy: str, device: str, capacity: str | None) -> dict[s
     run = ProcessReplay(trace, parse_policy(policy), SimulatedDevice(profile), call_log=True)
     run.report.sample_every = 1
     run.advance(run.n)
-    result = run.result(profile.name)
+    result = run.result(profile.label)
     log = b"".join(np.asarray(column, dtype=dtype).tobytes() for column, dtype in (
         (run.report.call_events, np.int64), (run.report.call_reserved, np.int64),
         (run.report.call_cost, np.float64)))

@@ -97,12 +97,12 @@ def _capacities(trace: Trace, seed: int) -> list[int]:
 
 
 def _completes(trace: Trace, spec: PolicySpec, capacity: int) -> bool:
-    return replay(trace, spec, DEVICE.with_capacity(capacity), stop_on_oom=True).completed
+    return replay(trace, spec, DEVICE.device_with(capacity), stop_on_oom=True).completed
 
 
 def _calls(trace: Trace, spec: PolicySpec, capacity: int) -> list[tuple[str, int, bool]]:
     """Every device call of the replay at ``capacity``: the run, as the device saw it."""
-    run = ProcessReplay(trace, spec, SimulatedDevice(DEVICE.with_capacity(capacity)),
+    run = ProcessReplay(trace, spec, SimulatedDevice(DEVICE.device_with(capacity)),
                         stop_on_oom=True)
     run.view.log = []
     run.advance(run.n)
@@ -260,7 +260,7 @@ def test_a_run_that_repeats_itself_ends_as_the_whole_replay(policy: str) -> None
     spec = parse_policy(policy)
     for trace in (traces()["steps"], generate("training", events=5000)):
         oracle = CompletionOracle(trace, spec, DEVICE)
-        whole = replay(trace, spec, DEVICE.with_capacity(1 << 50))
+        whole = replay(trace, spec, DEVICE.device_with(1 << 50))
         assert oracle.skipped > 0
         assert (oracle.probe.completed, oracle.probe.peak_reserved) == (
             whole.completed, whole.peak_reserved)

@@ -64,7 +64,7 @@ def test_whole_runs_match_on_every_trace_capacity_and_setting(label: str) -> Non
     trace = TRACES[label]
     for profile in cases.capacities(trace):
         for spec in cases.NATIVE_SPECS:
-            where = f"{label} | {spec} | {profile.name}"
+            where = f"{label} | {spec} | {profile.label}"
             python, python_addresses = cases.python_run(trace, spec, profile)
             core, core_addresses = cases.native_run(trace, spec, profile)
             assert_same(python, core, where)
@@ -281,9 +281,10 @@ def compare_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
     trace = workload(steps)
     # The device's own share: none, some, or all of a small device (64 MiB fills 16 and 40);
     # None: the device's own (a TPU's: the runtime's bytes).
-    profile = resolve_device(device).with_capacity(capacity_mib << 20)
-    if context_mib is not None:
-        profile = replace(profile, context_bytes=context_mib << 20)
+    # replace, not device_with: a share that fills the device is a case here, on purpose.
+    card = resolve_device(device)
+    profile = replace(card.device_with(capacity_mib << 20), context_bytes=card.context_bytes
+                      if context_mib is None else context_mib << 20)
     python = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(profile))
     core = native.open_run(trace, parse_policy(spec), profile, stop_on_oom=False,
                            timeline_points=TIMELINE_POINTS)
@@ -301,7 +302,7 @@ def compare_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
         assert state["policy_stats"] == python.policy.stats().as_dict(), where
         if isinstance(python.policy, TpuRuntimeAllocator):
             cases.assert_same_tpu_state(python.policy, state, where)
-    python_result = python.result(profile.name)
+    python_result = python.result(profile.label)
     core_result, _ = cases.native_run(trace, spec, profile)
     assert_same(python_result, core_result, f"{spec} at {capacity_mib} MiB")
 
@@ -325,7 +326,7 @@ def test_tpu_runs_on_tpu_devices_match_compactions_and_blocks_included(label: st
     trace = TRACES[label]
     for profile in cases.tpu_capacities(trace):
         for spec in cases.TPU_SPECS:
-            where = f"{label} | {spec} | {profile.name}"
+            where = f"{label} | {spec} | {profile.label}"
             python, core, python_handles, core_handles = cases.tpu_runs(trace, spec, profile)
             assert_same(python, core, where)
             assert python_handles == core_handles, f"{where}: handles"

@@ -345,12 +345,12 @@ def test_a_run_stopped_early_needs_the_call_log_for_its_timeline() -> None:
     run = ProcessReplay(trace, parse_policy("on-demand"), SimulatedDevice(profile))
     run.advance(1000)
     with pytest.raises(RuntimeError, match="call_log=True"):
-        run.result(profile.name)
+        run.result(profile.label)
     logged = ProcessReplay(trace, parse_policy("on-demand"), SimulatedDevice(profile),
                            call_log=True)
     logged.advance(1000)
     want = logged.report.call_log.per_bucket(1000, 1)
-    timeline = logged.result(profile.name).timeline
+    timeline = logged.result(profile.label).timeline
     assert np.array_equal(timeline.reserved, want[0])
     assert not run.report.keeps_call_log and ProcessReplay(
         trace, parse_policy("on-demand"), SimulatedDevice(profile), stop_on_oom=True

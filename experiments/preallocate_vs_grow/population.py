@@ -193,7 +193,7 @@ def measure(definition: dict[str, Any], say: Any) -> dict[str, Any]:
             device = replace(resolve_device(device_name, None), context_bytes=0)
             step = resolution("auto", trace)
             say(f"[population] {family['label']}: {member}")
-            row: dict[str, Any] = {"member": member, "device": device.name,
+            row: dict[str, Any] = {"member": member, "device": device.label,
                                    "peak_live": int(trace.peak_live()[0]),
                                    "resolution": step, "events": len(trace),
                                    "fingerprint": fingerprint(trace),

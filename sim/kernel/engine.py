@@ -252,7 +252,7 @@ def replay(trace: Trace, policy: str | PolicySpec, device: DeviceProfile, *,
         run.advance(min(total, run.next_index + step))
         if progress is not None:
             progress(run.next_index, total)
-    return run.result(device.name)
+    return run.result(device.label)
 
 
 @dataclass
@@ -353,7 +353,7 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
         runs.append(run)
         env.process(process_body(run))
     env.run()
-    results = [run.result(device.name) for run in runs]
+    results = [run.result(device.label) for run in runs]
     for run, result in zip(runs, results):
         result.final_reserved = final_reserved.get(run.process, result.final_reserved)
     return SharedRun(

@@ -211,7 +211,7 @@ def native_replay(trace: Trace, spec: PolicySpec, profile: DeviceProfile, *,
         state["stopped"] = True
     if record_addresses is not None:
         record_addresses.extend(state["addresses"].tolist())
-    return _result(trace, str(spec), profile.name, state)
+    return _result(trace, str(spec), profile.label, state)
 
 
 def _result(trace: Trace, policy: str, device_name: str, state: dict[str, Any]) -> RunResult:

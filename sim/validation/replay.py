@@ -57,7 +57,7 @@ def simulate(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
     # The engine samples bytes in use sparsely for its timeline; every event is wanted here.
     run.report.sample_every = 1
     run.advance(run.n)
-    result = run.result(profile.name)
+    result = run.result(profile.label)
     events = np.asarray(run.report.call_events, dtype=np.int64)
     reserved = after_each_event(events, np.asarray(run.report.call_reserved, dtype=np.int64),
                                 run.n)

@@ -161,6 +161,11 @@ class CompletionOracle:
         self._watches: list[RegionWatch] = []
         self.probe = self._probe()
 
+    def _card(self, capacity: int) -> DeviceProfile:
+        """This device as a card of ``capacity`` bytes: a search over card sizes keeps the
+        device's own share (DeviceProfile.device_with's rule)."""
+        return self.device.device_with(capacity, self.device.context_bytes)
+
     def _effective(self, capacity: int) -> int:
         granularity = self.device.granularity
         return capacity // granularity * granularity
@@ -172,12 +177,12 @@ class CompletionOracle:
             completed, device = native
             # The core's policy reads nothing of the device but its answers: what the
             # capacity decides, the Python policy built for the run read at its build.
-            watched = _RecordingDevice(self.device.with_capacity(PROBE_CAPACITY)).view(0)
+            watched = _RecordingDevice(self._card(PROBE_CAPACITY)).view(0)
             self._resolved.build(watched)
             assert isinstance(watched, _WatchedView)
             return Probe(completed, device["peak_reserved"], device["peak_used"],
                          watched.capacity_read)
-        simulated = _RecordingDevice(self.device.with_capacity(PROBE_CAPACITY))
+        simulated = _RecordingDevice(self._card(PROBE_CAPACITY))
         run = ProcessReplay(self.trace, self.spec, simulated)
         watch = self._watch(run, simulated)
         completed = self._run(run)
@@ -231,7 +236,7 @@ class CompletionOracle:
             return None
         if self.kind == CAPACITY_BFC_REGIONS:
             policy = self._resolved.build(
-                SimulatedDevice(self.device.with_capacity(capacity)).view(0))
+                SimulatedDevice(self._card(capacity)).view(0))
             limit = policy.memory_limit                             # type: ignore[attr-defined]
             init_curr = policy.curr_region_allocation_bytes         # type: ignore[attr-defined]
             mif = policy.max_internal_fragmentation                 # type: ignore[attr-defined]
@@ -249,7 +254,7 @@ class CompletionOracle:
         native = self._native_replay(capacity, stop_on_oom=True)
         if native is not None:
             return native[0]
-        simulated = _RecordingDevice(self.device.with_capacity(capacity))
+        simulated = _RecordingDevice(self._card(capacity))
         run = ProcessReplay(self.trace, self.spec, simulated, stop_on_oom=True,
                             call_log=False)         # no timeline is read of a probe
         watch = self._watch(run, simulated)
@@ -276,7 +281,7 @@ class CompletionOracle:
         if ((policy_class in _DECISION_STATE or policy_class in _ORDER_ONLY_STATE)
                 and self._period() is not None):
             return None
-        profile = self.device.with_capacity(capacity)
+        profile = self._card(capacity)
         run = open_native_run(self.trace, self.spec, profile, stop_on_oom=stop_on_oom,
                               timeline_points=TIMELINE_POINTS)
         if run is None:
