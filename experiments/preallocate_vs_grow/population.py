@@ -53,6 +53,7 @@ completes to the one from which every capacity tried completed (:func:`capacity_
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import statistics
@@ -107,6 +108,14 @@ def distinct_members(rows: Sequence[dict[str, Any]]) -> int:
     return len({r.get("fingerprint") or id(r) for r in rows})
 
 
+def settings_digest(definition: dict[str, Any]) -> str:
+    """A digest of a population's definition (the parsed population.toml: comments and layout
+    do not count), stored in population.json as ``settings`` and checked by
+    :mod:`experiments.preallocate_vs_grow.verify`."""
+    text = json.dumps(definition, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def tasks(definition: dict[str, Any]) -> list[tuple[str, MemberTask]]:
     """``(family label, task)`` for every member of every family, in the population's order."""
     grid = sensitivity_grid(definition) if "sensitivity" in definition else None
@@ -140,6 +149,7 @@ def measure(definition: dict[str, Any], say: Any, workers: int = 1) -> dict[str,
                          or family.get("files"),
                          "note": family.get("note", ""), "members": mine})
     return {"title": definition["title"], "device": definition["device"],
+            "settings": settings_digest(definition),
             "reserved": bool(definition.get("reserved")),
             "policies": policies, "families": families, "skipped": skipped,
             "claims": [judge(claim, families, skipped)
