@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {BUNDLED.relative_to(REPO)}")
     dump_step(args.steps, DATA / "xla-dump")
     print(f"wrote {(DATA / 'xla-dump').relative_to(REPO)}/")
+    from experiments.runner.versions import stamp
+    stamp(DATA, [f"{name}.npz" for name in RUNS] + ["xla-dump"])
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from typing import Any
 
 from allocsim.traces.record import xla_gpu
 from experiments import gpt_step
+from experiments.runner.versions import stamp
 
 xla_gpu.prepare()  # before jax is imported: the CUDA plugin with no device visible
 
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                                         schedule=xla_gpu.Schedule(steps=STEPS,
                                                                   batch_argnums=(1,)),
                                         devices=devices, output=path)
+            stamp(OUT, [path.name])
             print(f"{path.name}: {len(trace):,} events, peak live {trace.peak_live()[0]:,} B "
                   f"({time.perf_counter() - started:.0f} s)", flush=True)
     for size in args.sizes:
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                                             schedule=xla_gpu.Schedule(steps=STEPS,
                                                                       batch_argnums=(1,)),
                                             output=path)
+                stamp(OUT, [path.name])
                 print(f"{path.name}: {len(trace):,} events, peak live "
                       f"{trace.peak_live()[0]:,} B ({time.perf_counter() - started:.0f} s)",
                       flush=True)

@@ -5,8 +5,9 @@ A :class:`MemberSource` says where a member's trace comes from — a generator a
 compiled job's file, a recording — in a few picklable fields, so a worker makes the trace
 itself instead of receiving it. :func:`measure_member` is everything the population measures
 on one member (each policy's minimum capacity with its monotonicity record, peak reserved,
-the winner across costs and budgets) and depends on nothing but its arguments: the row it
-returns is the same in any process and in any order, which is what lets
+the winner across costs and budgets, the versions a compiled job or recording came from) and
+depends on nothing but its arguments: the row it returns is the same in any process and in
+any order, which is what lets
 :func:`experiments.preallocate_vs_grow.population.measure` hand members to a pool and still
 write population.json byte for byte as a serial run does.
 """
@@ -29,6 +30,7 @@ from allocsim.sim.questions.compare import compare, normalize_spec
 from allocsim.traces import formats, synth
 from allocsim.traces.model import Trace
 from experiments.runner.execute import ROOT, resolution, winners_across
+from experiments.runner.versions import versions_of
 
 JOBS = ROOT / "experiments" / "data" / "xla-gpu"
 XLA_PLAN = "xla-plan"   # pseudo-policy: XLA's own buffer assignment (buffers-view members)
@@ -160,6 +162,9 @@ def measure_member(task: MemberTask) -> dict[str, Any]:
                            "resolution": step, "events": len(trace),
                            "fingerprint": fingerprint(trace),
                            "min_capacity": {}, "capacity": {}, "peak_reserved": {}}
+    versions = versions_of(Path(task.source.path), ROOT) if task.source.path else None
+    if versions:
+        row["versions"] = versions     # the compiler of a compiled job or recording
     for policy in policies:
         if policy == XLA_PLAN:
             row["min_capacity"][policy] = xla_plan(trace, step)
