@@ -4,7 +4,8 @@ temporary folder and diffs it against the committed results.json and README.md: 
 command that shows the committed results are what a clean clone produces; it also holds each
 population.json to its population.toml, experiments/preallocate_vs_grow/verify.py, and
 experiments/README.md's numbers and verdict words to the data, experiments/runner/summary.py;
-``--check`` does the cheap part of both: README sections against their JSON, the summary).
+``--check`` does the cheap part of both: README sections against their JSON, the summary,
+each figure against the digest of the JSON it was drawn from, experiments/runner/figure_data.py).
 
 An experiment is a folder ``experiments/NAME/`` with ``experiment.toml`` (what to run) and
 ``README.md`` (the claim, the setup, the verdict — written by a person). Running it writes
@@ -81,6 +82,7 @@ hold a machine detail (experiments/runner/portable.py): trace files are named as
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -89,8 +91,9 @@ from allocsim.sim.output.files import write_json
 from experiments.preallocate_vs_grow.population import population_problems
 from experiments.preallocate_vs_grow.verify import population_regeneration_problems
 from experiments.runner.execute import HERE, ROOT, execute, load_traces
+from experiments.runner.figure_data import figure_problems
 from experiments.runner.readme_check import readme_problems
-from experiments.runner.render import END, START, figures, markdown, update_readme
+from experiments.runner.render import END, START, figure_names, figures, markdown, update_readme
 from experiments.runner.summary import summary_problems
 from experiments.runner.verify import regenerate
 
@@ -106,6 +109,17 @@ def run_experiment(name: str | Path, *, quiet: bool = False) -> dict[str, Any]:
     written = figures(results, folder)
     update_readme(folder / "README.md", markdown(results, written))
     return results
+
+
+def drawn_from_data(folder: Path) -> list[str]:
+    """Each committed figure of ``folder`` that does not name its committed JSON's digest."""
+    problems = []
+    if (folder / "results.json").exists():
+        names = figure_names(json.loads((folder / "results.json").read_text()))
+        problems += figure_problems(folder, "results.json", names)
+    if (folder / "population.json").exists():
+        problems += figure_problems(folder, "population.json", ["population.png"])
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         problems = [line for folder in folders for line in readme_problems(folder)]
         problems += [line for folder in populations for line in population_problems(folder)]
+        problems += [line for folder in folders for line in drawn_from_data(folder)]
         problems += summary_problems(HERE / "README.md")
         print("\n".join(problems) or f"{len(names)} README(s) agree with their results.json"
               + (f" and {len(populations)} with their population.json" if populations else ""))
@@ -145,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                 stale.append(folder.name)
                 print("\n".join(problems))
         summary = summary_problems(HERE / "README.md")
-        print("\n".join(summary) if summary else "experiments/README.md agrees with the data")
+        summary += [line for folder in folders for line in drawn_from_data(folder)]
+        print("\n".join(summary) if summary else "experiments/README.md and every figure agree "
+              "with the data")
         print(f"{len(names) - len(differ)} of {len(names)} experiment(s) regenerate as "
               "committed" + (f"; differ: {', '.join(differ)}" if differ else "")
               + f"; {len(populations) - len(stale)} of {len(populations)} population(s) are "

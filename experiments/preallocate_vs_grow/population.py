@@ -85,6 +85,7 @@ from experiments.preallocate_vs_grow.member import (
 )
 from experiments.preallocate_vs_grow.pool import measure_all
 from experiments.runner.execute import HERE, DefinitionError, sensitivity_grid
+from experiments.runner.figure_data import png_metadata
 from experiments.runner.render import sensitivity_line
 
 # Re-exported: the population's tests and scripts name these here.
@@ -411,7 +412,8 @@ def _not_monotone(results: dict[str, Any]) -> list[str]:
 
 def figure(results: dict[str, Any], path: Path) -> None:
     """Families x policies: the colour is the median headroom (capped at +100%), the text the
-    median over min-max, so a direction that flips within a family shows as a wide range."""
+    median over min-max, so a direction that flips within a family shows as a wide range. The
+    PNG names the digest of ``results`` (experiments/runner/figure_data.py)."""
     from allocsim.sim.output.figures import pyplot
     from allocsim.sim.output.files import atomic_savefig
     plt = pyplot()
@@ -441,7 +443,7 @@ def figure(results: dict[str, Any], path: Path) -> None:
     ax.set_title(f"{results['title']}: minimum capacity over peak live — median, min–max over "
                  "each family's members (count in brackets)", fontsize=8.5)
     fig.tight_layout()
-    atomic_savefig(fig, path, dpi=110)
+    atomic_savefig(fig, path, dpi=110, metadata=png_metadata(results))
     plt.close(fig)
 
 
