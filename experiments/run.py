@@ -5,7 +5,9 @@ command that shows the committed results are what a clean clone produces; it als
 population.json to its population.toml, experiments/preallocate_vs_grow/verify.py, and
 experiments/README.md's numbers and verdict words to the data, experiments/runner/summary.py;
 ``--check`` does the cheap part of both: README sections against their JSON, the summary,
-each figure against the digest of the JSON it was drawn from, experiments/runner/figure_data.py).
+each figure against the digest of the JSON it was drawn from, experiments/runner/figure_data.py,
+and the summary's sensitivity table against experiments/sensitivity.json, which ``--verify``
+measures again: experiments/runner/sensitivity.py).
 
 An experiment is a folder ``experiments/NAME/`` with ``experiment.toml`` (what to run) and
 ``README.md`` (the claim, the setup, the verdict — written by a person). Running it writes
@@ -94,6 +96,10 @@ from experiments.runner.execute import HERE, ROOT, execute, load_traces
 from experiments.runner.figure_data import figure_problems
 from experiments.runner.readme_check import readme_problems
 from experiments.runner.render import END, START, figure_names, figures, markdown, update_readme
+from experiments.runner.sensitivity import (
+    regeneration_problems as sensitivity_regeneration_problems,
+)
+from experiments.runner.sensitivity import sensitivity_problems
 from experiments.runner.summary import summary_problems
 from experiments.runner.verify import regenerate
 
@@ -142,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = [line for folder in folders for line in readme_problems(folder)]
         problems += [line for folder in populations for line in population_problems(folder)]
         problems += [line for folder in folders for line in drawn_from_data(folder)]
-        problems += summary_problems(HERE / "README.md")
+        problems += summary_problems(HERE / "README.md") + sensitivity_problems()
         print("\n".join(problems) or f"{len(names)} README(s) agree with their results.json"
               + (f" and {len(populations)} with their population.json" if populations else ""))
         return 1 if problems else 0
@@ -161,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(problems))
         summary = summary_problems(HERE / "README.md")
         summary += [line for folder in folders for line in drawn_from_data(folder)]
+        summary += sensitivity_problems() + sensitivity_regeneration_problems()
         print("\n".join(summary) if summary else "experiments/README.md and every figure agree "
               "with the data")
         print(f"{len(names) - len(differ)} of {len(names)} experiment(s) regenerate as "

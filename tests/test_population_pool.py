@@ -67,3 +67,24 @@ def test_workers_below_one_are_refused_in_one_line(capsys: pytest.CaptureFixture
         pop.main(["preallocate_vs_grow", "--workers", "0"])
     assert stop.value.code == 2
     assert "--workers must be at least 1, got 0" in capsys.readouterr().err
+
+
+def _dies_once(task: tuple[str, int]) -> int:
+    """Square ``number``; the first call to see no ``marker`` file makes it and kills its
+    own worker (as a crash in the native core would)."""
+    import os
+    marker, number = task
+    if number == 3 and not Path(marker).exists():
+        Path(marker).write_text("died")
+        os._exit(1)
+    return number * number
+
+
+def test_a_worker_that_dies_does_not_lose_the_run(tmp_path: Path) -> None:
+    from experiments.preallocate_vs_grow.pool import in_pool
+    marker = str(tmp_path / "died")
+    tasks = [(marker, n) for n in range(6)]
+    results: dict[int, int] = {}
+    in_pool(_dies_once, tasks, 2, range(len(tasks)), results.__setitem__)
+    assert Path(marker).exists()
+    assert [results[i] for i in range(6)] == [0, 1, 4, 9, 16, 25]

@@ -8,7 +8,8 @@ for byte the same with one worker or twelve (tests/test_population_pool.py). Tas
 out largest first (by the size of the member's file, or its generator's place in the list) so
 that the longest members do not start last and leave the other workers idle at the end.
 Workers end with their parent and ignore Ctrl-C, which is the coordinator's to handle (as the
-sweep pool's do: :mod:`allocsim.sim.sweeps.executors`).
+sweep pool's do: :mod:`allocsim.sim.sweeps.executors`); a worker that dies takes the pool with
+it, and the tasks still pending run again in a fresh one (:func:`in_pool`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from allocsim.sim.sweeps.executors import die_with_parent
@@ -38,6 +40,39 @@ def _size_hint(task: MemberTask) -> int:
     return (ROOT / path).stat().st_size if path else 0
 
 
+RETRIES = 2   # fresh pools for the tasks still pending when a worker dies
+
+
+def in_pool(function: Callable[[Any], Any], tasks: Sequence[Any], workers: int,
+            order: Sequence[int], done: Callable[[int, Any], None]) -> None:
+    """``function(tasks[i])`` for every i in ``workers`` processes, submitted in ``order``;
+    ``done(i, result)`` as each finishes. A worker that dies (killed for memory, a crash in
+    the native core) breaks the pool: the tasks still pending run again in a fresh pool, up
+    to :data:`RETRIES` times — a result is a pure function of its task, so a retried task
+    gives what it would have — and then the error stands."""
+    pending = list(order)
+    for attempt in range(RETRIES + 1):
+        pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
+                                   initargs=(os.getpid(),))
+        try:
+            futures = {pool.submit(function, tasks[i]): i for i in pending}
+            for future in as_completed(futures):
+                done(futures[future], future.result())
+                pending.remove(futures[future])
+        except BrokenProcessPool:
+            pool.shutdown(wait=False, cancel_futures=True)
+            if attempt == RETRIES:
+                raise
+            continue
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in dict(getattr(pool, "_processes", None) or {}).values():
+                process.terminate()
+            raise
+        pool.shutdown(wait=True)
+        return
+
+
 def measure_all(tasks: Sequence[MemberTask], workers: int,
                 say: Callable[..., None], names: Sequence[str] | None = None
                 ) -> list[dict[str, Any]]:
@@ -45,34 +80,22 @@ def measure_all(tasks: Sequence[MemberTask], workers: int,
     a progress line per member finished (``say``)."""
     names = list(names or [t.source.member for t in tasks])
     started = time.monotonic()
+    finished = 0
+    rows: list[dict[str, Any] | None] = [None] * len(tasks)
 
-    def progress(done: int, index: int, took: float) -> None:
-        say(f"[population] {done}/{len(tasks)} {names[index]} ({took:.1f} s; "
+    def done(index: int, result: tuple[dict[str, Any], float]) -> None:
+        nonlocal finished
+        finished += 1
+        rows[index], took = result
+        say(f"[population] {finished}/{len(tasks)} {names[index]} ({took:.1f} s; "
             f"{time.monotonic() - started:.0f} s elapsed)")
 
-    rows: list[dict[str, Any] | None] = [None] * len(tasks)
     if workers <= 1:
         for index, task in enumerate(tasks):
-            begun = time.monotonic()
-            rows[index] = measure_member(task)
-            progress(index + 1, index, time.monotonic() - begun)
-        return [row for row in rows if row is not None]
-    order = sorted(range(len(tasks)), key=lambda i: -_size_hint(tasks[i]))
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
-                               initargs=(os.getpid(),))
-    try:
-        futures: dict[Future[tuple[dict[str, Any], float]], int] = {
-            pool.submit(_timed, tasks[i]): i for i in order}
-        for done, future in enumerate(as_completed(futures), 1):
-            row, took = future.result()
-            rows[futures[future]] = row
-            progress(done, futures[future], took)
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in dict(getattr(pool, "_processes", None) or {}).values():
-            process.terminate()
-        raise
-    pool.shutdown(wait=True)
+            done(index, _timed(task))
+    else:
+        in_pool(_timed, tasks, workers,
+                sorted(range(len(tasks)), key=lambda i: -_size_hint(tasks[i])), done)
     return [row for row in rows if row is not None]
 
 
