@@ -22,8 +22,8 @@ from pathlib import Path
 
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES
 from allocsim.sim.kernel.engine import replay
-from allocsim.sim.questions import capacity_oracle
-from allocsim.sim.questions.capacity import VERIFY_ABOVE, min_capacity
+from allocsim.sim.questions.capacity import oracle as capacity_oracle
+from allocsim.sim.questions.capacity.minimum import VERIFY_ABOVE, min_capacity
 from allocsim.traces.formats import load
 from allocsim.traces.model import Trace
 

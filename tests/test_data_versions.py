@@ -14,6 +14,7 @@ from experiments.runner.versions import KEYS, STAMPS, stamp, stamp_problems, ver
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = [ROOT / "experiments" / "data" / name
            for name in ("xla-gpu", "xla_gpu", "jax", "jax/sizes")]
+FOLDERS.append(ROOT / "tests" / "data" / "tpu" / "steps")
 FOLDERS.append(ROOT / "tests" / "data" / "tpu")
 
 

@@ -71,7 +71,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from allocsim.atomic_files import write_text
 from allocsim.policies import format_size
-from allocsim.sim.questions.capacity import min_capacity
+from allocsim.sim.questions.capacity.minimum import min_capacity
 from allocsim.traces.model import Trace
 from experiments.preallocate_vs_grow.member import (
     JOBS,

@@ -44,7 +44,7 @@ except ModuleNotFoundError:  # Python 3.10
 from allocsim.atomic_files import write_text
 from allocsim.policies import format_size
 from allocsim.sim.kernel.device import resolve_device
-from allocsim.sim.questions.capacity import min_capacity
+from allocsim.sim.questions.capacity.minimum import min_capacity
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 from experiments.preallocate_vs_grow.member import XLA_PLAN, MemberSource, sources, xla_plan
 from experiments.preallocate_vs_grow.pool import in_pool
