@@ -51,6 +51,12 @@ def test_each_committed_population_is_what_its_definition_makes(name: str) -> No
     assert problems == [], "\n".join(problems[:20])
 
 
+@pytest.mark.slow
+def test_the_sensitivity_table_is_what_the_findings_give_now() -> None:
+    from experiments.runner.sensitivity import regeneration_problems
+    assert regeneration_problems(workers=2) == []
+
+
 def test_the_summarys_numbers_and_verdict_words_are_the_datas() -> None:
     assert summary_problems(ROOT / "README.md") == []
 

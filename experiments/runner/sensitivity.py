@@ -91,8 +91,10 @@ FINDINGS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("preallocate_vs_grow", "cuda_async needs a smaller device than the default",
      ("context", "workspace")),
     ("fragmentation", "Best fit needs less than BFC", ("granularity", "max_seq")),
-    ("fragmentation", "Expandable segments need less than PyTorch's default",
-     ("granularity", "workspace")),
+    # Not under granularity: the native core segfaults replaying expandable segments on a
+    # device whose granularity (20 MiB) does not divide its segments (sample-torch-cpu-mlp,
+    # min_capacity; 2 MiB does not): its answers there are not to be trusted until fixed.
+    ("fragmentation", "Expandable segments need less than PyTorch's default", ("workspace",)),
     ("arena_vs_growth", "XLA's compile-time plan needs less than BFC growing online",
      ("granularity", "workspace")),
     ("arena_vs_growth", "The offline plan needs less than the online arena",
