@@ -23,12 +23,13 @@ experiments' regeneration; tests/test_experiments_regenerate.py holds it.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10
+    import tomli as tomllib
 
 from experiments.preallocate_vs_grow import population as pop
 from experiments.preallocate_vs_grow.member import fingerprint, measure_member

@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10
+    import tomli as tomllib
 
 from allocsim.atomic_files import write_text
 from allocsim.policies import format_size
@@ -197,7 +197,7 @@ def measure(workers: int = 1, say: Any = None) -> dict[str, Any]:
         members = sample(definition, claim)
         for name in assumed:
             assumption = ASSUMPTIONS[name]
-            row = {"population": population, "claim": text, "assumption": name,
+            row: dict[str, Any] = {"population": population, "claim": text, "assumption": name,
                    "baseline": assumption.baseline, "values": {}}
             rows.append(row)
             for value in (assumption.baseline, *assumption.values):
