@@ -24,6 +24,7 @@
 #include <climits>
 #include <map>
 #include <utility>
+#include <stdexcept>
 #include <vector>
 
 #include "device.hpp"
@@ -525,6 +526,9 @@ class PyTorchPolicy {
     }
     while (blocks_[at].size < size) {
       int32_t following = blocks_[at].next;
+      if (following < 0) {  // the Python's None.next: an error, never a write past the blocks
+        throw std::logic_error("pytorch: an expandable request ran past its virtual range");
+      }
       at = map_block(following, std::min(size - blocks_[at].size, blocks_[following].size));
       if (at < 0) return -1;
     }
