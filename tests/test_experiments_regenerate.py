@@ -39,7 +39,7 @@ def test_the_committed_results_are_what_the_definition_regenerates(name: str) ->
 # Populations measured before the grid scan, the offline fix and the settings digest (issue
 # 40); `python -m experiments.preallocate_vs_grow.population NAME --workers 12` regenerates
 # each. Strict: an entry must go once its population verifies.
-STALE_POPULATIONS = {"arena_vs_growth", "fragmentation", "preallocate_vs_grow"}
+STALE_POPULATIONS: set[str] = set()
 
 
 @pytest.mark.slow
