@@ -117,26 +117,55 @@ def test_the_native_core_replays_the_probes_with_the_python_intervals(
     # replays run in the native core: the same probe, the same intervals of capacities that
     # run alike (the core's device records what _RecordingDevice does), the same answers.
     from allocsim.sim.kernel import native
-    from allocsim.sim.questions import capacity_oracle
+    from allocsim.sim.questions import capacity_checkpoints
 
     if native.core() is None:
         pytest.skip(f"the native core is not in use here: {native.implementation()}")
     trace = traces()["random"]
     device = DeviceProfile("test", 80 * GiB, context_bytes=64 * MiB)
     ran: list[int] = []
-    opened = capacity_oracle.open_native_run
+    opened = capacity_checkpoints.open_native_run     # the oracle's runs open there
 
     def counting(*args, **kwargs):
         run = opened(*args, **kwargs)
         ran.append(run is not None)
         return run
 
-    monkeypatch.setattr(capacity_oracle, "open_native_run", counting)
+    monkeypatch.setattr(capacity_checkpoints, "open_native_run", counting)
     core = CompletionOracle(trace, parse_policy(policy), device)
     answers = [core.completes(c) for c in range(40 * MiB, 400 * MiB, 9 * MiB)]
     assert ran and all(ran)
-    monkeypatch.setattr(capacity_oracle, "open_native_run", lambda *a, **k: None)
+    monkeypatch.setattr(capacity_checkpoints, "open_native_run", lambda *a, **k: None)
     python = CompletionOracle(trace, parse_policy(policy), device)
     assert [python.completes(c) for c in range(40 * MiB, 400 * MiB, 9 * MiB)] == answers
     assert core.probe == python.probe
     assert core._intervals == python._intervals and core.replays == python.replays
+
+
+@pytest.mark.parametrize("policy", ["bfc", "pytorch", "cupy", "cuda-async:sync=none"])
+def test_a_run_of_a_repeating_trace_that_does_not_repeat_soon_hands_over_to_the_core(
+        policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Python run that has not repeated within its share of the trace is replayed by the
+    # core instead: with a share of a few events every run hands over, and the answers are
+    # the plain search's.
+    from allocsim.sim.kernel import native
+    from allocsim.sim.questions import capacity_checkpoints, capacity_oracle
+
+    if native.core() is None:
+        pytest.skip(f"the native core is not in use here: {native.implementation()}")
+    trace = traces()["training"]
+    monkeypatch.setattr(capacity_oracle, "PYTHON_EVENTS", 0)
+    monkeypatch.setattr(capacity_oracle, "PYTHON_SHARE", len(trace))
+    in_core: list[int] = []
+    run = capacity_checkpoints.SharedRuns.run
+
+    def counting(self, capacity: int, *, stop_on_oom: bool):        # type: ignore[no-untyped-def]
+        in_core.append(capacity)
+        return run(self, capacity, stop_on_oom=stop_on_oom)
+
+    monkeypatch.setattr(capacity_checkpoints.SharedRuns, "run", counting)
+    fast = capacity.min_capacity(trace, policy, DEVICE, resolution=4 * MiB)
+    plain = _plain(trace, policy, DEVICE, 4 * MiB)
+    assert (fast.min_capacity, fast.monotone, fast.exceptions) == (
+        plain.min_capacity, plain.monotone, plain.exceptions)
+    assert len(in_core) == fast.evaluations

@@ -29,10 +29,15 @@ class BuddyPolicy {
  public:
   static constexpr int kOrders = 64;
 
-  BuddyPolicy(BuddyConfig config, Device& device) : c_(config), device_(device) {
+  BuddyPolicy(BuddyConfig config, Device& device) : c_(config), device_(&device) {
     min_bits_ = 63 - __builtin_clzll(static_cast<uint64_t>(c_.min_block));
     for (int k = 0; k < kOrders; ++k) head_[k] = tail_[k] = -1;
   }
+
+  // A run resumed from a saved state (sim/questions/capacity_checkpoints.py): this copy of
+  // the saved policy, on the resumed run's device, with that run's constants (its limit
+  // may differ; the bridge resumes only where nothing else does).
+  void resume_on(Device& device, const BuddyConfig& config) { device_ = &device; c_ = config; }
 
   int64_t malloc(int64_t size, int64_t /*stream*/, int64_t* handle) {
     int bits = size - 1 > 0 ? 64 - __builtin_clzll(static_cast<uint64_t>(size - 1)) : 0;
@@ -149,11 +154,11 @@ class BuddyPolicy {
   int new_arena(int order) {
     int64_t block = c_.min_block << order;
     int64_t nbytes = std::max(c_.arena, block);
-    int64_t base = device_.reserve(nbytes);
-    if (base < 0 && release_free_arenas()) base = device_.reserve(nbytes);
+    int64_t base = device_->reserve(nbytes);
+    if (base < 0 && release_free_arenas()) base = device_->reserve(nbytes);
     while (base < 0 && nbytes > block) {
       nbytes >>= 1;
-      base = device_.reserve(nbytes);
+      base = device_->reserve(nbytes);
     }
     if (base < 0) return -1;
     int root = 63 - __builtin_clzll(static_cast<uint64_t>(nbytes)) - min_bits_;
@@ -170,7 +175,7 @@ class BuddyPolicy {
     arena_roots_.erase(base);
     arena_order_.erase(std::find(arena_order_.begin(), arena_order_.end(), base));
     pool_bytes_ -= c_.min_block << root;
-    device_.release(base);
+    device_->release(base);
   }
 
   bool release_free_arenas() {  // cudaFree every wholly free arena, in the order taken
@@ -189,7 +194,7 @@ class BuddyPolicy {
   }
 
   BuddyConfig c_;
-  Device& device_;
+  Device* device_;  // a pointer: a run resumed from a saved state points it at its own device
   int min_bits_;
   std::vector<Node> nodes_;
   std::vector<int32_t> spare_nodes_;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "device.hpp"
+#include "limit_window.hpp"
 
 namespace allocsim {
 
@@ -43,11 +44,16 @@ struct ChunkConfig {
 class ChunkPolicy {
  public:
   ChunkPolicy(ChunkConfig config, Device& device)
-      : c_(std::move(config)), device_(device), curr_region_(c_.first_region) {
+      : c_(std::move(config)), device_(&device), curr_region_(c_.first_region) {
     bins_.resize(kBins);
   }
 
   // ChunkPolicy.malloc: the address handed out and its chunk (*handle); -1 on OOM.
+  // A run resumed from a saved state (sim/questions/capacity_checkpoints.py): this copy of
+  // the saved policy, on the resumed run's device, with that run's constants (its limit
+  // may differ; the bridge resumes only where nothing else does).
+  void resume_on(Device& device, const ChunkConfig& config) { device_ = &device; c_ = config; }
+
   int64_t malloc(int64_t size, int64_t /*stream*/, int64_t* handle) {
     int64_t rounded = (size + c_.alignment - 1) / c_.alignment * c_.alignment;
     int32_t found = pop_best_fit(rounded);
@@ -129,6 +135,7 @@ class ChunkPolicy {
 
   int64_t bytes_in_use = 0, peak_bytes_in_use = 0, requested_sum = 0;
   int64_t num_allocs = 0, num_frees = 0, num_ooms = 0;
+  LimitWindow limit_window;  // BFC's decisions against memory_limit (bfc.py's limit_window)
 
  private:
   static constexpr int kBins = 21;
@@ -242,6 +249,10 @@ class ChunkPolicy {
   }
 
   // -- BFC (bfc.py) -----------------------------------------------------------------
+  int64_t round_up(int64_t nbytes) const {  // round_bytes: up to min_allocation
+    return (nbytes + c_.min_allocation - 1) / c_.min_allocation * c_.min_allocation;
+  }
+
   int64_t backpedal_bytes(int64_t nbytes) const {
     // size_t x float kBackpedalFactor is a float, truncated back to size_t, then rounded up.
     float product = static_cast<float>(nbytes) * c_.backpedal_factor;
@@ -255,20 +266,27 @@ class ChunkPolicy {
       available = -((-(c_.memory_limit - pool_bytes_) + c_.min_allocation - 1) /
                     c_.min_allocation) * c_.min_allocation;
     }
+    // floor256(limit - pool) >= x exactly when limit >= pool + round256(x).
+    limit_window.at_least(pool_bytes_ + round_up(rounded), rounded <= available);
     if (rounded > available) return false;
     bool increased = false;
     while (rounded > curr_region_) {
       double_region();
       increased = true;
     }
+    if (curr_region_ <= available) {
+      limit_window.at_least(pool_bytes_ + round_up(curr_region_), true);
+    } else {  // the region is what the limit leaves: the same for the same 256 bytes
+      limit_window.within(pool_bytes_ + available, pool_bytes_ + available + c_.min_allocation - 1);
+    }
     int64_t nbytes = std::min(curr_region_, available);
-    int64_t base = device_.reserve(nbytes);
+    int64_t base = device_->reserve(nbytes);
     while (base < 0) {
       int64_t backpedal = backpedal_bytes(nbytes);
       if (backpedal >= nbytes) backpedal = nbytes - c_.min_allocation;
       nbytes = backpedal;
       if (nbytes < rounded) return false;
-      base = device_.reserve(nbytes);
+      base = device_->reserve(nbytes);
     }
     if (!increased) double_region();
     add_region(base, nbytes);
@@ -296,7 +314,10 @@ class ChunkPolicy {
     if (!c_.garbage_collection) return false;
     int64_t free_bytes = 0;
     for (const Region& r : regions_) if (region_is_free(r)) free_bytes += r.size;
-    if (free_bytes == 0 || rounded > c_.memory_limit - pool_bytes_ + free_bytes) return false;
+    if (free_bytes == 0) return false;
+    bool room = rounded <= c_.memory_limit - pool_bytes_ + free_bytes;
+    limit_window.at_least(rounded + pool_bytes_ - free_bytes, room);
+    if (!room) return false;
     // In the order the Python dict holds them: insertion order, as regions_ is.
     for (Region& r : regions_) {
       if (!region_is_free(r)) continue;
@@ -304,7 +325,7 @@ class ChunkPolicy {
       spare_.push_back(r.first);
       r.live = false;
       pool_bytes_ -= r.size;
-      device_.release(r.base);
+      device_->release(r.base);
     }
     return true;
   }
@@ -319,7 +340,7 @@ class ChunkPolicy {
   bool grow(int64_t rounded) {  // map just enough whole pages at the top
     int64_t need = rounded - tail_free_bytes();
     int64_t extra = (need + c_.page - 1) / c_.page * c_.page;
-    if (!device_.map(c_.heap_base + mapped_, extra)) return false;
+    if (!device_->map(c_.heap_base + mapped_, extra)) return false;
     if (mapped_) {  // ChunkMap.grow_region
       Region& region = regions_.back();
       region.size += extra;
@@ -367,11 +388,11 @@ class ChunkPolicy {
       }
     }
     mapped_ -= free_pages;
-    device_.unmap(c_.heap_base + mapped_, free_pages);
+    device_->unmap(c_.heap_base + mapped_, free_pages);
   }
 
   ChunkConfig c_;
-  Device& device_;
+  Device* device_;  // a pointer: a run resumed from a saved state points it at its own device
   std::vector<Chunk> chunks_;
   std::vector<int32_t> spare_;
   std::vector<Region> regions_;

@@ -227,9 +227,12 @@ class NativeRun:
     :func:`native_replay` builds the RunResult from; the differential tests compare it with
     the Python run's after every event)."""
 
-    def __init__(self, replay: Any, n: int) -> None:
+    def __init__(self, replay: Any, n: int, config: dict[str, Any],
+                 device: dict[str, Any]) -> None:
         self._replay = replay
         self.n = n
+        self.config = config            # the policy's constants, as the core took them
+        self.device = device            # the device's figures, as the core took them
 
     def advance(self, end: int) -> int:
         return int(self._replay.advance(end))
@@ -240,6 +243,20 @@ class NativeRun:
 
     def state(self) -> dict[str, Any]:
         return dict(self._replay.state())
+
+    def snapshot(self) -> Any:
+        """The run's whole state now, for another run to :meth:`resume` from (min-capacity's
+        shared runs, sim/questions/capacity_checkpoints.py); it holds where it stands
+        (``next_index``, ``ooms``) and the capacities and limits under which every decision so
+        far goes the same way (``granted_most``, ``refused_least``, ``limit_lo``,
+        ``limit_hi``)."""
+        return self._replay.snapshot()
+
+    def resume(self, saved: Any) -> None:
+        """This fresh run continues from ``saved`` (a state of a run of the same policy family
+        and trace). Sound only where the two runs decide alike up to there: the caller's
+        argument (capacity_checkpoints.py)."""
+        self._replay.resume(saved)
 
 
 def open_run(trace: Trace, spec: PolicySpec, profile: DeviceProfile, *, stop_on_oom: bool,
@@ -270,7 +287,7 @@ def open_run(trace: Trace, spec: PolicySpec, profile: DeviceProfile, *, stop_on_
     replay = module.replay(columns, events, max(1, -(-events // timeline_points)),
                            max(1, n // timeline_points), stop_on_oom, record_addresses,
                            device_figures, config)
-    return NativeRun(replay, events)
+    return NativeRun(replay, events, config, device_figures)
 
 
 def native_replay(trace: Trace, spec: PolicySpec, profile: DeviceProfile, *,

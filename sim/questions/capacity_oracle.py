@@ -63,12 +63,18 @@ from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
 from allocsim.sim.kernel.device import DeviceProfile, ProcessDevice, SimulatedDevice
 from allocsim.sim.kernel.device_buffers import buffers_on_device
 from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
-from allocsim.sim.kernel.native import open_run as open_native_run
+from allocsim.sim.kernel.native import core, is_native
+from allocsim.sim.questions.capacity_checkpoints import SharedRuns
 from allocsim.sim.questions.capacity_period import Period, find_period
 from allocsim.sim.questions.capacity_regions import RegionWatch, bfc_state
 from allocsim.traces.model import Trace
 
 PROBE_CAPACITY = 1 << 50          # "unlimited" for the first run (1 PiB)
+# A Python run of a repeating trace that the core could take goes on only through this
+# fraction of the trace (or PYTHON_EVENTS, if more) before it hands over (the core runs
+# ~20-40× as fast: see _run); below PYTHON_EVENTS a run costs milliseconds either way.
+PYTHON_SHARE = 32
+PYTHON_EVENTS = 1 << 15
 _NEVER = 1 << 62                  # an interval's open end
 
 
@@ -142,7 +148,7 @@ class CompletionOracle:
     generous probe included). With ``shortcuts=False`` every capacity is replayed."""
 
     def __init__(self, trace: Trace, spec: PolicySpec, device: DeviceProfile, *,
-                 shortcuts: bool = True, native: bool = True) -> None:
+                 shortcuts: bool = True, native: bool = True, share: bool = True) -> None:
         if len(trace.processes()) > 1:
             replay(trace, spec, device)     # raises replay's UserInputError for this trace
         self.trace = buffers_on_device(trace, device)   # a TPU holds u8[n] buffers
@@ -150,6 +156,10 @@ class CompletionOracle:
         self.device = device
         self.shortcuts = shortcuts
         self.native = native            # replays in the core where it can (_native_replay)
+        # ... each resumed from the latest saved state of an earlier run it shares
+        # (sim/questions/capacity_checkpoints.py); share=False: each from event 0.
+        self.shared = SharedRuns(self.trace, spec, device, timeline_points=TIMELINE_POINTS,
+                                 share=share)
         resolved = spec.resolved()
         self.kind = capacity_use_of(resolved.policy_class, dict(resolved.params))
         self._resolved = resolved
@@ -168,19 +178,27 @@ class CompletionOracle:
     def _probe(self) -> Probe:
         """The replay at :data:`PROBE_CAPACITY` (to the end, OOMs or not), watched."""
         native = self._native_replay(PROBE_CAPACITY, stop_on_oom=False)
+        python: tuple[_RecordingDevice, RegionWatch | None, bool] | None = None
+        if native is None:
+            simulated = _RecordingDevice(self.device.with_capacity(PROBE_CAPACITY))
+            run = ProcessReplay(self.trace, self.spec, simulated)
+            watch = self._watch(run, simulated)
+            completed = self._run(run, give_up=self._core_takes(PROBE_CAPACITY))
+            if completed is None:
+                native = self._native_replay(PROBE_CAPACITY, stop_on_oom=False, periodic=False)
+            else:
+                python = simulated, watch, completed
         if native is not None:
-            completed, device = native
+            device = native[1]
             # The core's policy reads nothing of the device but its answers: what the
             # capacity decides, the Python policy built for the run read at its build.
             watched = _RecordingDevice(self.device.with_capacity(PROBE_CAPACITY)).view(0)
             self._resolved.build(watched)
             assert isinstance(watched, _WatchedView)
-            return Probe(completed, device["peak_reserved"], device["peak_used"],
+            return Probe(native[0], device["peak_reserved"], device["peak_used"],
                          watched.capacity_read)
-        simulated = _RecordingDevice(self.device.with_capacity(PROBE_CAPACITY))
-        run = ProcessReplay(self.trace, self.spec, simulated)
-        watch = self._watch(run, simulated)
-        completed = self._run(run)
+        assert python is not None
+        simulated, watch, completed = python
         self.replays += 1
         view = simulated.view(0)
         assert isinstance(view, _WatchedView)
@@ -253,12 +271,22 @@ class CompletionOracle:
         run = ProcessReplay(self.trace, self.spec, simulated, stop_on_oom=True,
                             call_log=False)         # no timeline is read of a probe
         watch = self._watch(run, simulated)
-        completed = self._run(run)
+        completed = self._run(run, give_up=self._core_takes(capacity))
+        if completed is None:
+            native = self._native_replay(capacity, stop_on_oom=True, periodic=False)
+            assert native is not None
+            return native[0]
         self.replays += 1
         self._keep(simulated, watch, completed)
         return completed
 
-    def _native_replay(self, capacity: int, *, stop_on_oom: bool
+    def _core_takes(self, capacity: int) -> bool:
+        """Whether the core can replay the run at ``capacity`` (a Python run of a repeating
+        trace that does not repeat soon may hand over to it)."""
+        return (self.shortcuts and self.native and core() is not None
+                and is_native(self.spec, self.device.with_capacity(capacity)))
+
+    def _native_replay(self, capacity: int, *, stop_on_oom: bool, periodic: bool = True
                        ) -> tuple[bool, dict[str, int]] | None:
         """The replay at ``capacity`` in the native core (sim/kernel/native.py), with its
         interval kept as :meth:`_keep` keeps a Python replay's: whether it completed and the
@@ -273,18 +301,13 @@ class CompletionOracle:
         if not self.shortcuts or not self.native:
             return None
         policy_class = self._resolved.policy_class
-        if ((policy_class in _DECISION_STATE or policy_class in _ORDER_ONLY_STATE)
+        if (periodic and (policy_class in _DECISION_STATE or policy_class in _ORDER_ONLY_STATE)
                 and self._period() is not None):
             return None
         profile = self.device.with_capacity(capacity)
-        run = open_native_run(self.trace, self.spec, profile, stop_on_oom=stop_on_oom,
-                              timeline_points=TIMELINE_POINTS)
-        if run is None:
+        state = self.shared.run(capacity, stop_on_oom=stop_on_oom)
+        if state is None:
             return None
-        done = 0
-        while done < run.n and not run.stopped:
-            done = run.advance(run.n)
-        state = run.state()
         device: dict[str, int] = state["device"]
         completed = state["ooms"] == 0 and not state["stopped"]
         self.replays += 1
@@ -297,11 +320,16 @@ class CompletionOracle:
                                              completed))
         return completed, device
 
-    def _run(self, run: ProcessReplay) -> bool:
+    def _run(self, run: ProcessReplay, *, give_up: bool = False) -> bool | None:
         """Run ``run`` to its end (or its first OOM, with ``stop_on_oom``); whether it
         completed. Where the trace repeats and the policy's decision state is known
         (:data:`_DECISION_STATE`), stop as soon as the run repeats itself
-        (sim/questions/capacity_period.py): it completes, as a run to the end would."""
+        (sim/questions/capacity_period.py): it completes, as a run to the end would. With
+        ``give_up``, None where the run has not repeated (nor run out of memory) within
+        1/:data:`PYTHON_SHARE` of the trace (:data:`PYTHON_EVENTS` at least): a run near the
+        answer that releases and takes memory every step never repeats, and the core replays
+        the whole trace in about the time Python takes for that share (the caller hands the
+        run over to it)."""
         kind = type(run.policy)
         state_of = _DECISION_STATE.get(kind) if self.shortcuts else None
         places_of = _ORDER_ONLY_STATE.get(kind) if self.shortcuts else None
@@ -309,6 +337,9 @@ class CompletionOracle:
         period = self._period() if known else None
         for boundary in period.boundaries() if period is not None else ():
             assert period is not None
+            if give_up and boundary + period.length > max(run.n // PYTHON_SHARE,
+                                                          PYTHON_EVENTS):
+                return None
             run.advance(boundary)
             if run.ooms:
                 break
@@ -320,6 +351,8 @@ class CompletionOracle:
             if then[:2] == now[:2] and period.repeats(boundary, then[2], now[2]):
                 self.skipped += run.n - run.next_index
                 return True
+        if give_up and period is not None and not run.ooms:
+            return None
         run.advance(run.n)
         return run.ooms == 0 and not run.stopped
 
