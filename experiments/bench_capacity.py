@@ -7,7 +7,7 @@ issue 39, part 2).
 Generates each trace once, then per policy times one :func:`replay` on the default device and
 the search twice, in this one process (CPU time: on a shared machine wall time counts the
 neighbours): *plain*, every probe replayed from event 0, and *shared*, each probe resumed
-from the latest saved state of an earlier run it shares (sim/questions/capacity_checkpoints.py,
+from the latest saved state of an earlier run it shares (sim/questions/shared_runs.py,
 what :func:`min_capacity` does). It prints both as multiples of the replay (target ≤ 4), the
 replays the search ran (``evaluations``, the same for both), how many of the shared search's
 probes resumed and the share of all its probes' events that resumes skipped, its replays that
@@ -33,7 +33,7 @@ from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, DeviceProfile
 from allocsim.sim.kernel.engine import replay
 from allocsim.sim.questions import capacity, capacity_oracle
 from allocsim.sim.questions.capacity import VERIFY_ABOVE, CapacityAnswer, MiB
-from allocsim.sim.questions.capacity_checkpoints import SharedRuns
+from allocsim.sim.questions.shared_runs import SharedRuns
 from allocsim.traces.formats import load
 from allocsim.traces.model import Trace
 

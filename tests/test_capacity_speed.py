@@ -117,25 +117,25 @@ def test_the_native_core_replays_the_probes_with_the_python_intervals(
     # replays run in the native core: the same probe, the same intervals of capacities that
     # run alike (the core's device records what _RecordingDevice does), the same answers.
     from allocsim.sim.kernel import native
-    from allocsim.sim.questions import capacity_checkpoints
+    from allocsim.sim.questions import shared_runs
 
     if native.core() is None:
         pytest.skip(f"the native core is not in use here: {native.implementation()}")
     trace = traces()["random"]
     device = DeviceProfile("test", 80 * GiB, context_bytes=64 * MiB)
     ran: list[int] = []
-    opened = capacity_checkpoints.open_native_run     # the oracle's runs open there
+    opened = shared_runs.open_native_run     # the oracle's runs open there
 
     def counting(*args, **kwargs):
         run = opened(*args, **kwargs)
         ran.append(run is not None)
         return run
 
-    monkeypatch.setattr(capacity_checkpoints, "open_native_run", counting)
+    monkeypatch.setattr(shared_runs, "open_native_run", counting)
     core = CompletionOracle(trace, parse_policy(policy), device)
     answers = [core.completes(c) for c in range(40 * MiB, 400 * MiB, 9 * MiB)]
     assert ran and all(ran)
-    monkeypatch.setattr(capacity_checkpoints, "open_native_run", lambda *a, **k: None)
+    monkeypatch.setattr(shared_runs, "open_native_run", lambda *a, **k: None)
     python = CompletionOracle(trace, parse_policy(policy), device)
     assert [python.completes(c) for c in range(40 * MiB, 400 * MiB, 9 * MiB)] == answers
     assert core.probe == python.probe
@@ -149,7 +149,7 @@ def test_a_run_of_a_repeating_trace_that_does_not_repeat_soon_hands_over_to_the_
     # core instead: with a share of a few events every run hands over, and the answers are
     # the plain search's.
     from allocsim.sim.kernel import native
-    from allocsim.sim.questions import capacity_checkpoints, capacity_oracle
+    from allocsim.sim.questions import capacity_oracle, shared_runs
 
     if native.core() is None:
         pytest.skip(f"the native core is not in use here: {native.implementation()}")
@@ -157,13 +157,13 @@ def test_a_run_of_a_repeating_trace_that_does_not_repeat_soon_hands_over_to_the_
     monkeypatch.setattr(capacity_oracle, "PYTHON_EVENTS", 0)
     monkeypatch.setattr(capacity_oracle, "PYTHON_SHARE", len(trace))
     in_core: list[int] = []
-    run = capacity_checkpoints.SharedRuns.run
+    run = shared_runs.SharedRuns.run
 
-    def counting(self, capacity: int, *, stop_on_oom: bool):        # type: ignore[no-untyped-def]
-        in_core.append(capacity)
-        return run(self, capacity, stop_on_oom=stop_on_oom)
+    def counting(self, spec, profile, *, stop_on_oom: bool):        # type: ignore[no-untyped-def]
+        in_core.append(profile.capacity)
+        return run(self, spec, profile, stop_on_oom=stop_on_oom)
 
-    monkeypatch.setattr(capacity_checkpoints.SharedRuns, "run", counting)
+    monkeypatch.setattr(shared_runs.SharedRuns, "run", counting)
     fast = capacity.min_capacity(trace, policy, DEVICE, resolution=4 * MiB)
     plain = _plain(trace, policy, DEVICE, 4 * MiB)
     assert (fast.min_capacity, fast.monotone, fast.exceptions) == (

@@ -108,7 +108,7 @@ def _min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile,
                   asked: dict[int, bool] | None = None) -> CapacityAnswer:
     """:func:`min_capacity`; with ``shortcuts=False`` every capacity asked about is replayed
     (the reference the tests hold the shortcuts to), with ``share=False`` every replay starts
-    at event 0 (the reference for shared runs, sim/questions/capacity_checkpoints.py).
+    at event 0 (the reference for shared runs, sim/questions/shared_runs.py).
     ``asked``, where given, receives every capacity the search asked about and its answer."""
     if resolution <= 0:
         raise UserInputError(f"resolution must be a positive size, got {resolution}")

@@ -64,9 +64,9 @@ from allocsim.sim.kernel.device import DeviceProfile, ProcessDevice, SimulatedDe
 from allocsim.sim.kernel.device_buffers import buffers_on_device
 from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
 from allocsim.sim.kernel.native import core, is_native
-from allocsim.sim.questions.capacity_checkpoints import SharedRuns
 from allocsim.sim.questions.capacity_period import Period, find_period
 from allocsim.sim.questions.capacity_regions import RegionWatch, bfc_state
+from allocsim.sim.questions.shared_runs import SharedRuns
 from allocsim.traces.model import Trace
 
 PROBE_CAPACITY = 1 << 50          # "unlimited" for the first run (1 PiB)
@@ -157,9 +157,8 @@ class CompletionOracle:
         self.shortcuts = shortcuts
         self.native = native            # replays in the core where it can (_native_replay)
         # ... each resumed from the latest saved state of an earlier run it shares
-        # (sim/questions/capacity_checkpoints.py); share=False: each from event 0.
-        self.shared = SharedRuns(self.trace, spec, device, timeline_points=TIMELINE_POINTS,
-                                 share=share)
+        # (sim/questions/shared_runs.py); share=False: each from event 0.
+        self.shared = SharedRuns(self.trace, timeline_points=TIMELINE_POINTS, share=share)
         resolved = spec.resolved()
         self.kind = capacity_use_of(resolved.policy_class, dict(resolved.params))
         self._resolved = resolved
@@ -305,7 +304,7 @@ class CompletionOracle:
                 and self._period() is not None):
             return None
         profile = self.device.with_capacity(capacity)
-        state = self.shared.run(capacity, stop_on_oom=stop_on_oom)
+        state = self.shared.run(self.spec, profile, stop_on_oom=stop_on_oom)
         if state is None:
             return None
         device: dict[str, int] = state["device"]

@@ -1,7 +1,7 @@
-"""Runs at nearby capacities share their start: min-capacity resumes a probe from a saved state.
+"""Runs that share their start: a run resumes from a saved state of an earlier one.
 
-min-capacity replays one trace at ~30 capacities, and the replays near the answer differ only
-from the first decision the capacity changes. A run reads its capacity in two places only:
+min-capacity replays one trace at ~30 capacities, and runs at nearby capacities are one run up
+to the first decision the capacity changes. A run reads its capacity in two places only:
 
 - the device, at each call: it grants ``used + bytes`` up to its capacity and refuses above.
   A run that so far had every call granted at ``used + bytes`` ≤ ``granted_most`` and refused
@@ -10,9 +10,10 @@ from the first decision the capacity changes. A run reads its capacity in two pl
   follow from these answers);
 - the policy's own limit, where it has one derived from the capacity (BFC's memory_limit =
   fraction × capacity, read by Extend's ``available``, its region size ``min(curr, limit −
-  pool)`` and DeallocateFreeRegions): each such decision narrows the policy's
-  :class:`~allocsim.policies.limit_window.LimitWindow`, the limits under which all of them go
-  the same way.
+  pool)`` and DeallocateFreeRegions; PyTorch's allowed_memory_maximum, read by the fraction's
+  cap and its garbage-collection threshold; CuPy's pool limit): each such decision narrows
+  the policy's :class:`~allocsim.policies.limit_window.LimitWindow`, the limits under which
+  all of them go the same way.
 
 Everything else a run does is a function of the trace and the policy's other constants. So
 two runs whose constants are equal but for the limit (the same :func:`_shape`), at a point
@@ -23,16 +24,19 @@ second may start from the first's saved state there (the native core's ``snapsho
 byte. A window only shrinks as a run goes on, so the state worth resuming from is the latest
 one whose windows hold the capacity.
 
-A policy whose constants differ with the capacity beyond its limit shares nothing and
-restarts: JAX's preallocation (``allow_growth=false``: the first region is the limit),
-PyTorch's and CuPy's memory fractions (their caps are constants here), the stream-ordered
-pool's fraction threshold, best-fit's address range (the device's next address follows the
+The same holds between settings that differ only in the limit (tune's fractions on one card:
+:meth:`SharedRuns.replay`, tune_search.local_evaluator). A policy whose constants differ with
+the capacity beyond its limit shares nothing and restarts: JAX's preallocation
+(``allow_growth=false``: the first region is the limit, taken at event 0), BFC's
+``fragmentation_fraction`` (its split threshold follows the limit), the stream-ordered pool's
+fraction threshold, best-fit's address range (the device's next address follows the
 capacity). The TPU runtime reads the capacity itself (its heap), so its runs never share.
 
 States are saved every ``n / CHECKPOINTS`` events of each run (a resumed run's loss is at most
 one spacing), only while no OOM has happened (a probe stops at its first); a run's state whose
-windows are those of its previous one replaces it, and at most :data:`MAX_SAVED` are kept.
-tests/test_capacity_checkpoints.py holds the shared search to the plain one, probe for probe.
+windows are those of its previous one replaces it, and at most :data:`MAX_SAVED` are kept
+(past that, those of the shape used longest ago go).
+tests/test_shared_runs.py holds the shared search to the plain one, probe for probe.
 """
 
 from __future__ import annotations
@@ -40,10 +44,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from allocsim.policies import PolicySpec
+from allocsim.policies import PolicySpec, parse_policy
 from allocsim.sim.kernel.device import DeviceProfile
-from allocsim.sim.kernel.native import NativeRun
+from allocsim.sim.kernel.engine import replay
+from allocsim.sim.kernel.native import NativeRun, result_of
 from allocsim.sim.kernel.native import open_run as open_native_run
+from allocsim.sim.kernel.results import RunResult
 from allocsim.traces.model import Trace
 
 CHECKPOINTS = 64                # states saved per run, evenly spaced
@@ -98,18 +104,15 @@ def _shape(run: NativeRun) -> tuple[object, int] | None:
 
 
 class SharedRuns:
-    """Native runs of one trace and spec at many capacities, each resumed from the latest
-    saved state it shares (module docstring). ``runs`` counts the runs, ``resumed`` those that
-    did not start at event 0, ``events_run`` the events replayed in all and ``events_resumed``
-    those the resumed runs did not replay."""
+    """Native runs of one trace, each resumed from the latest saved state of an earlier run it
+    shares (module docstring). ``runs`` counts the runs, ``resumed`` those that did not start
+    at event 0, ``events_run`` the events replayed in all and ``events_resumed`` those the
+    resumed runs did not replay. ``share=False``: every run from event 0, nothing saved."""
 
-    def __init__(self, trace: Trace, spec: PolicySpec, device: DeviceProfile, *,
-                 timeline_points: int, share: bool = True) -> None:
+    def __init__(self, trace: Trace, *, timeline_points: int, share: bool = True) -> None:
         self.trace = trace
-        self.spec = spec
-        self.device = device
         self.timeline_points = timeline_points
-        self.share = share              # False: every run from event 0, nothing saved
+        self.share = share
         self.runs = 0
         self.resumed = 0
         self.events_run = 0
@@ -117,16 +120,21 @@ class SharedRuns:
         self._saved: dict[object, list[_Saved]] = {}
         self._count = 0
 
-    def run(self, capacity: int, *, stop_on_oom: bool) -> dict[str, Any] | None:
-        """The run at ``capacity`` to its end (or first OOM, with ``stop_on_oom``): the core's
-        state, as a replay from event 0 leaves it; None where the core cannot take it."""
-        run = open_native_run(self.trace, self.spec, self.device.with_capacity(capacity),
-                              stop_on_oom=stop_on_oom, timeline_points=self.timeline_points)
+    def run(self, spec: PolicySpec, profile: DeviceProfile, *,
+            stop_on_oom: bool) -> dict[str, Any] | None:
+        """The run of ``spec`` on ``profile`` to its end (or first OOM, with ``stop_on_oom``):
+        the core's state, as a replay from event 0 leaves it; None where the core cannot take
+        it."""
+        run = open_native_run(self.trace, spec, profile, stop_on_oom=stop_on_oom,
+                              timeline_points=self.timeline_points)
         if run is None:
             return None
         self.runs += 1
         shape = _shape(run) if self.share else None
-        saved = self._saved.setdefault(shape[0], []) if shape is not None else None
+        saved = None
+        if shape is not None:               # the shape used last goes last (_save evicts)
+            saved = self._saved.pop(shape[0], [])
+            self._saved[shape[0]] = saved
         start = 0
         if shape is not None and saved:
             own_capacity = int(run.device["capacity"])
@@ -149,6 +157,17 @@ class SharedRuns:
         self.events_run += done - start
         return run.state()
 
+    def replay(self, policy: str | PolicySpec, profile: DeviceProfile) -> RunResult:
+        """``replay(trace, policy, profile, stop_on_oom=True)``, the same result, its run
+        shared where the core takes it."""
+        spec = parse_policy(policy)
+        if len(self.trace.processes()) <= 1:
+            state = self.run(spec, profile, stop_on_oom=True)
+            if state is not None:
+                return result_of(self.trace, spec, profile, state,
+                                 timeline_points=self.timeline_points)
+        return replay(self.trace, spec, profile, stop_on_oom=True)
+
     def _save(self, run: NativeRun, index: int, saved: list[_Saved],
               own: _Saved | None) -> _Saved | None:
         """Save ``run``'s state at ``index`` (none after an OOM: a probe stops at its first).
@@ -161,12 +180,23 @@ class SharedRuns:
                      state.limit_hi, state)
         if own is not None and own.windows == new.windows:
             saved.remove(own)
-        elif self._count >= MAX_SAVED:
-            return own
         else:
+            if self._count >= MAX_SAVED and not self._evict(saved):
+                return own
             self._count += 1
         saved.append(new)
         return new
+
+    def _evict(self, keep: list[_Saved]) -> bool:
+        """Room for one more state: drop the states of the shape used longest ago (tune's
+        settings are each run once; only settings that differ in their limit come back).
+        False where only ``keep``'s own are left."""
+        for shape, states in self._saved.items():
+            if states is not keep and states:
+                self._count -= len(states)
+                self._saved[shape] = []
+                return True
+        return False
 
 
 __all__ = ["CHECKPOINTS", "MAX_SAVED", "SharedRuns"]

@@ -1,7 +1,7 @@
-"""min-capacity's shared runs (issue 39, part 2): a probe resumed from a saved state of an
-earlier run is the run from event 0, byte for byte.
+"""Shared runs (issue 39, part 2): a run resumed from a saved state of an earlier run is the
+run from event 0, byte for byte.
 
-sim/questions/capacity_checkpoints.py resumes a probe at capacity C from the latest saved state
+sim/questions/shared_runs.py resumes a probe at capacity C from the latest saved state
 whose windows hold C: the device's (every call so far answered alike at C) and the policy's
 limit window (policies/limit_window.py, native/src/limit_window.hpp: every decision against a
 limit derived from the capacity gone alike). Held here: for every policy and the settings that
@@ -9,25 +9,29 @@ change how it reads the capacity, on the bundled trace, a repeating training tra
 traces and a trace whose peak comes last, the shared search asks the same capacities, gets the
 same answers (the checks above the answer included) and every probe ends in the same state as
 the search whose probes all start at event 0; that the windows are tight enough to be useful
-(resumes happen and skip most of the events where the trace's peak comes late); and that the
-Python models and the native core keep the same limit window, rule for rule.
+(resumes happen and skip most of the events where the trace's peak comes late); that the
+Python models and the native core keep the same limit window, rule for rule; and that tune,
+whose fractions on one card share runs the same way, answers as with a replay per setting.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 import numpy as np
 import pytest
 
-from allocsim.policies import parse_policy
+from allocsim.policies import PolicySpec, parse_policy
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 from allocsim.sim.kernel.engine import ProcessReplay
 from allocsim.sim.kernel.native import core
 from allocsim.sim.kernel.native import open_run as open_native_run
 from allocsim.sim.questions import capacity
-from allocsim.sim.questions.capacity_checkpoints import SharedRuns
+from allocsim.sim.questions.shared_runs import SharedRuns
+from allocsim.sim.questions.tune import tune
+from allocsim.sim.questions.tune_search import local_evaluator
 from allocsim.traces.bundled import load_default_trace
 from allocsim.traces.model import Trace
 from allocsim.traces.synth import generate
@@ -92,9 +96,10 @@ def _search(trace: Trace, policy: str, resolution: int, share: bool,
     probes: list[tuple[int, dict[str, Any]]] = []
     run = SharedRuns.run
 
-    def noted(self: SharedRuns, capacity: int, *, stop_on_oom: bool) -> dict[str, Any] | None:
-        state = run(self, capacity, stop_on_oom=stop_on_oom)
-        probes.append((capacity, state))
+    def noted(self: SharedRuns, spec: PolicySpec, profile: DeviceProfile, *,
+              stop_on_oom: bool) -> dict[str, Any] | None:
+        state = run(self, spec, profile, stop_on_oom=stop_on_oom)
+        probes.append((profile.capacity, state))
         return state
 
     with monkeypatch.context() as patch:
@@ -198,3 +203,39 @@ def test_a_limit_decision_narrows_the_window_where_it_is_made() -> None:
     run.advance(run.n)
     lo, hi = run.policy.limit_window.as_tuple()         # type: ignore[attr-defined]
     assert run.ooms and lo <= 40 * MiB <= hi and hi < 1 << 40
+
+
+# ====================================================================== tune's shared runs
+@pytest.mark.parametrize("framework_name", ["pytorch", "jax", "tensorflow", "cupy"])
+@pytest.mark.parametrize("trace_name", ["late-peak", "random"])
+def test_tune_with_shared_runs_is_tune_with_a_replay_per_setting(
+        framework_name: str, trace_name: str) -> None:
+    """Every setting's result, the answer and the search's counts are those of replays from
+    event 0, on a card a little over the trace's peak live bytes (where fractions matter)."""
+    trace, _ = traces()[trace_name]
+    device = DEVICE.with_capacity(int(trace.peak_live()[0] * 1.15))
+    shared = tune(trace, framework_name, device, max_slowdown=None)
+    plain = tune(trace, framework_name, device, max_slowdown=None,
+                 evaluate=local_evaluator(trace, share=False))
+    assert json.dumps(shared.to_json_dict(), sort_keys=True) == json.dumps(
+        plain.to_json_dict(), sort_keys=True)
+
+
+def test_tunes_fractions_on_one_card_resume_from_each_other() -> None:
+    """PyTorch's fractions on one card differ only in the limit: where the trace's peak comes
+    last, the fraction stage's replays resume from each other's saved states."""
+    trace, _ = traces()["late-peak"]
+    device = DEVICE.with_capacity(int(trace.peak_live()[0] * 1.15))
+    made: list[SharedRuns] = []
+    init = SharedRuns.__init__
+
+    def kept(self: SharedRuns, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SharedRuns, "__init__", kept)
+        tune(trace, "pytorch", device, max_slowdown=None)
+    shared = made[0]
+    assert shared.resumed >= 20
+    assert shared.events_resumed > shared.resumed * len(trace) * 0.9   # each skips nearly all
