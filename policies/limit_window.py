@@ -7,8 +7,8 @@ what min-capacity needs to share such runs: a policy notes each decision its lim
 and the window ``[lo, hi]`` is every limit under which all of them come out the same. A run
 under a limit inside the window is, up to this point, the very same run; min-capacity
 resumes such a run from a saved state of this one instead of from event 0
-(sim/questions/capacity_checkpoints.py). The native core keeps the twin, rule for rule by
-name (native/src/limit_window.hpp); tests/test_capacity_checkpoints.py holds them together.
+(sim/questions/shared_runs.py). The native core keeps the twin, rule for rule by
+name (native/src/limit_window.hpp); tests/test_shared_runs.py holds them together.
 
 A window only shrinks, so the window of a run's first k events contains that of its first
 k + 1. Noting is O(1) and decides nothing: the policy's rules are untouched.

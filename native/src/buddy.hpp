@@ -34,7 +34,7 @@ class BuddyPolicy {
     for (int k = 0; k < kOrders; ++k) head_[k] = tail_[k] = -1;
   }
 
-  // A run resumed from a saved state (sim/questions/capacity_checkpoints.py): this copy of
+  // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
   // the saved policy, on the resumed run's device, with that run's constants (its limit
   // may differ; the bridge resumes only where nothing else does).
   void resume_on(Device& device, const BuddyConfig& config) { device_ = &device; c_ = config; }

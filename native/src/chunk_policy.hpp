@@ -49,7 +49,7 @@ class ChunkPolicy {
   }
 
   // ChunkPolicy.malloc: the address handed out and its chunk (*handle); -1 on OOM.
-  // A run resumed from a saved state (sim/questions/capacity_checkpoints.py): this copy of
+  // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
   // the saved policy, on the resumed run's device, with that run's constants (its limit
   // may differ; the bridge resumes only where nothing else does).
   void resume_on(Device& device, const ChunkConfig& config) { device_ = &device; c_ = config; }

@@ -40,7 +40,7 @@ class CudaAsyncPolicy : public Counters {
       : c_(std::move(config)), device_(&device), pending_(c_.preallocate),
         indexes_(1) {}
 
-  // A run resumed from a saved state (sim/questions/capacity_checkpoints.py): this copy of
+  // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
   // the saved policy, on the resumed run's device, with that run's constants (its limit
   // may differ; the bridge resumes only where nothing else does).
   void resume_on(Device& device, const CudaAsyncConfig& config) { device_ = &device; c_ = config; }

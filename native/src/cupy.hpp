@@ -37,7 +37,7 @@ class CuPyPolicy : public Counters {
 
   // malloc: the smallest free chunk of this stream's arena that fits (split, the caller
   // keeping the low end), else a new block of exactly the rounded size; -1 on OOM.
-  // A run resumed from a saved state (sim/questions/capacity_checkpoints.py): this copy of
+  // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
   // the saved policy, on the resumed run's device, with that run's constants (its limit
   // may differ; the bridge resumes only where nothing else does).
   void resume_on(Device& device, const CuPyConfig& config) { device_ = &device; c_ = config; }

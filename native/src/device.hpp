@@ -90,7 +90,7 @@ class Device {
     charge(costs_.unmap_base_s);
   }
 
-  // A run resumed from a saved state (sim/questions/capacity_checkpoints.py): everything the
+  // A run resumed from a saved state (sim/questions/shared_runs.py): everything the
   // saved device had counted and handed out, on this device's capacity. The bridge resumes
   // only between devices alike in every other figure.
   void adopt(const Device& saved) {

@@ -63,7 +63,7 @@ class Engine {
     return i;
   }
 
-  // A run resumed from a saved state (sim/questions/capacity_checkpoints.py): the saved
+  // A run resumed from a saved state (sim/questions/shared_runs.py): the saved
   // engine's counters, live buffers and timeline so far, on this run's columns (the same
   // trace), its window of events read again from the next index.
   void adopt(const Engine& saved) {

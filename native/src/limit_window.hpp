@@ -2,7 +2,7 @@
 // of policies/limit_window.py, rule for rule by name (at_least, within). A policy that
 // compares a limit of its own (BFC's memory_limit) notes each such decision; min-capacity
 // resumes a run under another limit from a saved state of this one only while that limit is
-// inside [lo, hi] (sim/questions/capacity_checkpoints.py). Noting decides nothing.
+// inside [lo, hi] (sim/questions/shared_runs.py). Noting decides nothing.
 #pragma once
 
 #include <cstdint>

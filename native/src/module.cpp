@@ -163,7 +163,7 @@ TpuConfig tpu_config(const nb::dict& d) {
 }  // namespace
 
 // A run's whole state at one event, saved for min-capacity to resume runs at nearby
-// capacities from (sim/questions/capacity_checkpoints.py): opaque to Python but for where it
+// capacities from (sim/questions/shared_runs.py): opaque to Python but for where it
 // stands.
 class Snapshot {
  public:
@@ -225,7 +225,7 @@ class PolicyReplay final : public Replay {
   // This fresh run continues from `saved` (a state of a run of the same family and trace):
   // its device's counters and memory on this capacity, its policy on this device with this
   // run's constants, its engine's counters and live buffers. Whether the two runs would have
-  // decided alike up to there is the caller's question (capacity_checkpoints.py).
+  // decided alike up to there is the caller's question (shared_runs.py).
   void resume(const Snapshot& state) override {
     const auto* saved = dynamic_cast<const Saved*>(&state);
     if (saved == nullptr) throw std::invalid_argument("a saved state of another policy family");

@@ -51,7 +51,7 @@ class PyTorchPolicy {
  public:
   PyTorchPolicy(PyTorchConfig config, Device& device) : c_(config), device_(&device) {}
 
-  // A run resumed from a saved state (sim/questions/capacity_checkpoints.py): this copy of
+  // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
   // the saved policy, on the resumed run's device, with that run's constants (its limit
   // may differ; the bridge resumes only where nothing else does).
   void resume_on(Device& device, const PyTorchConfig& config) { device_ = &device; c_ = config; }

@@ -47,7 +47,7 @@ class TpuPolicy {
 
   // The buffer's handle (the Python model's, 1 up) and its record (*record, the engine's
   // handle); -1 on OOM.
-  // A run resumed from a saved state (sim/questions/capacity_checkpoints.py): this copy of
+  // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
   // the saved policy, on the resumed run's device, with that run's constants (its limit
   // may differ; the bridge resumes only where nothing else does).
   void resume_on(Device& device, const TpuConfig& config) { device_ = &device; c_ = config; }
@@ -261,7 +261,7 @@ class TpuPolicy {
   TpuConfig c_;
   Device* device_;  // a pointer: a run resumed from a saved state points it at its own device
   // HBM's size, read as the runtime starts (TpuRuntimeAllocator's); not const only so that a
-  // saved state copies (a TPU run never resumes at another capacity: capacity_checkpoints.py).
+  // saved state copies (a TPU run never resumes at another capacity: shared_runs.py).
   int64_t hbm_bytes_;
   Records<Block> blocks_;
   SortedBins free_;
