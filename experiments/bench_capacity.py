@@ -31,8 +31,9 @@ from typing import Any
 
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, DeviceProfile
 from allocsim.sim.kernel.engine import replay
-from allocsim.sim.questions import capacity, capacity_oracle
-from allocsim.sim.questions.capacity import VERIFY_ABOVE, CapacityAnswer, MiB
+from allocsim.sim.questions.capacity import minimum as capacity
+from allocsim.sim.questions.capacity import oracle as capacity_oracle
+from allocsim.sim.questions.capacity.minimum import VERIFY_ABOVE, CapacityAnswer, MiB
 from allocsim.sim.questions.shared_runs import SharedRuns
 from allocsim.traces.formats import load
 from allocsim.traces.model import Trace

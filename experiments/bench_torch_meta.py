@@ -7,7 +7,7 @@ Runs ``tests/torch_programs/gpt_adamw.py`` (two AdamW steps; width, 24 blocks, 1
 
 - *floor*: the program alone on the meta device (``TORCH_PROGRAM_DEVICE=meta``; PyTorch's own
   meta execution, no recorder);
-- *recorded*: under ``allocsim.traces.record.torch_meta.record_cuda`` ("cuda" redirected,
+- *recorded*: under ``allocsim.traces.record.torch.meta.record_cuda`` ("cuda" redirected,
   every storage recorded, CUDA's kernel choices for a100-80g).
 
 Prints wall and CPU seconds for each (best of ``--repeats``; the CPU time is the fairer figure
@@ -32,7 +32,7 @@ PROGRAM = Path(__file__).resolve().parents[1] / "tests" / "torch_programs" / "gp
 
 
 def _run(argv: list[str], recorded: bool) -> tuple[float, float, object]:
-    from allocsim.traces.record.torch_meta import record_cuda
+    from allocsim.traces.record.torch.meta import record_cuda
 
     saved = sys.argv
     sys.argv = [str(PROGRAM), *argv]

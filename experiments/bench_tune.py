@@ -28,9 +28,9 @@ from typing import Any
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES
 from allocsim.sim.kernel.engine import replay
 from allocsim.sim.questions.shared_runs import SharedRuns
-from allocsim.sim.questions.tune import tune
-from allocsim.sim.questions.tune_search import local_evaluator
-from allocsim.sim.questions.tune_space import framework
+from allocsim.sim.questions.tune.recommend import tune
+from allocsim.sim.questions.tune.search import local_evaluator
+from allocsim.sim.questions.tune.space import framework
 from allocsim.traces.formats import load
 from allocsim.traces.model import Trace
 

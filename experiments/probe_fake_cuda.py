@@ -5,7 +5,7 @@
 
 Each case runs in its own interpreter (a failure can abort the process) and prints what it got:
 its output, or the last line of its error. The cases are what the meta recorder
-(:mod:`allocsim.traces.record.torch_meta`) would need from ``FakeTensorMode`` to record on fake
+(:mod:`allocsim.traces.record.torch.meta`) would need from ``FakeTensorMode`` to record on fake
 CUDA tensors instead of meta ones: factories and ``.to("cuda")``, a GEMM, a training step
 (backward and AdamW), the device's properties, streams, ``torch.autocast("cuda")``, and which
 kernel ``F.scaled_dot_product_attention`` runs (the ATen ops a dispatch mode sees). The answer,

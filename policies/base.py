@@ -85,7 +85,7 @@ CAPACITY_KINDS = (CAPACITY_UNKNOWN, CAPACITY_LIMIT, CAPACITY_LIMIT_FATAL, CAPACI
 class CapacityUse:
     """How a policy's decisions depend on the device's capacity, declared from its own rules,
     so that ``min-capacity`` can answer "does the trace complete at capacity c?" from replays
-    it already ran (allocsim.sim.questions.capacity_oracle holds each kind's argument).
+    it already ran (allocsim.sim.questions.capacity.oracle holds each kind's argument).
 
     A policy class declares it in its body as one line of text, ``capacity_use = "KIND"`` or
     ``"KIND; unless P, Q"``: parameters that void the claim when a spec sets them (the policy

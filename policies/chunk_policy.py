@@ -21,7 +21,7 @@ from allocsim.policies.chunks import ChunkMap
 
 class ChunkObserver(Protocol):
     """What a watcher of a :class:`ChunkPolicy` is told, in the order it happens (public hooks:
-    min-capacity's region watch, sim/questions/capacity_regions.py, is one). A policy calls
+    min-capacity's region watch, sim/questions/capacity/regions.py, is one). A policy calls
     these only when an observer is set (:meth:`ChunkPolicy.observe`); they must not change the
     policy.
 

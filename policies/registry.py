@@ -21,7 +21,7 @@ from allocsim.policies.buddy import BuddyAllocator
 from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.policies.cupy_pool import CuPyPoolAllocator
 from allocsim.policies.on_demand import OnDemandAllocator
-from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
+from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
 from allocsim.policies.tpu import TpuRuntimeAllocator
 from allocsim.policies.units import parse_size
 
@@ -170,7 +170,7 @@ def _split_params(text: str) -> list[str]:
 
 def alloc_conf_spec(text: str) -> PolicySpec:
     """The ``pytorch`` policy for a PYTORCH_CUDA_ALLOC_CONF string given as-is."""
-    from allocsim.policies.pytorch_settings import parse_alloc_conf
+    from allocsim.policies.pytorch.settings import parse_alloc_conf
     try:
         params = parse_alloc_conf(text)
     except ValueError as err:

@@ -17,9 +17,9 @@ import pytest
 
 from allocsim.sim.cli.main import main
 from allocsim.sim.kernel.device import resolve_device
-from allocsim.sim.questions.tune import pareto_front
-from allocsim.sim.questions.tune_search import Trial
-from allocsim.sim.questions.tune_space import framework
+from allocsim.sim.questions.tune.recommend import pareto_front
+from allocsim.sim.questions.tune.search import Trial
+from allocsim.sim.questions.tune.space import framework
 
 MiB = 1 << 20
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def test_a_setting_with_less_memory_and_less_time_beats_the_defaults_even_in_a_t
     """The EOR case by numbers: 0.052 ms apart is within 0.1% of a 60 s job (a tie, which
     went to the fewest changes: the defaults), but the other setting also holds 20 MiB less.
     The table shows it beating the defaults on both: the answer must be it."""
-    from allocsim.sim.questions.tune import answer_from_table
+    from allocsim.sim.questions.tune.recommend import answer_from_table
     defaults = trial({}, 128, 0.513)
     expandable = trial({"expandable_segments": True}, 108, 0.461)
     trials = [defaults, expandable]
@@ -56,7 +56,7 @@ def test_a_setting_with_less_memory_and_less_time_beats_the_defaults_even_in_a_t
 
 def test_a_tie_still_goes_to_the_fewest_changes_among_the_tables_rows() -> None:
     """Less memory but a hair slower is no domination: the tie rule keeps the defaults."""
-    from allocsim.sim.questions.tune import answer_from_table
+    from allocsim.sim.questions.tune.recommend import answer_from_table
     defaults = trial({}, 128, 0.461)
     other = trial({"max_split_size_mb": 64}, 108, 0.465)
     trials = [defaults, other]
@@ -149,7 +149,7 @@ def test_min_capacity_with_no_context_says_none(capsys) -> None:
 
 
 def test_the_offline_plans_smallest_card_holds_the_context_too() -> None:
-    from allocsim.sim.questions.capacity import min_capacity
+    from allocsim.sim.questions.capacity.minimum import min_capacity
     from allocsim.traces import formats
     trace = formats.load(str(DATA / "sample-torch-cpu-mlp.npz"))
     device = resolve_device("a100-80g", None, None)
@@ -162,7 +162,7 @@ def test_tune_says_what_was_live_before_recording() -> None:
     """A profiler trace that started mid-run (the HTA trace held 3.82 GiB before it): the
     answer says the replay does not hold it, beside the card."""
     from allocsim.sim.output.tune_output import text
-    from allocsim.sim.questions.tune import tune
+    from allocsim.sim.questions.tune.recommend import tune
     from allocsim.traces import formats
     trace = formats.load(str(DATA / "sample-torch-cpu-mlp.npz"))
     result = tune(trace, "pytorch", resolve_device(None, "64MiB", None))

@@ -10,7 +10,7 @@ import pytest
 from allocsim.errors import UserInputError
 from allocsim.sim.cli import main
 from allocsim.sim.kernel.device import DeviceProfile
-from allocsim.sim.questions.capacity import min_capacity
+from allocsim.sim.questions.capacity.minimum import min_capacity
 from allocsim.sim.questions.share import ShareSpec, parse_share_spec, parse_start, share
 from allocsim.traces import Trace, formats
 
@@ -158,7 +158,7 @@ def test_share_runs_each_recorded_process_of_a_multi_process_trace(capsys, tmp_p
 
 
 def _pretend_completes(monkeypatch, completes) -> None:
-    import allocsim.sim.questions.capacity as capacity_module
+    import allocsim.sim.questions.capacity.minimum as capacity_module
     monkeypatch.setattr(capacity_module.CompletionOracle, "completes",
                         lambda self, capacity: completes(capacity))
 

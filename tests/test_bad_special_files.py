@@ -215,7 +215,7 @@ def test_long_distinct_tags_are_refused_at_their_budget_in_bounded_memory(
     of the file. The budget is made 4 MiB here so that a small file shows it."""
     import tracemalloc
 
-    from allocsim.traces.formats import native_csv
+    from allocsim.traces.formats.native import csv as native_csv
     monkeypatch.setattr(native_csv, "MAX_TAG_TEXT", 4 << 20)
     path = tmp_path / "long.csv.gz"
     size = long_distinct_rows(path, 48, slow=slow)

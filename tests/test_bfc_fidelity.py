@@ -1,4 +1,4 @@
-"""``allocsim fidelity PROFILE`` for BFC recordings (sim/questions/bfc_fidelity.py).
+"""``allocsim fidelity PROFILE`` for BFC recordings (sim/questions/fidelity/bfc.py).
 
 Real TensorFlow runs (tests/data/xplane/, see tests/make_xplane.py) match 100%; synthetic
 recordings of the JAX-on-GPU shape are written from a BFC run itself, then damaged to check
@@ -19,9 +19,9 @@ from jsonschema import Draft202012Validator
 from allocsim.policies.bfc import BFCAllocator
 from allocsim.sim.cli.main import main
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
-from allocsim.sim.questions.bfc_fidelity import BFCFidelityError, bfc_fidelity
+from allocsim.sim.questions.fidelity.bfc import BFCFidelityError, bfc_fidelity
 from allocsim.traces import formats
-from allocsim.traces.formats.xplane_proto import encode_xspace
+from allocsim.traces.formats.xla.xplane_proto import encode_xspace
 from allocsim.traces.model import Trace
 
 DATA = Path(__file__).parent / "data" / "xplane"
@@ -132,7 +132,7 @@ def test_synthetic_gpu_recording_matches_and_divergence_is_named(tmp_path: Path)
 
 def test_recording_that_starts_mid_run(tmp_path: Path) -> None:
     """Drop the first two calls: the allocator's state before the third is rebuilt from the
-    records (sim/questions/bfc_start_state.py) and every record matches, the frees of the two
+    records (sim/questions/fidelity/bfc_start.py) and every record matches, the frees of the two
     buffers allocated before recording included. The 8 MiB region Extend makes during the
     recording is taken as there from the start: wholly free until its first chunk, at the
     address recorded, it changes no decision, and the records cannot tell the two apart."""
@@ -180,7 +180,7 @@ def test_a_live_keras_run_matches_the_real_bfc_at_every_record(tmp_path, limit_m
     sys.path.insert(0, str(Path(__file__).parent))
     from make_xplane import record
 
-    from allocsim.sim.questions.bfc_fidelity import bfc_fidelity
+    from allocsim.sim.questions.fidelity.bfc import bfc_fidelity
     from allocsim.traces import formats
     extra = {} if limit_mb is None else {"TF_CPU_BFC_MEM_LIMIT_IN_MB": str(limit_mb)}
     profile = record("keras", extra, str(tmp_path))

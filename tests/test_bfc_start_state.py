@@ -1,4 +1,4 @@
-"""A mid-run BFC profile's start state, rebuilt (sim/questions/bfc_start_state.py) and seeded
+"""A mid-run BFC profile's start state, rebuilt (sim/questions/fidelity/bfc_start.py) and seeded
 into the model (BFCAllocator.seed), so that ``allocsim fidelity`` follows TensorFlow's BFC from
 the first record (issue 25.12, issue 14).
 
@@ -21,14 +21,14 @@ from test_bfc_fidelity import DATA, recording, run_cli, write
 
 from allocsim.policies.bfc import BFCAllocator
 from allocsim.sim.kernel.device import DeviceProfile
-from allocsim.sim.questions import bfc_start_refine
-from allocsim.sim.questions.bfc_fidelity import PlacedDevice, Replay, bfc_fidelity
-from allocsim.sim.questions.bfc_start_state import (
+from allocsim.sim.questions.fidelity import bfc_start_refine
+from allocsim.sim.questions.fidelity.bfc import PlacedDevice, Replay, bfc_fidelity
+from allocsim.sim.questions.fidelity.bfc_start import (
     StartState,
     pool_bytes_from_records,
     region_sequences,
 )
-from allocsim.sim.questions.fidelity_device import address_floor
+from allocsim.sim.questions.fidelity.device import address_floor
 from allocsim.traces import formats
 
 MiB = 1 << 20
@@ -207,7 +207,7 @@ def test_a_refinement_keeps_the_bytes_live_at_the_start() -> None:
 def test_a_refinement_stops_at_its_bound_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """The refinement replays at most MAX_REPLAYED_EVENTS trace events; past that it stops,
     the report names the bound and gives the state it reached (here: none better)."""
-    from allocsim.sim.questions import bfc_fidelity as fidelity_module
+    from allocsim.sim.questions.fidelity import bfc as fidelity_module
 
     monkeypatch.setattr(bfc_start_refine, "MAX_REPLAYED_EVENTS", 10)
     monkeypatch.setattr(fidelity_module, "MAX_REPLAYED_EVENTS", 10)

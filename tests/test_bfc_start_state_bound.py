@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from allocsim.sim.questions import bfc_start_state
-from allocsim.sim.questions.bfc_start_state import (
+from allocsim.sim.questions.fidelity import bfc_start as bfc_start_state
+from allocsim.sim.questions.fidelity.bfc_start import (
     MAX_CANDIDATES,
     pool_bytes_from_records,
     start_states,
@@ -96,7 +96,7 @@ def test_the_fidelity_report_says_the_search_gave_up(monkeypatch, tmp_path) -> N
     from test_bfc_fidelity import recording, write
     from test_bfc_start_state import RECORDED, WARM_UP
 
-    from allocsim.sim.questions.bfc_fidelity import bfc_fidelity
+    from allocsim.sim.questions.fidelity.bfc import bfc_fidelity
     from allocsim.traces import formats
 
     events = recording(WARM_UP + RECORDED, limit=64 * MiB)[len(WARM_UP):]

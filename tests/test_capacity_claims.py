@@ -1,8 +1,8 @@
 """Every policy's ``capacity_use`` declaration held to real replays (issue 17).
 
 min-capacity answers "does the trace complete at c?" without a replay where a policy's declared
-capacity use says the answer follows from replays it ran (sim/questions/capacity_oracle.py), and
-stops replays of a repeating trace once they repeat (sim/questions/capacity_period.py). Here,
+capacity use says the answer follows from replays it ran (sim/questions/capacity/oracle.py), and
+stops replays of a repeating trace once they repeat (sim/questions/capacity/period.py). Here,
 for every declaring policy and setting, on random and repeating traces: every answer the
 shortcuts give equals a replay's, the runs a ``limit`` interval claims the same make the same
 device calls, and a deliberately wrong declaration is caught.
@@ -27,11 +27,11 @@ from allocsim.policies.base import (
 )
 from allocsim.policies.buddy import BuddyAllocator
 from allocsim.policies.cupy_pool import CuPyPoolAllocator
-from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
+from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 from allocsim.sim.kernel.engine import ProcessReplay, replay
-from allocsim.sim.questions.capacity_oracle import CompletionOracle
-from allocsim.sim.questions.capacity_period import find_period
+from allocsim.sim.questions.capacity.oracle import CompletionOracle
+from allocsim.sim.questions.capacity.period import find_period
 from allocsim.traces.model import Trace
 from allocsim.traces.synth import generate
 

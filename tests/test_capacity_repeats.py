@@ -2,7 +2,7 @@
 
 min-capacity stops a replay of a repeating trace once the policy's decision state and the live
 buffers' places at one period boundary equal those one period later
-(sim/questions/capacity_oracle.py). Leaving part of the state out would stop runs that do not
+(sim/questions/capacity/oracle.py). Leaving part of the state out would stop runs that do not
 repeat. Here: a trace whose every step leaks one small buffer repeats event for event, but its
 runs do not — the leaks fill the pool and, at a small capacity, end in an OOM many steps in.
 Every policy whose state the oracle knows must give a plain replay's answer at every capacity
@@ -17,15 +17,15 @@ import pytest
 
 from allocsim.policies import parse_policy
 from allocsim.policies.cuda_async import CudaAsyncAllocator
-from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
+from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 from allocsim.sim.kernel.engine import replay
-from allocsim.sim.questions.capacity_oracle import (
+from allocsim.sim.questions.capacity.oracle import (
     _DECISION_STATE,
     _ORDER_ONLY_STATE,
     CompletionOracle,
 )
-from allocsim.sim.questions.capacity_period import find_period
+from allocsim.sim.questions.capacity.period import find_period
 from allocsim.traces.model import Trace
 
 KiB, MiB = 1 << 10, 1 << 20

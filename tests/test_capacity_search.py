@@ -11,8 +11,13 @@ from __future__ import annotations
 import pytest
 
 from allocsim.sim.kernel.device import DeviceProfile
-from allocsim.sim.questions import capacity
-from allocsim.sim.questions.capacity import VERIFY_ABOVE, _bracket, _probe_point, min_capacity
+from allocsim.sim.questions.capacity import minimum
+from allocsim.sim.questions.capacity.minimum import (
+    VERIFY_ABOVE,
+    _bracket,
+    _probe_point,
+    min_capacity,
+)
 from allocsim.traces.bundled import load_default_trace
 
 MiB = 1 << 20
@@ -68,7 +73,7 @@ def test_a_monotone_policy_costs_few_passing_replays(monkeypatch, threshold_mib:
         asked.append(c)
         return c >= threshold
 
-    monkeypatch.setattr(capacity.CompletionOracle, "completes", completes)
+    monkeypatch.setattr(minimum.CompletionOracle, "completes", completes)
     answer = min_capacity(trace, "best-fit", DeviceProfile("test", 64 * GiB))
     assert answer.min_capacity == threshold and answer.monotone
     checks_above = {threshold + step * MiB for step in range(1, VERIFY_ABOVE + 1)}

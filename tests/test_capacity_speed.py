@@ -14,8 +14,8 @@ import pytest
 
 from allocsim.policies import parse_policy
 from allocsim.sim.kernel.device import DeviceProfile
-from allocsim.sim.questions import capacity
-from allocsim.sim.questions.capacity_oracle import CompletionOracle
+from allocsim.sim.questions.capacity import minimum
+from allocsim.sim.questions.capacity.oracle import CompletionOracle
 from allocsim.traces.bundled import load_default_trace
 from allocsim.traces.model import Trace
 from allocsim.traces.synth import generate
@@ -56,7 +56,7 @@ def traces() -> dict[str, Trace]:
 
 def _plain(trace: Trace, policy: str, device: DeviceProfile, resolution: int):
     """The answer with every capacity replayed (no shortcut)."""
-    return capacity._min_capacity(trace, policy, device, resolution, shortcuts=False)
+    return minimum._min_capacity(trace, policy, device, resolution, shortcuts=False)
 
 
 @pytest.mark.parametrize("trace_name", ["training", "random", "random-2-streams"])
@@ -64,7 +64,7 @@ def _plain(trace: Trace, policy: str, device: DeviceProfile, resolution: int):
 def test_shortcuts_give_the_same_answer(policy: str, trace_name: str) -> None:
     trace = traces()[trace_name]
     resolution = 4 * MiB if trace_name == "training" else MiB // 4
-    fast = capacity.min_capacity(trace, policy, DEVICE, resolution=resolution)
+    fast = minimum.min_capacity(trace, policy, DEVICE, resolution=resolution)
     plain = _plain(trace, policy, DEVICE, resolution)
     assert (fast.min_capacity, fast.monotone, fast.exceptions) == (
         plain.min_capacity, plain.monotone, plain.exceptions)
@@ -74,7 +74,7 @@ def test_shortcuts_give_the_same_answer(policy: str, trace_name: str) -> None:
 @pytest.mark.parametrize("policy", ["on-demand", "buddy", "bfc", "pytorch", "preallocate"])
 def test_shortcuts_give_the_same_answer_on_the_bundled_trace(policy: str) -> None:
     trace = load_default_trace()
-    fast = capacity.min_capacity(trace, policy, DEVICE, resolution=4 << 20)
+    fast = minimum.min_capacity(trace, policy, DEVICE, resolution=4 << 20)
     plain = _plain(trace, policy, DEVICE, 4 << 20)
     assert (fast.min_capacity, fast.monotone, fast.exceptions) == (
         plain.min_capacity, plain.monotone, plain.exceptions)
@@ -82,13 +82,13 @@ def test_shortcuts_give_the_same_answer_on_the_bundled_trace(policy: str) -> Non
 
 
 def test_capacity_blind_policy_needs_few_replays() -> None:
-    answer = capacity.min_capacity(load_default_trace(), "on-demand", DEVICE)
+    answer = minimum.min_capacity(load_default_trace(), "on-demand", DEVICE)
     assert answer.monotone and answer.evaluations <= 4
 
 
 @pytest.mark.parametrize("policy", ["on-demand", "best-fit"])
 def test_a_policy_a_refusal_fails_needs_only_the_generous_replay(policy: str) -> None:
-    answer = capacity.min_capacity(traces()["random"], policy, DEVICE, resolution=MiB // 4)
+    answer = minimum.min_capacity(traces()["random"], policy, DEVICE, resolution=MiB // 4)
     assert answer.evaluations == 1
 
 
@@ -149,7 +149,8 @@ def test_a_run_of_a_repeating_trace_that_does_not_repeat_soon_hands_over_to_the_
     # core instead: with a share of a few events every run hands over, and the answers are
     # the plain search's.
     from allocsim.sim.kernel import native
-    from allocsim.sim.questions import capacity_oracle, shared_runs
+    from allocsim.sim.questions import shared_runs
+    from allocsim.sim.questions.capacity import oracle as capacity_oracle
 
     if native.core() is None:
         pytest.skip(f"the native core is not in use here: {native.implementation()}")
@@ -164,7 +165,7 @@ def test_a_run_of_a_repeating_trace_that_does_not_repeat_soon_hands_over_to_the_
         return run(self, spec, profile, stop_on_oom=stop_on_oom)
 
     monkeypatch.setattr(shared_runs.SharedRuns, "run", counting)
-    fast = capacity.min_capacity(trace, policy, DEVICE, resolution=4 * MiB)
+    fast = minimum.min_capacity(trace, policy, DEVICE, resolution=4 * MiB)
     plain = _plain(trace, policy, DEVICE, 4 * MiB)
     assert (fast.min_capacity, fast.monotone, fast.exceptions) == (
         plain.min_capacity, plain.monotone, plain.exceptions)

@@ -27,7 +27,7 @@ from allocsim.policies.bfc import BFCAllocator, backpedal_bytes
 from allocsim.sim.cli.main import main
 from allocsim.sim.kernel.device import PROFILES, DeviceProfile, SimulatedDevice
 from allocsim.sim.kernel.engine import replay
-from allocsim.sim.questions.capacity import min_capacity
+from allocsim.sim.questions.capacity.minimum import min_capacity
 from allocsim.traces import Trace, formats
 
 MiB = 1 << 20

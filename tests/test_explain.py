@@ -21,7 +21,7 @@ from allocsim.sim.questions.explain import (
     variant_specs,
     verdict,
 )
-from allocsim.sim.questions.fidelity import simulate_snapshot
+from allocsim.sim.questions.fidelity.pytorch import simulate_snapshot
 from allocsim.traces import bundled, formats, synth
 from allocsim.traces.formats.torch_snapshot import read_snapshot
 from allocsim.traces.model import Trace

@@ -9,7 +9,7 @@ import pytest
 from allocsim.sim.cli import main
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.output.export import run_as_snapshot
-from allocsim.sim.questions.fidelity import fidelity
+from allocsim.sim.questions.fidelity.pytorch import fidelity
 from allocsim.traces import Trace, formats
 from allocsim.traces.synth import generate
 

@@ -3,10 +3,11 @@
 There is one malloc and one free per policy (the Python models are the specification, written
 once); what PyTorch's model may leave out when memory_stats() will not be read (the replay
 engine's case, keep_memory_stats(False)) is only the counters that report reads
-(pytorch_stats.MEMORY_STATS_ONLY). Here a lean and a kept allocator run the same random
-workloads, with and without expandable segments: the same addresses, the same device calls,
-the same blocks, tables and every counter both keep, after every step (tests/test_fast_paths.py
-holds both to results recorded before the speed work, when these were two code paths).
+(policies/pytorch/stats.py's MEMORY_STATS_ONLY). Here a lean and a kept allocator run the
+same random workloads, with and without expandable segments: the same addresses, the same
+device calls, the same blocks, tables and every counter both keep, after every step
+(tests/test_fast_paths.py holds both to results recorded before the speed work, when these
+were two code paths).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from policy_checks import play_both, small_device, workload_actions
 
-from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
-from allocsim.policies.pytorch_stats import MEMORY_STATS_ONLY
+from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
+from allocsim.policies.pytorch.stats import MEMORY_STATS_ONLY
 from allocsim.sim.kernel.device import SimulatedDevice
 
 

@@ -1,5 +1,5 @@
 """``allocsim fidelity``: the pytorch model against recorded PyTorch snapshots
-(allocsim.sim.questions.fidelity).
+(allocsim.sim.questions.fidelity.pytorch).
 
 The round-trip guarantee: a snapshot made by running the model itself (simulate_snapshot:
 its addresses, device calls, OOMs, empty_cache() calls, final segments, allocator_settings),
@@ -21,18 +21,18 @@ from typing import Any
 import pytest
 
 from allocsim.policies import parse_policy
-from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
+from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
 from allocsim.sim.cli.fidelity import register
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
-from allocsim.sim.questions import fidelity_replay
-from allocsim.sim.questions.fidelity import (
+from allocsim.sim.questions.fidelity import replay as fidelity_replay
+from allocsim.sim.questions.fidelity.pytorch import (
     COMPARED_ACTIONS,
     FidelityError,
     fidelity,
     settings_from_snapshot,
     simulate_snapshot,
 )
-from allocsim.sim.questions.fidelity_recording import expandable_range_bases
+from allocsim.sim.questions.fidelity.recording import expandable_range_bases
 from allocsim.traces import formats, synth
 from allocsim.traces.formats.torch_snapshot import read_snapshot
 from allocsim.traces.model import Trace

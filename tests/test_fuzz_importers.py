@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from allocsim.sim.cli.main import main
 from allocsim.traces import formats
-from allocsim.traces.formats.xplane_proto import encode_xspace
+from allocsim.traces.formats.xla.xplane_proto import encode_xspace
 from allocsim.traces.model import Trace, TraceError
 
 EXAMPLES = int(os.environ.get("ALLOCSIM_FUZZ_EXAMPLES", "100"))  # more: a longer hunt

@@ -18,8 +18,8 @@ from allocsim.errors import UserInputError  # noqa: E402
 from allocsim.sim.cli.main import main  # noqa: E402
 from allocsim.traces.formats import load  # noqa: E402
 from allocsim.traces.model import OP_ALLOC, OP_FREE  # noqa: E402
-from allocsim.traces.record import jax_internals  # noqa: E402
-from allocsim.traces.record.jax_recorder import PROLOGUE_TAG, active_recorder  # noqa: E402
+from allocsim.traces.record.jax import internals as jax_internals  # noqa: E402
+from allocsim.traces.record.jax.recorder import PROLOGUE_TAG, active_recorder  # noqa: E402
 
 
 def live_array_bytes() -> int:
@@ -216,7 +216,7 @@ def test_a_failing_script_keeps_its_status_and_partial_trace(tmp_path, monkeypat
     assert len(ours) == 1 and "partial trace written to run.npz" in ours[0]
     assert f"status {status}" in ours[0]
     if status == 1:
-        assert "ValueError: boom" in err and "jax_recorder.py" not in err
+        assert "ValueError: boom" in err and "jax/recorder.py" not in err
     assert len(load(tmp_path / "run.npz")) > 0
 
 

@@ -150,7 +150,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
 def snapshot_with_oom(tmp_path_factory) -> Path:
     """A PyTorch snapshot of the pytorch model's run, with a recorded OOM (written the way
     tests/test_explain.py makes one)."""
-    from allocsim.sim.questions.fidelity import simulate_snapshot
+    from allocsim.sim.questions.fidelity.pytorch import simulate_snapshot
     from allocsim.traces import synth
     trace = synth.generate("random", seed=2)
     capacity = int(trace.peak_live()[0] * 1.05) // (2 * MiB) * (2 * MiB)

@@ -32,7 +32,7 @@ import native_cases as cases
 from allocsim.policies import parse_policy
 from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.policies.cupy_pool import CuPyPoolAllocator
-from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
+from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
 from allocsim.policies.registry import POLICIES
 from allocsim.policies.tpu import TpuRuntimeAllocator
 from allocsim.sim.kernel import native

@@ -21,10 +21,10 @@ from allocsim.traces.formats import (
     load,
     load_with_report,
     native,
-    native_csv,
     register_format,
     save,
 )
+from allocsim.traces.formats.native import csv as native_csv
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, SIZE_UNKNOWN, Trace, TraceError
 
 EXTENSIONS = [".npz", ".csv", ".csv.gz", ".jsonl", ".jsonl.gz"]
@@ -479,7 +479,7 @@ def test_load_streams_an_npz_and_reads_what_its_bytes_give(tmp_path: Path,
     # holds each column packed, read in pieces: the same trace as from the bytes, with pieces
     # of 7 values crossing every column's end and a constant column held as an int.
     from allocsim.traces import formats as formats_package
-    from allocsim.traces.formats import native_npz
+    from allocsim.traces.formats.native import npz as native_npz
     from allocsim.traces.synth import generate
 
     trace = generate("random", events=500, live=40, seed=5)
@@ -500,7 +500,7 @@ def test_load_streams_an_npz_and_reads_what_its_bytes_give(tmp_path: Path,
 
 def test_a_streamed_npz_column_out_of_range_names_its_event(tmp_path: Path):
     # The range check runs piece by piece: the event index is the column's, not the piece's.
-    from allocsim.traces.formats import native_npz
+    from allocsim.traces.formats.native import npz as native_npz
 
     n = 50
     arrays = {"time_ns": np.arange(n, dtype=np.uint64), "op": np.zeros(n, dtype=np.int8),
@@ -521,7 +521,7 @@ def test_a_streamed_npz_column_out_of_range_names_its_event(tmp_path: Path):
 def test_tag_indices_are_checked_a_piece_at_a_time_and_name_their_event() -> None:
     # No mask of the whole column (2 bytes/event at loading's peak); a bad index in a later
     # piece is still named by its event.
-    from allocsim.traces.formats.native_npz import _PIECE, _check_tag_indices
+    from allocsim.traces.formats.native.npz import _PIECE, _check_tag_indices
 
     tag = np.zeros(3 * _PIECE, dtype=np.int16)
     _check_tag_indices(tag, 1, "t.npz")

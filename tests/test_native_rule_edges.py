@@ -50,7 +50,7 @@ def _offsets(addresses: list[int]) -> list[int]:
     return [a - addresses[0] if a >= 0 else -1 for a in addresses]
 
 
-# The expandable walk (pytorch_expandable.py's _expandable_best_fit): on a 64 MiB device a
+# The expandable walk (pytorch/expandable.py's _expandable_best_fit): on a 64 MiB device a
 # large pool's range is 4 pages of 20 MiB. 24 MiB freed at the bottom (a block in use behind
 # it) ties with the 4 MiB free at the top of the mapped pages plus the 20 MiB unmapped behind
 # them: the walk stays on the 4 MiB one, so 3 MiB goes at 56 MiB. With 22 MiB at the bottom

@@ -12,7 +12,7 @@ from one_line import refused
 
 from allocsim.ascii_numbers import is_whole_number, whole_number
 from allocsim.policies import PolicySpecError, parse_policy
-from allocsim.policies.pytorch_caching import parse_alloc_conf
+from allocsim.policies.pytorch.caching import parse_alloc_conf
 from allocsim.sim.cli.main import main
 from allocsim.sim.kernel.device import SimulatedDevice, resolve_device
 from allocsim.traces import formats, synth

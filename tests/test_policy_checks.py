@@ -26,8 +26,8 @@ from allocsim.policies.chunks import KEY_SHIFT, NONE, ChunkMap
 from allocsim.policies.cuda_async import SHARED, CudaAsyncAllocator
 from allocsim.policies.cupy_pool import CID_SHIFT, SIZE_SHIFT, CuPyPoolAllocator
 from allocsim.policies.on_demand import OnDemandAllocator
-from allocsim.policies.pytorch_blocks import SHIFT
-from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
+from allocsim.policies.pytorch.blocks import SHIFT
+from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -187,7 +187,7 @@ def test_the_jitted_mlps_seeds_are_one_member_and_varlen_seeds_are_not() -> None
 
 def test_a_minimum_capacity_that_is_not_monotone_is_stored_as_a_range_with_its_failures() \
         -> None:
-    from allocsim.sim.questions.capacity import CapacityAnswer
+    from allocsim.sim.questions.capacity.minimum import CapacityAnswer
     answer = CapacityAnswer("jax:fraction=1.0", 110 * MiB, 100 * MiB, MiB, False, 30,
                             ["fails at 150.00MiB, above the answer 140.00MiB",
                              "completes at 110.00MiB, below the 140.00MiB the bisection found "

@@ -8,7 +8,7 @@ import pytest
 from policy_checks import small_device
 
 from allocsim.policies import PolicySpecError, parse_policy
-from allocsim.policies.pytorch_caching import parse_alloc_conf
+from allocsim.policies.pytorch.caching import parse_alloc_conf
 from allocsim.policies.registry import alloc_conf_spec
 from allocsim.sim.kernel.device import SimulatedDevice
 

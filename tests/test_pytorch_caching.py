@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_checks import Referee, small_device
 
-from allocsim.policies.pytorch_caching import (
+from allocsim.policies.pytorch.caching import (
     PyTorchCachingAllocator,
     divisions_index,
     get_allocation_size,

@@ -10,8 +10,8 @@ import random
 import pytest
 
 from allocsim.policies import parse_policy
-from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
-from allocsim.policies.pytorch_stats import MEMORY_STATS_ONLY
+from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
+from allocsim.policies.pytorch.stats import MEMORY_STATS_ONLY
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 from allocsim.sim.kernel.engine import ProcessReplay, replay
 from allocsim.traces import synth

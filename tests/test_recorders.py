@@ -178,7 +178,7 @@ def test_run_script_warns_without_cupy(tmp_path):
 
 def test_record_torch(tmp_path):
     torch = pytest.importorskip("torch")
-    from allocsim.traces.record.torch_profiler import record_torch
+    from allocsim.traces.record.torch.profiler import record_torch
 
     def work(n: int) -> None:
         layer = torch.nn.Linear(32, 64)

@@ -25,7 +25,7 @@ from allocsim.sim.kernel.device import SimulatedDevice, resolve_device
 from allocsim.sim.kernel.engine import ProcessReplay, replay
 from allocsim.sim.kernel.results import CallLog, LogColumn
 from allocsim.traces import formats, synth
-from allocsim.traces.formats.native_npz import read_npz, write_npz
+from allocsim.traces.formats.native.npz import read_npz, write_npz
 from allocsim.traces.model import COLUMN_DTYPES, NO_TAG, OP_ALLOC, Trace, pack_column
 
 sys.path.insert(0, str(Path(__file__).parent))

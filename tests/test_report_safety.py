@@ -16,7 +16,7 @@ from allocsim.sim.output import html_report, results_dir
 from allocsim.sim.output.html_report import render_report
 from allocsim.sim.output.report_input import load_results
 from allocsim.sim.questions.compare import compare
-from allocsim.traces.formats.native_csv import write_csv
+from allocsim.traces.formats.native.csv import write_csv
 from allocsim.traces.model import Trace
 
 # Each payload sets a mark a browser would show if it ran.

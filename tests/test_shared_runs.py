@@ -28,10 +28,10 @@ from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 from allocsim.sim.kernel.engine import ProcessReplay
 from allocsim.sim.kernel.native import core
 from allocsim.sim.kernel.native import open_run as open_native_run
-from allocsim.sim.questions import capacity
+from allocsim.sim.questions.capacity import minimum as capacity
 from allocsim.sim.questions.shared_runs import SharedRuns
-from allocsim.sim.questions.tune import tune
-from allocsim.sim.questions.tune_search import local_evaluator
+from allocsim.sim.questions.tune.recommend import tune
+from allocsim.sim.questions.tune.search import local_evaluator
 from allocsim.traces.bundled import load_default_trace
 from allocsim.traces.model import Trace
 from allocsim.traces.synth import generate

@@ -1,5 +1,5 @@
 """Synthetic traces streamed to an .npz block by block (traces/synth/rendering.py,
-traces/formats/native_npz_stream.py) are the traces the in-memory generator makes."""
+traces/formats/native/npz_stream.py) are the traces the in-memory generator makes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from allocsim.errors import UserInputError
 from allocsim.sim.cli import main
 from allocsim.traces import formats, synth
-from allocsim.traces.formats.native_npz_stream import save_npz_blocks
+from allocsim.traces.formats.native.npz_stream import save_npz_blocks
 from allocsim.traces.model import COLUMN_DTYPES, Trace, TraceError
 
 CASES = [

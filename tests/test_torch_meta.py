@@ -22,9 +22,9 @@ from allocsim.sim.kernel.device import resolve_device  # noqa: E402
 from allocsim.sim.kernel.engine import replay  # noqa: E402
 from allocsim.traces.formats import load  # noqa: E402
 from allocsim.traces.model import OP_ALLOC, Trace  # noqa: E402
-from allocsim.traces.record.torch_meta import TorchMetaRecorder, ValueReadError  # noqa: E402
-from allocsim.traces.record.torch_meta_script import record_script  # noqa: E402
-from allocsim.traces.record.torch_meta_targets import (  # noqa: E402
+from allocsim.traces.record.torch.meta import TorchMetaRecorder, ValueReadError  # noqa: E402
+from allocsim.traces.record.torch.meta_script import record_script  # noqa: E402
+from allocsim.traces.record.torch.meta_targets import (  # noqa: E402
     TARGETS,
     choose_sdpa_backend,
     cublas_workspace_bytes,
@@ -334,7 +334,7 @@ def test_cpu_recording_is_an_ordered_part_of_the_cpu_allocators_own_stream(tmp_p
     import runpy
     import sys
 
-    from allocsim.traces.record.torch_profiler import record_torch
+    from allocsim.traces.record.torch.profiler import record_torch
 
     program = str(PROGRAMS / "cnn_sgd.py")
     saved = sys.argv

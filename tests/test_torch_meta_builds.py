@@ -33,9 +33,9 @@ torch = pytest.importorskip("torch", reason="the meta recorder needs PyTorch (pi
 from allocsim.errors import UserInputError  # noqa: E402
 from allocsim.traces.formats import load  # noqa: E402
 from allocsim.traces.model import OP_ALLOC, Trace  # noqa: E402
-from allocsim.traces.record.torch_meta import TorchMetaRecorder  # noqa: E402
-from allocsim.traces.record.torch_meta_script import record_script  # noqa: E402
-from allocsim.traces.record.torch_meta_targets import TARGETS, cublas_workspace_bytes  # noqa: E402
+from allocsim.traces.record.torch.meta import TorchMetaRecorder  # noqa: E402
+from allocsim.traces.record.torch.meta_script import record_script  # noqa: E402
+from allocsim.traces.record.torch.meta_targets import TARGETS, cublas_workspace_bytes  # noqa: E402
 
 PROGRAM = Path(__file__).parent / "torch_programs" / "mlp_adamw.py"
 FEATURES, HIDDEN, CLASSES, BATCH, STEPS = 256, 512, 10, 16, 3

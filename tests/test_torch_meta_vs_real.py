@@ -35,7 +35,7 @@ from allocsim.sim.kernel.device import resolve_device
 from allocsim.sim.kernel.engine import replay
 from allocsim.traces.formats import load
 from allocsim.traces.model import OP_ALLOC, Trace
-from allocsim.traces.record.torch_meta_script import record_script
+from allocsim.traces.record.torch.meta_script import record_script
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 REAL_MLP = SHARED / "torch-profiler-cpu-mlp-train.json.gz"
@@ -59,7 +59,7 @@ def _device_calls(trace: Trace, spec: str) -> list[int]:
 
 @needs_shared
 def test_the_rebuilt_program_is_the_shared_traces_program():
-    from allocsim.traces.record.torch_profiler import record_torch
+    from allocsim.traces.record.torch.profiler import record_torch
 
     saved = sys.argv
     try:

@@ -1,4 +1,4 @@
-"""Tests for allocsim.traces.formats.torch_snapshot (and the snapshot_* modules behind it): safe
+"""Tests for allocsim.traces.formats.torch_snapshot (and the modules of its package): safe
 unpickling, parsing, the backwards rebuild of the state at the start, reference events, tags,
 and export for PyTorch's memory viewer.
 
@@ -37,7 +37,7 @@ from snapshot_checks import (
 import allocsim.traces.formats.torch_snapshot as ts
 from allocsim.policies import parse_policy
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
-from allocsim.sim.questions.fidelity_start import sized_start_segments
+from allocsim.sim.questions.fidelity.start import sized_start_segments
 from allocsim.traces.formats import format_for, load, load_with_report
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace
 from allocsim.traces.validate import validate

@@ -128,8 +128,24 @@ def test_a_request_fails_only_when_the_free_total_is_short() -> None:
     for i in (1, 3, 5, 7):
         tpu.free(blocks[i])  # type: ignore[arg-type]
     assert tpu.malloc(4 * MiB + GRANULE) is None
-    assert tpu.num_ooms == 1 and tpu.num_compactions == 0
-    assert tpu.malloc(4 * MiB) is not None                    # exactly the free total: compacts
+    assert tpu.num_ooms == 1
+    assert tpu.malloc(4 * MiB) is not None                    # exactly the free total fits
+
+
+def test_a_refused_request_still_compacts_first() -> None:
+    """On the chip (tests/data/tpu/steps/350m-eager) the frees after a refused request name
+    the addresses a compaction gives the live buffers: the runtime compacts on every miss."""
+    tpu = small_tpu(8 * MiB)
+    blocks = [tpu.malloc(1 * MiB) for _ in range(8)]
+    for i in (1, 3, 5, 7):
+        tpu.free(blocks[i])  # type: ignore[arg-type]
+    assert tpu.malloc(4 * MiB + GRANULE) is None
+    kept = [blocks[i] for i in (0, 2, 4, 6)]
+    assert [tpu.hbm_offset(h) for h in kept] == [7 * MiB, 6 * MiB, 5 * MiB, 4 * MiB]  # type: ignore[arg-type]
+    assert (tpu.num_compactions, tpu.compaction_moved_bytes) == (1, 3 * MiB)
+    assert tpu.malloc(4 * MiB + GRANULE) is None              # already compact: nothing moves
+    assert (tpu.num_ooms, tpu.num_compactions) == (2, 1)
+    tpu.check()
 
 
 def test_the_v5e_profile_is_the_chips_own_limit() -> None:
@@ -232,6 +248,36 @@ def test_the_chips_compactions_are_the_models(keep_one_in: int) -> None:
     assert "RESOURCE_EXHAUSTED" in oom["error"]   # what the model does at a true shortage
 
 
+def test_a_compaction_for_a_request_the_runtime_then_refused_is_followed() -> None:
+    """The runtime compacts before it gives up on a request (its OOM) and records neither the
+    move nor the request: the next frees name the moved addresses (the chip did this in
+    steps/350m-eager). 16 KiB of HBM: A, B, C of 4 KiB top down, B freed, 12 KiB asked for
+    (8 KiB free: refused after C slid up to B's place), then C and A freed."""
+    from allocsim.traces.formats.xla.xplane import trace_from_records
+    limit, k4 = 16 * 1024, 4 * 1024
+    records = []
+
+    def record(kind: str, addr: int, in_use: int, size: int | None = None) -> None:
+        entry = {"kind": kind, "addr": addr, "bytes_allocated": in_use,
+                 "bytes_available": limit - in_use, "peak_bytes_in_use": 3 * k4,
+                 "time_ps": 1000 * len(records), "order": len(records), "plane": "/host:CPU"}
+        if size is not None:
+            entry.update(requested_bytes=size, allocation_bytes=size)
+        records.append(entry)
+
+    record("alloc", limit - k4, k4, k4)             # A
+    record("alloc", limit - 2 * k4, 2 * k4, k4)     # B
+    record("alloc", limit - 3 * k4, 3 * k4, k4)     # C
+    record("free", limit - 2 * k4, 2 * k4)          # B
+    record("free", limit - 2 * k4, k4)              # C, where the compaction moved it
+    record("free", limit - k4, 0)                   # A
+    trace = trace_from_records(records, "refused.xplane.pb", "refused")
+    assert trace.metadata.get("prologue_events", 0) == 0   # every free found its alloc
+    allocated = {int(b) for op, b in zip(trace.op, trace.id) if op == OP_ALLOC}
+    freed = [int(b) for op, b in zip(trace.op, trace.id) if op != OP_ALLOC]
+    assert len(allocated) == 3 and sorted(freed) == sorted(allocated)
+
+
 def test_a_tpu_profiles_frees_take_their_sizes_from_the_allocs() -> None:
     trace = formats.load(DATA / "placement")
     sizes: dict[int, int] = {}
@@ -245,14 +291,14 @@ def test_a_tpu_profiles_frees_take_their_sizes_from_the_allocs() -> None:
 
 # -- fidelity: a TPU profile replayed through the model, record by record -------------------
 def test_fidelity_of_a_recording_started_mid_run_places_its_earlier_buffers_first() -> None:
-    from allocsim.sim.questions.tpu_fidelity import tpu_fidelity
+    from allocsim.sim.questions.fidelity.tpu import tpu_fidelity
     report = tpu_fidelity(formats.load(DATA / "midrun"))
     assert report.live_before > 0 and report.notes
     assert report.exact, report.lines()
 
 
 def test_fidelity_names_the_first_record_the_model_places_elsewhere() -> None:
-    from allocsim.sim.questions.tpu_fidelity import tpu_fidelity
+    from allocsim.sim.questions.fidelity.tpu import tpu_fidelity
     trace = formats.load(DATA / "placement")
     refs = trace.metadata["reference_events"]
     moved = next(k for k in range(10, len(refs)) if refs[k]["action"] == "alloc")
@@ -264,7 +310,7 @@ def test_fidelity_names_the_first_record_the_model_places_elsewhere() -> None:
 
 
 def test_fidelity_refuses_a_profile_that_is_not_a_tpus() -> None:
-    from allocsim.sim.questions.tpu_fidelity import tpu_fidelity
+    from allocsim.sim.questions.fidelity.tpu import tpu_fidelity
     from allocsim.traces.model import TraceError
     trace = formats.load(DATA / "placement")
     trace.metadata["memory_runtime"] = "bfc"

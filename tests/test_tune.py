@@ -21,10 +21,10 @@ from allocsim.sim.cli.main import main
 from allocsim.sim.kernel.device import resolve_device
 from allocsim.sim.kernel.engine import replay
 from allocsim.sim.questions.share import ShareSpec, share
-from allocsim.sim.questions.tune import tune
-from allocsim.sim.questions.tune_search import Search
-from allocsim.sim.questions.tune_share import tune_share
-from allocsim.sim.questions.tune_space import TuneInputError, distinct_sizes, framework
+from allocsim.sim.questions.tune.recommend import tune
+from allocsim.sim.questions.tune.search import Search
+from allocsim.sim.questions.tune.share import tune_share
+from allocsim.sim.questions.tune.space import TuneInputError, distinct_sizes, framework
 from allocsim.traces import formats
 from allocsim.traces.bundled import load_default_trace
 from allocsim.traces.model import Trace

@@ -23,9 +23,9 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from allocsim.sim.cli.main import main
-from allocsim.sim.questions.xla_fidelity import xla_fidelity
+from allocsim.sim.questions.fidelity.xla import xla_fidelity
 from allocsim.traces import formats
-from allocsim.traces.formats.xla_dump import STEP_NS, list_modules, role_trace
+from allocsim.traces.formats.xla.dump import STEP_NS, list_modules, role_trace
 from allocsim.traces.model import OP_ALLOC, OP_FREE, TraceError
 
 DUMP = Path(__file__).resolve().parent / "data" / "xla" / "cpu"

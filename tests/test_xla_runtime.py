@@ -24,7 +24,7 @@ from xla_gpu_compiler import HAVE_CUDA_PLUGIN
 
 from allocsim.sim.cli.main import main
 from allocsim.traces import formats
-from allocsim.traces.formats.xla_dump import list_modules
+from allocsim.traces.formats.xla.dump import list_modules
 from allocsim.traces.model import OP_ALLOC, TraceError
 
 DATA = Path(__file__).resolve().parent / "data" / "xla"
@@ -199,7 +199,7 @@ def test_min_capacity_under_jax_is_the_peak_over_its_fraction(module: str) -> No
     from dataclasses import replace
 
     from allocsim.sim.kernel.device import PROFILES
-    from allocsim.sim.questions.capacity import min_capacity
+    from allocsim.sim.questions.capacity.minimum import min_capacity
     trace = formats.load(DATA / "gpu", module=module, steps=3)
     peak = trace.peak_live()[0]
     resolution = 64 << 10
@@ -244,7 +244,7 @@ def test_steps_past_the_generators_event_bound_are_refused_before_any_replay(
     died in a MemoryError; the steps are held to the generators' bound (MAX_EVENTS), counted
     from the module before one event is made. Here the bound is lowered to what two steps of
     the committed module exceed."""
-    from allocsim.traces.formats import xla_dump
+    from allocsim.traces.formats.xla import dump as xla_dump
 
     def no_replay(*args: object) -> None:
         raise AssertionError("replayed before the steps were checked")

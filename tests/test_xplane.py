@@ -1,4 +1,4 @@
-"""The profiler .xplane.pb importer (traces/formats/xplane.py over xplane_proto.py).
+"""The profiler .xplane.pb importer (traces/formats/xla/xplane.py over xla/xplane_proto.py).
 
 The real files under tests/data/xplane/ are TensorFlow 2.21 CPU runs with
 TF_CPU_ALLOCATOR_USE_BFC=true (made by tests/make_xplane.py). JAX on a GPU cannot be recorded
@@ -18,8 +18,8 @@ import pytest
 
 from allocsim.sim.cli.main import main
 from allocsim.traces import formats
-from allocsim.traces.formats.xplane import PROLOGUE_TAG
-from allocsim.traces.formats.xplane_proto import encode_xspace, read_xspace
+from allocsim.traces.formats.xla.xplane import PROLOGUE_TAG
+from allocsim.traces.formats.xla.xplane_proto import encode_xspace, read_xspace
 from allocsim.traces.model import OP_ALLOC, OP_FREE, TraceError
 
 DATA = Path(__file__).parent / "data" / "xplane"

@@ -136,7 +136,7 @@ _REFERENCE_FIELDS: dict[str, Check] = {
     "available": optional(BYTES), "reserved": optional(BYTES), "peak": optional(BYTES),
     "fragmentation": optional(number),
 }
-# What each format's questions read of every entry (fidelity.py, bfc_fidelity.py).
+# What each format's questions read of every entry (fidelity.py, fidelity/bfc.py).
 _REFERENCE_REQUIRED = {
     "torch-snapshot": ("action", "addr", "size", "event"),
     "xplane": ("action", "event", "addr", "chunk", "in_use"),

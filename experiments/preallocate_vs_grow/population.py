@@ -73,8 +73,8 @@ except ModuleNotFoundError:  # Python 3.10
 from allocsim.atomic_files import write_text
 from allocsim.policies import format_size
 from allocsim.sim.kernel.device import DeviceProfile, resolve_device
-from allocsim.sim.questions.capacity import CapacityAnswer, min_capacity
-from allocsim.sim.questions.capacity_oracle import CompletionOracle
+from allocsim.sim.questions.capacity.minimum import CapacityAnswer, min_capacity
+from allocsim.sim.questions.capacity.oracle import CompletionOracle
 from allocsim.sim.questions.compare import compare, normalize_spec
 from allocsim.traces import formats, synth
 from allocsim.traces.model import Trace

@@ -23,7 +23,7 @@ from allocsim.errors import UserInputError
 from allocsim.policies import parse_size
 from allocsim.sim.kernel.device import CostModel, DeviceProfile, resolve_device
 from allocsim.sim.kernel.results import RunResult
-from allocsim.sim.questions.capacity import min_capacity
+from allocsim.sim.questions.capacity.minimum import min_capacity
 from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, compare, pick_winner
 from allocsim.sim.questions.share import ShareSpec, parse_share_spec, share
 from allocsim.traces import formats, synth

@@ -114,7 +114,7 @@ class Device {
   int64_t reserved = 0, peak_reserved = 0;
   int64_t calls = 0, mallocs = 0, frees = 0, failed_mallocs = 0;
   double cost_s = 0.0;
-  // min-capacity's record (sim/questions/capacity_oracle.py, _RecordingDevice): the largest
+  // min-capacity's record (sim/questions/capacity/oracle.py, _RecordingDevice): the largest
   // `used + bytes` the device granted and the smallest it refused (-1: none), so the oracle
   // knows the capacities at which every call would be answered alike.
   int64_t granted_most = 0, refused_least = -1;

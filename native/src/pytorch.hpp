@@ -1,6 +1,6 @@
-// PyTorch's CUDA caching allocator, every setting: policies/pytorch_caching.py (malloc, free),
-// pytorch_oom.py (the miss path: garbage collection, alloc_block, the two releases and the
-// retry), pytorch_settings.py (round_size, get_allocation_size) and pytorch_expandable.py
+// PyTorch's CUDA caching allocator, every setting: policies/pytorch/caching.py (malloc, free),
+// pytorch/oom.py (the miss path: garbage collection, alloc_block, the two releases and the
+// retry), pytorch/settings.py (round_size, get_allocation_size) and pytorch/expandable.py
 // (expandable segments), which follow c10/cuda/CUDACachingAllocator.cpp: get_free_block's
 // walk, find_expandable_block, map_block, unmap_block, release_expandable_segment and
 // ExpandableSegment::map/unmap (a range mapped rounds up to whole pages; an unmap takes the
@@ -11,7 +11,7 @@
 // 20 MiB segments and pages, the 10 MiB large threshold, 2 MiB rounding of large segments,
 // the allowed maximum, the virtual ranges' sizes) come from Python.
 //
-// Invariants (pytorch_blocks.py's): a segment's blocks tile it, linked by address; a block is
+// Invariants (pytorch/blocks.py's): a segment's blocks tile it, linked by address; a block is
 // free and mapped exactly when its request is 0, and then it is in its pool's free list — one
 // list per (stream, small) pool, a SortedBins by (size, address); unmapped space of an expandable
 // segment is a block whose request is kUnmapped, in its pool's unmapped list (by address); no
@@ -38,7 +38,7 @@ struct PyTorchConfig {
   int64_t allowed_memory_maximum;
   std::vector<int64_t> divisions;  // roundup_power2_divisions per interval; empty: none > 1
   int64_t max_split_size;          // no_limit when unset
-  int64_t no_limit;                // pytorch_settings.NO_LIMIT (SIZE_MAX in PyTorch)
+  int64_t no_limit;                // pytorch/settings.py's NO_LIMIT (SIZE_MAX in PyTorch)
   int64_t max_non_split_rounding;
   bool gc_on;                      // set_fraction and garbage_collection_threshold > 0
   double gc_threshold;             // garbage_collection_threshold
@@ -156,7 +156,7 @@ class PyTorchPolicy {
   int64_t bytes_in_use = 0, peak_bytes_in_use = 0, requested = 0;
   int64_t num_allocs = 0, num_frees = 0, num_ooms = 0;
   int64_t bytes_requested() const { return requested; }
-  // The memory fraction's decisions (pytorch_oom.py's ReleasePath.limit_window).
+  // The memory fraction's decisions (pytorch/oom.py's ReleasePath.limit_window).
   LimitWindow limit_window;
 
  private:
@@ -191,7 +191,7 @@ class PyTorchPolicy {
     pool(block.pool_key).remove(block.size, block.address);
   }
 
-  // round_size (pytorch_settings.py): 512 B at least; with a division count d > 1 for the
+  // round_size (pytorch/settings.py): 512 B at least; with a division count d > 1 for the
   // size's interval and size > 512·d, up to the next of d steps between powers of two; else up
   // to a multiple of 512.
   int64_t round_size(int64_t size) const {
@@ -391,8 +391,8 @@ class PyTorchPolicy {
     }
   }
 
-  // -- expandable segments (pytorch_expandable.py) ------------------------------------
-  static constexpr int64_t kUnmapped = -1;  // pytorch_records.UNMAPPED: a block's request
+  // -- expandable segments (pytorch/expandable.py) ------------------------------------
+  static constexpr int64_t kUnmapped = -1;  // pytorch/records.py's UNMAPPED: a block's request
 
   int64_t page_of(int64_t pool_key) const {
     return (pool_key & 1) ? c_.small_buffer : c_.large_buffer;

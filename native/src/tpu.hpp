@@ -61,11 +61,13 @@ class TpuPolicy {
     size = round_to_granule(size);
     int32_t hole = best_fit(size);
     if (hole < 0) {
+      // The runtime compacts on every miss, also for a request it then refuses (the Python's
+      // malloc says what showed it).
+      compact();
       if (free_total_short(size)) {
         ++num_ooms;
         return -1;
       }
-      compact();
       hole = best_fit(size);
       if (hole < 0) {
         throw std::logic_error("tpu: compaction left no block for a request the free total holds");
@@ -236,9 +238,11 @@ class TpuPolicy {
     } else if (above >= 0) {
       blocks_[above].prev = -1;
     }
-    ++num_compactions;
-    compaction_moved_bytes += moved;
-    compaction_s += compaction_seconds(moved);
+    if (moved != 0) {  // memory already compact is left as it was: no compaction to count
+      ++num_compactions;
+      compaction_moved_bytes += moved;
+      compaction_s += compaction_seconds(moved);
+    }
   }
 
   int32_t new_block(int64_t offset, int64_t size, int32_t prev, int32_t next) {

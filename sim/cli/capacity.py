@@ -24,7 +24,7 @@ from allocsim.sim.output.files import write_json
 from allocsim.sim.output.next_step import does_not_fit, next_step
 from allocsim.sim.output.ownership import guard
 from allocsim.sim.output.tables import capacity_text
-from allocsim.sim.questions.capacity import MIN_CAPACITY_KIND, min_capacities
+from allocsim.sim.questions.capacity.minimum import MIN_CAPACITY_KIND, min_capacities
 from allocsim.sim.questions.compare import normalize_spec, trace_facts
 
 

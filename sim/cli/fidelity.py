@@ -1,7 +1,7 @@
 """``allocsim fidelity RECORDING``: its parser beside its handler, over
-:func:`allocsim.sim.questions.fidelity.fidelity` (PyTorch snapshots),
-:func:`allocsim.sim.questions.bfc_fidelity.bfc_fidelity` (TensorFlow/JAX profiles) and
-:func:`allocsim.sim.questions.xla_fidelity.xla_fidelity` (XLA dumps)."""
+:func:`allocsim.sim.questions.fidelity.pytorch.fidelity` (PyTorch snapshots),
+:func:`allocsim.sim.questions.fidelity.bfc.bfc_fidelity` (TensorFlow/JAX profiles) and
+:func:`allocsim.sim.questions.fidelity.xla.xla_fidelity` (XLA dumps)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from allocsim.sim.cli.common import (
     load_trace,
     print_json,
 )
-from allocsim.sim.questions.fidelity import fidelity
+from allocsim.sim.questions.fidelity.pytorch import fidelity
 
 __all__ = ["register", "run"]
 
@@ -48,22 +48,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``allocsim fidelity SNAPSHOT``: exit 0 when everything matched, 1 on divergence."""
-    from allocsim.traces.formats.xla_dump import is_dump_path
+    from allocsim.traces.formats.xla.dump import is_dump_path
     if getattr(args, "xla_view", None) is None and is_dump_path(args.snapshot):
         args.xla_view = "buffers"  # a dump is judged by its logical buffers against XLA's plan
     trace = load_trace(args.snapshot, args)
-    from allocsim.sim.questions.tpu_fidelity import is_tpu_recording, tpu_fidelity
+    from allocsim.sim.questions.fidelity.tpu import is_tpu_recording, tpu_fidelity
     if is_tpu_recording(trace):   # a TPU runtime's profile: the tpu model, record by record
         tpu = tpu_fidelity(trace)
         print_json(tpu.as_dict()) if args.json else print("\n".join(tpu.lines()))
         return 0 if tpu.exact else 1
-    from allocsim.sim.questions.bfc_fidelity import bfc_fidelity, is_bfc_recording
+    from allocsim.sim.questions.fidelity.bfc import bfc_fidelity, is_bfc_recording
     if is_bfc_recording(trace):   # a TF/JAX profile (.xplane.pb): the bfc model, not pytorch
         bfc = bfc_fidelity(trace)
         print_json(bfc.to_json_dict()) if args.json else print(bfc.text())
         return bfc.exit_status
     from allocsim.sim.kernel.device import resolve_device
-    from allocsim.sim.questions.xla_fidelity import is_xla_dump_trace, xla_fidelity
+    from allocsim.sim.questions.fidelity.xla import is_xla_dump_trace, xla_fidelity
     if is_xla_dump_trace(trace):  # an XLA dump: XLA's assignment against plan and policies
         capacity_bytes = capacity_option(args.capacity) if args.capacity else None
         xla = xla_fidelity(trace, device=resolve_device(None, capacity_bytes))

@@ -122,7 +122,7 @@ def _run_jax(command: list[str], claim: OutputClaim, name: str) -> int:
     status is returned, its partial trace kept (a Ctrl-C or SIGTERM: 130 or 143;
     ``os._exit(n)``: n, said before the process ends)."""
     output = printable(name)
-    from allocsim.traces.record.jax_recorder_script import record_script
+    from allocsim.traces.record.jax.script import record_script
 
     def summary(trace: Trace) -> str:
         return f"{len(trace):,} events, peak live {format_size(trace.peak_live()[0])}"
@@ -151,8 +151,8 @@ def _run_jax(command: list[str], claim: OutputClaim, name: str) -> int:
     else:  # the script's own traceback, as Python would print it (the recorder's frames out)
         tb = error.__traceback__
         while tb is not None and tb.tb_next is not None and (
-                tb.tb_frame.f_code.co_filename.endswith(("jax_recorder.py",
-                                                         "jax_recorder_script.py"))
+                tb.tb_frame.f_code.co_filename.endswith(("jax/recorder.py",
+                                                         "jax/script.py"))
                 or "runpy" in tb.tb_frame.f_code.co_filename):
             tb = tb.tb_next
         traceback.print_exception(type(error), error, tb, file=sys.stderr)
@@ -180,8 +180,8 @@ def print_script_failure(error: BaseException, recorders_file: Callable[[str], b
 def _run_torch(command: list[str], args: argparse.Namespace, claim: OutputClaim) -> int:
     """Record a PyTorch script on the meta device; a failure keeps its partial trace (an
     ``os._exit(n)`` too: said before the process ends, as for JAX)."""
-    from allocsim.traces.record.torch_meta_script import Terminated, record_script
-    from allocsim.traces.record.torch_meta_targets import resolve_target
+    from allocsim.traces.record.torch.meta_script import Terminated, record_script
+    from allocsim.traces.record.torch.meta_targets import resolve_target
     resolve_target(args.target)  # an unknown target is refused before the script runs
     output = printable(args.output)
 

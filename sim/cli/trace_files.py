@@ -25,7 +25,7 @@ from allocsim.sim.output.ownership import claim_unless_foreign, is_allocsim_trac
 from allocsim.sim.output.tables import format_table
 from allocsim.traces import formats, synth
 from allocsim.traces.formats.limits import MAX_INPUT_ENV, max_input_bytes
-from allocsim.traces.formats.xla_dump import SeveralModules
+from allocsim.traces.formats.xla.dump import SeveralModules
 from allocsim.traces.summary import summarize
 
 

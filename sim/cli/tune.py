@@ -33,9 +33,9 @@ from allocsim.sim.kernel.device import DeviceProfile, resolve_device
 from allocsim.sim.kernel.device_buffers import is_tpu
 from allocsim.sim.output.next_step import does_not_fit
 from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN
-from allocsim.sim.questions.tune import tune
-from allocsim.sim.questions.tune_share import tune_share
-from allocsim.sim.questions.tune_space import FRAMEWORKS
+from allocsim.sim.questions.tune.recommend import tune
+from allocsim.sim.questions.tune.share import tune_share
+from allocsim.sim.questions.tune.space import FRAMEWORKS
 from allocsim.traces.model import Trace
 
 

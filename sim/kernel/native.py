@@ -48,8 +48,8 @@ from allocsim.policies.chunks import BIN
 from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.policies.cupy_pool import ALLOCATION_UNIT_SIZE, CuPyPoolAllocator
 from allocsim.policies.on_demand import OnDemandAllocator
-from allocsim.policies.pytorch_caching import PyTorchCachingAllocator
-from allocsim.policies.pytorch_settings import (
+from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
+from allocsim.policies.pytorch.settings import (
     K_LARGE_BUFFER,
     K_MIN_BLOCK_SIZE,
     K_MIN_LARGE_ALLOC,

@@ -44,13 +44,13 @@ from pathlib import Path
 from allocsim.atomic_files import OutputClaim, claim_output
 from allocsim.errors import UserInputError
 from allocsim.printable import printable
-from allocsim.sim.questions.capacity import MIN_CAPACITY_KIND
+from allocsim.sim.questions.capacity.minimum import MIN_CAPACITY_KIND
 from allocsim.sim.questions.compare import COMPARE_KIND, KIND_KEY
 from allocsim.sim.questions.share import SHARE_KIND
 from allocsim.traces.formats.cupy_log import HEADER_KEY
-from allocsim.traces.formats.native_common import METADATA_KEY
-from allocsim.traces.formats.native_npz import NPZ_FORMAT
-from allocsim.traces.formats.snapshot_writer import EXPORT_MARK
+from allocsim.traces.formats.native.common import METADATA_KEY
+from allocsim.traces.formats.native.npz import NPZ_FORMAT
+from allocsim.traces.formats.torch_snapshot.writer import EXPORT_MARK
 
 _HEAD = 1 << 16
 # A JSON output larger than this is not parsed whole to tell whose it is (a 6 GB file, sparse or

@@ -13,7 +13,7 @@ from allocsim.sim.kernel.device_buffers import is_tpu
 from allocsim.sim.kernel.engine import SharedRun
 from allocsim.sim.kernel.results import RunResult
 from allocsim.sim.output.display_text import shown
-from allocsim.sim.questions.capacity import CapacityAnswer
+from allocsim.sim.questions.capacity.minimum import CapacityAnswer
 from allocsim.sim.questions.compare import Comparison
 from allocsim.sim.questions.share import ShareSpec
 

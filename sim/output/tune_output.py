@@ -17,9 +17,9 @@ from allocsim.sim.output.files import write_json
 from allocsim.sim.output.html_report import write_report
 from allocsim.sim.output.tables import before_recording_note, context_note, format_table
 from allocsim.sim.questions.compare import COMPARE_KIND
-from allocsim.sim.questions.tune import TuneResult
-from allocsim.sim.questions.tune_search import Trial
-from allocsim.sim.questions.tune_space import describe
+from allocsim.sim.questions.tune.recommend import TuneResult
+from allocsim.sim.questions.tune.search import Trial
+from allocsim.sim.questions.tune.space import describe
 from allocsim.traces.model import Trace
 
 FAILING_SHOWN = 3     # example settings listed per failure reason

@@ -29,7 +29,7 @@ Two inputs
       the failing request is the recorded one (it is not in the trace: PyTorch records no
       alloc for it), the capacity is what the process held then plus the recorded
       ``device_free`` and the policy is ``pytorch`` as recorded
-      (:mod:`allocsim.sim.questions.fidelity_oom`). The state at the request
+      (:mod:`allocsim.sim.questions.fidelity.oom`). The state at the request
       is the seeded model's (fidelity's replay, from the state recording started in); the
       what-if replays run the trace up to and including that request from an empty device
       (what followed it in the recording depended on the OOM), the recorded settings among
@@ -54,7 +54,7 @@ import numpy as np
 from allocsim.errors import UserInputError
 from allocsim.policies import PolicySpec, format_size, parse_policy
 from allocsim.policies.bfc import BFCAllocator
-from allocsim.policies.pytorch_caching import (
+from allocsim.policies.pytorch.caching import (
     PyTorchCachingAllocator,
     get_allocation_size,
 )
@@ -65,12 +65,12 @@ from allocsim.sim.kernel.device import (
     resolve_device,
 )
 from allocsim.sim.kernel.engine import ProcessReplay, replay
-from allocsim.sim.questions.fidelity_oom import (
+from allocsim.sim.questions.fidelity.oom import (
     RecordedOOM,
     model_at_recorded_oom,
     recorded_oom,
 )
-from allocsim.sim.questions.fidelity_recording import FidelityError, check_snapshot_trace
+from allocsim.sim.questions.fidelity.recording import FidelityError, check_snapshot_trace
 from allocsim.sim.questions.offline import offline_result
 from allocsim.traces.model import NO_TAG, OP_ALLOC, Trace
 

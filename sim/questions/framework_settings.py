@@ -15,7 +15,7 @@ framework's own settings, each written as the user would paste it:
 - a TPU (a TPU profile, or ``--device`` a TPU): the TPU runtime, which JAX's settings do not
   change.
 
-The settings are tune's (:mod:`~allocsim.sim.questions.tune_space`): the same registry spec
+The settings are tune's (:mod:`~allocsim.sim.questions.tune.space`): the same registry spec
 stands for each, and the same paste lines come out. A trace that names no framework (a
 synthetic one) gets the generic policies, and the comparison says which it compared and why.
 """
@@ -30,7 +30,7 @@ from typing import Any
 from allocsim.policies import DEFAULT_POLICIES, parse_policy
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.device_buffers import is_tpu
-from allocsim.sim.questions.tune_space import (
+from allocsim.sim.questions.tune.space import (
     FRAMEWORK,
     PyTorch,
     Setting,

@@ -25,7 +25,7 @@ byte. A window only shrinks as a run goes on, so the state worth resuming from i
 one whose windows hold the capacity.
 
 The same holds between settings that differ only in the limit (tune's fractions on one card:
-:meth:`SharedRuns.replay`, tune_search.local_evaluator). A policy whose constants differ with
+:meth:`SharedRuns.replay`, tune/search.py's local_evaluator). A policy whose constants differ with
 the capacity beyond its limit shares nothing and restarts: JAX's preallocation
 (``allow_growth=false``: the first region is the limit, taken at event 0), BFC's
 ``fragmentation_fraction`` (its split threshold follows the limit), the stream-ordered pool's

@@ -1,5 +1,5 @@
 """``allocsim tune``'s replays on the sweeps' executors: each batch of ``(spec, device)`` the
-search sends (:data:`~allocsim.sim.questions.tune_search.Evaluator`) becomes sweep cells of
+search sends (:data:`~allocsim.sim.questions.tune.search.Evaluator`) becomes sweep cells of
 the trace's file, run on the local process pool or a Dask cluster (:func:`make_runner`), and
 comes back as the cells' results in order.
 

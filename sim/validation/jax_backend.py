@@ -9,7 +9,7 @@ How it runs
 
 What is compared
     - Every record of the runtime, through the ``tpu`` model
-      (:func:`allocsim.sim.questions.tpu_fidelity.tpu_fidelity`): the HBM offset, the bytes
+      (:func:`allocsim.sim.questions.fidelity.tpu.tpu_fidelity`): the HBM offset, the bytes
       and the bytes in use after each call. Checks ``places`` and ``in use after each call``,
       with the first divergence and its rule.
     - After every event, as for the other backends: bytes in use (``bytes_in_use`` less the
@@ -41,7 +41,7 @@ from allocsim.policies import format_size
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.device_buffers import buffers_on_device
 from allocsim.sim.kernel.device_profile import resolve_device
-from allocsim.sim.questions.tpu_fidelity import TpuFidelity, tpu_fidelity
+from allocsim.sim.questions.fidelity.tpu import TpuFidelity, tpu_fidelity
 from allocsim.sim.validation.errors import ValidatorError, one_line
 from allocsim.sim.validation.measured import CallLog, Measured
 from allocsim.sim.validation.report import Check, ValidationReport

@@ -13,9 +13,9 @@ How it runs
 
 What is compared
     - Every call of the allocator: the profile (``.xplane.pb``) is imported with
-      :mod:`allocsim.traces.formats.xplane` — it holds exactly what the allocator saw, the
+      :mod:`allocsim.traces.formats.xla.xplane` — it holds exactly what the allocator saw, the
       trace's buffers and anything TensorFlow allocated beside them — and replayed through the
-      ``bfc`` model by :func:`allocsim.sim.questions.bfc_fidelity.bfc_fidelity` (same limit,
+      ``bfc`` model by :func:`allocsim.sim.questions.fidelity.bfc.bfc_fidelity` (same limit,
       ``allow_growth`` on, garbage collection off, regions at the recorded addresses): chunk
       size, place and bytes in use after every call. These are the checks ``chunk sizes``,
       ``places`` and ``in use after each call``.
@@ -49,7 +49,7 @@ import numpy as np
 
 from allocsim.policies import format_size
 from allocsim.sim.kernel.device import DeviceProfile
-from allocsim.sim.questions.fidelity_device import RecordedAddressDevice, address_floor
+from allocsim.sim.questions.fidelity.device import RecordedAddressDevice, address_floor
 from allocsim.sim.validation.errors import ValidatorError, one_line
 from allocsim.sim.validation.measured import CallLog, Measured
 from allocsim.sim.validation.report import Check, ValidationReport
@@ -303,7 +303,7 @@ def run_tensorflow(trace: Trace, capacity: int | None, *, max_ooms: int = 1,
     TensorBoard log folder to. ``max_ooms``: refusals before the replay stops (each costs
     TensorFlow's 10-second retry)."""
     require_tensorflow()
-    from allocsim.sim.questions.bfc_fidelity import bfc_fidelity
+    from allocsim.sim.questions.fidelity.bfc import bfc_fidelity
     from allocsim.traces import formats
     megabytes, limit, limit_note = tensorflow_limit(capacity)
     elapsed: dict[str, float] = {}

@@ -272,6 +272,6 @@ from allocsim.traces.formats import (  # noqa: E402,F401
     rmm_csv,
     torch_profiler,
     torch_snapshot,
-    xla_dump,
-    xplane,
 )
+from allocsim.traces.formats.xla import dump as xla_dump  # noqa: E402,F401
+from allocsim.traces.formats.xla import xplane  # noqa: E402,F401

@@ -44,7 +44,7 @@ import numpy as np
 
 from allocsim.ascii_numbers import is_whole_number
 from allocsim.traces.formats.native import file_metadata
-from allocsim.traces.formats.native_common import check_line_lengths
+from allocsim.traces.formats.native.common import check_line_lengths
 from allocsim.traces.formats.registry import register_format
 from allocsim.traces.formats.torch_profiler import AddressMatcher, build_trace
 from allocsim.traces.model import NO_TAG, OP_ALLOC, OP_FREE, Trace, TraceError, int64_problem

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from allocsim.errors import UserInputError
-from allocsim.traces.formats.xla_dump import ModuleFiles, list_modules
-from allocsim.traces.formats.xla_dump_files import parse_assignment, parse_live_range, read_text
-from allocsim.traces.formats.xla_runtime import Executable, executable_of
+from allocsim.traces.formats.xla.dump import ModuleFiles, list_modules
+from allocsim.traces.formats.xla.dump_files import parse_assignment, parse_live_range, read_text
+from allocsim.traces.formats.xla.runtime import Executable, executable_of
 
 __all__ = ["executable_from_dump"]
 

@@ -6,7 +6,7 @@ target config of a device profile (:mod:`allocsim.traces.record.gpu_targets`), o
 with no GPU and no array allocated, and returns the trace of what the runtime asks its
 allocator over the schedule: the arguments allocated as arrays before the first call, then per
 call the preallocated temp and the outputs no donated argument aliases
-(:mod:`allocsim.traces.formats.xla_runtime`). ``args`` are abstract: ``jax.ShapeDtypeStruct``
+(:mod:`allocsim.traces.formats.xla.runtime`). ``args`` are abstract: ``jax.ShapeDtypeStruct``
 pytrees (what ``jax.eval_shape(init, ...)`` gives) or arrays, whose shapes and dtypes are read.
 
 Needs jax's CUDA plugin and ptxas (``pip install 'allocsim[jax-gpu]'``: ``jax[cuda12-local]`` and
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from allocsim.errors import UserInputError
-from allocsim.traces.formats.xla_runtime import Executable, RuntimeReplay
+from allocsim.traces.formats.xla.runtime import Executable, RuntimeReplay
 from allocsim.traces.model import Trace
 from allocsim.traces.record.compiled_dump import executable_from_dump
 from allocsim.traces.record.gpu_targets import TargetConfig, target_config

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from allocsim.errors import UserInputError
-from allocsim.traces.formats.xla_runtime import Executable, replay_steps
+from allocsim.traces.formats.xla.runtime import Executable, replay_steps
 from allocsim.traces.model import Trace
 from allocsim.traces.record.compiled_dump import executable_from_dump
 

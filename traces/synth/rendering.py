@@ -146,7 +146,7 @@ def save_streamed(plan: SynthPlan, path: str | os.PathLike[str], *,
     """Write ``plan`` as an ``.npz`` trace file block by block (atomically, as
     :func:`allocsim.traces.formats.save` writes), never holding the trace: the file is the
     one ``save(plan.trace(), path)`` writes, as the loader reads it."""
-    from allocsim.traces.formats.native_npz_stream import save_npz_blocks
+    from allocsim.traces.formats.native.npz_stream import save_npz_blocks
 
     peak = running = 0
 

@@ -1,0 +1,471 @@
+"""Does a trace complete at capacity c? — min-capacity's question, answered by a replay, or from
+replays already run where the policy's declared capacity use says the answer follows.
+
+Every answer is the one a replay at ``c`` would give (``stop_on_oom``: completed or not). The
+policy declares how its decisions depend on the capacity (``capacity_use``, text read by
+:class:`~allocsim.policies.base.CapacityUse`); the arguments, kind by kind. ``C`` is the
+capacity the device actually has at ``c`` (whole granules, as :class:`SimulatedDevice` keeps
+it); the device refuses a call exactly when ``used + bytes > C``.
+
+- ``unknown`` (no declaration): the first, generous replay (:data:`PROBE_CAPACITY`) notes
+  whether the policy ever read ``capacity``. If it did not, its decisions follow the device's
+  answers only, and every call of that run had ``used + bytes`` at most the peak it used, so at
+  any ``C`` from that peak to :data:`PROBE_CAPACITY` the run is the same. Else: a replay.
+- ``limit``: a run at ``c`` is a function of the device's answers. Each replay records the
+  largest ``used + bytes`` of a call the device granted (``lo``) and the smallest of a call it
+  refused (``hi + 1``); at every ``C`` in ``[lo, hi]`` each call is answered alike, so by
+  induction over the calls the run is the same and completes iff that one did. A capacity no
+  replay covers gets its own replay, whose interval is kept.
+- ``limit-fatal``: as ``limit``; and below the generous run's ``lo`` the first call that asks
+  for more than ``C`` (every call before it asked for no more, so the run is the generous one
+  until then) is refused, which fails its request: the trace does not complete.
+- ``bfc-regions`` (BFC, preallocate): between two Extends, BFC's decisions are capacity-blind
+  (best fit by (size, address), split when chunk ≥ min(2·request, request + 128 MiB), merges).
+  An Extend at ``c`` is computed from the recorded pool, doubling size and request with ``c``'s
+  memory_limit; up to the first Extend whose region differs from the replay's, the run is that
+  replay. A region ``d`` bytes larger or smaller differs only in its last chunk (the newest
+  region holds the highest addresses; regions never merge), so a watch
+  (sim/questions/capacity/regions.py) records, for each region until the next Extend, the
+  interval of ``d`` for which every best-fit choice and split stays the same (the last chunk,
+  when free, neither chosen instead nor passed over; its split decision unchanged). Inside it
+  the run is the replay's until that next Extend, where ``c`` fails if the request exceeds
+  what its limit leaves (later Extends only shrink it); past the replay's end it completes iff
+  the replay did. Otherwise: a replay.
+
+Whatever the kind, a replay of a repeating trace stops as soon as it repeats itself
+(sim/questions/capacity/period.py), for the policies whose decision state is known here
+(:data:`_DECISION_STATE`: BFC, preallocate, CuPy, PyTorch, compared as they are, with no
+device call within the period; :data:`_ORDER_ONLY_STATE`: the stream-ordered pool, whose
+decisions read addresses only through their order, compared by place, so a period may map
+and unmap memory at fresh addresses as long as the device has handed out the same memory at
+both ends); it completes, as the whole replay would. tests/test_capacity_repeats.py holds each
+state to a trace whose events repeat while its runs do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from allocsim.policies import PolicySpec
+from allocsim.policies.base import (
+    CAPACITY_BFC_REGIONS,
+    CAPACITY_LIMIT,
+    CAPACITY_LIMIT_FATAL,
+    Policy,
+    capacity_use_of,
+)
+from allocsim.policies.bfc import BFCAllocator, PreallocateAllocator
+from allocsim.policies.cuda_async import CudaAsyncAllocator
+from allocsim.policies.cupy_pool import ADDRESS_MASK as CUPY_ADDRESS_MASK
+from allocsim.policies.cupy_pool import CuPyPoolAllocator
+from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
+from allocsim.sim.kernel.device import DeviceProfile, ProcessDevice, SimulatedDevice
+from allocsim.sim.kernel.device_buffers import buffers_on_device
+from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
+from allocsim.sim.kernel.native import core, is_native
+from allocsim.sim.questions.capacity.period import Period, find_period
+from allocsim.sim.questions.capacity.regions import RegionWatch, bfc_state
+from allocsim.sim.questions.shared_runs import SharedRuns
+from allocsim.traces.model import Trace
+
+PROBE_CAPACITY = 1 << 50          # "unlimited" for the first run (1 PiB)
+# A Python run of a repeating trace that the core could take goes on only through this
+# fraction of the trace (or PYTHON_EVENTS, if more) before it hands over (the core runs
+# ~20-40× as fast: see _run); below PYTHON_EVENTS a run costs milliseconds either way.
+PYTHON_SHARE = 32
+PYTHON_EVENTS = 1 << 15
+_NEVER = 1 << 62                  # an interval's open end
+
+
+class _WatchedView(ProcessDevice):
+    """A process's device view that notes whether the policy ever read ``capacity``."""
+
+    capacity_read = False
+
+    @property
+    def capacity(self) -> int:
+        self.capacity_read = True
+        return self._capacity
+
+    @capacity.setter
+    def capacity(self, value: int) -> None:
+        self._capacity = value
+
+
+class _RecordingDevice(SimulatedDevice):
+    """The simulated device, noting the largest ``used + bytes`` it granted (``lo``) and the
+    smallest it refused, minus one (``hi``): the capacities at which it answers alike."""
+
+    def __init__(self, profile: DeviceProfile) -> None:
+        super().__init__(profile)
+        self.lo = 0
+        self.hi = _NEVER
+
+    def view(self, process: int = 0) -> ProcessDevice:
+        if process not in self.views:
+            self.views[process] = _WatchedView(self, process)
+        return self.views[process]
+
+    def _take(self, nbytes: int) -> bool:
+        need = self.used + nbytes
+        if need > self.capacity:
+            if need - 1 < self.hi:
+                self.hi = need - 1
+            return False
+        self.used = need
+        if need > self.peak_used:
+            self.peak_used = need
+        if need > self.lo:
+            self.lo = need
+        return True
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the generous replay showed."""
+
+    completed: bool
+    peak_reserved: int
+    peak_used: int          # the most the device had handed out at once
+    capacity_read: bool     # did the policy ever look at the device's capacity?
+
+
+@dataclass(frozen=True)
+class _Interval:
+    """The replay at ``capacity`` ran the same at every device capacity in [lo, hi] (``limit``
+    policies)."""
+
+    capacity: int
+    lo: int
+    hi: int
+    completed: bool
+
+
+class CompletionOracle:
+    """``completes(c)``: does ``trace`` run through ``spec`` without OOM on ``device`` with
+    capacity ``c``? Each capacity is answered once; ``replays`` counts the replays run (the
+    generous probe included). With ``shortcuts=False`` every capacity is replayed."""
+
+    def __init__(self, trace: Trace, spec: PolicySpec, device: DeviceProfile, *,
+                 shortcuts: bool = True, native: bool = True, share: bool = True) -> None:
+        if len(trace.processes()) > 1:
+            replay(trace, spec, device)     # raises replay's UserInputError for this trace
+        self.trace = buffers_on_device(trace, device)   # a TPU holds u8[n] buffers
+        self.spec = spec
+        self.device = device
+        self.shortcuts = shortcuts
+        self.native = native            # replays in the core where it can (_native_replay)
+        # ... each resumed from the latest saved state of an earlier run it shares
+        # (sim/questions/shared_runs.py); share=False: each from event 0.
+        self.shared = SharedRuns(self.trace, timeline_points=TIMELINE_POINTS, share=share)
+        resolved = spec.resolved()
+        self.kind = capacity_use_of(resolved.policy_class, dict(resolved.params))
+        self._resolved = resolved
+        self.replays = 0
+        self.skipped = 0                    # events the periodic skip did not replay
+        self._found_period: tuple[Period | None] | None = None
+        self._known: dict[int, bool] = {}
+        self._intervals: list[_Interval] = []
+        self._watches: list[RegionWatch] = []
+        self.probe = self._probe()
+
+    def _effective(self, capacity: int) -> int:
+        granularity = self.device.granularity
+        return capacity // granularity * granularity
+
+    def _probe(self) -> Probe:
+        """The replay at :data:`PROBE_CAPACITY` (to the end, OOMs or not), watched."""
+        native = self._native_replay(PROBE_CAPACITY, stop_on_oom=False)
+        python: tuple[_RecordingDevice, RegionWatch | None, bool] | None = None
+        if native is None:
+            simulated = _RecordingDevice(self.device.with_capacity(PROBE_CAPACITY))
+            run = ProcessReplay(self.trace, self.spec, simulated)
+            watch = self._watch(run, simulated)
+            completed = self._run(run, give_up=self._core_takes(PROBE_CAPACITY))
+            if completed is None:
+                native = self._native_replay(PROBE_CAPACITY, stop_on_oom=False, periodic=False)
+            else:
+                python = simulated, watch, completed
+        if native is not None:
+            device = native[1]
+            # The core's policy reads nothing of the device but its answers: what the
+            # capacity decides, the Python policy built for the run read at its build.
+            watched = _RecordingDevice(self.device.with_capacity(PROBE_CAPACITY)).view(0)
+            self._resolved.build(watched)
+            assert isinstance(watched, _WatchedView)
+            return Probe(native[0], device["peak_reserved"], device["peak_used"],
+                         watched.capacity_read)
+        assert python is not None
+        simulated, watch, completed = python
+        self.replays += 1
+        view = simulated.view(0)
+        assert isinstance(view, _WatchedView)
+        self._keep(simulated, watch, completed)
+        return Probe(completed, view.peak_reserved, simulated.peak_used, view.capacity_read)
+
+    def _watch(self, run: ProcessReplay, simulated: SimulatedDevice) -> RegionWatch | None:
+        if self.kind != CAPACITY_BFC_REGIONS or not self.shortcuts:
+            return None
+        return RegionWatch(run.policy, simulated)
+
+    def _keep(self, simulated: _RecordingDevice, watch: RegionWatch | None,
+              completed: bool) -> None:
+        """Keep what a replay shows about other capacities."""
+        if not self.shortcuts:
+            return
+        if self.kind in (CAPACITY_LIMIT, CAPACITY_LIMIT_FATAL):
+            self._intervals.append(_Interval(simulated.profile.capacity, simulated.lo,
+                                             simulated.hi, completed))
+        if watch is not None:
+            watch.completed = completed
+            self._watches.append(watch)
+
+    def completes(self, capacity: int) -> bool:
+        if capacity not in self._known:
+            known = self._shown(capacity) if self.shortcuts else None
+            self._known[capacity] = self._replay(capacity) if known is None else known
+        return self._known[capacity]
+
+    def shown(self, capacity: int) -> bool | None:
+        """The answer at ``capacity`` if it is known without a replay (asked before, or shown by
+        the replays run so far), else None."""
+        if capacity in self._known:
+            return self._known[capacity]
+        return self._shown(capacity) if self.shortcuts else None
+
+    def _shown(self, capacity: int) -> bool | None:
+        """The answer at ``capacity`` if the replays run so far show it (module docstring)."""
+        effective = self._effective(capacity)
+        probe = self.probe
+        if self.kind in (CAPACITY_LIMIT, CAPACITY_LIMIT_FATAL):
+            for interval in self._intervals:
+                if interval.lo <= effective <= interval.hi:
+                    return interval.completed
+            if (self.kind == CAPACITY_LIMIT_FATAL and probe.completed
+                    and effective < self._intervals[0].lo):
+                return False
+            return None
+        if self.kind == CAPACITY_BFC_REGIONS:
+            policy = self._resolved.build(
+                SimulatedDevice(self.device.with_capacity(capacity)).view(0))
+            limit = policy.memory_limit                             # type: ignore[attr-defined]
+            init_curr = policy.curr_region_allocation_bytes         # type: ignore[attr-defined]
+            mif = policy.max_internal_fragmentation                 # type: ignore[attr-defined]
+            for watch in self._watches:
+                shown = watch.answer(effective, limit, init_curr, mif, self.device.granularity)
+                if shown is not None:
+                    return shown
+            return None
+        if not probe.capacity_read and probe.peak_used <= effective and capacity <= PROBE_CAPACITY:
+            return probe.completed
+        return None
+
+    def _replay(self, capacity: int) -> bool:
+        """The replay at ``capacity``, to its first OOM."""
+        native = self._native_replay(capacity, stop_on_oom=True)
+        if native is not None:
+            return native[0]
+        simulated = _RecordingDevice(self.device.with_capacity(capacity))
+        run = ProcessReplay(self.trace, self.spec, simulated, stop_on_oom=True,
+                            call_log=False)         # no timeline is read of a probe
+        watch = self._watch(run, simulated)
+        completed = self._run(run, give_up=self._core_takes(capacity))
+        if completed is None:
+            native = self._native_replay(capacity, stop_on_oom=True, periodic=False)
+            assert native is not None
+            return native[0]
+        self.replays += 1
+        self._keep(simulated, watch, completed)
+        return completed
+
+    def _core_takes(self, capacity: int) -> bool:
+        """Whether the core can replay the run at ``capacity`` (a Python run of a repeating
+        trace that does not repeat soon may hand over to it)."""
+        return (self.shortcuts and self.native and core() is not None
+                and is_native(self.spec, self.device.with_capacity(capacity)))
+
+    def _native_replay(self, capacity: int, *, stop_on_oom: bool, periodic: bool = True
+                       ) -> tuple[bool, dict[str, int]] | None:
+        """The replay at ``capacity`` in the native core (sim/kernel/native.py), with its
+        interval kept as :meth:`_keep` keeps a Python replay's: whether it completed and the
+        core's device figures. None where the Python replay is needed: a repeating trace the
+        Python run stops early on (its policy's decision state known), the reference search
+        (no shortcuts), ``native=False``, or a run the core does not take. Either way the
+        answer is the replay's (tests/test_native_differential.py holds the two to the same
+        runs, device calls included). A BFC run in the core keeps no region watch: a Python
+        replay costs ~20 of the core's, more than the watch saves unless it answers nearly
+        every capacity (on the 1M-event transformer trace it answered none of 31); without
+        the core (or with ``native=False``) the watch runs, as before."""
+        if not self.shortcuts or not self.native:
+            return None
+        policy_class = self._resolved.policy_class
+        if (periodic and (policy_class in _DECISION_STATE or policy_class in _ORDER_ONLY_STATE)
+                and self._period() is not None):
+            return None
+        profile = self.device.with_capacity(capacity)
+        state = self.shared.run(self.spec, profile, stop_on_oom=stop_on_oom)
+        if state is None:
+            return None
+        device: dict[str, int] = state["device"]
+        completed = state["ooms"] == 0 and not state["stopped"]
+        self.replays += 1
+        if self.kind in (CAPACITY_LIMIT, CAPACITY_LIMIT_FATAL):
+            # _RecordingDevice's lo and hi: the largest `used + bytes` granted, the smallest
+            # refused minus one.
+            refused = device["refused_least"]
+            self._intervals.append(_Interval(profile.capacity, device["granted_most"],
+                                             refused - 1 if refused >= 0 else _NEVER,
+                                             completed))
+        return completed, device
+
+    def _run(self, run: ProcessReplay, *, give_up: bool = False) -> bool | None:
+        """Run ``run`` to its end (or its first OOM, with ``stop_on_oom``); whether it
+        completed. Where the trace repeats and the policy's decision state is known
+        (:data:`_DECISION_STATE`), stop as soon as the run repeats itself
+        (sim/questions/capacity/period.py): it completes, as a run to the end would. With
+        ``give_up``, None where the run has not repeated (nor run out of memory) within
+        1/:data:`PYTHON_SHARE` of the trace (:data:`PYTHON_EVENTS` at least): a run near the
+        answer that releases and takes memory every step never repeats, and the core replays
+        the whole trace in about the time Python takes for that share (the caller hands the
+        run over to it)."""
+        kind = type(run.policy)
+        state_of = _DECISION_STATE.get(kind) if self.shortcuts else None
+        places_of = _ORDER_ONLY_STATE.get(kind) if self.shortcuts else None
+        known = state_of is not None or places_of is not None
+        period = self._period() if known else None
+        for boundary in period.boundaries() if period is not None else ():
+            assert period is not None
+            if give_up and boundary + period.length > max(run.n // PYTHON_SHARE,
+                                                          PYTHON_EVENTS):
+                return None
+            run.advance(boundary)
+            if run.ooms:
+                break
+            then = self._moment(run, state_of, places_of)
+            run.advance(boundary + period.length)
+            if run.ooms:
+                break
+            now = self._moment(run, state_of, places_of)
+            if then[:2] == now[:2] and period.repeats(boundary, then[2], now[2]):
+                self.skipped += run.n - run.next_index
+                return True
+        if give_up and period is not None and not run.ooms:
+            return None
+        run.advance(run.n)
+        return run.ooms == 0 and not run.stopped
+
+    @staticmethod
+    def _moment(run: ProcessReplay, state_of: Callable[[Policy], object] | None,
+                places_of: Callable[[Policy], tuple[object, dict[int, object]]] | None,
+                ) -> tuple[object, object, dict[int, object]]:
+        """What must be equal at two boundaries for the run to repeat: the policy's decision
+        state, the device's side of it, and the live buffers' places. With an absolute state
+        (:data:`_DECISION_STATE`) the device's side is its call count (no call in between:
+        its memory and the next fresh address stay as they were) and a buffer's place its
+        address; with an order-only state (:data:`_ORDER_ONLY_STATE`) the device's side is
+        the memory it has handed out and a buffer's place the policy's order-only name for
+        its address, so a period that maps and unmaps memory at fresh addresses can repeat."""
+        if state_of is not None:
+            return state_of(run.policy), run.view.calls, dict(run.live)
+        assert places_of is not None
+        state, places = places_of(run.policy)
+        device = (run.view.device.used, run.view.reserved)
+        return state, device, {buffer: places[address] for buffer, address in run.live.items()}
+
+    def _period(self) -> Period | None:
+        if self._found_period is None:
+            self._found_period = (find_period(self.trace),)
+        return self._found_period[0]
+
+
+def _cupy_state(policy: Policy) -> object:
+    """Everything CuPy's pool decides from (policies/cupy_pool.py): chunk sizes and links, the
+    stream of each chunk's arena (free or in use), the cudaMalloc'd blocks, total bytes and the
+    limit, and the creation ids only as their order (ties go to the older chunk; a new chunk
+    is younger than all). Not: the statistics, the requested sizes."""
+    pool: CuPyPoolAllocator = policy                                # type: ignore[assignment]
+    stream_of = {id(arena): stream for stream, arena in pool.arenas.items()}
+    free = {key & CUPY_ADDRESS_MASK: stream for stream, arena in pool.arenas.items()
+            for key in arena.keys()}
+    in_use = {address: stream_of[id(arena)] for address, arena in pool.in_use.items()}
+    age = {address: rank for rank, (_, address) in
+           enumerate(sorted((cid, address) for address, cid in pool.cid_of.items()))}
+    return (dict(pool.size_of), dict(pool.prev_of), dict(pool.next_of), age, free, in_use,
+            dict(pool.held), pool.total_bytes(), pool.get_limit(), sorted(pool.arenas))
+
+
+def _pytorch_state(policy: Policy) -> object:
+    """Everything PyTorch's caching allocator decides from (policies/pytorch/*.py): each
+    block's size, pool key and state (allocated, free and mapped, unmapped; the links follow
+    from the addresses and sizes within the segments, the free and unmapped lists from the
+    states), the segments, the reserved bytes, the order of the free lists' pools (the release
+    and garbage-collection passes walk them in it) and, with garbage collection on, the age of
+    each free block (its pool's searches since it entered; an allocated block's old stamp is
+    never read). Not: the statistics, the requested sizes. The settings are the run's own."""
+    pool: PyTorchCachingAllocator = policy                          # type: ignore[assignment]
+    pools = pool.pools
+    blocks = {address: (block.size, block.pool_key, min(block.requested, 1))
+              for address, block in pools.record.items()}
+    segments = [(s.base, s.size, s.stream, s.small, s.expandable, s.page)
+                for s in pools.segment_map.values()]
+    ages: dict[int, int] = {}
+    if pools.gc_on:
+        searches = pools.gc_searches
+        ages = {address: searches[state[1] & 1] - pools.gc_stamps[address]
+                for address, state in blocks.items() if state[2] == 0}
+    return blocks, segments, pool.pool_bytes, tuple(pools.free_lists), ages
+
+
+def _cuda_async_places(policy: Policy) -> tuple[object, dict[int, object]]:
+    """Everything the stream-ordered pool decides from (policies/cuda_async.py), with every
+    address named by its place — (the rank of its region among the regions by address, its
+    offset there) — and that naming (chunk address → place). Its decisions read addresses only
+    through their order: best fit breaks ties by the lower address, a trim releases the highest
+    regions first, and a fresh mapping (the device's next virtual range) lies above every
+    region held; regions never overlap. So two states equal by place make the same decisions,
+    wherever the regions lie. The state: each chunk's size and whether it is in use (links and
+    the shared index follow within the regions), the regions' sizes in address order, the free
+    regions, with ``sync=none`` each free chunk's owner, each live chunk's stream and the order
+    of the owners' indexes (a synchronisation walks them in it), and whether preallocation is
+    still to come. The threshold is the run's own. Not: the statistics, the requested sizes."""
+    pool: CudaAsyncAllocator = policy                               # type: ignore[assignment]
+    regions = pool.regions
+    rank = {base: number for number, base in enumerate(sorted(regions))}
+    places: dict[int, object] = {}
+    chunks: dict[object, tuple[int, bool]] = {}
+    for base in rank:
+        place = rank[base]
+        chunk = pool.chunks.record[base]
+        ring = chunk.prev
+        while chunk is not ring:
+            address = chunk.address
+            places[address] = name = (place, address - base)
+            chunks[name] = (chunk.size, not chunk.key)
+            chunk = chunk.next
+    state = (chunks, [regions[base] for base in rank],
+             frozenset(rank[base] for base in pool.free_regions),
+             {places[address]: owner for address, owner in pool.owner_of.items()},
+             {places[address]: stream for address, stream in pool.stream_of.items()},
+             tuple(pool.indexes), pool.preallocate_pending)
+    return state, places
+
+
+# A policy's decision state, per class, for the periodic skip: two states equal here make the
+# same decisions on the same events. Classes absent here always run to the end.
+_DECISION_STATE: dict[type[Policy], Callable[[Policy], object]] = {
+    BFCAllocator: bfc_state,
+    PreallocateAllocator: bfc_state,
+    CuPyPoolAllocator: _cupy_state,
+    PyTorchCachingAllocator: _pytorch_state,
+}
+
+# The same, for a policy whose decisions read its addresses only through their order: its
+# state and a naming of its addresses by place (see _cuda_async_places), so that a run that
+# maps and unmaps memory at fresh addresses every period can still be seen to repeat.
+_ORDER_ONLY_STATE: dict[type[Policy], Callable[[Policy], tuple[object, dict[int, object]]]] = {
+    CudaAsyncAllocator: _cuda_async_places,
+}
+
+
+__all__ = ["PROBE_CAPACITY", "CompletionOracle", "Probe"]
