@@ -120,11 +120,11 @@ class SharedRuns:
         self._saved: dict[object, list[_Saved]] = {}
         self._count = 0
 
-    def run(self, spec: PolicySpec, profile: DeviceProfile, *,
-            stop_on_oom: bool) -> dict[str, Any] | None:
-        """The run of ``spec`` on ``profile`` to its end (or first OOM, with ``stop_on_oom``):
-        the core's state, as a replay from event 0 leaves it; None where the core cannot take
-        it."""
+    def run(self, spec: PolicySpec, profile: DeviceProfile, *, stop_on_oom: bool,
+            until: int | None = None) -> dict[str, Any] | None:
+        """The run of ``spec`` on ``profile`` to its end (or first OOM, with ``stop_on_oom``;
+        or event ``until``, where given): the core's state, as a replay from event 0 leaves it;
+        None where the core cannot take it."""
         run = open_native_run(self.trace, spec, profile, stop_on_oom=stop_on_oom,
                               timeline_points=self.timeline_points)
         if run is None:
@@ -146,11 +146,12 @@ class SharedRuns:
                 self.resumed += 1
                 self.events_resumed += start
         spacing = max(1, run.n // CHECKPOINTS)
+        end = run.n if until is None else min(run.n, until)
         done = start
         mark = (start // spacing + 1) * spacing
         own: _Saved | None = None       # this run's latest saved state
-        while done < run.n and not run.stopped:
-            done = run.advance(min(run.n, mark) if saved is not None else run.n)
+        while done < end and not run.stopped:
+            done = run.advance(min(end, mark) if saved is not None else end)
             if saved is not None and done == mark < run.n:
                 own = self._save(run, done, saved, own)
             mark += spacing

@@ -266,6 +266,9 @@ class CompletionOracle:
         native = self._native_replay(capacity, stop_on_oom=True)
         if native is not None:
             return native[0]
+        ran_out = self._native_prefix(capacity)
+        if ran_out is not None:
+            return ran_out
         simulated = _RecordingDevice(self.device.with_capacity(capacity))
         run = ProcessReplay(self.trace, self.spec, simulated, stop_on_oom=True,
                             call_log=False)         # no timeline is read of a probe
@@ -278,6 +281,30 @@ class CompletionOracle:
         self.replays += 1
         self._keep(simulated, watch, completed)
         return completed
+
+    def _python_budget(self) -> int:
+        """The events a Python run of a repeating trace goes through before it hands over to
+        the core (:meth:`_run`), and the core's prefix of a probe (:meth:`_native_prefix`)."""
+        return max(len(self.trace) // PYTHON_SHARE, PYTHON_EVENTS)
+
+    def _native_prefix(self, capacity: int) -> bool | None:
+        """A probe of a long repeating trace that a Python run would take (to stop it once it
+        repeats) first runs in the core through the events a Python run may take
+        (:meth:`_python_budget`): the probes below the answer run out of memory there, in a
+        tenth of a Python run's time. False for such a probe (its replay, kept as the core's
+        are); None where it got through without an OOM (the Python run takes it from event 0;
+        if that hands over, the core's run resumes from this one's saved states) or the core
+        cannot take it."""
+        budget = self._python_budget()
+        if budget >= len(self.trace) or not self._core_takes(capacity):
+            return None
+        profile = self.device.with_capacity(capacity)
+        state = self.shared.run(self.spec, profile, stop_on_oom=True, until=budget)
+        if state is None or not state["ooms"]:
+            return None
+        self.replays += 1
+        self._keep_native(profile, state, completed=False)
+        return False
 
     def _core_takes(self, capacity: int) -> bool:
         """Whether the core can replay the run at ``capacity`` (a Python run of a repeating
@@ -310,14 +337,20 @@ class CompletionOracle:
         device: dict[str, int] = state["device"]
         completed = state["ooms"] == 0 and not state["stopped"]
         self.replays += 1
+        self._keep_native(profile, state, completed)
+        return completed, device
+
+    def _keep_native(self, profile: DeviceProfile, state: dict, completed: bool) -> None:
+        """Keep what a replay in the core shows about other capacities, as :meth:`_keep` keeps
+        a Python replay's: the interval of capacities that run alike."""
         if self.kind in (CAPACITY_LIMIT, CAPACITY_LIMIT_FATAL):
             # _RecordingDevice's lo and hi: the largest `used + bytes` granted, the smallest
             # refused minus one.
+            device = state["device"]
             refused = device["refused_least"]
             self._intervals.append(_Interval(profile.capacity, device["granted_most"],
                                              refused - 1 if refused >= 0 else _NEVER,
                                              completed))
-        return completed, device
 
     def _run(self, run: ProcessReplay, *, give_up: bool = False) -> bool | None:
         """Run ``run`` to its end (or its first OOM, with ``stop_on_oom``); whether it
@@ -336,8 +369,7 @@ class CompletionOracle:
         period = self._period() if known else None
         for boundary in period.boundaries() if period is not None else ():
             assert period is not None
-            if give_up and boundary + period.length > max(run.n // PYTHON_SHARE,
-                                                          PYTHON_EVENTS):
+            if give_up and boundary + period.length > self._python_budget():
                 return None
             run.advance(boundary)
             if run.ooms:
