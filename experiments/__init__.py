@@ -1,2 +1,2 @@
-"""Experiments that answer questions about allocators with numbers and figures, and the
-benchmarks that hold allocsim to its speed targets (``python -m experiments.bench_replay``)."""
+"""Experiments that answer questions about allocators with numbers and figures (the
+benchmarks that hold allocsim to its speed targets are in ``benchmarks/``)."""

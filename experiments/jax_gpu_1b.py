@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     train_step, state, tokens = build(remat=not args.no_remat)
     import jax
     n_params = sum(leaf.size for leaf in jax.tree.leaves(state[0]))
-    found = {"parameters": int(n_params), "targets": {}}
+    targets: dict[str, dict[str, Any]] = {}
+    found = {"parameters": int(n_params), "targets": targets}
     for target in args.targets:
         started = time.perf_counter()
         trace = xla_gpu.compile_for(train_step, (state, tokens), donate_argnums=0,
@@ -58,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                                     keep_dump=args.out / f"dump-{target}")
         seconds = time.perf_counter() - started
         (executable,) = trace.metadata["xla_gpu"]["executables"]
-        found["targets"][target] = {**executable, "compile_s": round(seconds, 1),
-                                    "peak_live": int(trace.peak_live()[0])}
+        targets[target] = {**executable, "compile_s": round(seconds, 1),
+                           "peak_live": int(trace.peak_live()[0])}
         print(f"{target}: {n_params / 1e9:.2f}B parameters, arguments {executable['argument']:,}"
               f" B, temp {executable['temp']:,} B, output {executable['output']:,} B "
               f"(aliased {executable['alias']:,}), peak live {trace.peak_live()[0]:,} B "

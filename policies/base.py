@@ -149,6 +149,35 @@ def capacity_use_of(cls: type[Policy], params: Mapping[str, Any]) -> str:
     return declared.resolve(params)
 
 
+# The native core's arithmetic on sizes is int64 (rounding and doubling included): a setting at
+# or beyond this size keeps a run on the Python models, with their unbounded ints.
+NATIVE_SIZE_LIMIT = 1 << 60
+
+
+@dataclass(frozen=True)
+class NativeTwin:
+    """A policy's twin in the native core (native/src/), declared in the policy's own body as
+    ``native = NativeTwin(...)`` and not inherited (:func:`native_twin_of`): a subclass that
+    changes a rule has no twin until it declares one.
+
+    ``family`` names the code of the core that replays the policy (the table of families in
+    native/src/module.cpp); ``header`` the file of native/src/ that mirrors the policy's
+    module rule for rule, by name (``policies/X.py`` and ``X.hpp``); ``settings`` says in words
+    what the core has of the policy (``allocsim policies``). The numbers the core is handed
+    come from the policy itself, :meth:`Policy.native_config`, so the twins cannot drift.
+    """
+
+    family: str
+    header: str
+    settings: str = "every setting"
+
+
+def native_twin_of(cls: type[Policy]) -> NativeTwin | None:
+    """The native twin ``cls`` declares in its own body, or None (none declared here)."""
+    twin = cls.__dict__.get("native")
+    return twin if isinstance(twin, NativeTwin) else None
+
+
 @dataclass
 class PolicyStats:
     """The one stats shape every policy fills the same way (diagnostics, not headline figures).
@@ -190,6 +219,9 @@ class Policy:
     # How decisions depend on the device's capacity: CapacityUse's one-line text, declared by
     # each class in its own body (not inherited); "unknown" promises nothing.
     capacity_use: ClassVar[str] = CAPACITY_UNKNOWN
+    # The policy's twin in the native core (:class:`NativeTwin`), declared by each class in its
+    # own body (not inherited); None: the Python model is the only implementation.
+    native: ClassVar[NativeTwin | None] = None
 
     def __init__(self, device: DeviceMemory) -> None:
         self.device = device
@@ -214,6 +246,22 @@ class Policy:
 
     def stats(self) -> PolicyStats:
         raise NotImplementedError
+
+    def native_config(self) -> dict[str, Any] | None:
+        """What the native core is handed to replay this freshly built policy: its family
+        (:class:`NativeTwin`) and :meth:`native_numbers`; None when the core cannot replay it
+        (the class declares no twin, or its settings exceed the core's int64 arithmetic)."""
+        twin = native_twin_of(type(self))
+        if twin is None:
+            return None
+        numbers = self.native_numbers()
+        return None if numbers is None else {"family": twin.family, **numbers}
+
+    def native_numbers(self) -> dict[str, Any] | None:
+        """The constants and settings the native twin takes (its config struct's fields, read
+        off this policy so they cannot drift); None when a setting exceeds what the core can
+        hold (:data:`NATIVE_SIZE_LIMIT`). A policy with a twin overrides this."""
+        return {}
 
     def empty_cache(self) -> None:
         """Return every wholly free piece of memory to the device (no-op where nothing is

@@ -16,10 +16,11 @@ neighbour and one for the freed chunk; growth and trim add one device call each.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from allocsim.policies.base import (
     DeviceMemory,
+    NativeTwin,
     Param,
     PolicyStats,
     fail,
@@ -36,6 +37,7 @@ class BestFitAllocator(ChunkPolicy):
 
     name = "best-fit"
     capacity_use = "limit-fatal"   # the device-sized range decides nothing; refused map = OOM
+    native = NativeTwin("chunk", "best_fit.hpp")
     description = "address-ordered best fit + coalescing on a heap grown page by page (VMM)"
     def __init__(self, device: DeviceMemory, alignment: int = 256, page: int = 0,
                  trim: bool = False) -> None:
@@ -125,6 +127,11 @@ class BestFitAllocator(ChunkPolicy):
         require(self.peak_bytes_in_use >= self.bytes_in_use,
                 "best-fit: peak_bytes_in_use < current")
         require(self.peak_mapped >= self.mapped, "best-fit: peak_mapped < mapped")
+
+    def native_numbers(self) -> dict[str, Any] | None:
+        """ChunkConfig's best-fit fields (native/src/best_fit.hpp): page, heap base, trim."""
+        return {**self.chunk_numbers(), "growth": "best-fit", "page": self.page,
+                "heap_base": self.heap_base, "trim": bool(self.trim)}
 
     def stats(self) -> PolicyStats:
         return PolicyStats(

@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from allocsim.policies.base import (
+    NATIVE_SIZE_LIMIT,
     DeviceMemory,
+    NativeTwin,
     Param,
     PolicyStats,
     fail,
@@ -90,6 +92,7 @@ class BFCAllocator(ChunkPolicy):
 
     name = "bfc"
     capacity_use = "bfc-regions; unless garbage_collection, fragmentation_fraction"
+    native = NativeTwin("chunk", "bfc.hpp")
     description = "TensorFlow/XLA best-fit-with-coalescing allocator (growth by doubling regions)"
     def __init__(self, device: DeviceMemory, memory_limit: int = 0, fraction: float = 1.0,
                  allow_growth: bool = True, garbage_collection: bool = False,
@@ -250,6 +253,18 @@ class BFCAllocator(ChunkPolicy):
             self.device.release(base)
 
     # -- views -----------------------------------------------------------------------
+    def native_numbers(self) -> dict[str, Any] | None:
+        """ChunkConfig's BFC fields (native/src/bfc.hpp): the memory limit, the first region,
+        MIN_ALLOCATION, garbage collection and the back-off factor; None for a limit beyond
+        the core's int64 Extend (its region size held below 2**62)."""
+        if not 0 <= self.memory_limit < NATIVE_SIZE_LIMIT:
+            return None
+        return {**self.chunk_numbers(), "growth": "bfc", "memory_limit": self.memory_limit,
+                "first_region": self.curr_region_allocation_bytes,
+                "min_allocation": MIN_ALLOCATION,
+                "garbage_collection": bool(self.garbage_collection),
+                "backpedal_factor": BACKPEDAL_FACTOR}
+
     def stats(self) -> PolicyStats:
         return PolicyStats(
             num_allocs=self.num_allocs, num_frees=self.num_frees, num_ooms=self.num_ooms,
@@ -297,6 +312,7 @@ class PreallocateAllocator(BFCAllocator):
 
     name = "preallocate"
     capacity_use = "bfc-regions"   # BFC's Extend without growth: one region of the limit
+    native = NativeTwin("chunk", "bfc.hpp")
     description = ("JAX default: one region of fraction × capacity at the first allocation "
                    "(BFC inside)")
 

@@ -35,10 +35,11 @@ O(n).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from allocsim.policies.base import (
     DeviceMemory,
+    NativeTwin,
     Param,
     Policy,
     PolicyStats,
@@ -57,6 +58,7 @@ def _is_power_of_two(value: int) -> bool:
 class BuddyAllocator(Policy):
     name = "buddy"
     capacity_use = "limit"         # never reads it; on a refusal: free arenas, then halves
+    native = NativeTwin("buddy", "buddy.hpp")
     description = "binary buddy system (Knuth): power-of-two blocks split by halves, buddies merge"
     def __init__(self, device: DeviceMemory, min_block: int = 512, arena: int = 64 << 20,
                  release: bool = False) -> None:
@@ -264,6 +266,10 @@ class BuddyAllocator(Policy):
                 "buddy: allocs − frees is not the number of live blocks")
         require(self.peak_bytes_in_use >= self.bytes_in_use, "buddy: peak_bytes_in_use < current")
         require(self.peak_pool_bytes >= self.pool_bytes, "buddy: peak_pool_bytes < current")
+
+    def native_numbers(self) -> dict[str, Any] | None:
+        """BuddyConfig (native/src/buddy.hpp): the smallest block, the arena, release."""
+        return {"min_block": self.min_block, "arena": self.arena, "release": bool(self.release)}
 
     def stats(self) -> PolicyStats:
         largest = self.min_block << (self.nonempty.bit_length() - 1) if self.nonempty else 0

@@ -12,7 +12,7 @@ core's business): the best fit is :meth:`FreeIndex.pop_best_fit`, the split rule
 from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from allocsim.policies.base import DeviceMemory, Policy
 from allocsim.policies.chunk_records import ADDRESS_MASK, KEY_SHIFT
@@ -88,6 +88,11 @@ class ChunkPolicy(Policy):
         of the rule; min-capacity's region watch reads it too."""
         twice, slack_edge = 2 * rounded, rounded + self.max_slack
         return twice if twice < slack_edge else slack_edge
+
+    def chunk_numbers(self) -> dict[str, Any]:
+        """ChunkConfig's shared fields (native/src/chunk_policy.hpp): the alignment and the
+        split slack; each growth rule's :meth:`native_numbers` adds its own."""
+        return {"alignment": self.alignment, "max_slack": self.max_slack}
 
     # -- the interface -----------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0) -> int | None:

@@ -17,18 +17,27 @@ Invariants, kept by every method here and asserted by :meth:`ChunkMap.check`:
 - a chunk is in :attr:`ChunkMap.free_index` exactly when it is free, under the key it holds
   (``key``; 0 while it is in use).
 
-Best-fit index (:class:`FreeIndex`): BFC's own structure — 21 bins by size class, each a plain
-sorted list of (size, address) keys; search bin(rounded), then the first chunk of the next
-non-empty bin. That finds the smallest fitting chunk overall, lowest address on ties.
-tests/test_bfc.py checks it against a literal walk; experiments/bench_replay.py chose plain
-lists per bin over a SortedList of all free chunks (and over exact-size buckets, which real
-traces' ever-changing remainder sizes defeat).
+Best-fit index (:class:`FreeIndex`, the models' one binned index): BFC's own structure
+here — 21 bins by size class, each a plain sorted list of (size, address) keys; search
+bin(rounded), then the first chunk of the next non-empty bin. That finds the smallest fitting
+chunk overall, lowest address on ties. tests/test_bfc.py checks it against a literal walk;
+benchmarks/replay.py chose plain lists per bin over a SortedList of all free chunks
+(and over exact-size buckets, which real traces' ever-changing remainder sizes defeat).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping, MutableSet
+from collections.abc import (
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    MutableMapping,
+    MutableSet,
+    Sequence,
+)
 from itertools import pairwise
 
 from allocsim.policies.base import fail, require
@@ -58,30 +67,43 @@ def bin_for_size(nbytes: int) -> int:
 
 
 class FreeIndex:
-    """Free chunks in BFC's 21 size-class bins, each a plain list of keys in ascending order,
-    with a bitmask of the non-empty bins.
+    """The models' one binned index: free chunks under keys ``size << shift | tie`` (so keys
+    order as ``(size, tie)``), in size-class bins, each a plain list of keys in ascending order,
+    with a bitmask of the non-empty bins. BFC's, preallocate's and best-fit's free chunks
+    (tie = the address, BFC's 21 bins of :data:`BIN`; :class:`ChunkMap`), the stream-ordered
+    pool's (policies/cuda_async.py, the same) and CuPy's arenas (tie = the creation id above
+    the address, a bin per size bit length; policies/cupy_pool.py) are each one of these;
+    native/src/sorted_bins.hpp is its twin. The bins are a layout: the order of the keys is
+    the rule, and any bin table monotone in size gives the same answers.
 
     Costs, k = free chunks in the bin touched: :meth:`add` and :meth:`remove` O(log k)
     bisection + O(k) list insertion/deletion (a memmove in C; O(1) when appending the largest
-    key); :meth:`best_fit` O(log k) bisection plus an O(1) bitmask jump to the next non-empty
+    key); :meth:`best_key` O(log k) bisection plus an O(1) bitmask jump to the next non-empty
     bin; :meth:`pop_best_fit` that plus the O(k) deletion. Plain lists with C ``bisect`` beat one
     big SortedList here because bins stay small in real traces; the worst case (one bin with
     10^5 free chunks) costs a memmove of ~1 MB per operation.
     """
 
-    def __init__(self) -> None:
-        self.bins: list[list[int]] = [[] for _ in range(NUM_BINS)]
+    __slots__ = ("bin_of_bits", "bins", "nonempty", "owner", "shift")
+
+    def __init__(self, shift: int = KEY_SHIFT, bin_of_bits: Sequence[int] = BIN,
+                 owner: str = "FreeIndex") -> None:
+        self.shift = shift                  # keys are size << shift | tie
+        self.bin_of_bits = bin_of_bits      # bin number by the size's bit length
+        self.owner = owner                  # what check() names
+        self.bins: list[list[int]] = [[] for _ in range(max(bin_of_bits) + 1)]
         self.nonempty = 0   # bit b set <=> bins[b] has a chunk
 
     def __len__(self) -> int:
         """Number of free chunks. O(number of bins)."""
         return sum(len(keys) for keys in self.bins)
 
-    def add(self, size: int, address: int) -> int:
-        """Index free chunk ``address`` of ``size`` bytes; returns its key."""
-        number = BIN[size.bit_length()]
+    def add(self, size: int, tie: int) -> int:
+        """Index free chunk ``tie`` (its address, or what orders equal sizes) of ``size``
+        bytes; returns its key."""
+        number = self.bin_of_bits[size.bit_length()]
         keys = self.bins[number]
-        key = size << KEY_SHIFT | address
+        key = size << self.shift | tie
         if not keys:
             self.nonempty |= 1 << number
             keys.append(key)
@@ -91,26 +113,26 @@ class FreeIndex:
             insort(keys, key)
         return key
 
-    def remove(self, size: int, address: int) -> None:
-        """Take free chunk ``address`` of ``size`` bytes out; KeyError if it is not indexed."""
-        number = BIN[size.bit_length()]
+    def remove(self, size: int, tie: int) -> None:
+        """Take free chunk ``tie`` of ``size`` bytes out; KeyError if it is not indexed."""
+        number = self.bin_of_bits[size.bit_length()]
         keys = self.bins[number]
-        key = size << KEY_SHIFT | address
+        key = size << self.shift | tie
         position = bisect_left(keys, key)
         if position == len(keys) or keys[position] != key:
-            raise KeyError(f"no free chunk of {size} bytes at {address:#x}")
+            raise KeyError(f"no free chunk of {size} bytes at {tie:#x}")
         del keys[position]
         if not keys:
             self.nonempty &= ~(1 << number)
 
     def best_key(self, rounded: int) -> int:
-        """The key of the smallest free chunk ≥ ``rounded``, lowest address first (0: none
-        fits; keys order as ``(size, address)``): search bin(rounded), then the first chunk of
-        the next non-empty bin above it. The chunk stays indexed."""
-        number = BIN[rounded.bit_length()]
+        """The key of the smallest free chunk ≥ ``rounded``, lowest tie first (0: none fits;
+        keys order as ``(size, tie)``): search bin(rounded), then the first chunk of the next
+        non-empty bin above it. The chunk stays indexed."""
+        number = self.bin_of_bits[rounded.bit_length()]
         keys = self.bins[number]
         if keys:
-            position = bisect_left(keys, rounded << KEY_SHIFT)
+            position = bisect_left(keys, rounded << self.shift)
             if position < len(keys):
                 return keys[position]
         above = self.nonempty >> (number + 1)
@@ -121,15 +143,15 @@ class FreeIndex:
     def best_fit(self, rounded: int) -> tuple[int, int] | None:
         """:meth:`best_key` as ``(address, size)``, None when nothing fits."""
         key = self.best_key(rounded)
-        return (key & ADDRESS_MASK, key >> KEY_SHIFT) if key else None
+        return (key & ADDRESS_MASK, key >> self.shift) if key else None
 
     def pop_best_fit(self, rounded: int) -> int:
-        """:meth:`best_fit`, and the chunk found leaves the index (one search, not two). Returns
-        its key (``size << KEY_SHIFT | address``; no tuple is made), 0 when nothing fits."""
-        number = BIN[rounded.bit_length()]
+        """:meth:`best_key`, and the chunk found leaves the index (one search, not two). Returns
+        its key (``size << shift | tie``; no tuple is made), 0 when nothing fits."""
+        number = self.bin_of_bits[rounded.bit_length()]
         keys = self.bins[number]
         if keys:
-            position = bisect_left(keys, rounded << KEY_SHIFT)
+            position = bisect_left(keys, rounded << self.shift)
             if position < len(keys):
                 key = keys.pop(position)
                 if not keys:
@@ -145,32 +167,48 @@ class FreeIndex:
             self.nonempty &= ~(1 << number)
         return key
 
+    def drop(self, dropped: Callable[[int], bool]) -> None:
+        """Take out every key for which ``dropped(key)`` is true; it is called once per key,
+        bin by bin, in ascending order of keys (CuPy's free_all_blocks releases as it goes).
+        O(n)."""
+        for number, keys in enumerate(self.bins):
+            if not keys:
+                continue
+            kept = [key for key in keys if not dropped(key)]
+            if len(kept) != len(keys):
+                self.bins[number] = kept
+                if not kept:
+                    self.nonempty &= ~(1 << number)
+
     def largest(self) -> int:
         """Size of the largest free chunk (0 if none). O(1)."""
         if not self.nonempty:
             return 0
-        return self.bins[self.nonempty.bit_length() - 1][-1] >> KEY_SHIFT
+        return self.bins[self.nonempty.bit_length() - 1][-1] >> self.shift
 
     def keys(self) -> Iterator[tuple[int, int]]:
-        """Every free chunk as ``(size, address)``, bin by bin. O(n)."""
+        """Every free chunk as ``(size, tie)``, bin by bin. O(n)."""
+        shift = self.shift
+        tie_mask = (1 << shift) - 1
         for keys in self.bins:
             for key in keys:
-                yield key >> KEY_SHIFT, key & ADDRESS_MASK
+                yield key >> shift, key & tie_mask
 
     def check(self) -> None:
         """Assert: each bin strictly ascending (no chunk twice), each key in the bin of its
-        size, addresses below 2**52, and the bitmask set exactly for the non-empty bins. O(n)."""
-        require(self.nonempty >> NUM_BINS == 0, "FreeIndex: bitmask has bits beyond the bins")
+        size, and the bitmask set exactly for the non-empty bins. O(n)."""
+        owner = self.owner
+        require(self.nonempty >> len(self.bins) == 0, f"{owner}: bitmask has bits beyond the bins")
         for number, keys in enumerate(self.bins):
             require(bool(self.nonempty >> number & 1) == bool(keys),
-                    f"FreeIndex: bitmask bit {number} disagrees with the bin's emptiness")
+                    f"{owner}: bitmask bit {number} disagrees with the bin's emptiness")
             for before, key in pairwise(keys):
                 if before >= key:
-                    fail(f"FreeIndex: bin {number} not strictly ascending at {key:#x}")
+                    fail(f"{owner}: bin {number} not strictly ascending at {key:#x}")
             for key in keys:
-                size = key >> KEY_SHIFT
-                if size <= 0 or BIN[size.bit_length()] != number:
-                    fail(f"FreeIndex: a chunk of {size} bytes sits in bin {number}")
+                size = key >> self.shift
+                if size <= 0 or self.bin_of_bits[size.bit_length()] != number:
+                    fail(f"{owner}: a chunk of {size} bytes sits in bin {number}")
 
 
 def walk_chunks(bases: Iterable[int], size_of: Mapping[int, int], next_of: Mapping[int, int],

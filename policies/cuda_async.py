@@ -81,10 +81,11 @@ above it. ``synchronize()`` is O(stream-owned free chunks); ``check()`` O(n log 
 from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping, MutableSet
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from allocsim.policies.base import (
     DeviceMemory,
+    NativeTwin,
     Param,
     Policy,
     PolicyStats,
@@ -103,6 +104,7 @@ SYNC_MODES = ("free", "none")
 class CudaAsyncAllocator(Policy):
     name = "cuda-async"
     capacity_use = "limit; unless fraction"   # threshold = fraction × capacity when set
+    native = NativeTwin("cuda-async", "cuda_async.hpp")
     description = "CUDA stream-ordered pool (cudaMallocAsync): 2 MiB chunks, release threshold"
 
     def __init__(self, device: DeviceMemory, release_threshold: int = 0, fraction: float = 0.0,
@@ -477,6 +479,13 @@ class CudaAsyncAllocator(Policy):
         require(self.peak_bytes_in_use >= self.bytes_in_use,
                 "cuda-async: peak_bytes_in_use < current")
         require(self.peak_mapped >= self.mapped, "cuda-async: peak_mapped < mapped")
+
+    def native_numbers(self) -> dict[str, Any] | None:
+        """CudaAsyncConfig (native/src/cuda_async.hpp): threshold, chunk, alignment, sync
+        mode and whether the first malloc preallocates."""
+        return {"threshold": self.threshold, "chunk": self.chunk, "alignment": self.alignment,
+                "sync_on_free": bool(self.sync_on_free),
+                "preallocate": bool(self.preallocate_pending)}
 
     def stats(self) -> PolicyStats:
         return PolicyStats(

@@ -55,9 +55,10 @@ Layout: each chunk is one CuPyChunk (policies/cupy_records.py: size, neighbours,
 while free, address, request, arena, creation id above the address, with the dict views the
 checks and tests read), its neighbours linked as chunks, a block's ends linked to the pool's
 end chunk where CuPy has None; one dict maps an address to its chunk. Free chunks live in one
-:class:`_Arena` per stream: sorted key lists binned by size bit length, with a bitmask of the
-non-empty bins. malloc and free read and write chunk fields, go through the arena's own
-methods (``pop_lower_bound``, ``add``, ``remove``), and touch the address → chunk dict only to
+arena per stream, each the models' one binned index (policies/chunks.py's
+:class:`~allocsim.policies.chunks.FreeIndex`) under keys (size, creation id, address), binned
+by size bit length. malloc and free read and write chunk fields, go through the arena's own
+methods (``pop_best_fit``, ``add``, ``remove``), and touch the address → chunk dict only to
 find a chunk, add a split's rest or a new block, or drop a merged chunk.
 
 Costs (k = free chunks in the arena bin touched, bins by size bit length): malloc is an
@@ -69,13 +70,12 @@ one O(log k + k) arena update per merged neighbour and one for the freed chunk.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from collections.abc import Iterator
-from itertools import pairwise
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from allocsim.policies.base import (
     DeviceMemory,
+    NativeTwin,
     Param,
     Policy,
     PolicyStats,
@@ -84,7 +84,7 @@ from allocsim.policies.base import (
     params_of,
     require,
 )
-from allocsim.policies.chunks import check_tiling
+from allocsim.policies.chunks import FreeIndex, check_tiling
 from allocsim.policies.cupy_records import (
     ADDRESS_MASK,
     CID_SHIFT,
@@ -109,95 +109,28 @@ def round_size(nbytes: int) -> int:
     return -(-nbytes // ALLOCATION_UNIT_SIZE) * ALLOCATION_UNIT_SIZE
 
 
-class _Arena:
-    """The free chunks of one stream: sorted key lists binned by size bit length, plus a
-    bitmask of non-empty bins. The smallest key ≥ (size, 0) is CuPy's ``lower_bound``.
-    add/remove/pop_lower_bound: O(log k) bisection + O(k) list insertion/deletion, plus an O(1)
-    jump between bins; largest: O(1). The one copy of these steps: CuPyPoolAllocator's malloc
-    and free call them."""
+# An arena's bins: one per size bit length (the bins are a layout; the keys' order is the rule).
+BIT_LENGTH_BINS = tuple(range(NUM_BINS))
+TIE_MASK = (1 << SIZE_SHIFT) - 1   # a key's tie: its creation id above its address
 
-    __slots__ = ("bins", "nonempty")
 
-    def __init__(self) -> None:
-        self.bins: list[list[int]] = [[] for _ in range(NUM_BINS)]
-        self.nonempty = 0
-
-    def add(self, key: int, size: int) -> None:
-        number = size.bit_length()
-        keys = self.bins[number]
-        if not keys:
-            self.nonempty |= 1 << number
-            keys.append(key)
-        elif key > keys[-1]:
-            keys.append(key)
-        else:
-            insort(keys, key)
-
-    def pop_lower_bound(self, rounded: int) -> int:
-        """_Arena.get_chunk: the smallest key ≥ (rounded, 0), out of the arena — in
-        bin(rounded) by bisection, else the first key of the next non-empty bin above it (the
-        bitmask's lowest set bit above); 0 when no chunk fits."""
-        bins = self.bins
-        number = rounded.bit_length()
-        keys = bins[number]
-        position = bisect_left(keys, rounded << SIZE_SHIFT) if keys else 0
-        if position < len(keys):
-            key = keys.pop(position)
-        else:
-            above = self.nonempty >> (number + 1)
-            if not above:
-                return 0
-            number += (above & -above).bit_length()
-            keys = bins[number]
-            key = keys.pop(0)
-        if not keys:
-            self.nonempty &= ~(1 << number)
-        return key
-
-    def remove(self, key: int, size: int) -> None:
-        number = size.bit_length()
-        keys = self.bins[number]
-        del keys[bisect_left(keys, key)]
-        if not keys:
-            self.nonempty &= ~(1 << number)
-
-    def keys(self) -> Iterator[int]:
-        for keys in self.bins:
-            yield from keys
-
-    def __len__(self) -> int:
-        return sum(len(keys) for keys in self.bins)
-
-    def largest(self) -> int:
-        if not self.nonempty:
-            return 0
-        return self.bins[self.nonempty.bit_length() - 1][-1] >> SIZE_SHIFT
-
-    def check(self) -> None:
-        """Assert: each bin strictly ascending, each key in the bin of its size's bit length,
-        the bitmask set exactly for the non-empty bins."""
-        require(self.nonempty >> NUM_BINS == 0, "CuPy arena: bitmask has bits beyond the bins")
-        for number, keys in enumerate(self.bins):
-            require(bool(self.nonempty >> number & 1) == bool(keys),
-                    f"CuPy arena: bitmask bit {number} disagrees with the bin's emptiness")
-            for before, key in pairwise(keys):
-                if before >= key:
-                    fail(f"CuPy arena: bin {number} not strictly ascending")
-            for key in keys:
-                if (key >> SIZE_SHIFT).bit_length() != number:
-                    fail(f"CuPy arena: a chunk of {key >> SIZE_SHIFT} bytes sits in bin {number}")
+def new_arena() -> FreeIndex:
+    """_Arena: one stream's free chunks, the smallest key ≥ (size, 0) CuPy's ``lower_bound``
+    (:meth:`FreeIndex.pop_best_fit`, its get_chunk)."""
+    return FreeIndex(SIZE_SHIFT, BIT_LENGTH_BINS, "CuPy arena")
 
 
 class CuPyPoolAllocator(Policy):
     name = "cupy"
     capacity_use = "limit; unless fraction"   # set_limit(fraction=) caps at fraction × capacity
+    native = NativeTwin("cupy", "cupy_pool.hpp")
     description = "CuPy MemoryPool: 512 B rounding, per-stream best fit, always split"
     def __init__(self, device: DeviceMemory, limit: int = 0, fraction: float = 0.0) -> None:
         super().__init__(device)
         self.record: dict[int, CuPyChunk] = {}  # chunk address -> its chunk (cupy_records)
         self.end = end_chunk()                  # every block's ends link here (CuPy: None)
         self.held: dict[int, int] = {}          # cudaMalloc'd block base -> bytes
-        self.arenas: dict[int, _Arena] = {}     # stream -> arena
+        self.arenas: dict[int, FreeIndex] = {}  # stream -> arena (new_arena)
         # The chunks as the dicts they once were (views: writes change the records), for
         # check(), min-capacity's repeat check and the tests; malloc and free read the records.
         self.size_of = SlotView(self, "size")   # chunk address -> size
@@ -262,26 +195,21 @@ class CuPyPoolAllocator(Policy):
         """cudaFree every free chunk that is a whole block, in all arenas or one stream's."""
         arenas = self.arenas.values() if stream is None else [self.arenas.get(stream)]
         record, end = self.record, self.end
+
+        def released(key: int) -> bool:
+            """cudaFree the free chunk of ``key`` if it is a whole block (it leaves the arena)."""
+            address = key & ADDRESS_MASK
+            chunk = record[address]
+            if chunk.prev is not end or chunk.next is not end:
+                return False
+            del record[address], self.held[address]
+            self._total_bytes -= chunk.size
+            self.device.release(address)
+            return True
+
         for arena in arenas:
-            if arena is None or not arena.nonempty:
-                continue
-            for number, keys in enumerate(arena.bins):
-                if not keys:
-                    continue
-                kept = []
-                for key in keys:
-                    address = key & ADDRESS_MASK
-                    chunk = record[address]
-                    if chunk.prev is not end or chunk.next is not end:
-                        kept.append(key)
-                        continue
-                    del record[address], self.held[address]
-                    self._total_bytes -= chunk.size
-                    self.device.release(address)
-                if len(kept) != len(keys):
-                    arena.bins[number] = kept
-                    if not kept:
-                        arena.nonempty &= ~(1 << number)
+            if arena is not None and arena.nonempty:
+                arena.drop(released)
 
     # -- allocation ------------------------------------------------------------------
     # malloc and free over the chunks (cupy_records' CuPyChunk) and the arenas' methods.
@@ -296,8 +224,8 @@ class CuPyPoolAllocator(Policy):
         rounded = round_size(size)
         arena = self.arenas.get(stream)
         if arena is None:
-            arena = self.arenas[stream] = _Arena()
-        key = arena.pop_lower_bound(rounded)               # _Arena.get_chunk
+            arena = self.arenas[stream] = new_arena()
+        key = arena.pop_best_fit(rounded)                  # _Arena.get_chunk
         if not key:
             return self._malloc_block(size, rounded, arena)
         address = key & ADDRESS_MASK
@@ -316,7 +244,7 @@ class CuPyPoolAllocator(Policy):
             cid = self._next_cid
             self._next_cid = cid + 1
             low = cid << CID_SHIFT | rest                   # its TIE
-            key = rest_size << SIZE_SHIFT | low
+            key = arena.add(rest_size, low)                 # rest_size << SIZE_SHIFT | low
             spare = self._spare
             if spare:
                 piece = spare.pop()
@@ -331,7 +259,6 @@ class CuPyPoolAllocator(Policy):
             else:
                 piece = CuPyChunk(rest_size, chunk, after, key, rest, 0, arena, low)
             record[rest] = chunk.next = after.prev = piece
-            arena.add(key, rest_size)
         in_use = self.bytes_in_use + rounded
         self.bytes_in_use = in_use
         if in_use > self.peak_bytes_in_use:
@@ -339,7 +266,7 @@ class CuPyPoolAllocator(Policy):
         self.num_allocs += 1
         return address
 
-    def _malloc_block(self, size: int, rounded: int, arena: _Arena) -> int | None:
+    def _malloc_block(self, size: int, rounded: int, arena: FreeIndex) -> int | None:
         """malloc's miss (no free chunk fits in ``arena``): a new block of exactly ``rounded``
         bytes through :meth:`_try_malloc`, one chunk in use, of ``arena``, or None (an OOM)."""
         address = self._try_malloc(rounded)
@@ -409,7 +336,7 @@ class CuPyPoolAllocator(Policy):
         key = after.key
         if key:
             merged = after.size
-            arena.remove(key, merged)
+            arena.remove(merged, key & TIE_MASK)
             self._spare.append(record.pop(after.address))
             size += merged
             after = chunk.next = after.next
@@ -418,15 +345,14 @@ class CuPyPoolAllocator(Policy):
         key = before.key
         if key:
             merged = before.size
-            arena.remove(key, merged)
+            arena.remove(merged, key & TIE_MASK)
             self._spare.append(record.pop(address))
             size += merged
             chunk, low = before, before.tie
             chunk.next = after
             after.prev = chunk
         chunk.size = size
-        chunk.key = key = size << SIZE_SHIFT | low
-        arena.add(key, size)
+        chunk.key = arena.add(size, low)
 
     def empty_cache(self) -> None:
         self.free_all_blocks()
@@ -477,8 +403,9 @@ class CuPyPoolAllocator(Policy):
         seen = set(in_use)
         for arena in self.arenas.values():
             arena.check()
-            for key in arena.keys():
-                address = key & ADDRESS_MASK
+            for size, low in arena.keys():
+                key = size << SIZE_SHIFT | low
+                address = low & ADDRESS_MASK
                 if address in seen:
                     fail(f"CuPy: chunk {address:#x} is free in an arena and in use, or free twice")
                 free = record.get(address)
@@ -508,6 +435,10 @@ class CuPyPoolAllocator(Policy):
         check_live_chunks("CuPy", self, dict(self.requested), in_use, size_of)
         require(self.peak_bytes_in_use >= self.bytes_in_use, "CuPy: peak_bytes_in_use < current")
         require(self.peak_total_bytes >= self._total_bytes, "CuPy: peak_total_bytes < current")
+
+    def native_numbers(self) -> dict[str, Any] | None:
+        """CuPyConfig (native/src/cupy_pool.hpp): the allocation unit and the limit."""
+        return {"unit": ALLOCATION_UNIT_SIZE, "limit": self.get_limit()}
 
     def stats(self) -> PolicyStats:
         requested = sum(c.requested for c in self.record.values() if not c.key)

@@ -51,7 +51,7 @@ class CuPyChunk(Chunk):
         self.address = address      # its device address (the end chunk's: NONE)
         self.requested = requested  # while in use, the bytes its caller asked for (stale
                                     # once free)
-        self.arena = arena          # the _Arena of the stream whose allocation made its block,
+        self.arena = arena          # the arena of the stream whose allocation made its block,
                                     # for life
         self.tie = tie              # creation id << CID_SHIFT | address: the low bits of its
                                     # key, fixed for life (kept whole so that a key is one

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from allocsim.policies.base import (
     DeviceMemory,
+    NativeTwin,
     Param,
     Policy,
     PolicyStats,
@@ -25,6 +26,7 @@ from allocsim.policies.base import (
 class OnDemandAllocator(Policy):
     name = "on-demand"
     capacity_use = "limit-fatal"   # capacity only refuses cudaMalloc; a refusal is the OOM
+    native = NativeTwin("on-demand", "on_demand.hpp")
     description = "no cache: cudaMalloc/cudaFree for every buffer (JAX allocator=platform)"
 
     def __init__(self, device: DeviceMemory) -> None:

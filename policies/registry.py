@@ -169,13 +169,17 @@ def _split_params(text: str) -> list[str]:
 
 
 def alloc_conf_spec(text: str) -> PolicySpec:
-    """The ``pytorch`` policy for a PYTORCH_CUDA_ALLOC_CONF string given as-is."""
-    from allocsim.policies.pytorch.settings import parse_alloc_conf
+    """The ``pytorch`` policy for a PYTORCH_CUDA_ALLOC_CONF string given as-is (its settings
+    value's spec; the async backend, another allocator, is refused)."""
+    from allocsim.policies.pytorch.settings import ASYNC_BACKEND_REFUSED
+    from allocsim.policies.settings.pytorch import NATIVE, PyTorchSettings
     try:
-        params = parse_alloc_conf(text)
+        settings = PyTorchSettings.from_alloc_conf(text)
     except ValueError as err:
         raise PolicySpecError(str(err)) from None
-    return parse_policy("pytorch:" + ",".join(f"{k}={v}" for k, v in params.items()))
+    if settings.backend != NATIVE:
+        raise PolicySpecError(ASYNC_BACKEND_REFUSED)
+    return parse_policy(settings.spec())
 
 
 def _declared(name: str) -> dict[str, Param]:

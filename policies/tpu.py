@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from allocsim.policies.base import (
+    NATIVE_SIZE_LIMIT,
     DeviceMemory,
+    NativeTwin,
     Param,
     Policy,
     PolicyStats,
@@ -88,6 +90,7 @@ class TpuRuntimeAllocator(Policy):
     # All of HBM is the heap, taken at the first allocation: the capacity sizes it (and so every
     # placement), as no rule min-capacity's shortcuts know; the safe declaration.
     capacity_use = "unknown"
+    native = NativeTwin("tpu", "tpu.hpp")
     description = ("TPU runtime (JAX on TPU): all HBM, best fit from the top, 512 B granules, "
                    "compaction when no hole fits")
 
@@ -301,6 +304,15 @@ class TpuRuntimeAllocator(Policy):
         require(self.num_allocs - self.num_frees == len(self._live),
                 "tpu: allocs − frees is not the number of live buffers")
         require(self.peak_bytes_in_use >= self.bytes_in_use, "tpu: peak < current")
+
+    def native_numbers(self) -> dict[str, Any] | None:
+        """TpuConfig (native/src/tpu.hpp): the granule, the runtime's own bytes and the
+        compaction cost line; None beyond the core's int64 heap size and rounding."""
+        if not (0 <= self.runtime_bytes < NATIVE_SIZE_LIMIT and self.granule < NATIVE_SIZE_LIMIT):
+            return None
+        return {"granule": self.granule, "runtime_bytes": self.runtime_bytes,
+                "compaction_base_s": COMPACTION_BASE_S,
+                "compaction_per_gb_s": COMPACTION_PER_GB_S}
 
     def stats(self) -> PolicyStats:
         largest = self._index[-1][0] if self._index else 0

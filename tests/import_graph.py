@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# The native core (native/, built): a module of the package with no Python source here.
+NATIVE_CORE = "allocsim._native"
 # Folder in the repository -> its name in the installed namespace (pyproject package-dir).
 FOLDERS = {"allocsim": "allocsim", "sim": "allocsim.sim", "policies": "allocsim.policies",
            "traces": "allocsim.traces"}
@@ -61,10 +63,13 @@ def read_graph() -> dict[str, Module]:
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = _resolve(node.module or "", node.level, name, path.name == "__init__.py")
-                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base
-                           for alias in node.names]
+                named = [f"{base}.{alias.name}" for alias in node.names]
+                targets = [full if full in files or full == NATIVE_CORE else base
+                           for full in named]
             for target in targets:
-                if target == "allocsim" or target.startswith("allocsim."):
+                if target == NATIVE_CORE:
+                    module.foreign.add(target)    # compiled, no source: not the package's
+                elif target == "allocsim" or target.startswith("allocsim."):
                     while target not in files and "." in target:
                         target = target.rsplit(".", 1)[0]
                     if target != name:
@@ -128,10 +133,13 @@ def depth(graph: dict[str, Module]) -> int:
 
 
 def room_of(module: str) -> str:
-    """`allocsim.sim.kernel.engine` -> `sim.kernel`; `allocsim.policies.bfc` -> `policies`."""
+    """`allocsim.sim.kernel.engine` -> `sim.kernel`; `allocsim.policies.bfc` -> `policies`;
+    `allocsim.api` -> `api`."""
     parts = module.split(".")[1:]
     if not parts:
         return "allocsim"
+    if parts == ["api"]:
+        return "api"      # the flat Python API: on top of the questions, beside the CLI
     if parts[0] == "sim" and len(parts) > 1 and not parts[1].startswith("_"):
         return f"sim.{parts[1]}" if len(parts) > 2 or parts[1] in ROOMS_OF_SIM else "sim"
     return parts[0] if parts[0] in ("sim", "policies", "traces") else "allocsim"

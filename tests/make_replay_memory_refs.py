@@ -106,11 +106,12 @@ def case(trace: Trace, policy: str, device: str, capacity: str | None) -> dict[s
            "stopped": _digest(_json(replay(trace, policy, profile, stop_on_oom=True)
                                     .to_json_dict(timeline=True)))}
     run = ProcessReplay(trace, parse_policy(policy), SimulatedDevice(profile), call_log=True)
-    run.sample_every = 1
+    run.report.sample_every = 1
     run.advance(run.n)
-    result = run.result(profile.name)
+    result = run.result(profile.label)
     log = b"".join(np.asarray(column, dtype=dtype).tobytes() for column, dtype in (
-        (run.call_events, np.int64), (run.call_reserved, np.int64), (run.call_cost, np.float64)))
+        (run.report.call_events, np.int64), (run.report.call_reserved, np.int64),
+        (run.report.call_cost, np.float64)))
     out["log"] = _digest(log + _json(result.to_json_dict(timeline=True)).encode())
     return out
 

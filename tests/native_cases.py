@@ -129,7 +129,7 @@ def gc_cycles(cycles: int = 80) -> Trace:
 
 
 def gc_cycles_device() -> DeviceProfile:
-    return replace(resolve_device("a100-80g").with_capacity(16 << 20), context_bytes=4 << 20)
+    return resolve_device("a100-80g").device_with(16 << 20, 4 << 20)
 
 
 def capacities(trace: Trace) -> list[DeviceProfile]:
@@ -147,12 +147,13 @@ def capacities(trace: Trace) -> list[DeviceProfile]:
         tight, small = peak * 9 // 8 + (4 << 20), max(1 << 20, peak * 3 // 4)
     share = 64 << 20
     return [base, _without_share(base, tight), _without_share(base, small),
-            replace(base.with_capacity(tight + share), context_bytes=share),
-            replace(base.with_capacity(small), context_bytes=small + (2 << 20))]
+            base.device_with(tight + share, share),
+            # a share past the capacity: more than device_with allows, on purpose
+            replace(base.device_with(small), context_bytes=small + (2 << 20))]
 
 
 def _without_share(base: DeviceProfile, capacity: int) -> DeviceProfile:
-    return replace(base.with_capacity(capacity), context_bytes=0)
+    return base.device_with(capacity, 0)
 
 
 def python_run(trace: Trace, spec: str, profile: DeviceProfile, *,
@@ -171,7 +172,7 @@ def python_run(trace: Trace, spec: str, profile: DeviceProfile, *,
     run.policy.malloc = recording               # type: ignore[method-assign]
     while run.next_index < run.n and not run.stopped:
         run.advance(run.n)
-    return run.result(profile.name), addresses
+    return run.result(profile.label), addresses
 
 
 def native_run(trace: Trace, spec: str, profile: DeviceProfile, *,
@@ -192,7 +193,7 @@ def tpu_capacities(trace: Trace) -> list[DeviceProfile]:
     runtime's 26,624 bytes as the device's share, as on the chip."""
     v5e = resolve_device("tpu-v5e")
     peak = max(1, trace.peak_live()[0])
-    return [v5e] + [v5e.with_capacity(round_up(room, 512) + v5e.context_bytes)
+    return [v5e] + [v5e.device_with(round_up(room, 512) + v5e.context_bytes, v5e.context_bytes)
                     for room in (peak * 9 // 8 + (1 << 20), max(1 << 20, peak * 3 // 4))]
 
 
@@ -244,7 +245,7 @@ def tpu_runs(trace: Trace, spec: str, profile: DeviceProfile
     assert core is not None, f"the native core declined {spec} on {trace.name}"
     core.advance(core.n)
     assert isinstance(python.policy, TpuRuntimeAllocator)
-    assert_same_tpu_state(python.policy, core.state(), f"{trace.name} | {spec} | {profile.name}")
+    assert_same_tpu_state(python.policy, core.state(), f"{trace.name} | {spec} | {profile.label}")
     return python_result, native_result, python_handles, native_handles
 
 
@@ -256,7 +257,7 @@ def tpu_run(trace: Trace, spec: str, profile: DeviceProfile, implementation: str
         python = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(profile))
         python.advance(python.n)
         assert isinstance(python.policy, TpuRuntimeAllocator)
-        return python.result(profile.name), python_tpu_state(python.policy)
+        return python.result(profile.label), python_tpu_state(python.policy)
     result, _ = native_run(trace, spec, profile)
     core = native.open_run(trace, parse_policy(spec), profile, stop_on_oom=False,
                            timeline_points=TIMELINE_POINTS)

@@ -8,8 +8,11 @@ which PyPI packages of the same names would shadow.
 from __future__ import annotations
 
 import ast
+import importlib.util
+import re
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from import_graph import FOLDERS, REPO, Module, cycles, read_graph, room_of
@@ -20,9 +23,11 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 # Which rooms each room may import (besides itself). `allocsim` is the root package: its
-# `errors` module imports nothing and may be raised from anywhere.
+# `errors` module imports nothing and may be raised from anywhere. `allocsim.api` is the flat
+# Python API over the questions, which the root package loads on first use.
 ALLOWED = {
-    "allocsim": {"sim.cli"},                          # only __main__, to run the CLI
+    "allocsim": {"sim.cli", "api"},                   # __main__, to run the CLI; the API
+    "api": {"allocsim", "policies", "traces", "sim.kernel", "sim.questions"},
     "policies": {"allocsim"},
     "traces": {"allocsim"},
     "sim": set(),
@@ -81,7 +86,7 @@ def _imports_of(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("folder", ["allocsim", "sim", "policies", "traces", "tests",
-                                    "experiments"])
+                                    "experiments", "benchmarks"])
 def test_nothing_imports_the_old_top_level_names(folder: str) -> None:
     old = {"sim", "policies", "traces"}
     offenders = sorted(str(path.relative_to(REPO)) for path in (REPO / folder).rglob("*.py")
@@ -96,3 +101,34 @@ def test_pyproject_maps_each_top_level_folder_to_its_subpackage() -> None:
     mapped = {target.replace("/", "."): folder
               for target, folder in config["wheel"]["packages"].items()}
     assert mapped == {package: folder for folder, package in FOLDERS.items()}
+
+
+def _draw_rooms() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("draw_rooms", REPO / "docs" / "draw_rooms.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_picture_of_the_rooms_is_drawn_from_todays_imports() -> None:
+    page = (REPO / "docs" / "architecture.md").read_text()
+    blocks = re.findall(r"```mermaid\n(.*?)```", page, re.S)
+    assert blocks == [_draw_rooms().mermaid()], "run python docs/draw_rooms.py and paste it"
+
+
+def test_the_picture_keeps_every_room_a_trace_passes_through_connected() -> None:
+    draw = _draw_rooms()
+    edges = draw.reduced_edges()
+    drawn = {room for edge in edges for room in edge}
+    assert drawn == {key for key, _, _ in draw.ROOMS}
+    # The path of `allocsim compare FILE`, as the paragraph above the picture tells it.
+    for step in [("sim.cli", "sim.sweeps"), ("sim.output", "sim.questions"),
+                 ("sim.questions", "sim.kernel"), ("sim.kernel", "policies"),
+                 ("sim.kernel", "traces.formats"), ("traces.formats", "traces")]:
+        assert step in draw.room_edges(), step
+
+
+def test_the_picture_can_be_drawn_without_a_mermaid_viewer(tmp_path: Path) -> None:
+    _draw_rooms().draw_png(tmp_path / "rooms.png")
+    assert (tmp_path / "rooms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""The large-trace benchmark's method (experiments/bench_big.py) at a small size: it writes
+"""The large-trace benchmark's method (benchmarks/big.py) at a small size: it writes
 the trace streamed, replays it in a process per policy and deletes the file. Its figures
 are not asserted here, only what they are of."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import bench_big
+from benchmarks import big as bench_big
 
 
 def test_each_policy_loads_and_replays_the_streamed_trace_and_the_file_goes(

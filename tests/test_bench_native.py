@@ -1,4 +1,4 @@
-"""The native benchmark's floors (experiments/bench_native.py, native/src/tuned_best_fit.cpp):
+"""The native benchmark's floors (benchmarks/native.py, native/src/tuned_best_fit.cpp):
 the tuned best fit does best-fit's work — the same peak as allocsim's best-fit policy — and
 every policy's ratio is printed to it and to the read limit, with the machine's load. Figures
 are not asserted (the machine is shared); only what is timed against what."""
@@ -11,7 +11,7 @@ import pytest
 from allocsim.sim.kernel.native import core
 from allocsim.traces import synth
 from allocsim.traces.model import Trace
-from experiments import bench_native
+from benchmarks import native as bench_native
 
 pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built")
 

@@ -1,4 +1,4 @@
-"""The replay benchmark's method (experiments/bench_replay.py): what it times and against what.
+"""The replay benchmark's method (benchmarks/replay.py): what it times and against what.
 Its figures are not asserted here; only that a ratio is to the floor measured beside it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from allocsim.traces import synth
-from experiments import bench_replay
+from benchmarks import replay as bench_replay
 
 
 def test_a_policys_runs_alternate_with_the_floors() -> None:

@@ -63,7 +63,7 @@ def test_a_leaking_run_is_never_taken_for_a_repeating_one(spec: str) -> None:
     failing = 0
     for capacity in [2 * MiB, 3 * MiB, 4 * MiB, 6 * MiB, 8 * MiB, 12 * MiB, 64 * MiB]:
         oracle = CompletionOracle(trace, policy, DEVICE)
-        plain = replay(trace, policy, DEVICE.with_capacity(capacity), stop_on_oom=True)
+        plain = replay(trace, policy, DEVICE.device_with(capacity), stop_on_oom=True)
         assert oracle.completes(capacity) == plain.completed, capacity
         failing += not plain.completed
     assert failing, "no capacity made the leaks fail: the test would prove nothing"

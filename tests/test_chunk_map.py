@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from policy_checks import small_device
 
 from allocsim.policies.best_fit import BestFitAllocator
-from allocsim.policies.chunks import KEY_SHIFT, NONE, ChunkMap
+from allocsim.policies.chunks import BIN, KEY_SHIFT, NONE, ChunkMap, FreeIndex
+from allocsim.policies.cupy_pool import BIT_LENGTH_BINS, new_arena
 from allocsim.sim.kernel.device import SimulatedDevice
 
 
@@ -65,3 +66,27 @@ def test_chunkmaps_general_methods_keep_its_invariants(steps: Any) -> None:
     for base in list(chunks.regions):
         chunks.remove_region(base)
     assert not chunks.record and not chunks.ring and not chunks.free_index.nonempty
+
+
+# -- the one binned index: its bins are a layout, its keys' order the rule ---------------------
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 1 << 40), st.integers(0, 1 << 20)),
+                max_size=80))
+def test_the_binned_index_answers_alike_whatever_its_bins(ops: list[tuple[bool, int, int]]
+                                                           ) -> None:
+    """BFC's 21 bins and CuPy's bins by bit length hold the same keys in the same order: every
+    best fit, largest and listing agrees (the core's SortedBins bins differently again)."""
+    bfc, by_bit_length = FreeIndex(), FreeIndex(KEY_SHIFT, BIT_LENGTH_BINS, "by bit length")
+    held: set[tuple[int, int]] = set()
+    for take, size, tie in ops:
+        if take:
+            assert bfc.pop_best_fit(size) == by_bit_length.pop_best_fit(size)
+            held = {(s, a) for s, a in bfc.keys()}
+        elif (size, tie) not in held:
+            assert bfc.add(size, tie) == by_bit_length.add(size, tie)
+            held.add((size, tie))
+        assert bfc.largest() == by_bit_length.largest()
+        assert sorted(bfc.keys()) == sorted(by_bit_length.keys())
+    bfc.check()
+    by_bit_length.check()
+    assert len(bfc.bins) == max(BIN) + 1 and new_arena().owner == "CuPy arena"

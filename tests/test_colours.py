@@ -80,7 +80,8 @@ def test_an_unnamed_spec_never_borrows_a_named_colour_and_keeps_its_own_everywhe
 def test_no_figure_picks_its_own_policy_colours() -> None:
     """Every drawing takes policy colours from sim/output/colours.py."""
     root = Path(__file__).resolve().parents[1]
-    sources = [*root.joinpath("sim").rglob("*.py"), *root.joinpath("experiments").rglob("*.py")]
+    sources = [path for folder in ("sim", "experiments", "benchmarks")
+               for path in root.joinpath(folder).rglob("*.py")]
     for path in sources:
         text = path.read_text()
         if path.name == "colours.py":

@@ -81,7 +81,7 @@ def test_the_first_oom_is_kept_by_name_and_reported_in_the_result() -> None:
     run = ProcessReplay(trace, parse_policy("on-demand"), SimulatedDevice(device(GiB)))
     run.advance(len(trace))
     # on-demand holds exactly the one live buffer; no other process shares the device.
-    assert run.first_oom == FirstOOM(event=1, size=600 * MiB, allocated=600 * MiB,
+    assert run.report.first_oom == FirstOOM(event=1, size=600 * MiB, allocated=600 * MiB,
                                      reserved=600 * MiB, largest_free=0, others={})
     result = run.result("test")
     assert result.ooms == 2 and result.first_oom_event == 1

@@ -18,8 +18,8 @@ from allocsim.errors import UserInputError  # noqa: E402
 from allocsim.sim.cli.main import main  # noqa: E402
 from allocsim.traces.formats import load  # noqa: E402
 from allocsim.traces.model import OP_ALLOC, OP_FREE  # noqa: E402
-from allocsim.traces.record.jax import internals as jax_internals  # noqa: E402
-from allocsim.traces.record.jax.recorder import PROLOGUE_TAG, active_recorder  # noqa: E402
+from allocsim.traces.record.jax_recorder import internals as jax_internals  # noqa: E402
+from allocsim.traces.record.jax_recorder.recorder import PROLOGUE_TAG, active_recorder  # noqa: E402
 
 
 def live_array_bytes() -> int:

@@ -103,7 +103,7 @@ FOUR_DEVICES = textwrap.dedent("""
 
 
 def run_on_host_devices(devices: int) -> dict:
-    from allocsim.traces.record.jax.recorder import PROLOGUE_TAG
+    from allocsim.traces.record.jax_recorder.recorder import PROLOGUE_TAG
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
     done = subprocess.run([sys.executable, "-c", FOUR_DEVICES % PROLOGUE_TAG, str(devices)],

@@ -418,7 +418,7 @@ def test_sweep_records_validate(files, tmp_path) -> None:
 def test_device_profiles_validate(files, tmp_path) -> None:
     for profile in PROFILES.values():
         assert_valid("device-profile", profile.as_dict())
-        assert_valid("device-profile", profile.with_capacity(24 * GiB).as_dict())
+        assert_valid("device-profile", profile.device_with(24 * GiB).as_dict())
     path = tmp_path / "fake-gpu.json"
     calibration = calibrate([4096, MiB, 64 * MiB], repeats=3, calls=FakeGPU().calls(),
                             output=path)

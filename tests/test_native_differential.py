@@ -30,6 +30,7 @@ from dataclasses import replace
 import native_cases as cases
 
 from allocsim.policies import parse_policy
+from allocsim.policies.base import native_twin_of
 from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.policies.cupy_pool import CuPyPoolAllocator
 from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
@@ -63,7 +64,7 @@ def test_whole_runs_match_on_every_trace_capacity_and_setting(label: str) -> Non
     trace = TRACES[label]
     for profile in cases.capacities(trace):
         for spec in cases.NATIVE_SPECS:
-            where = f"{label} | {spec} | {profile.name}"
+            where = f"{label} | {spec} | {profile.label}"
             python, python_addresses = cases.python_run(trace, spec, profile)
             core, core_addresses = cases.native_run(trace, spec, profile)
             assert_same(python, core, where)
@@ -203,8 +204,8 @@ def test_every_registered_policy_is_native_and_what_the_core_lacks_runs_in_pytho
     cases.need_core()
     for spec in cases.NATIVE_SPECS:
         assert native.is_native(parse_policy(spec)), spec
-    for name in POLICIES:
-        assert native.is_native(parse_policy(name)), name
+    for name, cls in POLICIES.items():     # every built-in policy has its twin
+        assert native_twin_of(cls) is not None and native.is_native(parse_policy(name)), name
     # A class the core does not know (here a subclass, as a user's own policy would be) runs
     # in Python, whatever it derives from.
     trace = TRACES["default-training"]
@@ -280,9 +281,10 @@ def compare_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
     trace = workload(steps)
     # The device's own share: none, some, or all of a small device (64 MiB fills 16 and 40);
     # None: the device's own (a TPU's: the runtime's bytes).
-    profile = resolve_device(device).with_capacity(capacity_mib << 20)
-    if context_mib is not None:
-        profile = replace(profile, context_bytes=context_mib << 20)
+    # replace, not device_with: a share that fills the device is a case here, on purpose.
+    card = resolve_device(device)
+    profile = replace(card.device_with(capacity_mib << 20), context_bytes=card.context_bytes
+                      if context_mib is None else context_mib << 20)
     python = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(profile))
     core = native.open_run(trace, parse_policy(spec), profile, stop_on_oom=False,
                            timeline_points=TIMELINE_POINTS)
@@ -296,11 +298,11 @@ def compare_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
         assert state["device"]["calls"] == python.view.calls, where
         assert state["device"]["cost_s"] == python.view.cost_s, where
         assert state["allocated"] == python.allocated, where
-        assert state["ooms"] == python.ooms, where
+        assert state["ooms"] == python.report.ooms, where
         assert state["policy_stats"] == python.policy.stats().as_dict(), where
         if isinstance(python.policy, TpuRuntimeAllocator):
             cases.assert_same_tpu_state(python.policy, state, where)
-    python_result = python.result(profile.name)
+    python_result = python.result(profile.label)
     core_result, _ = cases.native_run(trace, spec, profile)
     assert_same(python_result, core_result, f"{spec} at {capacity_mib} MiB")
 
@@ -324,7 +326,7 @@ def test_tpu_runs_on_tpu_devices_match_compactions_and_blocks_included(label: st
     trace = TRACES[label]
     for profile in cases.tpu_capacities(trace):
         for spec in cases.TPU_SPECS:
-            where = f"{label} | {spec} | {profile.name}"
+            where = f"{label} | {spec} | {profile.label}"
             python, core, python_handles, core_handles = cases.tpu_runs(trace, spec, profile)
             assert_same(python, core, where)
             assert python_handles == core_handles, f"{where}: handles"
@@ -351,10 +353,10 @@ def test_the_tpu_cases_reach_compaction_and_oom() -> None:
 
 def test_what_allocsim_policies_says_is_native_is_native(capsys: pytest.CaptureFixture) -> None:
     cases.need_core()
-    for name in native.NATIVE_SETTINGS:
+    for name in native.native_settings():
         assert native.is_native(parse_policy(name)), name
     from allocsim.sim.cli import main
     assert main(["policies"]) == 0
     printed = capsys.readouterr().out
     assert "native core (native core in use here) replays:" in printed
-    assert all(f"    {name:12s} " in printed for name in native.NATIVE_SETTINGS)
+    assert all(f"    {name:12s} " in printed for name in native.native_settings())

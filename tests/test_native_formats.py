@@ -462,7 +462,7 @@ def test_gzip_output_is_reproducible(tmp_path):
 
 # ---------------------------------------------------------------------- scale
 def test_a_million_events_round_trip_through_npz_and_csv(tmp_path):
-    # Speed is measured by experiments/bench_formats.py, not asserted here.
+    # Speed is measured by benchmarks/formats.py, not asserted here.
     from tests.test_validate import big_trace
 
     trace = big_trace(1_000_000)

@@ -77,7 +77,8 @@ def test_the_wheel_holds_the_rooms_the_data_and_the_type_marker(wheel: zipfile.Z
                      "allocsim/sim/output/vendor/uPlot.LICENSE",
                      "allocsim/sim/output/report_charts.js"):
         assert expected in names, expected
-    assert not any(name.startswith(("allocsim/experiments", "experiments/", "tests/"))
+    assert not any(name.startswith(("allocsim/experiments", "experiments/", "allocsim/benchmarks",
+                                    "benchmarks/", "tests/"))
                    for name in names)
     assert any(name.startswith("allocsim/sim/output/schemas/") and name.endswith(".json")
                for name in names)

@@ -24,7 +24,7 @@ from allocsim.policies.bfc import BFCAllocator
 from allocsim.policies.buddy import BuddyAllocator
 from allocsim.policies.chunks import KEY_SHIFT, NONE, ChunkMap
 from allocsim.policies.cuda_async import SHARED, CudaAsyncAllocator
-from allocsim.policies.cupy_pool import CID_SHIFT, SIZE_SHIFT, CuPyPoolAllocator
+from allocsim.policies.cupy_pool import CID_SHIFT, CuPyPoolAllocator
 from allocsim.policies.on_demand import OnDemandAllocator
 from allocsim.policies.pytorch.blocks import SHIFT
 from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
@@ -283,8 +283,8 @@ def test_cupy_catches_a_free_chunk_left_out_of_its_arena() -> None:
     policy, _, rest = cupy_with_a_free_rest()
     arena = policy.arenas[0]
     size = policy.size_of[rest]
-    key = size << SIZE_SHIFT | policy.cid_of[rest] << CID_SHIFT | rest
-    broken(policy, lambda: arena.remove(key, size), "in no arena")
+    broken(policy, lambda: arena.remove(size, policy.cid_of[rest] << CID_SHIFT | rest),
+           "in no arena")
 
 
 def test_cupy_catches_two_neighbouring_free_chunks_not_merged() -> None:
@@ -293,7 +293,7 @@ def test_cupy_catches_two_neighbouring_free_chunks_not_merged() -> None:
 
     def split_the_rest() -> None:
         size = policy.size_of[rest]
-        arena.remove(size << SIZE_SHIFT | policy.cid_of[rest] << CID_SHIFT | rest, size)
+        arena.remove(size, policy.cid_of[rest] << CID_SHIFT | rest)
         upper = rest + 512
         policy.size_of[rest] = 512
         policy.size_of[upper] = size - 512
@@ -303,7 +303,7 @@ def test_cupy_catches_two_neighbouring_free_chunks_not_merged() -> None:
         policy._next_cid += 1
         for chunk in (rest, upper):
             part = policy.size_of[chunk]
-            arena.add(part << SIZE_SHIFT | policy.cid_of[chunk] << CID_SHIFT | chunk, part)
+            arena.add(part, policy.cid_of[chunk] << CID_SHIFT | chunk)
 
     broken(policy, split_the_rest, "neighbouring free chunks")
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from allocsim.policies import parse_policy
-from allocsim.sim.kernel import engine, results
+from allocsim.sim.kernel import engine, results, run_report
 from allocsim.sim.kernel.device import SimulatedDevice, resolve_device
 from allocsim.sim.kernel.engine import ProcessReplay, replay
 from allocsim.sim.kernel.results import CallLog, LogColumn
@@ -42,7 +42,7 @@ def tiny_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     timeline blocks of one bucket: every boundary the memory work added, crossed often."""
     monkeypatch.setattr(engine, "CHUNK_EVENTS", 97)
     monkeypatch.setattr(results.CallLog, "PACK_AT", 5)
-    monkeypatch.setattr(engine, "TIMELINE_BLOCK_EVENTS", 1)
+    monkeypatch.setattr(run_report, "TIMELINE_BLOCK_EVENTS", 1)
 
 
 def test_the_references_cover_every_case() -> None:
@@ -79,7 +79,7 @@ def test_results_do_not_depend_on_the_chunk_sizes(monkeypatch: pytest.MonkeyPatc
     for chunk, pack_at, block in ((1, 1, 1), (1000, 1, 512), (4096, 3000, 7)):
         monkeypatch.setattr(engine, "CHUNK_EVENTS", chunk)
         monkeypatch.setattr(results.CallLog, "PACK_AT", pack_at)
-        monkeypatch.setattr(engine, "TIMELINE_BLOCK_EVENTS", block)
+        monkeypatch.setattr(run_report, "TIMELINE_BLOCK_EVENTS", block)
         got = [replay(trace, p, profile).to_json_dict(timeline=True)
                for p in ("on-demand", "cuda-async", "bfc")]
         assert got == expected, (chunk, pack_at, block)
@@ -247,10 +247,10 @@ def test_a_log_of_one_call_per_event_packs_to_a_few_bytes_a_call(training: Trace
     run = ProcessReplay(trace, parse_policy("on-demand"), SimulatedDevice(
         resolve_device("a100-80g")), call_log=True)
     run.advance(run.n)
-    log = run.call_log
+    log = run.report.call_log
     assert len(log) > 0.9 * len(trace)
     assert log.nbytes / len(log) < 5            # 24 unpacked
-    assert np.asarray(run.call_events).dtype == np.int64
+    assert np.asarray(run.report.call_events).dtype == np.int64
 
 
 def _per_bucket_reference(events: np.ndarray, reserved: np.ndarray, cost: np.ndarray, n: int,
@@ -315,22 +315,22 @@ def test_the_buckets_kept_as_the_run_goes_are_the_full_logs_reduction(
         np.arange(events))
     for capacity, stop_on_call in (("256MiB", False), ("48MiB", True)):    # OOMs at 48 MiB
         run = _both_ways(trace, policy, capacity, stop_on_call=stop_on_call)
-        kept = run.buckets.arrays()
-        want = run.call_log.per_bucket(run.n, run.buckets.bucket)
-        assert len(kept[0]) == -(-run.n // run.buckets.bucket)
+        kept = run.report.buckets.arrays()
+        want = run.report.call_log.per_bucket(run.n, run.report.buckets.bucket)
+        assert len(kept[0]) == -(-run.n // run.report.buckets.bucket)
         assert np.array_equal(kept[0], want[0]) and kept[0].dtype == np.int64
         assert kept[1].tobytes() == want[1].tobytes()
 
 
 def test_a_bucket_counts_the_bytes_before_it_unless_its_first_event_replaced_them() -> None:
-    buckets = engine.BucketSummary(n=9, bucket=3)
+    buckets = run_report.BucketSummary(n=9, bucket=3)
     buckets.close(-1, 0, 0.0)               # events 0-2: no call, nothing reserved
     buckets.first_call = 3
     buckets.close(100, 100, 1.0)            # 3-5: a call at 3 reserved 100
     buckets.first_call = 7
     buckets.close(40, 40, 2.0)              # 6-8: a call at 7 fell to 40; 100 held after 6
     assert buckets.arrays()[0].tolist() == [0, 100, 100]
-    buckets = engine.BucketSummary(n=6, bucket=3)
+    buckets = run_report.BucketSummary(n=6, bucket=3)
     buckets.first_call = 0
     buckets.close(100, 100, 1.0)
     buckets.first_call = 3
@@ -345,13 +345,13 @@ def test_a_run_stopped_early_needs_the_call_log_for_its_timeline() -> None:
     run = ProcessReplay(trace, parse_policy("on-demand"), SimulatedDevice(profile))
     run.advance(1000)
     with pytest.raises(RuntimeError, match="call_log=True"):
-        run.result(profile.name)
+        run.result(profile.label)
     logged = ProcessReplay(trace, parse_policy("on-demand"), SimulatedDevice(profile),
                            call_log=True)
     logged.advance(1000)
-    want = logged.call_log.per_bucket(1000, 1)
-    timeline = logged.result(profile.name).timeline
+    want = logged.report.call_log.per_bucket(1000, 1)
+    timeline = logged.result(profile.label).timeline
     assert np.array_equal(timeline.reserved, want[0])
-    assert not run.keeps_call_log and ProcessReplay(
+    assert not run.report.keeps_call_log and ProcessReplay(
         trace, parse_policy("on-demand"), SimulatedDevice(profile), stop_on_oom=True
-    ).keeps_call_log
+    ).report.keeps_call_log

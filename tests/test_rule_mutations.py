@@ -12,13 +12,24 @@ implementation: the copy of native/ is built once with CMake (the CMakeLists.txt
 runs), the mutated file rebuilt, and the module put into the copy's ``allocsim`` package, so
 the listed tests run against the mutated core (its unmutated build must pass them first).
 
+A mutation is keyed by its rule's name: ``function`` names the function that writes the rule
+(a ``def`` in Python, a function definition in C++), and ``find`` must occur exactly once
+inside that function's body, where the mutation is made. Code moved around the rule, or the
+same text elsewhere in the file, does not break it; renaming the rule does, on purpose. Each
+rule of the Python models has its twin in the core: the same function name (less Python's
+leading underscore for a private method) in the twin file (tests/twin_files.py), so a rule the
+core writes as an unnamed expression has nothing to mutate and fails here.
+
 The slow part (a pytest run per mutation) is marked ``slow``; that each mutation still applies
-to today's source (its ``find`` text occurs exactly once) is checked on every run.
+to today's source (its function is found, its ``find`` text occurs there exactly once) is
+checked on every run.
 """
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from twin_files import twin_file, twin_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -56,30 +68,77 @@ def test_the_list_holds_the_mutations_the_issue_names() -> None:
             "native-cuda-async-trim-to-threshold"} <= native
 
 
-# Python mutations without a twin of the same name in the core, and why: the core writes BFC's
-# split rule as its two comparisons, whose twins are native-bfc-split-slack-edge and
-# native-bfc-split-twice-edge; the Python model's one comparison with the smallest chunk that
-# splits has no counterpart there.
-WITHOUT_TWIN = {"bfc-split-test"}
-
-
 def test_every_rule_edge_is_held_in_both_implementations() -> None:
-    """Issue 27.3: each listed mutation must fail a test in each implementation, so each
-    mutation of the Python models has its twin in the native core."""
-    native = {m["name"] for m in MUTATIONS if m["file"].startswith(NATIVE)}
-    python = {m["name"] for m in MUTATIONS if not m["file"].startswith(NATIVE)}
-    missing = {name for name in python - WITHOUT_TWIN if f"native-{name}" not in native}
-    assert not missing, f"no native twin: {sorted(missing)}"
-    assert WITHOUT_TWIN <= python
-    assert {f"native-{name}" for name in python} >= native, "a native mutation without its model"
+    """Issue 27.3 and 38.3: each listed mutation must fail a test in each implementation, so
+    each mutation of the Python models has its twin in the native core, made in the function
+    of the same name in the twin file."""
+    native = {m["name"]: m for m in MUTATIONS if m["file"].startswith(NATIVE)}
+    python = [m for m in MUTATIONS if not m["file"].startswith(NATIVE)]
+    missing = sorted(m["name"] for m in python if f"native-{m['name']}" not in native)
+    assert not missing, f"no native twin: {missing}"
+    assert {f"native-{m['name']}" for m in python} >= native.keys(), (
+        "a native mutation without its model")
+    for model in python:
+        twin = native[f"native-{model['name']}"]
+        assert (twin["file"], twin["function"]) == (
+            twin_file(model["file"]), twin_name(model["function"])), (
+            f"{model['name']}: the rule {model['function']} of {model['file']} has its twin "
+            f"in {twin['file']} as {twin['function']}, not as {twin_name(model['function'])} "
+            f"in {twin_file(model['file'])}")
+
+
+_CPP_DEFINITION = (r"^[ \t]*(?:(?:inline|static|constexpr|virtual)\s+)*[\w:<>]+[\s*&]+"
+                   r"(?:\w+::)?{name}\((?:[^;{{}}()]|\([^()]*\))*\)\s*(?:const\s*)?"
+                   r"(?:noexcept\s*)?\{{")
+
+
+def function_span(path: str, text: str, name: str) -> tuple[int, int]:
+    """Where the one function ``name`` of a source file is (its definition through its
+    body's end, as offsets in ``text``); LookupError when the file defines none, or more than
+    one, so a rule written as an unnamed expression is found nowhere."""
+    if path.endswith(".py"):
+        starts = [0]
+        for line in text.splitlines(keepends=True):
+            starts.append(starts[-1] + len(line))
+        spans = [(starts[node.lineno - 1], starts[node.end_lineno])
+                 for node in ast.walk(ast.parse(text))
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and node.name == name and node.end_lineno is not None]
+    else:
+        spans = []
+        for match in re.finditer(_CPP_DEFINITION.format(name=re.escape(name)), text, re.M):
+            depth, end = 0, match.end() - 1
+            for end in range(match.end() - 1, len(text)):
+                depth += {"{": 1, "}": -1}.get(text[end], 0)
+                if depth == 0:
+                    break
+            spans.append((match.start(), end + 1))
+    if len(spans) != 1:
+        raise LookupError(f"{path} defines {len(spans)} functions named {name} (one is needed)")
+    return spans[0]
+
+
+def mutated(path: str, text: str, mutation: dict[str, Any]) -> str:
+    """``text`` with the mutation made inside its rule's function; AssertionError naming the
+    mutation when its function is not found or ``find`` does not occur there exactly once."""
+    try:
+        start, end = function_span(path, text, mutation["function"])
+    except LookupError as err:
+        raise AssertionError(f"{mutation['name']}: {err}: update tests/rule_mutations.toml "
+                             "or name the rule") from None
+    body = text[start:end]
+    found = body.count(mutation["find"])
+    assert found == 1, (
+        f"{mutation['name']}: {mutation['find']!r} occurs {found} times in "
+        f"{mutation['function']} of {path} (it must occur once): update "
+        "tests/rule_mutations.toml")
+    return text[:start] + body.replace(mutation["find"], mutation["replace"]) + text[end:]
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m["name"] for m in MUTATIONS])
 def test_each_mutation_still_applies_to_the_source(mutation: dict[str, Any]) -> None:
     text = (ROOT / mutation["file"]).read_text()
-    assert text.count(mutation["find"]) == 1, (
-        f"{mutation['name']}: {mutation['find']!r} occurs {text.count(mutation['find'])} "
-        f"times in {mutation['file']} (it must occur once): update tests/rule_mutations.toml")
+    assert mutated(mutation["file"], text, mutation) != text
     assert mutation["replace"] != mutation["find"]
     for test in mutation["tests"]:
         assert (ROOT / test).is_file(), f"{mutation['name']}: no test file {test}"
@@ -182,9 +241,8 @@ def test_each_native_mutation_fails_a_test(mutation: dict[str, Any], pristine_na
     shutil.copytree(pristine_native, copy, ignore=IGNORED)
     path = native_build.source / mutation["file"].removeprefix(NATIVE)
     text = path.read_text()
-    assert text.count(mutation["find"]) == 1
     try:
-        path.write_text(text.replace(mutation["find"], mutation["replace"]))
+        path.write_text(mutated(mutation["file"], text, mutation))
         shutil.copy(native_build.module(), copy / "allocsim")
     finally:
         path.write_text(text)
@@ -205,9 +263,7 @@ def test_each_mutation_fails_a_test(mutation: dict[str, Any], pristine: Path,
     shutil.copytree(pristine, copy, ignore=IGNORED)
     path = copy / PACKAGES_TARGET[mutation["file"].split("/")[0]] / mutation["file"].split(
         "/", 1)[1]
-    text = path.read_text()
-    assert text.count(mutation["find"]) == 1
-    path.write_text(text.replace(mutation["find"], mutation["replace"]))
+    path.write_text(mutated(mutation["file"], path.read_text(), mutation))
     ran = run_tests(copy, mutation["tests"])
     assert ran.returncode == 1, (
         f"{mutation['name']} ({mutation['rule']}) survived {mutation['tests']} "
@@ -216,3 +272,20 @@ def test_each_mutation_fails_a_test(mutation: dict[str, Any], pristine: Path,
 
 # Source folder → where it sits in the copy.
 PACKAGES_TARGET = {source: target for target, source in PACKAGES.items()}
+
+
+def test_a_rule_is_written_only_in_its_model_and_its_twin() -> None:
+    """An importer or a question asks the policy's rule instead of copying it (issue 38.3: the
+    snapshot importer once held a third copy of should_split): no module of traces/ or sim/
+    defines a function named as a rule (the Policy interface's own names aside)."""
+    from allocsim.policies.base import Policy
+    interface = {name for name in vars(Policy) if not name.startswith("__")}
+    rules = {m["function"] for m in MUTATIONS if not m["file"].startswith(NATIVE)} - interface
+    copies = []
+    for folder in ("traces", "sim"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                        node.name in rules):
+                    copies.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert not copies, f"a rule written again outside policies/: {copies}"

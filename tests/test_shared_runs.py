@@ -165,7 +165,7 @@ def test_probes_near_a_late_peak_resume_from_saved_states(policy: str) -> None:
 
 
 def _windows_alike(policy: str, capacity_bytes: int, trace: Trace) -> None:
-    profile = DEVICE.with_capacity(capacity_bytes)
+    profile = DEVICE.device_with(capacity_bytes)
     python = ProcessReplay(trace, parse_policy(policy), SimulatedDevice(profile),
                            call_log=False)
     native = open_native_run(trace, parse_policy(policy), profile, stop_on_oom=False,
@@ -202,7 +202,7 @@ def test_a_limit_decision_narrows_the_window_where_it_is_made() -> None:
     run = ProcessReplay(trace, policy, SimulatedDevice(DEVICE), call_log=False)
     run.advance(run.n)
     lo, hi = run.policy.limit_window.as_tuple()         # type: ignore[attr-defined]
-    assert run.ooms and lo <= 40 * MiB <= hi and hi < 1 << 40
+    assert run.report.ooms and lo <= 40 * MiB <= hi and hi < 1 << 40
 
 
 # ====================================================================== tune's shared runs
@@ -213,7 +213,7 @@ def test_tune_with_shared_runs_is_tune_with_a_replay_per_setting(
     """Every setting's result, the answer and the search's counts are those of replays from
     event 0, on a card a little over the trace's peak live bytes (where fractions matter)."""
     trace, _ = traces()[trace_name]
-    device = DEVICE.with_capacity(int(trace.peak_live()[0] * 1.15))
+    device = DEVICE.device_with(int(trace.peak_live()[0] * 1.15))
     shared = tune(trace, framework_name, device, max_slowdown=None)
     plain = tune(trace, framework_name, device, max_slowdown=None,
                  evaluate=local_evaluator(trace, share=False))
@@ -225,7 +225,7 @@ def test_tunes_fractions_on_one_card_resume_from_each_other() -> None:
     """PyTorch's fractions on one card differ only in the limit: where the trace's peak comes
     last, the fraction stage's replays resume from each other's saved states."""
     trace, _ = traces()["late-peak"]
-    device = DEVICE.with_capacity(int(trace.peak_live()[0] * 1.15))
+    device = DEVICE.device_with(int(trace.peak_live()[0] * 1.15))
     made: list[SharedRuns] = []
     init = SharedRuns.__init__
 

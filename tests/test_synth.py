@@ -296,6 +296,6 @@ def test_random_valid_for_any_parameters(seed, live, frac, dist, events):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_million_events_can_be_generated(kind):
-    # Speed is measured by experiments/bench_replay.py, not asserted here.
+    # Speed is measured by benchmarks/replay.py, not asserted here.
     trace = generate(kind, events=1_000_000)
     assert len(trace) > 800_000

@@ -304,7 +304,7 @@ def big_trace(n: int, seed: int = 0) -> Trace:
 
 
 def test_validates_a_million_events():
-    # Speed is measured by experiments/bench_formats.py, not asserted here.
+    # Speed is measured by benchmarks/formats.py, not asserted here.
     trace = big_trace(1_000_000)
     validate(trace)
     _, report = validate(trace, strict=False)

@@ -64,3 +64,17 @@ def test_a_step_larger_than_hbm_is_one_line() -> None:
     huge = jax.ShapeDtypeStruct((40000, 40000), jnp.float32)   # 6.4 GB each, 3 live
     with pytest.raises(UserInputError, match=r"does not compile for tpu-v5e.*memory"):
         compile_for(step, [huge, huge])
+
+
+def test_a_slice_of_four_chips_compiles_and_each_device_holds_the_replicated_step() -> None:
+    # v5e:2x2 takes libtpu's own host bounds (one chip's (1,1,1) would not hold it); the
+    # arguments are replicated, so each of the four devices holds what one chip holds.
+    from allocsim.traces.record.xla_tpu import compile_for
+    step, args = _matmul_step()
+    one = compile_for(step, args)
+    four = compile_for(step, args, topology="v5e:2x2")
+    facts = four.metadata["xla_tpu"]
+    assert (facts["topology"], facts["devices"]) == ("v5e:2x2", 4)
+    for key in ("argument", "output", "alias", "temp"):
+        assert facts["memory_analysis"][key] == one.metadata["xla_tpu"]["memory_analysis"][key]
+    assert len(four) == len(one)

@@ -65,10 +65,10 @@ from typing import Any
 
 import numpy as np
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10
+    import tomli as tomllib
 
 from allocsim.atomic_files import write_text
 from allocsim.policies import format_size
@@ -154,7 +154,10 @@ def grid_failures(trace: Trace, policy: str, device: DeviceProfile,
         return []
     step = max(answer.resolution,
                -(-int(answer.lower_bound * GRID) // answer.resolution) * answer.resolution)
-    oracle = CompletionOracle(trace, normalize_spec(policy), device)
+    spec = normalize_spec(policy)
+    if isinstance(spec, str):       # the offline plan: its answer is exact, nothing to scan
+        return []
+    oracle = CompletionOracle(trace, spec, device)
     return [capacity for k in range(1, GRID_POINTS + 1)
             if not oracle.completes(capacity := answer.min_capacity + k * step)]
 
@@ -190,7 +193,7 @@ def measure(definition: dict[str, Any], say: Any) -> dict[str, Any]:
             device = replace(resolve_device(device_name, None), context_bytes=0)
             step = resolution("auto", trace)
             say(f"[population] {family['label']}: {member}")
-            row: dict[str, Any] = {"member": member, "device": device.name,
+            row: dict[str, Any] = {"member": member, "device": device.label,
                                    "peak_live": int(trace.peak_live()[0]),
                                    "resolution": step, "events": len(trace),
                                    "fingerprint": fingerprint(trace),

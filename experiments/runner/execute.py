@@ -14,10 +14,10 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10
+    import tomli as tomllib
 
 from allocsim.errors import UserInputError
 from allocsim.policies import parse_size
@@ -170,7 +170,7 @@ def run_scenario(scenario: dict[str, Any], definition: dict[str, Any],
                              scenario.get("capacity"))
     specs = [parse_share_spec(text) for text in scenario["processes"]]
     processes, peak = _shared(traces, specs, profile)
-    out: dict[str, Any] = {"label": scenario["label"], "device": profile.name,
+    out: dict[str, Any] = {"label": scenario["label"], "device": profile.label,
                            "capacity": profile.capacity, "processes": processes,
                            "device_peak": peak}
     if scenario.get("both_orders"):
@@ -223,7 +223,7 @@ def execute(folder: Path, say: Callable[..., None] | None = None) -> dict[str, A
         say(f"[{name}] share {scenario['label']}")
         scenarios.append(run_scenario(scenario, definition, traces))
     results: dict[str, Any] = {
-        "experiment": name, "title": definition.get("title", name), "device": device.name,
+        "experiment": name, "title": definition.get("title", name), "device": device.label,
         "skipped": skipped, "comparisons": comparisons, "capacities": capacities,
         "scenarios": scenarios}
     if uses_method_keys(definition):

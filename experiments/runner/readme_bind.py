@@ -153,6 +153,11 @@ def _mentions(clause: str, names: list[str]) -> list[tuple[int, int, str]]:
                                         for o in found)]
 
 
+def _named(spec: str) -> Family:
+    """The family of one spec named as itself (ticked): that spec only."""
+    return lambda policy: policy == spec
+
+
 def _nearest(mentions: list[tuple[int, int, str]], start: int, end: int) -> list[str]:
     """The mentions nearest the number group at ``start:end`` in its clause, before or after
     it ("PyTorch's allocator 54.00 MiB", "27.02 MiB under plain BFC"); every mention at that
@@ -201,8 +206,7 @@ def subjects(clause: str, specs: set[str], labels: list[str],
     for k, group in enumerate(groups):
         families: list[Family] = []
         for name in _nearest(policy_mentions, group.start(), group.end()):
-            families.append(POLICY_NAMES[name] if name in POLICY_NAMES
-                            else (lambda s, t=name: s == t))
+            families.append(POLICY_NAMES[name] if name in POLICY_NAMES else _named(name))
         out.append((quantities(group.group(0)), Subject(families, traces, words_of.get(k, []))))
     return out
 

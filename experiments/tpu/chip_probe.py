@@ -149,7 +149,8 @@ def probe_env(out: Path) -> None:
     info["platform"] = device.platform
     info["devices"] = [str(d) for d in jax.devices()]
     try:
-        info["platform_version"] = jax.extend.backend.get_backend().platform_version
+        from jax.extend import backend as jax_backend
+        info["platform_version"] = jax_backend.get_backend().platform_version
     except Exception as err:
         info["platform_version"] = f"unavailable: {err}"
     info["stats_before_any_array"] = _stats(device)
@@ -303,7 +304,8 @@ def probe_too_large(out: Path) -> None:
         record["error_type"] = type(err).__name__
         record["error"] = str(err)[:4000]
     (out / "too-large.json").write_text(json.dumps(record, indent=1))
-    print(f"too-large: {record.get('error', record.get('memory_analysis'))[:300]}", flush=True)
+    said = str(record.get("error", record.get("memory_analysis")))
+    print(f"too-large: {said[:300]}", flush=True)
 
 
 def probe_compaction(out: Path, keep_one_in: int, block: int) -> None:
@@ -374,7 +376,7 @@ def probe_training(out: Path) -> None:
         gc.collect()
 
 
-EXEC_CONFIGS = {
+EXEC_CONFIGS: dict[str, dict[str, Any]] = {
     "exec-matmul": {"kind": "matmul", "n": 4096},
     "exec-gpt-small-donate": {"kind": "gpt", "dims": [512, 4, 8, 2048], "vocab": 8192,
                               "batch": 8, "length": 256, "remat": False, "donate": True},
@@ -512,6 +514,10 @@ def main() -> None:
     def wanted(name: str) -> bool:
         return not only or name in only
 
+    def compactions() -> None:
+        for keep_one_in in (2, 4, 8):
+            probe_compaction(args.out, keep_one_in, 64 * MiB)
+
     steps = [
         ("env", lambda: probe_env(args.out)),
         ("sizes", lambda: probe_sizes(args.out)),
@@ -520,7 +526,7 @@ def main() -> None:
                                               low=256, high=256 * 1024, cap=64 * MiB)),
         ("random-large", lambda: probe_random(args.out, "random-large", seed=2, events=1500,
                                               low=64 * 1024, high=256 * MiB, cap=6 << 30)),
-        ("compaction", lambda: [probe_compaction(args.out, k, 64 * MiB) for k in (2, 4, 8)]),
+        ("compaction", compactions),
         ("train", lambda: probe_training(args.out)),
         ("midrun", lambda: probe_midrun(args.out)),
         ("too-large", lambda: probe_too_large(args.out)),

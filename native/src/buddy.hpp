@@ -39,9 +39,15 @@ class BuddyPolicy {
   // may differ; the bridge resumes only where nothing else does).
   void resume_on(Device& device, const BuddyConfig& config) { device_ = &device; c_ = config; }
 
-  int64_t malloc(int64_t size, int64_t /*stream*/, int64_t* handle) {
+  // order_of: k such that min_block << k is the block for a request of size bytes (the
+  // smallest power of two >= size).
+  int order_of(int64_t size) const {
     int bits = size - 1 > 0 ? 64 - __builtin_clzll(static_cast<uint64_t>(size - 1)) : 0;
-    int order = std::max(0, bits - min_bits_);
+    return std::max(0, bits - min_bits_);
+  }
+
+  int64_t malloc(int64_t size, int64_t /*stream*/, int64_t* handle) {
+    int order = order_of(size);
     uint64_t above = order < 64 ? nonempty_ >> order : 0;
     int j;
     if (above) {

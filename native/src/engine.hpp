@@ -1,11 +1,12 @@
 // The engine's per-event loop for one process: sim/kernel/engine.py's ProcessReplay._run and
-// BucketSummary, over a policy of this core.
+// what its observer keeps (sim/kernel/run_report.py's RunReport and BucketSummary), over a
+// policy of this core.
 //
 // Per event: at most one policy call, the live-buffer map, the running allocated bytes and
 // their peak, one comparison of the device's call counter (a call raises the bucket's most
 // reserved bytes and maybe the run's peak); a sample of the policy's bytes in use every
 // `sample_every` events; a bucket of the timeline closed every `bucket` events. OOMs are noted
-// as ProcessReplay.note_out_of_memory notes them. The events are read a window at a time from
+// as RunReport.on_out_of_memory notes them. The events are read a window at a time from
 // the trace's columns as held (columns.hpp). Nothing is allocated per event but the live map's
 // growth, the policy's records and the typed vectors of samples, buckets and skipped events.
 #pragma once

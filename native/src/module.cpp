@@ -22,7 +22,7 @@
 #include "chunk_policy.hpp"
 #include "columns.hpp"
 #include "cuda_async.hpp"
-#include "cupy.hpp"
+#include "cupy_pool.hpp"
 #include "device.hpp"
 #include "engine.hpp"
 #include "limit_window.hpp"
@@ -92,8 +92,6 @@ ChunkConfig chunk_config(const nb::dict& d) {
   if (growth == "bfc") c.growth = ChunkConfig::kBfc;
   else if (growth == "best-fit") c.growth = ChunkConfig::kBestFit;
   else throw std::invalid_argument("unknown chunk growth " + growth);
-  c.bin_of_bits = get<std::vector<int>>(d, "bin_of_bits");
-  if (c.bin_of_bits.size() < 65) throw std::invalid_argument("bin table too short");
   c.alignment = get<int64_t>(d, "alignment");
   c.max_slack = get<int64_t>(d, "max_slack");
   if (c.growth == ChunkConfig::kBfc) {
@@ -158,6 +156,23 @@ void add_policy_state(nb::dict& state, const TpuPolicy& policy) {
 TpuConfig tpu_config(const nb::dict& d) {
   return TpuConfig{get<int64_t>(d, "granule"), get<int64_t>(d, "runtime_bytes"),
                    get<double>(d, "compaction_base_s"), get<double>(d, "compaction_per_gb_s")};
+}
+
+BuddyConfig buddy_config(const nb::dict& d) {
+  return BuddyConfig{get<int64_t>(d, "min_block"), get<int64_t>(d, "arena"),
+                     get<bool>(d, "release")};
+}
+
+OnDemandConfig on_demand_config(const nb::dict& /*d*/) { return OnDemandConfig{}; }
+
+CuPyConfig cupy_config(const nb::dict& d) {
+  return CuPyConfig{get<int64_t>(d, "unit"), get<int64_t>(d, "limit")};
+}
+
+CudaAsyncConfig cuda_async_config(const nb::dict& d) {
+  return CudaAsyncConfig{get<int64_t>(d, "threshold"), get<int64_t>(d, "chunk"),
+                         get<int64_t>(d, "alignment"), get<bool>(d, "sync_on_free"),
+                         get<bool>(d, "preallocate")};
 }
 
 }  // namespace
@@ -299,12 +314,29 @@ class PolicyReplay final : public Replay {
   Engine<Policy> engine_;
 };
 
-template <class Policy, class Config>
+// One family's Replay: its policy class, its config read from the policy's dict by `read`.
+template <class Policy, auto read>
 std::unique_ptr<Replay> replay_of(nb::tuple columns, const EngineConfig& engine,
-                                  const nb::dict& device, Config config) {
-  return std::make_unique<PolicyReplay<Policy, Config>>(columns, engine, make_device(device),
-                                                std::move(config));
+                                  const nb::dict& device, const nb::dict& policy) {
+  auto config = read(policy);
+  return std::make_unique<PolicyReplay<Policy, decltype(config)>>(
+      columns, engine, make_device(device), std::move(config));
 }
+
+using ReplayFactory = std::unique_ptr<Replay> (*)(nb::tuple, const EngineConfig&,
+                                                  const nb::dict&, const nb::dict&);
+
+// The families of the core, by the name a policy's NativeTwin declares (policies/base.py): a
+// new native policy is one line here, its header and its config reader above.
+constexpr std::pair<const char*, ReplayFactory> kFamilies[] = {
+    {"chunk", &replay_of<ChunkPolicy, chunk_config>},
+    {"pytorch", &replay_of<PyTorchPolicy, pytorch_config>},
+    {"on-demand", &replay_of<OnDemandPolicy, on_demand_config>},
+    {"buddy", &replay_of<BuddyPolicy, buddy_config>},
+    {"cupy", &replay_of<CuPyPolicy, cupy_config>},
+    {"cuda-async", &replay_of<CudaAsyncPolicy, cuda_async_config>},
+    {"tpu", &replay_of<TpuPolicy, tpu_config>},
+};
 
 static std::unique_ptr<Replay> make_replay(nb::tuple columns, int64_t n, int64_t bucket,
                                            int64_t sample_every, bool stop_on_oom,
@@ -317,37 +349,17 @@ static std::unique_ptr<Replay> make_replay(nb::tuple columns, int64_t n, int64_t
   }
   EngineConfig engine{n, bucket, sample_every, stop_on_oom, record_addresses};
   std::string family = get<std::string>(policy, "family");
-  if (family == "chunk") return replay_of<ChunkPolicy>(columns, engine, device, chunk_config(policy));
-  if (family == "buddy") {
-    return replay_of<BuddyPolicy>(columns, engine, device,
-                                  BuddyConfig{get<int64_t>(policy, "min_block"),
-                                              get<int64_t>(policy, "arena"),
-                                              get<bool>(policy, "release")});
+  for (const auto& [name, factory] : kFamilies) {
+    if (family == name) return factory(columns, engine, device, policy);
   }
-  if (family == "on-demand") {
-    return replay_of<OnDemandPolicy>(columns, engine, device, OnDemandConfig{});
-  }
-  if (family == "pytorch") return replay_of<PyTorchPolicy>(columns, engine, device, pytorch_config(policy));
-  if (family == "cupy") {
-    return replay_of<CuPyPolicy>(columns, engine, device,
-                                 CuPyConfig{get<int64_t>(policy, "unit"),
-                                            get<int64_t>(policy, "limit")});
-  }
-  if (family == "cuda-async") {
-    return replay_of<CudaAsyncPolicy>(
-        columns, engine, device,
-        CudaAsyncConfig{get<int64_t>(policy, "threshold"), get<int64_t>(policy, "chunk"),
-                        get<int64_t>(policy, "alignment"), get<bool>(policy, "sync_on_free"),
-                        get<bool>(policy, "preallocate")});
-  }
-  if (family == "tpu") return replay_of<TpuPolicy>(columns, engine, device, tpu_config(policy));
   throw std::invalid_argument("no native policy family " + family);
 }
 
 NB_MODULE(_native, m) {
   m.doc() = "allocsim's native core: the engine's loop, the device and the policies in C++";
-  m.attr("FAMILIES") = nb::make_tuple("chunk", "pytorch", "on-demand", "buddy", "cupy",
-                                      "cuda-async", "tpu");
+  nb::list families;
+  for (const auto& entry : kFamilies) families.append(entry.first);
+  m.attr("FAMILIES") = nb::tuple(families);
   nb::class_<Snapshot>(m, "Snapshot")
       .def_ro("next_index", &Snapshot::next_index)
       .def_ro("ooms", &Snapshot::ooms)

@@ -1,4 +1,4 @@
-// The benchmark's floor (experiments/bench_native.py): a plain C++ best fit over the same
+// The benchmark's floor (benchmarks/native.py): a plain C++ best fit over the same
 // events, written the obvious way with the standard library — free blocks in a std::set by
 // (size, address) and a std::map by address for coalescing, live buffers in an
 // std::unordered_map, an unbounded heap grown at its top. No device, no timeline, no stats:

@@ -62,21 +62,7 @@ class PyTorchPolicy {
     int64_t pool_key = static_cast<int64_t>(static_cast<uint64_t>(stream) << 1) | (small ? 1 : 0);
     SortedBins& keys = pool(pool_key);
     if (c_.gc_on) ++gc_calls_[small ? 1 : 0];
-    // get_free_block: the smallest block of this stream and pool that fits, or none; no
-    // search beyond it, and it is refused when max_split_size says so.
-    int32_t at = -1;
-    Key found;
-    if (keys.lower_bound(rounded, false, &found)) {
-      if (c_.expandable) found = expandable_best_fit(keys, found);
-      int64_t block_size = found.size;
-      bool take = rounded < c_.max_split_size
-                      ? block_size < c_.max_split_size
-                      : block_size < rounded + c_.max_non_split_rounding;
-      if (take) {
-        at = found.chunk;
-        keys.remove(found.size, found.tie);
-      }
-    }
+    int32_t at = get_free_block(keys, rounded);
     if (at < 0) {
       at = malloc_miss(rounded, small, stream, pool_key);
       if (at < 0) return -1;
@@ -84,8 +70,7 @@ class PyTorchPolicy {
     int64_t block_size = blocks_[at].size;
     int64_t remaining = block_size - rounded;
     // should_split, then alloc_found_block: the caller keeps the low end.
-    if (small || c_.expandable ? remaining >= c_.min_block_size
-                               : rounded < c_.max_split_size && remaining > c_.small_size) {
+    if (should_split(remaining, rounded, small || c_.expandable)) {
       int32_t rest = new_block(blocks_[at].address + rounded, remaining, pool_key);
       Block& block = blocks_[at];
       Block& piece = blocks_[rest];
@@ -216,7 +201,35 @@ class PyTorchPolicy {
     return floor == size ? size : floor + step;
   }
 
-  int64_t allocation_size(int64_t rounded) const {  // get_allocation_size
+  // _get_free_block: the smallest block of this stream and pool that fits (moved on by the
+  // expandable walk), or -1 when there is none or max_split_size rejects it (no search
+  // beyond it). The block found leaves the free list.
+  int32_t get_free_block(SortedBins& keys, int64_t rounded) {
+    Key found;
+    if (!keys.lower_bound(rounded, false, &found)) return -1;
+    if (c_.expandable) found = best_fit(keys, found);
+    int64_t block_size = found.size;
+    if (rounded < c_.max_split_size) {
+      if (block_size >= c_.max_split_size) return -1;
+    } else if (block_size >= rounded + c_.max_non_split_rounding) {
+      return -1;
+    }
+    keys.remove(found.size, found.tie);
+    return found.chunk;
+  }
+
+  // should_split (pytorch/settings.py): a block of rounded + remaining bytes
+  // serving rounded splits off its rest when, in the small pool or with expandable segments,
+  // remaining >= kMinBlockSize; in the large pool when rounded < max_split_size and
+  // remaining > kSmallSize.
+  bool should_split(int64_t remaining, int64_t rounded, bool small_or_expandable) const {
+    if (small_or_expandable) return remaining >= c_.min_block_size;
+    return rounded < c_.max_split_size && remaining > c_.small_size;
+  }
+
+  // get_allocation_size (pytorch/settings.py): the segment size for a
+  // rounded request that missed the cache.
+  int64_t get_allocation_size(int64_t rounded) const {
     if (rounded <= c_.small_size) return c_.small_buffer;
     if (rounded < c_.min_large_alloc) return c_.large_buffer;
     return (rounded + c_.round_large - 1) / c_.round_large * c_.round_large;
@@ -227,7 +240,7 @@ class PyTorchPolicy {
   // release_cached_blocks and alloc_block again; else an OOM. The block found is in no free
   // list.
   int32_t malloc_miss(int64_t rounded, bool small, int64_t stream, int64_t pool_key) {
-    int64_t alloc_size = allocation_size(rounded);
+    int64_t alloc_size = get_allocation_size(rounded);
     if (c_.gc_on) garbage_collect_cached_blocks();
     int32_t found = alloc_block(alloc_size, rounded, small, stream, pool_key);
     if (found < 0 && release_available_cached_blocks(rounded, pool_key)) {
@@ -410,9 +423,10 @@ class PyTorchPolicy {
     return blocks_[at].size;
   }
 
-  // get_free_block's walk: from the first fitting block, move on to the next bigger block
-  // while its expandable size is smaller (a tie stays).
-  Key expandable_best_fit(const SortedBins& keys, Key it) const {
+  // ExpandableSegments.best_fit, get_free_block's walk with expandable segments: from the
+  // first fitting block, move on to the next bigger block while its expandable size is
+  // smaller (a tie stays).
+  Key best_fit(const SortedBins& keys, Key it) const {
     int32_t after = blocks_[it.chunk].next;
     if (after < 0 || blocks_[after].req != kUnmapped) return it;
     int64_t current = expandable_size(it.chunk);

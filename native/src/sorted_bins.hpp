@@ -1,8 +1,9 @@
-// Free chunks ordered by (size, tie): policies/chunks.py's FreeIndex in cuda_async.hpp (tie =
-// the address; chunk_policy.hpp keeps its own, in chunks.BIN's 21 ascending bins, which
-// measured faster for BFC on the training trace), PyTorch's pools (tie = the address;
-// pytorch.hpp), cupy_pool.py's _Arena (tie = the chunk's creation id; cupy.hpp) and tpu.py's
-// best-fit index (tie = minus the offset; tpu.hpp): the same structure over different keys.
+// The core's one binned index: free chunks ordered by (size, tie), the structure of
+// policies/chunks.py's FreeIndex over different keys: BFC's, preallocate's and best-fit's free
+// chunks (tie = the address; chunk_policy.hpp), the stream-ordered pool's (tie = the address;
+// cuda_async.hpp), PyTorch's pools (tie = the address; pytorch.hpp), cupy_pool.py's arenas
+// (tie = the chunk's creation id; cupy_pool.hpp) and tpu.py's best-fit index (tie = minus the
+// offset; tpu.hpp).
 //
 // The order of the keys is the rule; the bins are a layout of the core's own (the Python
 // modules bin differently, or not at all, for the same order): four size classes per power of

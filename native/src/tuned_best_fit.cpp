@@ -1,4 +1,4 @@
-// The benchmark's tuned floor (experiments/bench_native.py): allocsim's best-fit policy
+// The benchmark's tuned floor (benchmarks/native.py): allocsim's best-fit policy
 // (policies/best_fit.py: 256-byte rounding, always split, the smallest free block that fits
 // and the lowest address on ties, merge with both neighbours at once, a heap mapped in whole
 // pages at its top) written for speed alone, with none of the engine's bookkeeping — no

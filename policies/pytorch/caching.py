@@ -112,13 +112,23 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
-from allocsim.policies.base import DeviceMemory, Param, Policy, PolicyStats, params_of
+from allocsim.policies.base import (
+    DeviceMemory,
+    NativeTwin,
+    Param,
+    Policy,
+    PolicyStats,
+    params_of,
+)
 from allocsim.policies.pytorch.blocks import MASK, SHIFT, BlockPools
 from allocsim.policies.pytorch.expandable import ExpandableSegments, check_no_unmapped
 from allocsim.policies.pytorch.oom import ReleasePath
 from allocsim.policies.pytorch.records import Block
 from allocsim.policies.pytorch.settings import (
     K_LARGE_BUFFER,
+    K_MIN_BLOCK_SIZE,
+    K_MIN_LARGE_ALLOC,
+    K_ROUND_LARGE,
     K_SMALL_BUFFER,
     K_SMALL_SIZE,
     NO_LIMIT,
@@ -152,6 +162,8 @@ class PyTorchCachingAllocator(Policy):
 
     name = "pytorch"
     capacity_use = "limit; unless per_process_memory_fraction, expandable_segments"
+    native = NativeTwin("pytorch", "pytorch.hpp",
+                        "every setting (expandable_segments included)")
     description = ("PyTorch CUDA caching allocator: small/large pools per stream, best fit, "
                    "splits, 2/20 MiB segments, OOM retries; expandable segments optional")
 
@@ -299,6 +311,26 @@ class PyTorchCachingAllocator(Policy):
 
     def blocks(self) -> Iterator[tuple[int, int, bool]]:
         return self.snapshots.blocks()
+
+    def native_numbers(self) -> dict[str, Any] | None:
+        """PyTorchConfig (native/src/pytorch.hpp): PyTorch's constants and every setting,
+        with the virtual ranges' sizes under expandable segments."""
+        segments = self.expandable_segments
+        ranges = ({"range_small": segments.range_size(K_SMALL_BUFFER),
+                   "range_large": segments.range_size(K_LARGE_BUFFER)}
+                  if segments is not None else {})
+        return {"min_block_size": K_MIN_BLOCK_SIZE, "small_size": K_SMALL_SIZE,
+                "small_buffer": K_SMALL_BUFFER, "large_buffer": K_LARGE_BUFFER,
+                "min_large_alloc": K_MIN_LARGE_ALLOC, "round_large": K_ROUND_LARGE,
+                "set_fraction": bool(self.set_fraction),
+                "allowed_memory_maximum": self.allowed_memory_maximum,
+                "divisions": (list(self.divisions) if any(d > 1 for d in self.divisions)
+                              else []),
+                "max_split_size": self.max_split_size, "no_limit": NO_LIMIT,
+                "max_non_split_rounding": self.max_non_split_rounding,
+                "gc_on": bool(self.set_fraction and self.gc_threshold > 0.0),
+                "gc_threshold": float(self.gc_threshold), "expandable": bool(self.expandable),
+                **ranges}
 
     def stats(self) -> PolicyStats:
         largest = 0

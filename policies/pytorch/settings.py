@@ -50,6 +50,8 @@ PINNED_MAX_REGISTER_THREADS = 128    # CUDAAllocatorConfig::pinned_max_register_
 # segment's virtual range can grow.
 _UNMODELLED_KEYS = ("throw_on_cudamalloc_oom", "expandable_segments_reserve",
                     "expandable_segments_reserve_by_class")
+ASYNC_BACKEND_REFUSED = ("PYTORCH_CUDA_ALLOC_CONF: backend:cudaMallocAsync is a different "
+                         "allocator, not modelled by 'pytorch'")
 _MODELLED_KEYS = ("max_split_size_mb", "max_non_split_rounding_mb", "garbage_collection_threshold",
                   "roundup_power2_divisions", "expandable_segments", "per_process_memory_fraction")
 
@@ -161,7 +163,7 @@ def parse_roundup_power2_divisions(text: str | int) -> list[int]:
     return table
 
 
-def parse_alloc_conf(text: str) -> dict[str, str]:
+def parse_alloc_conf(text: str, *, any_backend: bool = False) -> dict[str, str]:
     """A PYTORCH_CUDA_ALLOC_CONF string as-is → this policy's parameters as registry strings.
 
     ``"max_split_size_mb:128,expandable_segments:True,roundup_power2_divisions:[256:1,>:4]"`` →
@@ -170,7 +172,8 @@ def parse_alloc_conf(text: str) -> dict[str, str]:
     a registry spec). Validation is PyTorch's: unknown keys, ``true`` instead of ``True``, a
     max_split_size_mb below 20 … raise ValueError with one line. Keys that do not affect device
     memory (pinned-memory and locking options, ``backend:native``) are accepted and dropped;
-    ``backend:cudaMallocAsync`` is a different allocator and is refused.
+    ``backend:cudaMallocAsync`` is a different allocator: refused, unless ``any_backend``
+    (then it is ``result["backend"]``, for the settings value that stands for either).
     """
     text = text.strip()
     for prefix in ("PYTORCH_CUDA_ALLOC_CONF=", "PYTORCH_ALLOC_CONF=", "PYTORCH_HIP_ALLOC_CONF="):
@@ -198,10 +201,11 @@ def parse_alloc_conf(text: str) -> dict[str, str]:
             if registry_value is not None:
                 result[key] = registry_value
         elif key == "backend":
-            if value == "cudaMallocAsync":
-                raise ValueError("PYTORCH_CUDA_ALLOC_CONF: backend:cudaMallocAsync is a different "
-                                 "allocator, not modelled by 'pytorch'")
-            if value != "native":
+            if value == "cudaMallocAsync" and any_backend:
+                result[key] = value
+            elif value == "cudaMallocAsync":
+                raise ValueError(ASYNC_BACKEND_REFUSED)
+            elif value != "native":
                 raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF: unknown allocator backend {value!r}; "
                                  "options are native and cudaMallocAsync")
         elif key in _IGNORED_KEYS:

@@ -52,7 +52,7 @@ def run_baseline(args: argparse.Namespace) -> int:
     document = make_baseline(traces, args.policies or DEFAULT_POLICIES, device, args.output)
     write_json(document, args.output, kind="baseline")
     print_written([args.output], f"{len(document['cells'])} cells ({len(args.traces)} traces × "
-                                 f"{len(document['policies'])} policies) on {device.name}")
+                                 f"{len(document['policies'])} policies) on {device.label}")
     return 0
 
 

@@ -58,7 +58,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.output:
         costs = profile.costs
         print_written([args.output],
-                      f"{printable(profile.name)}, {format_size(profile.capacity)}, "
+                      f"{printable(profile.label)}, {format_size(profile.capacity)}, "
                       f"granularity {format_size(profile.granularity)}; cudaMalloc "
                       f"{costs.malloc_base_s * 1e6:.1f} µs + "
                       f"{costs.malloc_per_gib_s * 1e6:.1f} µs/GiB, cudaFree "

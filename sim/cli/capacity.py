@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                 log.update(f"searching {policy} (policy {len(seen)}/{len(policies)})")
         answers = min_capacities(trace, policies, device, resolution=resolution,
                                  progress=show)
-    data = {"kind": MIN_CAPACITY_KIND, "trace": trace_facts(trace), "device": device.name,
+    data = {"kind": MIN_CAPACITY_KIND, "trace": trace_facts(trace), "device": device.label,
             "context_bytes": answers[0].context_bytes if answers else 0,
             "resolution": resolution,
             "answers": [a.to_json_dict() for a in answers]}
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(capacity_text(trace_facts(trace), device, resolution, answers))
     if step is not None:
-        print(f"\non {device.name}, " + "\n".join(step.lines()))
+        print(f"\non {device.label}, " + "\n".join(step.lines()))
     if written is not None:
         print_written([written])
     return 0

@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
@@ -25,8 +24,8 @@ from allocsim.frameworks import canonical_framework
 from allocsim.policies import format_size, parse_size
 from allocsim.policies.units import parse_size_floor
 from allocsim.printable import printable
-from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, DeviceProfile, resolve_device
-from allocsim.sim.kernel.device_profile import check_capacity, check_context
+from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, DeviceProfile
+from allocsim.sim.kernel.device_profile import check_capacity, check_context, named_profile
 from allocsim.traces import Trace, formats
 from allocsim.traces.bundled import resolve_trace_name
 
@@ -163,8 +162,9 @@ def add_device_options(parser: argparse.ArgumentParser, *, capacity: bool = True
 
 
 def capacity_option(text: str, option: str = "--capacity") -> int:
-    """Bytes in a ``--capacity`` value, rounded down to a whole byte (with a note on stderr); a
-    malformed, zero or negative size is refused in one line that names the option."""
+    """Bytes in a ``--capacity`` value, parsed and checked here, once: rounded down to a whole
+    byte (with a note on stderr); a malformed size, or one out of :func:`check_capacity`'s
+    range (zero, negative, past any device), is refused in one line that names the option."""
     try:
         nbytes, exact = parse_size_floor(text)
     except UserInputError as err:
@@ -173,8 +173,6 @@ def capacity_option(text: str, option: str = "--capacity") -> int:
         # allocsim prints sizes such as 2.64GiB; typed back they are a fraction of a byte off.
         print(f"allocsim: note: {option} {text} is not a whole number of bytes; using "
               f"{nbytes:,} bytes (rounded down)", file=sys.stderr)
-    if nbytes <= 0:
-        raise UserError(f"{option}: capacity must be positive, e.g. 24GiB; got {text!r}")
     try:
         return check_capacity(nbytes, option)
     except UserInputError as err:
@@ -182,14 +180,20 @@ def capacity_option(text: str, option: str = "--capacity") -> int:
 
 
 def device_from_args(args: argparse.Namespace) -> DeviceProfile:
-    """The device the options of :func:`add_device_options` name."""
+    """The device the options of :func:`add_device_options` name: the named profile with
+    ``--capacity`` and ``--context`` applied by :meth:`DeviceProfile.device_with` (its rule: a
+    capacity is the allocators' memory, no context unless ``--context`` gives one)."""
     capacity = getattr(args, "capacity", None)
     nbytes = None if capacity is None else capacity_option(capacity)
-    profile = resolve_device(args.device, nbytes, args.device_profile)
     context = getattr(args, "context", None)
-    if context is not None:
-        return with_context(profile, context_option(context))
-    return profile
+    share = None if context is None else context_option(context)
+    device = named_profile(args.device, args.device_profile).device_with(nbytes, share)
+    if share is not None:
+        try:
+            check_context(share, device.capacity)   # of the capacity it is a share of
+        except UserInputError as err:
+            raise UserError(str(err)) from None
+    return device
 
 
 def compiled_target(trace: Trace) -> tuple[str, int] | None:
@@ -214,8 +218,8 @@ def device_for_traces(args: argparse.Namespace, traces: list[Trace]) -> DevicePr
             args = argparse.Namespace(**{**vars(args), "device": name})
     device = device_from_args(args)
     for name, memory in sorted(targets):
-        base = device.name.split("@")[0]
-        profile_memory = PROFILES[base].capacity if base in PROFILES else device.capacity
+        base = device.name
+        profile_memory = PROFILES[base].capacity if base in PROFILES else device.profile_capacity
         if memory and memory != profile_memory:
             raise UserError(f"--device {base}: the trace was compiled for {name} "
                             f"({format_size(memory)}), not this device "
@@ -233,14 +237,6 @@ def context_option(text: str, option: str = "--context") -> int:
     if nbytes < 0:
         raise UserError(f"{option}: must be a size >= 0, e.g. 512MiB or 0; got {text!r}")
     return nbytes
-
-
-def with_context(profile: DeviceProfile, nbytes: int) -> DeviceProfile:
-    """``profile`` with the device's own share set to ``nbytes`` (at most its capacity)."""
-    try:
-        return replace(profile, context_bytes=check_context(nbytes, profile.capacity))
-    except UserInputError as err:
-        raise UserError(str(err)) from None
 
 
 def tolerance_option(text: str, option: str = "--tolerance") -> float:

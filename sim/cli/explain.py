@@ -8,12 +8,13 @@ import argparse
 from allocsim.policies.registry import alloc_conf_spec
 from allocsim.sim.cli.common import (
     add_reading_options,
+    device_from_args,
     examples,
     int_argument,
     load_trace,
     print_json,
 )
-from allocsim.sim.kernel.device import DEFAULT_PROFILE, resolve_device
+from allocsim.sim.kernel.device import DEFAULT_PROFILE
 from allocsim.sim.questions.explain import MAX_SPLIT_SIZES_MB, explain_oom
 
 __all__ = ["register", "run"]
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         spec = str(alloc_conf_spec(args.alloc_conf))
     device = None
     if args.device or args.capacity or args.device_profile:
-        device = resolve_device(args.device, args.capacity, args.device_profile)
+        device = device_from_args(args)
     sizes = tuple(args.max_split_sizes) if args.max_split_sizes else MAX_SPLIT_SIZES_MB
     explanation = explain_oom(trace, spec, device, max_split_sizes_mb=sizes)
     if args.json:

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace, args)
     replay = simulate_snapshot(trace, args.policy, device)
     note = replay.failure_note(f"{printable(args.trace)}: the run under {args.policy} on "
-                               f"{device.name}")
+                               f"{device.label}")
     if replay.shown_events == 0 and note is not None:
         raise UserInputError(f"{note}: every allocation fails, so there is nothing to export "
                              "(give a larger --capacity)")

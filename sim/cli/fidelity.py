@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from allocsim.sim.questions.fidelity.xla import is_xla_dump_trace, xla_fidelity
     if is_xla_dump_trace(trace):  # an XLA dump: XLA's assignment against plan and policies
         capacity_bytes = capacity_option(args.capacity) if args.capacity else None
-        xla = xla_fidelity(trace, device=resolve_device(None, capacity_bytes))
+        xla = xla_fidelity(trace, device=resolve_device().device_with(capacity_bytes))
         print_json(xla.to_json_dict()) if args.json else print(xla.text())
         return xla.exit_status
     capacity = capacity_option(args.capacity) if args.capacity else None

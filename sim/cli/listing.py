@@ -7,7 +7,7 @@ import argparse
 from allocsim.policies import describe_policies, format_size
 from allocsim.sim.cli.common import examples
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES
-from allocsim.sim.kernel.native import NATIVE_SETTINGS, implementation
+from allocsim.sim.kernel.native import implementation, native_settings
 from allocsim.sim.questions.offline import OFFLINE_NAME
 
 
@@ -32,7 +32,7 @@ def run_policies(args: argparse.Namespace) -> int:
     # Which settings the native core replays (the rest run on the Python models, with the
     # same answers; sim/kernel/native.py).
     print(f"\nnative core ({implementation()} in use here) replays:")
-    for name, settings in NATIVE_SETTINGS.items():
+    for name, settings in native_settings().items():
         print(f"    {name:12s} {settings}")
     print("    (everything else, and runs that read a policy object, run on the Python models)")
     return 0

@@ -122,7 +122,7 @@ def _run_jax(command: list[str], claim: OutputClaim, name: str) -> int:
     status is returned, its partial trace kept (a Ctrl-C or SIGTERM: 130 or 143;
     ``os._exit(n)``: n, said before the process ends)."""
     output = printable(name)
-    from allocsim.traces.record.jax.script import record_script
+    from allocsim.traces.record.jax_recorder.script import record_script
 
     def summary(trace: Trace) -> str:
         return f"{len(trace):,} events, peak live {format_size(trace.peak_live()[0])}"

@@ -17,7 +17,6 @@ from allocsim.sim.cli.common import (
     add_framework_option,
     add_output_option,
     add_reading_options,
-    capacity_option,
     device_from_args,
     examples,
     float_argument,
@@ -93,11 +92,9 @@ def run(args: argparse.Namespace) -> int:
     budget = max_slowdown_option(args.max_slowdown)
     workers = workers_option(args.workers)
     card = _card(args)
-    if args.capacity is not None:
-        capacity_option(args.capacity)
     device = device_from_args(args) if card else resolve_device(None, None, args.device_profile)
     if is_tpu(device):
-        raise UserInputError(TPU_HAS_NO_SETTINGS.format(device=device.name.split("@")[0]))
+        raise UserInputError(TPU_HAS_NO_SETTINGS.format(device=device.name))
     traces = [load_trace(path, args) for path in args.traces]
     if len(traces) > 1:
         return _run_share(args, traces, device, card, budget)
@@ -147,11 +144,11 @@ def _nothing_fits(args: argparse.Namespace, trace: Trace, device: DeviceProfile)
     if args.json:
         print_json({"schema": 1, "kind": "allocsim-tune-nothing-fits",
                     "trace": trace_facts(trace), "framework": args.framework,
-                    "device": {"name": device.name, "capacity": device.capacity,
+                    "device": {"name": device.label, "capacity": device.capacity,
                                "context_bytes": device.context_bytes},
                     "next_step": step.to_json_dict()})
     else:
-        print(f"tune {printable(trace.name)} as {args.framework} on card {device.name}\n")
+        print(f"tune {printable(trace.name)} as {args.framework} on card {device.label}\n")
         print("\n".join(step.lines()))
     return 1
 

@@ -32,7 +32,7 @@ _SIZED: weakref.WeakKeyDictionary[Trace, Trace] = weakref.WeakKeyDictionary()
 
 def is_tpu(profile: DeviceProfile) -> bool:
     """A built-in TPU profile (at any capacity: ``tpu-v5e@8.00GiB`` too)."""
-    return profile.name.split("@")[0] in TPU_NAMES
+    return profile.name in TPU_NAMES
 
 
 def buffers_on_device(trace: Trace, profile: DeviceProfile) -> Trace:

@@ -3,6 +3,12 @@
 ``--device-profile FILE``, ``--capacity``). sim/kernel/device.py's :class:`SimulatedDevice` is
 built from one.
 
+A device is resolved once, at the edge: the named profile (:func:`named_profile`) with what
+the user or a search overrides applied by one rule, :meth:`DeviceProfile.device_with` (a
+capacity given is the allocators' memory, with no context unless one is given). The profile
+keeps its name and the override beside it; :attr:`DeviceProfile.label` shows both
+(``a100-80g@24.00GiB``), and only a stored document's name is read back (:func:`read_label`).
+
 Where the numbers come from is written next to each. The costs are order-of-magnitude guesses
 from public measurements (below) until ``allocsim calibrate`` measures a real device.
 """
@@ -123,12 +129,52 @@ class DeviceProfile:
     # left: capacity − context_bytes − what is in use. 0 for a profile from a file unless it
     # says; the built-in profiles carry a documented default (DEFAULT_CONTEXT_NOTE).
     context_bytes: int = 0
+    # The profile's own capacity when ``capacity`` is an override (:meth:`device_with`), else
+    # None. It is kept beside the name, never written into it: ``name`` stays the profile's
+    # ("a100-80g"), :attr:`label` shows the override ("a100-80g@24.00GiB").
+    own_capacity: int | None = None
 
-    def with_capacity(self, capacity: int) -> DeviceProfile:
-        return replace(self, name=f"{self.name}@{format_size(capacity)}", capacity=capacity)
+    @property
+    def label(self) -> str:
+        """The name as every answer shows it: the profile's name, with ``@SIZE`` when its
+        capacity was overridden."""
+        if self.own_capacity is None:
+            return self.name
+        return f"{self.name}@{format_size(self.capacity)}"
+
+    @property
+    def profile_capacity(self) -> int:
+        """The named profile's own capacity, whatever was overridden (the memory a trace
+        compiled for this card assumed)."""
+        return self.capacity if self.own_capacity is None else self.own_capacity
+
+    def device_with(self, capacity: int | None = None,
+                    context: int | None = None) -> DeviceProfile:
+        """This device with its capacity and/or its own share (``context_bytes``) overridden:
+        the one rule for ``--capacity``/``--context``, a sweep's ``capacities``, the cards
+        min-capacity and tune try, and the validator.
+
+        The rule (README "context", docs/models.md "The device's own share"): a capacity given
+        is the memory the allocators may use, so it comes with **no context** unless
+        ``context`` gives one; a search over card sizes of this device (min-capacity, tune)
+        passes ``context=self.context_bytes`` to keep its share. A context alone replaces the
+        profile's share at the profile's capacity; neither returns the device unchanged.
+
+        Sizes are bytes checked where they were given, once (:func:`check_capacity`,
+        :func:`check_context`: the option or file that gave them); here they are applied, so
+        a search may try a card its own share fills (one that fits nothing)."""
+        if capacity is None:
+            return self if context is None else replace(self, context_bytes=context)
+        return replace(self, capacity=capacity, context_bytes=context or 0,
+                       own_capacity=self.profile_capacity)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The profile as a device-profile JSON object (its schema's fields): the name as
+        :attr:`label` shows it, the override in it rather than a field of its own."""
+        data = asdict(self)
+        del data["own_capacity"]
+        data["name"] = self.label
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> DeviceProfile:
@@ -200,6 +246,7 @@ class DeviceProfile:
                                      f"to {MAX_CALL_SECONDS:g}, got {value!r}")
             checked[key] = seconds
         values["costs"] = CostModel(**checked)  # type: ignore[arg-type]
+        values["name"], values["own_capacity"] = read_label(values["name"], values["capacity"])
         return cls(**values)
 
 
@@ -220,7 +267,18 @@ def _json_type(value: object) -> str:
     return type(value).__name__
 
 
-_PROFILE_FIELDS = frozenset(f.name for f in fields(DeviceProfile))
+def read_label(label: str, capacity: int) -> tuple[str, int | None]:
+    """``(name, own_capacity)`` of a device as a stored document shows it (a results file, a
+    baseline, a profile file written from a resized device): ``"a100-80g@24.00GiB"`` at 24 GiB
+    is the built-in a100-80g resized, as :attr:`DeviceProfile.label` wrote it; any other name
+    is a name. Only documents are read this way; a device in memory keeps its parts."""
+    name, at, size = label.rpartition("@")
+    if at and name in PROFILES and size == format_size(capacity):
+        return name, PROFILES[name].capacity
+    return label, None
+
+
+_PROFILE_FIELDS = frozenset(f.name for f in fields(DeviceProfile)) - {"own_capacity"}
 _COST_FIELDS = frozenset(f.name for f in fields(CostModel))
 
 
@@ -291,13 +349,28 @@ DEFAULT_PROFILE = "a100-80g"
 
 
 def resolve_device(name: str | None = None, capacity: str | int | None = None,
-                   profile_file: str | Path | None = None) -> DeviceProfile:
-    """The profile for ``--device NAME`` / ``--device-profile FILE``, with ``--capacity``
-    applied. A name, file or capacity that does not work raises :class:`UserInputError`.
+                   profile_file: str | Path | None = None,
+                   context: int | None = None) -> DeviceProfile:
+    """The profile for ``--device NAME`` / ``--device-profile FILE``, with ``capacity`` and
+    ``context`` applied by :meth:`DeviceProfile.device_with` (its docstring states the rule:
+    a capacity given is the allocators' memory, with no context unless one is given). A name,
+    file or capacity that does not work raises :class:`UserInputError`.
 
-    An explicit capacity is the memory the allocators may use: it comes with no device share
-    (``context_bytes`` 0; ``--context`` sets one). A named profile at its own capacity keeps
-    its share, and so does every capacity min-capacity tries (``with_capacity``)."""
+    ``capacity`` is a size (``"24GiB"``) or bytes, parsed and checked here, once; the command
+    line parses its ``--capacity`` itself (``capacity_option``, which notes a fraction of a
+    byte) and hands the bytes to :meth:`~DeviceProfile.device_with` directly."""
+    profile = named_profile(name, profile_file)
+    nbytes = None if capacity is None else check_capacity(parse_size(capacity))
+    device = profile.device_with(nbytes, context)
+    if context is not None:
+        check_context(context, device.capacity, "context")
+    return device
+
+
+def named_profile(name: str | None = None,
+                  profile_file: str | Path | None = None) -> DeviceProfile:
+    """The profile ``--device NAME`` or ``--device-profile FILE`` names (the default profile
+    for neither), nothing overridden."""
     if profile_file is not None:
         try:
             data = json.loads(read_input_text(profile_file, what="a device profile"))
@@ -310,19 +383,14 @@ def resolve_device(name: str | None = None, capacity: str | int | None = None,
             raise UserInputError(f"{profile_file}: not a device profile: JSON nested too "
                                  "deeply") from None
         try:
-            profile = DeviceProfile.from_dict(data)
+            return DeviceProfile.from_dict(data)
         except UserInputError as err:
             raise UserInputError(f"{profile_file}: not a device profile: {err}") from None
-    else:
-        if name is not None and not name.strip():
-            raise UserInputError(f"--device: an empty name; known devices: "
-                                 f"{', '.join(PROFILES)}")
-        key = (name or DEFAULT_PROFILE).lower()
-        if key not in PROFILES:
-            raise UserInputError(f"unknown device {name!r}; known devices: "
-                                 f"{', '.join(PROFILES)}")
-        profile = PROFILES[key]
-    if capacity is not None:
-        nbytes = check_capacity(parse_size(capacity))
-        profile = replace(profile.with_capacity(nbytes), context_bytes=0)
-    return profile
+    if name is not None and not name.strip():
+        raise UserInputError(f"--device: an empty name; known devices: "
+                             f"{', '.join(PROFILES)}")
+    key = (name or DEFAULT_PROFILE).lower()
+    if key not in PROFILES:
+        raise UserInputError(f"unknown device {name!r}; known devices: "
+                             f"{', '.join(PROFILES)}")
+    return PROFILES[key]

@@ -5,23 +5,23 @@ The Python models are the specification; the native core is their twin for speed
 holds ``_pydecimal`` and ``_decimal``. :func:`native_replay` is the one place the engine asks
 (:func:`allocsim.sim.kernel.engine.replay`, at the start of a replay): it answers a
 :class:`RunResult` when the core can replay the run, else None and the Python engine runs.
-The core replays a run that needs no Python objects — one process, a policy and setting it has
-(:data:`NATIVE_POLICIES`), the plain device and cost model — and the run's state comes back
-here: the engine's counters, the timeline's buckets and samples, the device's counters and
-the policy's stats (PolicyStats' fields). Runs that read a policy object (memory_stats,
-snapshots, export), keep a device-call log (the validator), step in simpy (``share``) or watch
-a policy (min-capacity's probes, explain-oom) build a ProcessReplay and run in Python.
+The core replays a run that needs no Python objects — one process, a policy whose class
+declares a twin there (:class:`~allocsim.policies.base.NativeTwin`) with settings the core can
+hold, the plain device and cost model — and the run's state comes back here: the engine's
+counters, the timeline's buckets and samples, the device's counters and the policy's stats
+(PolicyStats' fields). Runs that read a policy object (memory_stats, snapshots, export), keep
+a device-call log (the validator), step in simpy (``share``) or watch a policy (min-capacity's
+probes, explain-oom) build a ProcessReplay and run in Python.
 
-Nothing the core decides is written twice here: every table and constant it uses (the bins of
-each bit length of BFC, preallocate and best-fit, the alignment and split slack, BFC's memory
-limit, first region and back-off factor, best-fit's page and heap base, PyTorch's sizes,
-settings and expandable range sizes, CuPy's unit and limit, the stream-ordered pool's
-threshold, chunk, alignment and sync mode, the TPU runtime's granule, own bytes and compaction
-cost line, the device's granules, alignment and costs) is read off the Python device and the
-Python policy built for the run's device, so the two cannot drift. The other free indexes
-(PyTorch's pools, CuPy's arenas, the stream-ordered pool's, the TPU's) keep the Python's order
-of free blocks, (size, tie), in size-class bins of their own (native/src/sorted_bins.hpp): a
-layout, not a rule.
+Nothing the core decides is written twice here, and no policy is named here: every table and
+constant it uses (the alignment and split slack, BFC's memory
+limit, first region and back-off factor, best-fit's page, PyTorch's sizes and settings, CuPy's
+unit and limit, the stream-ordered pool's threshold and chunk, the TPU runtime's granule and
+compaction cost line) is what the Python policy built for the run's device hands over itself
+(:meth:`~allocsim.policies.base.Policy.native_config`), and the device's granules, alignment
+and costs are read off the Python device, so the two cannot drift. Every free index of the
+core keeps the Python's order of free blocks, (size, tie), in one binned index with
+size-class bins of its own (native/src/sorted_bins.hpp): a layout, not a rule.
 ``ALLOCSIM_NATIVE=0`` turns the core off; without the module (no C++ compiler at install
 time) the Python models run, with the same answers (tests/test_native_differential.py).
 """
@@ -35,30 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from allocsim.policies import PolicySpec
-from allocsim.policies.best_fit import BestFitAllocator
-from allocsim.policies.bfc import (
-    BACKPEDAL_FACTOR,
-    MIN_ALLOCATION,
-    BFCAllocator,
-    PreallocateAllocator,
-)
-from allocsim.policies.buddy import BuddyAllocator
-from allocsim.policies.chunks import BIN
-from allocsim.policies.cuda_async import CudaAsyncAllocator
-from allocsim.policies.cupy_pool import ALLOCATION_UNIT_SIZE, CuPyPoolAllocator
-from allocsim.policies.on_demand import OnDemandAllocator
-from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
-from allocsim.policies.pytorch.settings import (
-    K_LARGE_BUFFER,
-    K_MIN_BLOCK_SIZE,
-    K_MIN_LARGE_ALLOC,
-    K_ROUND_LARGE,
-    K_SMALL_BUFFER,
-    K_SMALL_SIZE,
-    NO_LIMIT,
-)
-from allocsim.policies.tpu import COMPACTION_BASE_S, COMPACTION_PER_GB_S, TpuRuntimeAllocator
+from allocsim.policies import POLICIES, PolicySpec
+from allocsim.policies.base import NATIVE_SIZE_LIMIT, native_twin_of
+from allocsim.policies.registry import PRESETS
 from allocsim.sim.kernel.device import (
     DEFAULT_PROFILE,
     PROFILES,
@@ -72,34 +51,7 @@ from allocsim.sim.kernel.device_buffers import buffers_on_device
 from allocsim.sim.kernel.results import RunResult, Timeline
 from allocsim.traces.model import Trace
 
-# The policy classes the core replays, by the family of its code that does (native/src/);
-# which settings of each it has, :func:`policy_config` says.
-NATIVE_POLICIES: dict[type, str] = {
-    BFCAllocator: "chunk",
-    PreallocateAllocator: "chunk",
-    BestFitAllocator: "chunk",
-    PyTorchCachingAllocator: "pytorch",
-    OnDemandAllocator: "on-demand",
-    BuddyAllocator: "buddy",
-    CuPyPoolAllocator: "cupy",
-    CudaAsyncAllocator: "cuda-async",
-    TpuRuntimeAllocator: "tpu",
-}
-# What the core has of each policy, in words (``allocsim policies``; docs/architecture.md,
-# "Native core").
-NATIVE_SETTINGS = {
-    "preallocate": "every setting",
-    "best-fit": "every setting",
-    "bfc": "every setting",
-    "on-demand": "every setting",
-    "buddy": "every setting",
-    "jax": "every setting (allocator=bfc, platform or cuda_async)",
-    "pytorch": "every setting (expandable_segments included)",
-    "cupy": "every setting",
-    "cuda-async": "every setting",
-    "tpu": "every setting",
-}
-_SIZE_LIMIT = 1 << 60           # the core's int64 arithmetic on sizes (rounding, doubling)
+_SIZE_LIMIT = NATIVE_SIZE_LIMIT  # the core's int64 arithmetic on sizes (rounding, doubling)
 _ID_EMPTY = np.iinfo(np.int64).min  # the core's live map cannot hold this id
 
 
@@ -123,14 +75,25 @@ def implementation() -> str:
     return "Python models (native core not built)"
 
 
+def native_settings() -> dict[str, str]:
+    """What the core has of each registered policy, in words (``allocsim policies``; each
+    class's :class:`~allocsim.policies.base.NativeTwin` says), and of each preset: what the
+    policy a setting stands for has."""
+    settings = {name: twin.settings for name, cls in POLICIES.items()
+                if (twin := native_twin_of(cls)) is not None}
+    for name in PRESETS:
+        settings[name] = "as the policy each setting stands for has (above)"
+    return settings
+
+
 def is_native(spec: PolicySpec, profile: DeviceProfile | None = None) -> bool:
     """Whether the core has this policy with these settings (on ``profile``, by default the
-    default device): the constants of the Python policy built for it say."""
+    default device): the policy built for it says (:meth:`Policy.native_config`)."""
     resolved = spec.resolved()
-    if resolved.policy_class not in NATIVE_POLICIES:
+    if native_twin_of(resolved.policy_class) is None:
         return False
     device = SimulatedDevice(profile or PROFILES[DEFAULT_PROFILE])
-    return policy_config(resolved.build(device.view(0))) is not None
+    return resolved.build(device.view(0)).native_config() is not None
 
 
 def device_config(profile: DeviceProfile, device: SimulatedDevice) -> dict[str, Any] | None:
@@ -151,65 +114,6 @@ def device_config(profile: DeviceProfile, device: SimulatedDevice) -> dict[str, 
         "map_base_s": costs.map_base_s, "map_per_gib_s": costs.map_per_gib_s,
         "unmap_base_s": costs.unmap_base_s,
     }
-
-
-def policy_config(policy: Any) -> dict[str, Any] | None:
-    """The constants of a freshly built Python policy as the core takes them; None when the
-    core does not have its class."""
-    family = NATIVE_POLICIES.get(type(policy))
-    if family is None:
-        return None
-    if isinstance(policy, PyTorchCachingAllocator):
-        return _pytorch_config(policy)
-    if isinstance(policy, OnDemandAllocator):
-        return {"family": family}
-    if isinstance(policy, CuPyPoolAllocator):
-        return {"family": family, "unit": ALLOCATION_UNIT_SIZE, "limit": policy.get_limit()}
-    if isinstance(policy, CudaAsyncAllocator):
-        return {"family": family, "threshold": policy.threshold, "chunk": policy.chunk,
-                "alignment": policy.alignment, "sync_on_free": bool(policy.sync_on_free),
-                "preallocate": bool(policy.preallocate_pending)}
-    if isinstance(policy, TpuRuntimeAllocator):
-        if not (0 <= policy.runtime_bytes < _SIZE_LIMIT and policy.granule < _SIZE_LIMIT):
-            return None       # the core's int64 heap size and rounding
-        return {"family": family, "granule": policy.granule,
-                "runtime_bytes": policy.runtime_bytes, "compaction_base_s": COMPACTION_BASE_S,
-                "compaction_per_gb_s": COMPACTION_PER_GB_S}
-    if isinstance(policy, BuddyAllocator):
-        return {"family": family, "min_block": policy.min_block, "arena": policy.arena,
-                "release": bool(policy.release)}
-    config: dict[str, Any] = {"family": family, "bin_of_bits": list(BIN),
-                              "alignment": policy.alignment, "max_slack": policy.max_slack}
-    if isinstance(policy, BFCAllocator):
-        if not 0 <= policy.memory_limit < _SIZE_LIMIT:
-            return None       # the core's int64 Extend (its region size held below 2**62)
-        config.update(growth="bfc", memory_limit=policy.memory_limit,
-                      first_region=policy.curr_region_allocation_bytes,
-                      min_allocation=MIN_ALLOCATION,
-                      garbage_collection=bool(policy.garbage_collection),
-                      backpedal_factor=BACKPEDAL_FACTOR)
-    else:
-        config.update(growth="best-fit", page=policy.page, heap_base=policy.heap_base,
-                      trim=bool(policy.trim))
-    return config
-
-
-def _pytorch_config(policy: PyTorchCachingAllocator) -> dict[str, Any]:
-    """PyTorch's constants and settings for the core (it has every setting)."""
-    segments = policy.expandable_segments
-    ranges = ({"range_small": segments.range_size(K_SMALL_BUFFER),
-               "range_large": segments.range_size(K_LARGE_BUFFER)} if segments is not None else {})
-    return {"family": "pytorch", "min_block_size": K_MIN_BLOCK_SIZE, "small_size": K_SMALL_SIZE,
-            "small_buffer": K_SMALL_BUFFER, "large_buffer": K_LARGE_BUFFER,
-            "min_large_alloc": K_MIN_LARGE_ALLOC, "round_large": K_ROUND_LARGE,
-            "set_fraction": bool(policy.set_fraction),
-            "allowed_memory_maximum": policy.allowed_memory_maximum,
-            "divisions": list(policy.divisions) if any(d > 1 for d in policy.divisions) else [],
-            "max_split_size": policy.max_split_size, "no_limit": NO_LIMIT,
-            "max_non_split_rounding": policy.max_non_split_rounding,
-            "gc_on": bool(policy.set_fraction and policy.gc_threshold > 0.0),
-            "gc_threshold": float(policy.gc_threshold), "expandable": bool(policy.expandable),
-            **ranges}
 
 
 def _columns_fit(trace: Trace, sizes: np.ndarray) -> bool:
@@ -269,14 +173,14 @@ def open_run(trace: Trace, spec: PolicySpec, profile: DeviceProfile, *, stop_on_
     if module is None:
         return None
     resolved = spec.resolved()
-    if resolved.policy_class not in NATIVE_POLICIES:
+    if native_twin_of(resolved.policy_class) is None:
         return None
     trace = buffers_on_device(trace, profile)   # a TPU holds u8[n] buffers
     device = SimulatedDevice(profile)
     # Built on the run's own (fresh) device: its constructor's device calls (best-fit's
     # address range) move the bump pointer exactly as the Python run's would.
     policy = resolved.build(device.view(0))
-    config = policy_config(policy)
+    config = policy.native_config()
     device_figures = device_config(profile, device)
     sizes = trace.matched_sizes(packed=True)
     if config is None or device_figures is None or not _columns_fit(trace, sizes):
@@ -327,7 +231,7 @@ def result_of(trace: Trace, spec: PolicySpec, profile: DeviceProfile, state: dic
     it."""
     if state["stopped"] and state["next_index"] < len(trace):
         # A run that stopped at its first OOM: its timeline's buckets are of the events run
-        # (ProcessReplay._timeline), so those events are replayed again in such buckets.
+        # (RunReport._timeline), so those events are replayed again in such buckets.
         again = open_run(trace, spec, profile, stop_on_oom=True,
                          timeline_points=timeline_points, events=state["next_index"],
                          record_addresses=record_addresses is not None)
@@ -337,11 +241,11 @@ def result_of(trace: Trace, spec: PolicySpec, profile: DeviceProfile, state: dic
         state["stopped"] = True
     if record_addresses is not None:
         record_addresses.extend(state["addresses"].tolist())
-    return _result(trace, str(spec), profile.name, state)
+    return _result(trace, str(spec), profile.label, state)
 
 
 def _result(trace: Trace, policy: str, device_name: str, state: dict[str, Any]) -> RunResult:
-    """ProcessReplay.result for the core's state."""
+    """RunReport.result for the core's state."""
     oom = state["first_oom"]
     timeline = _timeline(trace, state)
     reserved = timeline.reserved.astype(np.float64)
@@ -374,7 +278,7 @@ def _result(trace: Trace, policy: str, device_name: str, state: dict[str, Any]) 
 
 
 def _timeline(trace: Trace, state: dict[str, Any]) -> Timeline:
-    """ProcessReplay._timeline from the core's buckets and samples."""
+    """RunReport._timeline from the core's buckets and samples."""
     n = state["next_index"]
     bucket = state["bucket"]
     last = np.minimum(np.arange(0, n, bucket, dtype=np.int64) + bucket, n) - 1

@@ -415,6 +415,6 @@ def plot_share(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile
     _plain_ticks(ax.yaxis)
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel(f"reserved ({unit})")
-    ax.set_title(f"processes sharing {device.name}", fontsize=10)
+    ax.set_title(f"processes sharing {device.label}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return save(fig, path)

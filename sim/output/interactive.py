@@ -12,7 +12,7 @@ trace's time axis and the same size scale as the static figures (sim/output/figu
 each policy in its colour and dash pattern (sim/output/colours.py).
 The data are the results' timelines: at most ~2048 buckets of equal event count, each the
 maximum of its bucket, so every peak is kept exact however long the trace
-(sim/kernel/engine.py). A policy whose run stopped early is put onto the same buckets by
+(sim/kernel/run_report.py). A policy whose run stopped early is put onto the same buckets by
 maximum, which keeps its peaks too. Where the trace itself is at hand (``compare --out``),
 each bucket also names its largest allocation — size, tag, stream and the tag's stack
 frames — which the chart shows on hover.

@@ -17,6 +17,7 @@ from typing import Any
 
 from allocsim.policies.units import format_size
 from allocsim.sim.kernel.device_buffers import TPU_NAMES
+from allocsim.sim.kernel.device_profile import read_label
 from allocsim.sim.output.display_text import shown
 
 # What no replay of a recording holds, whatever the trace: the replay sees the requests of
@@ -77,7 +78,7 @@ def context_box(data: dict[str, Any], facts: RecordingFacts | None) -> str:
     if context:
         # as the CLI says it (sim/output/tables.py): measured on a TPU, assumed on a GPU
         holder = ("the TPU runtime holds (measured on a v5e)"
-                  if str(device["name"]).split("@")[0] in TPU_NAMES else
+                  if read_label(str(device["name"]), int(device["capacity"]))[0] in TPU_NAMES else
                   "is assumed held by the CUDA context and libraries")
         items.append(f"<li>Device {html.escape(device['name'])}: {capacity}, of which "
                      f"<b>{format_size(context)}</b> {holder} before the allocator starts; "

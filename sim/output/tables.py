@@ -83,7 +83,7 @@ def comparison_text(comparison: Comparison) -> str:
             f"{trace['allocs']:,} allocs, {trace['duration_s']:.3g} s, "
             f"peak live {format_size(trace['peak_live'])}"
             f"{before_recording_note(trace)}\n"
-            f"device {device.name}: {format_size(device.capacity)}{context_note(device)}\n")
+            f"device {device.label}: {format_size(device.capacity)}{context_note(device)}\n")
     choice = comparison.choice
     framework = choice is not None and choice.framework is not None
     columns = ("setting", *COLUMNS[1:]) if framework else COLUMNS
@@ -164,5 +164,5 @@ def share_text(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile
         verdict += (f", but no two of them ran at the same time ({spans}): the device was "
                     "never shared; start them closer together (TRACE:POLICY@START) to test "
                     "sharing")
-    return (f"device {device.name}: {format_size(device.capacity)}; peak of all processes "
+    return (f"device {device.label}: {format_size(device.capacity)}; peak of all processes "
             f"together {format_size(run.device_peak)}\n\n{table}\n\n{verdict}")

@@ -76,8 +76,8 @@ def text(result: TuneResult) -> str:
     """The whole answer for a person: the line to paste first."""
     r = result
     card = r.card
-    where = (f"card {r.device.name} ({format_size(r.device.capacity)}{_card_share(r)})"
-             if card else f"the smallest card (costs of {r.device.name}{_card_share(r)})")
+    where = (f"card {r.device.label} ({format_size(r.device.capacity)}{_card_share(r)})"
+             if card else f"the smallest card (costs of {r.device.label}{_card_share(r)})")
     budget = "none" if r.max_slowdown is None else f"{r.max_slowdown:.2f}x"
     lines = [f"tune {r.trace['name']} as {r.framework} on {where}; slowdown budget {budget}"]
     before = before_recording_note(r.trace)
@@ -217,14 +217,14 @@ def comparison_document(result: TuneResult, trace: Trace) -> dict[str, Any]:
             chosen.append(trial)
     runs = []
     for trial in chosen:
-        device = result.device.with_capacity(trial.capacity)
+        device = result.device.device_with(trial.capacity, result.device.context_bytes)
         # Named by the registry spec each ran as (what `export-snapshot --policy` takes);
         # the lines to paste are in the reason.
         runs.append(replay(trace, trial.spec, device).to_json_dict(timeline=True))
     best = result.best
     paste = "; ".join(result.paste) or "nothing to set"
     return {"schema": SCHEMA_VERSION, "kind": COMPARE_KIND, "trace": result.trace,
-            "device": {"name": result.device.name, "capacity": result.device.capacity,
+            "device": {"name": result.device.label, "capacity": result.device.capacity,
                        "granularity": result.device.granularity,
                        "map_granularity": result.device.map_granularity,
                        "context_bytes": result.device.context_bytes},

@@ -73,7 +73,7 @@ class Comparison:
             "schema": SCHEMA_VERSION,
             KIND_KEY: COMPARE_KIND,
             "trace": self.trace,
-            "device": {"name": self.device.name, "capacity": self.device.capacity,
+            "device": {"name": self.device.label, "capacity": self.device.capacity,
                        "granularity": self.device.granularity,
                        "map_granularity": self.device.map_granularity,
                        "context_bytes": self.device.context_bytes},

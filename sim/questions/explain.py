@@ -46,7 +46,7 @@ The command, ``allocsim explain-oom``: :mod:`allocsim.sim.cli.explain`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,7 @@ from allocsim.policies.pytorch.caching import (
     PyTorchCachingAllocator,
     get_allocation_size,
 )
+from allocsim.policies.settings import PyTorchSettings
 from allocsim.sim.kernel.device import (
     DEFAULT_PROFILE,
     DeviceProfile,
@@ -251,14 +252,11 @@ def variant_specs(failing: PolicySpec, max_split_sizes_mb: Sequence[int] = MAX_S
     variants built on the failing policy's pytorch parameters (plain pytorch otherwise), and
     pytorch, bfc and best-fit when the failing policy is not pytorch. The failing policy
     itself first."""
-    base = dict(failing.params) if failing.name == "pytorch" else {}
-    texts = []
-    for key, value in ([("expandable_segments", "true")]
-                       + [("max_split_size_mb", str(n)) for n in max_split_sizes_mb]
-                       + [("roundup_power2_divisions", "4")]):
-        params = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in base.items()}
-        params[key] = value
-        texts.append("pytorch:" + ",".join(f"{k}={v}" for k, v in params.items()))
+    base = PyTorchSettings(**dict(failing.params) if failing.name == "pytorch" else {})
+    variants = ([replace(base, expandable_segments=True)]
+                + [replace(base, max_split_size_mb=n) for n in max_split_sizes_mb]
+                + [replace(base, roundup_power2_divisions="4")])
+    texts = [variant.spec() for variant in variants]
     if failing.name != "pytorch":
         texts = ["pytorch", *texts, "bfc", "best-fit"]
     specs = [failing]
@@ -331,11 +329,11 @@ def _explain_replayed(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
     run = ProcessReplay(trace, spec, SimulatedDevice(profile), stop_on_oom=True,
                         call_log=False)             # the OOM's state is read, no timeline
     run.advance(len(trace))
-    if run.first_oom is None:
+    if run.report.first_oom is None:
         raise NoOOMError(f"{trace.name} does not run out of memory under {spec} on "
-                         f"{profile.name} ({format_size(profile.capacity)}); give a smaller "
+                         f"{profile.label} ({format_size(profile.capacity)}); give a smaller "
                          "--capacity")
-    oom = run.first_oom
+    oom = run.report.first_oom
     event, request, live, reserved, largest = (oom.event, oom.size, oom.allocated,
                                                 oom.reserved, oom.largest_free)
     in_use = run.policy.bytes_in_use
@@ -350,8 +348,8 @@ def _explain_replayed(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
     peak_live = _peak_live_note(trace, capacity, kind, notes)
     alternatives = _alternatives(trace, variant_specs(spec, max_split_sizes_mb), profile, notes)
     return OOMExplanation(
-        trace=trace.name, policy=str(spec), device=profile.name, capacity=capacity,
-        capacity_source=f"device {profile.name}",
+        trace=trace.name, policy=str(spec), device=profile.label, capacity=capacity,
+        capacity_source=f"device {profile.label}",
         event=event, request=request, stream=int(trace.stream[event]), live=live,
         reserved=reserved, in_use=in_use, cached_free=reserved - in_use,
         largest_free_block=largest, device_free=capacity - reserved, verdict=kind,

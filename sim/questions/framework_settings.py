@@ -28,6 +28,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from allocsim.policies import DEFAULT_POLICIES, parse_policy
+from allocsim.policies.settings import (
+    CuPySettings,
+    JaxSettings,
+    PyTorchSettings,
+    TensorFlowSettings,
+    TpuSettings,
+)
+from allocsim.policies.settings.pytorch import ALLOC_CONF, ASYNC
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.kernel.device_buffers import is_tpu
 from allocsim.sim.questions.tune.space import (
@@ -126,12 +134,12 @@ def framework_of(trace: Trace, device: DeviceProfile) -> tuple[str | None, str]:
     meta = trace.metadata
     on_tpu = meta.get("memory_runtime") == TPU
     if is_tpu(device):
-        return TPU, (f"the device {device.name} is a TPU (JAX there runs the TPU runtime)"
+        return TPU, (f"the device {device.label} is a TPU (JAX there runs the TPU runtime)"
                      if not on_tpu else "the profile was recorded on a TPU (its frees carry "
-                     f"no sizes), compared on {device.name}")
+                     f"no sizes), compared on {device.label}")
     if on_tpu:      # a TPU job asked about on a GPU: JAX's GPU settings
         return "jax", (f"the profile was recorded by JAX on a TPU and is compared on a GPU, "
-                       f"{device.name} (--device tpu-v5e compares the TPU runtime)")
+                       f"{device.label} (--device tpu-v5e compares the TPU runtime)")
     fmt = str(meta.get("format", ""))
     if fmt == "xplane":
         return _xplane_framework(trace)
@@ -155,12 +163,13 @@ def _candidate(setting: Setting, capacity: int | None = None) -> Candidate:
 def _pytorch_settings(trace: Trace) -> list[Setting]:
     fw = FRAMEWORK["pytorch"]
     assert isinstance(fw, PyTorch)
-    settings = [fw.default(), fw.make({"expandable_segments": True})]
+    choices = [PyTorchSettings(), PyTorchSettings(expandable_segments=True)]
     splits = max_split_candidates(trace)
     if splits:     # the middle of tune's candidates: a value that splits some but not all
-        settings.append(fw.make({"max_split_size_mb": splits[len(splits) // 2]}))
-    settings.append(fw.make({"roundup_power2_divisions": ROUNDUP}))
-    settings.append(fw.make({"backend": "cudaMallocAsync"}))
+        choices.append(PyTorchSettings(max_split_size_mb=splits[len(splits) // 2]))
+    choices.append(PyTorchSettings(roundup_power2_divisions=ROUNDUP))
+    choices.append(PyTorchSettings(backend=ASYNC))
+    settings = [fw.setting_of(choice) for choice in choices]
     # Drop a choice that cannot change this trace's replay (tune's sharing rule): its row
     # would repeat another's under a different name.
     sizes = distinct_sizes(trace)
@@ -179,11 +188,13 @@ def _settings(name: str, trace: Trace) -> list[Setting]:
     if name == "pytorch":
         return _pytorch_settings(trace)
     if name == "jax":
-        return [fw.default(), fw.make({"preallocate": False}), fw.make({"allocator": "platform"}),
-                fw.make({"fraction": JAX_FRACTION})]
-    if name == "tensorflow":
-        return [fw.default(), fw.make({"allow_growth": True})]
-    return [fw.default(), fw.make({"pool": "async"}), fw.make({"pool": "none"})]
+        choices: list[Any] = [JaxSettings(), JaxSettings(preallocate=False),
+                              JaxSettings(allocator="platform"), JaxSettings(fraction=JAX_FRACTION)]
+    elif name == "tensorflow":
+        choices = [TensorFlowSettings(), TensorFlowSettings(allow_growth=True)]
+    else:
+        choices = [CuPySettings(), CuPySettings(pool="async"), CuPySettings(pool="none")]
+    return [fw.setting_of(choice) for choice in choices]
 
 
 def default_choice(trace: Trace, device: DeviceProfile) -> Choice:
@@ -193,7 +204,7 @@ def default_choice(trace: Trace, device: DeviceProfile) -> Choice:
         return generic_choice(DEFAULT_POLICIES, f"the generic policies, because {why} "
                               "(record your job, or name policies with --policies)")
     if name == TPU:
-        return Choice(TPU, why, (Candidate("tpu", "TPU runtime", ()),))
+        return Choice(TPU, why, (Candidate(TpuSettings().spec(), "TPU runtime", ()),))
     candidates = tuple(_candidate(s, device.capacity) for s in _settings(name, trace))
     return Choice(name, why, candidates)
 
@@ -206,8 +217,7 @@ def generic_choice(specs: Sequence[str], why: str = "the policies named with --p
 
 def with_alloc_confs(choice: Choice, confs: Sequence[tuple[str, str]]) -> Choice:
     """``choice`` and the ``--alloc-conf`` policies (``(text, spec)``), each pasted as given."""
-    extra = tuple(Candidate(spec, f"PYTORCH_CUDA_ALLOC_CONF={text}",
-                            (f"PYTORCH_CUDA_ALLOC_CONF={text}",))
+    extra = tuple(Candidate(spec, f"{ALLOC_CONF}={text}", (f"{ALLOC_CONF}={text}",))
                   for text, spec in confs if spec not in choice.specs)
     return Choice(choice.framework, choice.why, choice.candidates + extra)
 

@@ -107,7 +107,7 @@ def offline_result(trace: Trace, device: DeviceProfile, alignment: int = 256) ->
                         in_use=allocated.copy(), trace_time_ns=times.copy())
     cost = device.costs.malloc(region) if completed and region else 0.0
     return RunResult(
-        policy=OFFLINE_NAME, trace=trace.name, device=device.name, process=0, events=n,
+        policy=OFFLINE_NAME, trace=trace.name, device=device.label, process=0, events=n,
         allocs=trace.n_allocs, completed=completed, ooms=0 if completed else 1,
         first_oom_event=first_oom[0] if first_oom else None,
         first_oom_size=first_oom[1] if first_oom else None,

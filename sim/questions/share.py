@@ -90,7 +90,7 @@ def share(traces: Sequence[Trace], specs: Sequence[ShareSpec], device: DevicePro
 def share_json(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile) -> dict[str, Any]:
     return {
         "kind": SHARE_KIND,
-        "device": {"name": device.name, "capacity": device.capacity},
+        "device": {"name": device.label, "capacity": device.capacity},
         "device_peak": run.device_peak,
         "all_completed": all(r.completed for r in run.results),
         "ran_together": run.ran_together(),

@@ -16,7 +16,7 @@ The sweep file
     traces = ["traces/*.npz", "synth:transformer?steps=20&seed=[1..3]"]
     policies = ["bfc", "pytorch:max_split_size_mb=[128,256,512]", "best-fit"]
     devices = ["a100-40g"]                        # optional; default a100-80g
-    capacities = ["16GiB", "24GiB"]               # optional; each overrides the device's capacity
+    capacities = ["16GiB", "24GiB"]               # optional; each as --capacity (no context)
 
 ``policies`` is optional; its default is every policy of
 :data:`allocsim.policies.DEFAULT_POLICIES` (the set ``allocsim compare`` runs by default).
@@ -44,7 +44,8 @@ keeps the results file valid.
 **Policies** are policy specs as everywhere in allocsim (``NAME[:key=value,...]``), plus
 ``offline`` (the offline plan, shown beside the policies, never a winner). **Devices** are
 profile names (``allocsim devices``) or device-profile JSON files (a path ending in ``.json``).
-**Capacities** are sizes (``"24GiB"``, ``"80GB"``, or an integer number of bytes).
+**Capacities** are sizes (``"24GiB"``, ``"80GB"``, or an integer number of bytes), each what
+``--capacity`` is: the allocators' memory, with no context (``DeviceProfile.device_with``).
 
 Everything is validated before anything runs: an unknown policy (the error lists the known
 ones), device, generator, generator parameter or size, or a glob matching no file, is one
@@ -243,8 +244,7 @@ class SweepDefinition:
         for trace in self.traces:
             for device in self.devices:
                 for capacity in self.capacities:
-                    profile = (device.profile if capacity is None
-                               else device.profile.with_capacity(capacity))
+                    profile = device.profile.device_with(capacity)
                     for policy in self.policies:
                         cell = Cell(trace, policy, device.key, capacity, profile)
                         cells.setdefault(cell.key, cell)
@@ -416,8 +416,7 @@ def _check_policies_build(policies: Sequence[str], devices: Sequence[DeviceEntry
     cell runs, not a column of failed cells."""
     for device in devices:
         for capacity in capacities:
-            profile = device.profile if capacity is None else device.profile.with_capacity(
-                capacity)
+            profile = device.profile.device_with(capacity)
             for policy in policies:
                 if policy == OFFLINE_NAME:
                     continue

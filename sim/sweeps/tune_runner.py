@@ -42,7 +42,7 @@ class SweepEvaluator:
             raise SweepError(f"unknown executor {executor!r}: use 'local' or dask://HOST:PORT")
 
     def __call__(self, batch: Sequence[tuple[str, DeviceProfile]]) -> list[dict[str, Any]]:
-        cells = [Cell(self.source, spec, device.name, device.capacity, device)
+        cells = [Cell(self.source, spec, device.label, device.capacity, device)
                  for spec, device in batch]
         if self.client is not None:
             runner = make_runner(self.client, self.workers, cells)

@@ -120,7 +120,7 @@ def free_memory_profile(cp: Any, profile: DeviceProfile) -> DeviceProfile:
     """The simulated device for a GPU run without --capacity: ``profile`` with the memory
     free on CuPy's GPU right now (so both sides can run out at the same point)."""
     free = int(cp.cuda.runtime.memGetInfo()[0])
-    return profile.with_capacity(free // profile.granularity * profile.granularity)
+    return profile.device_with(free // profile.granularity * profile.granularity)
 
 
 def default_gpu_profile(cp: Any) -> DeviceProfile | None:
@@ -143,7 +143,7 @@ def torch_free_memory_profile(profile: DeviceProfile) -> DeviceProfile:
     """:func:`free_memory_profile` for torch's current GPU."""
     torch = require_torch()
     free = int(torch.cuda.mem_get_info()[0])
-    return profile.with_capacity(free // profile.granularity * profile.granularity)
+    return profile.device_with(free // profile.granularity * profile.granularity)
 
 
 def torch_facts(torch: Any) -> tuple[str, dict[str, str]]:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from allocsim.policies import PolicySpec
+from allocsim.policies.settings.pytorch import ALLOC_CONF_VARIABLES
 from allocsim.policies.units import round_up
 from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.validation.cuda_device import CUDA_ERROR_MEMORY_ALLOCATION, CupyDevice
@@ -306,7 +307,7 @@ def _mem_used(rt: Any) -> Callable[[], int]:
 def torch_alloc_conf() -> tuple[str, str] | None:
     """The allocator settings PyTorch reads from this process's environment: (variable, value)
     of PYTORCH_ALLOC_CONF, else of the older PYTORCH_CUDA_ALLOC_CONF, else None."""
-    for variable in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+    for variable in ALLOC_CONF_VARIABLES:
         value = os.environ.get(variable, "").strip()
         if value:
             return variable, value

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -176,9 +176,7 @@ def jax_profile(run: JaxRun, given: DeviceProfile | None) -> DeviceProfile:
     """The simulated device: the chip's own HBM (bytes_limit), no context (the runtime's own
     bytes are the model's ``runtime_bytes``)."""
     base = given if given is not None else resolve_device("tpu-v5e")
-    if base.capacity != run.limit:
-        base = base.with_capacity(run.limit)
-    return replace(base, context_bytes=0)
+    return base.device_with(None if base.capacity == run.limit else run.limit, context=0)
 
 
 def add_jax_checks(report: ValidationReport, run: JaxRun) -> ValidationReport:

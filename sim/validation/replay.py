@@ -55,16 +55,17 @@ def simulate(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
     where ranges lie (:func:`allocsim.sim.validation.tensorflow_backend.host_placed_device`)."""
     run = ProcessReplay(trace, spec, device or SimulatedDevice(profile), call_log=True)
     # The engine samples bytes in use sparsely for its timeline; every event is wanted here.
-    run.sample_every = 1
+    run.report.sample_every = 1
     run.advance(run.n)
-    result = run.result(profile.name)
-    events = np.asarray(run.call_events, dtype=np.int64)
-    reserved = after_each_event(events, np.asarray(run.call_reserved, dtype=np.int64), run.n)
-    used = np.zeros(run.n, dtype=np.int64)
-    if run.samples:
-        at = np.asarray([s[0] for s in run.samples], dtype=np.int64)
-        used = after_each_event(at, np.asarray([s[1] for s in run.samples], dtype=np.int64),
+    result = run.result(profile.label)
+    events = np.asarray(run.report.call_events, dtype=np.int64)
+    reserved = after_each_event(events, np.asarray(run.report.call_reserved, dtype=np.int64),
                                 run.n)
+    used = np.zeros(run.n, dtype=np.int64)
+    samples = run.report.samples
+    if samples:
+        at = np.asarray([s[0] for s in samples], dtype=np.int64)
+        used = after_each_event(at, np.asarray([s[1] for s in samples], dtype=np.int64), run.n)
     view = run.view
     return Simulated(result=result, reserved=reserved, used=used,
                      calls=view.mallocs + view.frees, failed_calls=view.failed_mallocs,

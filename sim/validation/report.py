@@ -401,7 +401,7 @@ def build_report(backend: Backend, spec: PolicySpec, trace: Trace, profile: Devi
                      "(see the notes above); compare counts with care")
     return ValidationReport(
         backend=backend.name, policy=str(spec), trace=trace_facts(trace), device=device_name,
-        profile={"name": profile.name, "capacity": profile.capacity,
+        profile={"name": profile.label, "capacity": profile.capacity,
                  "granularity": profile.granularity, "map_granularity": profile.map_granularity,
                  "costs_source": profile.costs.source},
         versions=versions, date=now(), metrics=metrics, reserved_error=reserved_error,

@@ -376,9 +376,7 @@ def tensorflow_profile(profile: DeviceProfile, limit: int, given: bool) -> Devic
     base = profile if given else DeviceProfile("tensorflow-cpu", limit, granularity=1,
                                                map_granularity=1,
                                                source="TensorFlow's CPU BFC allocator")
-    if base.capacity != limit:
-        base = base.with_capacity(limit)
-    return replace(base, granularity=1)
+    return replace(base.device_with(None if base.capacity == limit else limit), granularity=1)
 
 
 def host_placed_device(profile: DeviceProfile, regions: list[tuple[int, int]]

@@ -57,8 +57,9 @@ from typing import Any
 
 from allocsim.policies import PolicySpec, PolicySpecError, parse_policy, parse_size
 from allocsim.policies.registry import alloc_conf_spec
+from allocsim.policies.settings import PyTorchSettings
 from allocsim.sim.kernel.device import DeviceProfile, resolve_device
-from allocsim.sim.kernel.device_profile import check_capacity
+from allocsim.sim.kernel.device_profile import check_capacity, read_label
 from allocsim.sim.validation.backends import BACKENDS, DEFAULT_BACKEND, Backend
 from allocsim.sim.validation.cuda_device import CudaVMM, CupyDevice
 from allocsim.sim.validation.errors import NoGPUError, ValidatorError
@@ -128,8 +129,8 @@ def _torch_model_spec(backend: Backend, capped: bool) -> PolicySpec:
             raise ValidatorError(f"{conf[0]}={conf[1]}: the pytorch model cannot take these "
                                  f"settings ({err})") from None
     if capped:
-        spec = parse_policy(f"{spec},per_process_memory_fraction=1.0" if ":" in str(spec)
-                            else f"{spec}:per_process_memory_fraction=1.0")
+        settings = PyTorchSettings(**dict(spec.params))
+        spec = parse_policy(replace(settings, per_process_memory_fraction=1.0).spec())
     return spec
 
 
@@ -161,10 +162,9 @@ def validate(trace: Trace | str | Path, policy_spec: str | PolicySpec | None = N
     # The simulated device is the memory the real backend has (given, or free on the GPU at
     # the start): a CUDA context there is already outside it, so the profile's share is not
     # taken again (issue 26.3).
-    profile = replace(_resolve_profile(device_profile), context_bytes=0)
+    named = _resolve_profile(device_profile)
     size = None if capacity is None else check_capacity(parse_size(capacity), "--capacity")
-    if size is not None and size != profile.capacity:
-        profile = profile.with_capacity(size)
+    profile = named.device_with(None if size in (None, named.capacity) else size, context=0)
     if policy_spec is None and chosen.name == "torch":
         # The model is configured as the real allocator of this process is: by the allocator
         # settings in its environment, and, with a capacity, capped by its own setting
@@ -208,7 +208,7 @@ def validate(trace: Trace | str | Path, policy_spec: str | PolicySpec | None = N
             # No profile asked for: the built-in one of this GPU, if there is one.
             profile = default_gpu_profile(cp) or profile
             if size is not None:
-                profile = profile.with_capacity(size)
+                profile = profile.device_with(size)
         if size is None and chosen.name != "policy":
             # No capacity given: simulate the memory that is free on the GPU right now.
             profile = (free_memory_profile(cp, profile) if cp is not None
@@ -319,13 +319,14 @@ def bundled_match(facts: dict[str, Any]) -> Path | None:
 
 def _profile_from_results(device: dict[str, Any]) -> DeviceProfile:
     """The comparison's device: its named profile (for the costs), with the recorded sizes."""
-    name = str(device.get("name") or "")
+    label = str(device.get("name") or "")
+    name, own_capacity = read_label(label, int(device.get("capacity") or 0))
     try:
-        profile = resolve_device(name.split("@")[0] or None)
+        profile = resolve_device(name or None)
     except ValueError:
-        profile = DeviceProfile(name or "results-device", int(device.get("capacity") or 0),
+        profile = DeviceProfile(label or "results-device", int(device.get("capacity") or 0),
                                 source="from a compare results.json (costs: defaults)")
-    return replace(profile, name=name or profile.name,
+    return replace(profile, name=name or profile.name, own_capacity=own_capacity,
                    capacity=int(device.get("capacity") or profile.capacity),
                    granularity=int(device.get("granularity") or profile.granularity),
                    map_granularity=int(device.get("map_granularity") or profile.map_granularity))

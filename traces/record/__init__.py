@@ -9,7 +9,7 @@
   and converts its ``[memory]`` events (:mod:`allocsim.traces.record.torch.profiler`);
 - :func:`jax` — ``with allocsim.traces.record.jax("run.npz"):`` records the device buffers a
   JAX program holds (arrays, each execution's temp buffer, donation) and saves the trace at
-  exit (:mod:`allocsim.traces.record.jax.recorder`; ``allocsim record --framework jax``).
+  exit (:mod:`allocsim.traces.record.jax_recorder.recorder`; ``allocsim record --framework jax``).
 
 Importing this package imports neither CuPy, torch nor JAX: each is imported when first
 needed, so the package works (and is tested) on machines without them.
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only; importing would pull in CuPy
     from allocsim.traces.model import Trace
     from allocsim.traces.record.cupy_hook import TraceRecorderHook
-    from allocsim.traces.record.jax.recorder import JaxRecorder
+    from allocsim.traces.record.jax_recorder.recorder import JaxRecorder
 
 __all__ = ["TraceRecorderHook", "cupy", "jax", "record_torch", "run_script"]
 
@@ -45,8 +45,8 @@ def jax(path: str | os.PathLike[str] | None, *, device: int = 0,
     """A recorder to use as ``with allocsim.traces.record.jax(path):``; it saves ``path`` at
     exit. ``device``: index into ``jax.devices()`` of the device recorded (default 0);
     ``metadata`` is added to the trace's. See
-    :class:`allocsim.traces.record.jax.recorder.JaxRecorder`."""
-    from allocsim.traces.record.jax.recorder import JaxRecorder
+    :class:`allocsim.traces.record.jax_recorder.recorder.JaxRecorder`."""
+    from allocsim.traces.record.jax_recorder.recorder import JaxRecorder
     return JaxRecorder(path, device=device, metadata=metadata)
 
 

@@ -94,9 +94,9 @@ def _topology(target: str, topology: str | None) -> Any:
     if libtpu_version() is None:
         raise UserInputError(f"libtpu is not installed: {_HINT}")
     try:
-        return topologies.get_topology_desc(topology_name=name, platform="tpu",
-                                            chips_per_host_bounds=(1, 1, 1) if topology is None
-                                            else None)
+        # One chip is a host of one; a slice takes libtpu's own host bounds for its name.
+        bounds = {"chips_per_host_bounds": (1, 1, 1)} if topology is None else {}
+        return topologies.get_topology_desc(topology_name=name, platform="tpu", **bounds)
     except Exception as err:   # libtpu's errors are XlaRuntimeErrors with long texts
         text = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise UserInputError(f"topology {name!r}: libtpu {libtpu_version()} does not know it "

@@ -121,7 +121,8 @@ def _min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile,
     if isinstance(normalized, str):     # OFFLINE_NAME: the only name normalize_spec keeps
         # The plan does not depend on capacity: it fits exactly when its heap and the
         # device's own share do (the same card the online policies are asked to fit).
-        heap = offline_result(trace, device.with_capacity(PROBE_CAPACITY)).peak_reserved
+        roomy = device.device_with(PROBE_CAPACITY, device.context_bytes)
+        heap = offline_result(trace, roomy).peak_reserved
         return CapacityAnswer(OFFLINE_NAME, round_up(max(heap, 1) + context, resolution),
                               peak_live, resolution, True, 1, context_bytes=context)
     spec = normalized

@@ -170,6 +170,11 @@ class CompletionOracle:
         self._watches: list[RegionWatch] = []
         self.probe = self._probe()
 
+    def _card(self, capacity: int) -> DeviceProfile:
+        """This device as a card of ``capacity`` bytes: a search over card sizes keeps the
+        device's own share (DeviceProfile.device_with's rule)."""
+        return self.device.device_with(capacity, self.device.context_bytes)
+
     def _effective(self, capacity: int) -> int:
         granularity = self.device.granularity
         return capacity // granularity * granularity
@@ -179,7 +184,7 @@ class CompletionOracle:
         native = self._native_replay(PROBE_CAPACITY, stop_on_oom=False)
         python: tuple[_RecordingDevice, RegionWatch | None, bool] | None = None
         if native is None:
-            simulated = _RecordingDevice(self.device.with_capacity(PROBE_CAPACITY))
+            simulated = _RecordingDevice(self._card(PROBE_CAPACITY))
             run = ProcessReplay(self.trace, self.spec, simulated)
             watch = self._watch(run, simulated)
             completed = self._run(run, give_up=self._core_takes(PROBE_CAPACITY))
@@ -191,7 +196,7 @@ class CompletionOracle:
             device = native[1]
             # The core's policy reads nothing of the device but its answers: what the
             # capacity decides, the Python policy built for the run read at its build.
-            watched = _RecordingDevice(self.device.with_capacity(PROBE_CAPACITY)).view(0)
+            watched = _RecordingDevice(self._card(PROBE_CAPACITY)).view(0)
             self._resolved.build(watched)
             assert isinstance(watched, _WatchedView)
             return Probe(native[0], device["peak_reserved"], device["peak_used"],
@@ -248,7 +253,7 @@ class CompletionOracle:
             return None
         if self.kind == CAPACITY_BFC_REGIONS:
             policy = self._resolved.build(
-                SimulatedDevice(self.device.with_capacity(capacity)).view(0))
+                SimulatedDevice(self._card(capacity)).view(0))
             limit = policy.memory_limit                             # type: ignore[attr-defined]
             init_curr = policy.curr_region_allocation_bytes         # type: ignore[attr-defined]
             mif = policy.max_internal_fragmentation                 # type: ignore[attr-defined]
@@ -269,7 +274,7 @@ class CompletionOracle:
         ran_out = self._native_prefix(capacity)
         if ran_out is not None:
             return ran_out
-        simulated = _RecordingDevice(self.device.with_capacity(capacity))
+        simulated = _RecordingDevice(self._card(capacity))
         run = ProcessReplay(self.trace, self.spec, simulated, stop_on_oom=True,
                             call_log=False)         # no timeline is read of a probe
         watch = self._watch(run, simulated)
@@ -298,7 +303,7 @@ class CompletionOracle:
         budget = self._python_budget()
         if budget >= len(self.trace) or not self._core_takes(capacity):
             return None
-        profile = self.device.with_capacity(capacity)
+        profile = self._card(capacity)
         state = self.shared.run(self.spec, profile, stop_on_oom=True, until=budget)
         if state is None or not state["ooms"]:
             return None
@@ -310,7 +315,7 @@ class CompletionOracle:
         """Whether the core can replay the run at ``capacity`` (a Python run of a repeating
         trace that does not repeat soon may hand over to it)."""
         return (self.shortcuts and self.native and core() is not None
-                and is_native(self.spec, self.device.with_capacity(capacity)))
+                and is_native(self.spec, self._card(capacity)))
 
     def _native_replay(self, capacity: int, *, stop_on_oom: bool, periodic: bool = True
                        ) -> tuple[bool, dict[str, int]] | None:
@@ -330,7 +335,7 @@ class CompletionOracle:
         if (periodic and (policy_class in _DECISION_STATE or policy_class in _ORDER_ONLY_STATE)
                 and self._period() is not None):
             return None
-        profile = self.device.with_capacity(capacity)
+        profile = self._card(capacity)
         state = self.shared.run(self.spec, profile, stop_on_oom=stop_on_oom)
         if state is None:
             return None
@@ -372,20 +377,20 @@ class CompletionOracle:
             if give_up and boundary + period.length > self._python_budget():
                 return None
             run.advance(boundary)
-            if run.ooms:
+            if run.report.ooms:
                 break
             then = self._moment(run, state_of, places_of)
             run.advance(boundary + period.length)
-            if run.ooms:
+            if run.report.ooms:
                 break
             now = self._moment(run, state_of, places_of)
             if then[:2] == now[:2] and period.repeats(boundary, then[2], now[2]):
                 self.skipped += run.n - run.next_index
                 return True
-        if give_up and period is not None and not run.ooms:
+        if give_up and period is not None and not run.report.ooms:
             return None
         run.advance(run.n)
-        return run.ooms == 0 and not run.stopped
+        return run.report.ooms == 0 and not run.stopped
 
     @staticmethod
     def _moment(run: ProcessReplay, state_of: Callable[[Policy], object] | None,
@@ -418,8 +423,8 @@ def _cupy_state(policy: Policy) -> object:
     is younger than all). Not: the statistics, the requested sizes."""
     pool: CuPyPoolAllocator = policy                                # type: ignore[assignment]
     stream_of = {id(arena): stream for stream, arena in pool.arenas.items()}
-    free = {key & CUPY_ADDRESS_MASK: stream for stream, arena in pool.arenas.items()
-            for key in arena.keys()}
+    free = {tie & CUPY_ADDRESS_MASK: stream for stream, arena in pool.arenas.items()
+            for _, tie in arena.keys()}
     in_use = {address: stream_of[id(arena)] for address, arena in pool.in_use.items()}
     age = {address: rank for rank, (_, address) in
            enumerate(sorted((cid, address) for address, cid in pool.cid_of.items()))}

@@ -109,7 +109,7 @@ class XlaFidelityReport:
         return {"schema": SCHEMA_VERSION, "trace": self.trace, "source": self.source,
                 "module": self.module, "platform": self.platform,
                 "alignment": self.alignment,
-                "device": {"name": self.device.name, "capacity": self.device.capacity,
+                "device": {"name": self.device.label, "capacity": self.device.capacity,
                            "granularity": self.device.granularity},
                 "values": self.values, "shared_values": self.shared_values,
                 "left_out": dict(self.left_out), "xla": dict(self.xla),
@@ -134,7 +134,7 @@ class XlaFidelityReport:
                  f"{_versus(w.plan_bytes, w.xla_bytes)}",
                  f"    peak live (lower bound) {_bytes(w.peak_live)}",
                  f"  online policies, peak reserved replaying the same buffers on "
-                 f"{self.device.name} (granularity {format_size(self.device.granularity)}):"]
+                 f"{self.device.label} (granularity {format_size(self.device.granularity)}):"]
         width = max([len(p.policy) for p in self.policies] + [6])
         lines.append(f"    {'policy':<{width}}  {'temp buffers':>14}  {'whole module':>14}")
         for p in self.policies:

@@ -22,6 +22,10 @@ from allocsim.policies.pytorch.caching import (
     parse_roundup_power2_divisions,
     round_size,
 )
+from allocsim.policies.settings import PyTorchSettings
+from allocsim.policies.settings.cupy import MEMORY_LIMIT
+from allocsim.policies.settings.jax import ALLOCATOR, MEM_FRACTION, PREALLOCATE
+from allocsim.policies.settings.tensorflow import ALLOW_GROWTH, GARBAGE_COLLECTION
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 from allocsim.sim.kernel.engine import ProcessReplay
 from allocsim.sim.questions.explain import verdict
@@ -50,7 +54,7 @@ def oom_verdict(trace: Trace, spec: str, device: DeviceProfile) -> str | None:
     run = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(device), stop_on_oom=True,
                         call_log=False)
     run.advance(len(trace))
-    oom = run.first_oom
+    oom = run.report.first_oom
     if oom is None:
         return None
     policy = run.policy
@@ -59,6 +63,11 @@ def oom_verdict(trace: Trace, spec: str, device: DeviceProfile) -> str | None:
     kind, reason = verdict(device.capacity, oom.allocated, oom.size, policy.bytes_in_use,
                            oom.reserved, oom.largest_free, needed)
     return f"{kind}: {reason}"
+
+
+def _conf(key: str, value: Any) -> str:
+    """One PyTorch setting as PYTORCH_CUDA_ALLOC_CONF writes it (``max_split_size_mb:128``)."""
+    return PyTorchSettings(**{key: value}).to_alloc_conf()
 
 
 def _pytorch(key: str, value: Any, trace: Trace, best: dict[str, Any], base: dict[str, Any],
@@ -80,7 +89,7 @@ def _pytorch(key: str, value: Any, trace: Trace, best: dict[str, Any], base: dic
         all_sizes = trace.size[trace.op == OP_ALLOC]
         oversize = int((all_sizes >= limit).sum())
         distinct = sum(1 for s in sizes if round_size(s) >= limit)
-        return (f"max_split_size_mb:{value}: blocks of {value} MiB or more are no longer split "
+        return (f"{_conf(key, value)}: blocks of {value} MiB or more are no longer split "
                 f"for smaller requests, and on a miss those cached oversize blocks are freed "
                 f"first; {oversize:,} of the trace's {len(all_sizes):,} requests ({distinct} "
                 f"distinct sizes) are that large; device calls {_calls(base)} → {_calls(best)}")
@@ -88,7 +97,7 @@ def _pytorch(key: str, value: Any, trace: Trace, best: dict[str, Any], base: dic
         table = parse_roundup_power2_divisions(str(value))
         before = len({round_size(s) for s in sizes})
         after = len({round_size(s, table) for s in sizes})
-        return (f"roundup_power2_divisions:{value} rounds requests up to steps between powers "
+        return (f"{_conf(key, value)} rounds requests up to steps between powers "
                 f"of two: the trace's {before:,} block sizes become {after:,}, so a freed block "
                 "fits later requests more often; internal fragmentation at peak live "
                 f"{f(base['internal_fragmentation'])} → {f(best['internal_fragmentation'])}")
@@ -99,7 +108,7 @@ def _pytorch(key: str, value: Any, trace: Trace, best: dict[str, Any], base: dic
                 "frees its unsplit cached blocks and retries (device frees "
                 f"{base['device_frees']:,} → {best['device_frees']:,})")
     if key == "garbage_collection_threshold":
-        return (f"garbage_collection_threshold:{value} releases the oldest cached blocks "
+        return (f"{_conf(key, value)} releases the oldest cached blocks "
                 f"whenever reserved memory passes {value} × the allowed memory, before asking "
                 "for a new segment")
     return f"{key}={value}"
@@ -108,22 +117,22 @@ def _pytorch(key: str, value: Any, trace: Trace, best: dict[str, Any], base: dic
 def _jax(key: str, value: Any, best: dict[str, Any], base: dict[str, Any],
          capacity: int | None) -> str:
     if key == "preallocate" and not value:
-        return ("XLA_PYTHON_CLIENT_PREALLOCATE=false: the allocator grows as the job needs "
+        return (f"{PREALLOCATE}=false: the allocator grows as the job needs "
                 "(BFC in doubling regions) instead of taking the whole fraction of the card at "
                 f"the first allocation; peak reserved {f(base['peak_reserved'])} → "
                 f"{f(best['peak_reserved'])}")
     if key == "fraction" and capacity is None:
-        return (f"XLA_PYTHON_CLIENT_MEM_FRACTION={fraction_text(value)}: the allocator may use "
+        return (f"{MEM_FRACTION}={fraction_text(value)}: the allocator may use "
                 f"{value:g} of the card instead of 0.75, so a smaller card holds the job")
     if key == "fraction":
-        return (f"XLA_PYTHON_CLIENT_MEM_FRACTION={fraction_text(value)}: the allocator's limit "
+        return (f"{MEM_FRACTION}={fraction_text(value)}: the allocator's limit "
                 f"is {value:g} × the card ({f(int(value * capacity))} of this card), the least "
                 "that completes under these settings")
     if key == "allocator" and value == "platform":
-        return ("XLA_PYTHON_CLIENT_ALLOCATOR=platform: no cache, every buffer is a cudaMalloc "
+        return (f"{ALLOCATOR}=platform: no cache, every buffer is a cudaMalloc "
                 f"and cudaFree: {_calls(best)}")
     if key == "allocator":
-        return ("XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async: CUDA's stream-ordered pool in 2 MiB "
+        return (f"{ALLOCATOR}=cuda_async: CUDA's stream-ordered pool in 2 MiB "
                 f"chunks instead of BFC: {_calls(best)}")
     return f"{key}={value}"
 
@@ -131,11 +140,11 @@ def _jax(key: str, value: Any, best: dict[str, Any], base: dict[str, Any],
 def _tensorflow(key: str, value: Any, best: dict[str, Any], base: dict[str, Any],
                 capacity: int | None) -> str:
     if key == "allow_growth":
-        return ("TF_FORCE_GPU_ALLOW_GROWTH=true: BFC starts with a 2 MiB region and doubles it "
+        return (f"{ALLOW_GROWTH}=true: BFC starts with a 2 MiB region and doubles it "
                 "as needed instead of taking its whole limit at the first allocation; peak "
                 f"reserved {f(base['peak_reserved'])} → {f(best['peak_reserved'])}")
     if key == "garbage_collection":
-        return ("TF_ENABLE_GPU_GARBAGE_COLLECTION=false: when growth fails, BFC no longer "
+        return (f"{GARBAGE_COLLECTION}=false: when growth fails, BFC no longer "
                 "frees its wholly free regions and retries")
     if key == "memory_fraction":
         limit = "" if capacity is None else f" ({int(value * capacity) >> 20} MiB)"
@@ -152,7 +161,7 @@ def _cupy(key: str, value: Any, best: dict[str, Any], base: dict[str, Any],
     if key == "pool":
         return f"no pool (set_allocator(None)): every buffer is a cudaMalloc: {_calls(best)}"
     if key == "limit_fraction":
-        return (f"CUPY_GPU_MEMORY_LIMIT={value * 100:.4g}%: at the limit the pool frees its "
+        return (f"{MEMORY_LIMIT}={value * 100:.4g}%: at the limit the pool frees its "
                 "cached blocks and retries; device frees "
                 f"{base['device_frees']:,} → {best['device_frees']:,}")
     return f"{key}={value}"

@@ -131,7 +131,7 @@ class TuneResult:
         return {
             "schema": TUNE_SCHEMA,
             "trace": self.trace, "framework": self.framework,
-            "device": {"name": self.device.name, "capacity": self.device.capacity,
+            "device": {"name": self.device.label, "capacity": self.device.capacity,
                        "context_bytes": self.device.context_bytes},
             "card": self.card, "max_slowdown": self.max_slowdown, "seed": self.seed,
             "answer": {"paste": self.paste, "headline": self.headline(), "rule": self.rule,

@@ -287,8 +287,8 @@ class Search:
         if answer.min_capacity is None:
             result = replay(self.trace, spec, self.device).to_json_dict()
             return result, "", None
-        result = replay(self.trace, spec,
-                        self.device.with_capacity(answer.min_capacity)).to_json_dict()
+        card = self.device.device_with(answer.min_capacity, self.device.context_bytes)
+        result = replay(self.trace, spec, card).to_json_dict()
         return result, "", answer.min_capacity
 
     def ok(self, trial: Trial) -> bool:

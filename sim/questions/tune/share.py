@@ -60,7 +60,7 @@ class ShareAnswer:
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"framework": self.framework,
-                "device": {"name": self.device.name, "capacity": self.device.capacity},
+                "device": {"name": self.device.label, "capacity": self.device.capacity},
                 "fits": self.fits, "base": self.base, "reason": self.reason,
                 "device_peak": self.device_peak, "attempts": self.attempts,
                 "jobs": [{"trace": j.name, "setting": dict(j.setting.values),
@@ -70,7 +70,7 @@ class ShareAnswer:
 
     def text(self) -> str:
         lines = [f"tune {len(self.jobs) or 'the'} jobs as {self.framework} on one card "
-                 f"{self.device.name} ({format_size(self.device.capacity)}), all starting "
+                 f"{self.device.label} ({format_size(self.device.capacity)}), all starting "
                  "together", ""]
         if not self.fits:
             lines.append("ANSWER: " + self.reason)

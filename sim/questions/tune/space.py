@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from itertools import product
 from typing import Any, ClassVar
 
@@ -40,14 +40,21 @@ from allocsim.errors import UserInputError
 from allocsim.policies import format_size, parse_policy
 from allocsim.policies.pytorch.caching import (
     get_allocation_size,
-    parse_alloc_conf,
     parse_roundup_power2_divisions,
     round_size,
 )
+from allocsim.policies.settings import (
+    CuPySettings,
+    JaxSettings,
+    PyTorchSettings,
+    TensorFlowSettings,
+)
+from allocsim.policies.settings.cupy import POOLS
+from allocsim.policies.settings.jax import fraction_text
+from allocsim.policies.settings.pytorch import ALLOC_CONF, ASYNC, NATIVE
 from allocsim.traces.model import OP_ALLOC, Trace
 
 MiB = 1 << 20
-NEVER_RELEASE = 1 << 60          # a release threshold no card reaches (UINT64_MAX in CUDA)
 FRAMEWORKS = ("pytorch", "jax", "tensorflow", "cupy")
 
 
@@ -89,10 +96,10 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def fraction_text(value: float) -> str:
-    """``0.62`` → ``.62`` (as JAX's documentation writes it); ``1.0`` → ``1``."""
-    text = f"{value:.3f}".rstrip("0").rstrip(".")
-    return text[1:] if text.startswith("0.") else text
+def _defaults(settings: type, but: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What tune searches of a settings value: its fields (but ``but``) at their defaults, in
+    the value's order."""
+    return {f.name: f.default for f in fields(settings) if f.name not in but}
 
 
 class Framework:
@@ -100,6 +107,7 @@ class Framework:
     paste. Subclasses fill the class attributes and the four methods."""
 
     name = ""
+    settings: ClassVar[Any] = None          # the typed value's class (policies/settings/)
     defaults: ClassVar[dict[str, Any]] = {}
     fraction_key = ""                       # the share-of-the-card setting ("" = none)
     not_modelled: tuple[str, ...] = ()
@@ -128,15 +136,33 @@ class Framework:
         """Whether the fraction changes anything under this setting's other choices."""
         return bool(self.fraction_key)
 
+    def value(self, setting: Setting) -> Any:
+        """The framework's typed settings value (policies/settings/) ``setting`` stands for."""
+        return self.settings(**self.full(setting))
+
+    def setting_of(self, value: Any) -> Setting:
+        """The tune setting a settings value is (its searched fields)."""
+        return self.make({k: v for k, v in asdict(value).items() if k in self.defaults})
+
     def spec(self, setting: Setting, capacity: int | None = None) -> str:
-        raise NotImplementedError
+        """The registry spec of the model that stands for ``setting``."""
+        return str(self._ask(lambda: self.value(setting).spec(capacity)))
 
     def paste(self, setting: Setting, capacity: int | None = None) -> list[str]:
         """The lines to paste (environment first, then code); [] for the defaults."""
-        raise NotImplementedError
+        return list(self._ask(lambda: self.value(setting).paste(capacity)))
 
     def parse_current(self, text: str) -> Setting:
-        raise NotImplementedError
+        """The setting a job runs with today, as the framework reads ``text``."""
+        return self.setting_of(self._ask(lambda: self.settings.from_env(text)))
+
+    @staticmethod
+    def _ask(question: Any) -> Any:
+        """A settings value's answer; its one-line refusal as tune's."""
+        try:
+            return question()
+        except ValueError as err:
+            raise TuneInputError(str(err)) from None
 
     def modelled_as(self, setting: Setting, capacity: int | None = None) -> tuple[Any, ...]:
         """What the model runs for ``setting``: the policy and its exact parameters, the
@@ -176,10 +202,20 @@ def _largest_segment(trace: Trace) -> int:
 
 class PyTorch(Framework):
     name = "pytorch"
+    settings = PyTorchSettings
+    # tune's fraction 0.0 is "none" (it searches fractions in (0, 1]); the value's is None
+    # (PyTorch's 0.0 is a limit of 0 bytes).
     defaults: ClassVar[dict[str, Any]] = {
-        "backend": "native", "expandable_segments": False, "max_split_size_mb": 0,
-        "roundup_power2_divisions": "", "garbage_collection_threshold": 0.0,
+        **_defaults(PyTorchSettings, but=("max_non_split_rounding_mb",)),
         "per_process_memory_fraction": 0.0}
+
+    def value(self, setting: Setting) -> PyTorchSettings:
+        fraction = setting.get(self.fraction_key) or None
+        return replace(super().value(setting), per_process_memory_fraction=fraction)
+
+    def setting_of(self, value: Any) -> Setting:
+        return super().setting_of(replace(
+            value, per_process_memory_fraction=value.per_process_memory_fraction or 0.0))
     fraction_key = "per_process_memory_fraction"
     not_modelled = (
         "backend:cudaMallocAsync with per_process_memory_fraction (the async backend's "
@@ -193,53 +229,13 @@ class PyTorch(Framework):
     def discrete(self, trace: Trace, capacity: int | None) -> Iterator[Setting]:
         splits = [0, *max_split_candidates(trace)]
         for expandable, split, roundup in product((False, True), splits, ROUNDUP_CHOICES):
-            yield self.make({"expandable_segments": expandable, "max_split_size_mb": split,
-                             "roundup_power2_divisions": roundup})
-        yield self.make({"backend": "cudaMallocAsync"})
+            yield self.setting_of(PyTorchSettings(expandable_segments=expandable,
+                                                  max_split_size_mb=split,
+                                                  roundup_power2_divisions=roundup))
+        yield self.setting_of(PyTorchSettings(backend=ASYNC))
 
     def fraction_applies(self, setting: Setting) -> bool:
-        return setting.get("backend", "native") == "native"
-
-    def spec(self, setting: Setting, capacity: int | None = None) -> str:
-        v = self.full(setting)
-        if v["backend"] == "cudaMallocAsync":
-            return f"cuda-async:release_threshold={NEVER_RELEASE}"
-        params = []
-        if v["expandable_segments"]:
-            params.append("expandable_segments=true")
-        if v["max_split_size_mb"]:
-            params.append(f"max_split_size_mb={v['max_split_size_mb']}")
-        if v["roundup_power2_divisions"]:
-            params.append("roundup_power2_divisions="
-                          + v["roundup_power2_divisions"].replace(",", ";"))
-        if v["garbage_collection_threshold"]:
-            params.append(f"garbage_collection_threshold={v['garbage_collection_threshold']}")
-        if v["per_process_memory_fraction"]:
-            params.append(f"per_process_memory_fraction={v['per_process_memory_fraction']}")
-        return "pytorch" + (":" + ",".join(params) if params else "")
-
-    def paste(self, setting: Setting, capacity: int | None = None) -> list[str]:
-        v = self.full(setting)
-        conf = []
-        if v["backend"] != "native":
-            conf.append(f"backend:{v['backend']}")
-        if v["expandable_segments"]:
-            conf.append("expandable_segments:True")
-        if v["max_split_size_mb"]:
-            conf.append(f"max_split_size_mb:{v['max_split_size_mb']}")
-        if v["roundup_power2_divisions"]:
-            conf.append(f"roundup_power2_divisions:{v['roundup_power2_divisions']}")
-        if v["garbage_collection_threshold"]:
-            conf.append(f"garbage_collection_threshold:{v['garbage_collection_threshold']}")
-        lines = []
-        if conf:
-            text = ",".join(conf)
-            lines.append(f"PYTORCH_CUDA_ALLOC_CONF='{text}'" if "[" in text
-                         else f"PYTORCH_CUDA_ALLOC_CONF={text}")
-        if v["per_process_memory_fraction"]:
-            lines.append("torch.cuda.set_per_process_memory_fraction("
-                         f"{v['per_process_memory_fraction']:g})")
-        return lines
+        return self.value(setting).backend == NATIVE
 
     def parse_current(self, text: str) -> Setting:
         """``PYTORCH_CUDA_ALLOC_CONF=...`` (or the bare value) as PyTorch parses it, plus
@@ -257,28 +253,12 @@ class PyTorch(Framework):
                 raise TuneInputError("set_per_process_memory_fraction: invalid fraction "
                                      f"{fraction:g}, has to be in (0, 1]")
             body = (body[:match.start()] + body[match.end():]).strip(" ;")
-        backend = "native"
-        if re.search(r"backend\s*:\s*cudaMallocAsync", body):
-            backend = "cudaMallocAsync"
-            body = re.sub(r"backend\s*:\s*cudaMallocAsync\s*,?", "", body).rstrip(", ")
-        try:
-            params = parse_alloc_conf(body) if body.split("=", 1)[-1].strip("'\" ") else {}
-        except ValueError as err:
-            raise TuneInputError(str(err)) from None
-        values: dict[str, Any] = {"backend": backend, "per_process_memory_fraction": fraction}
-        for key, value in params.items():
-            if key == "expandable_segments":
-                values[key] = value == "true"
-            elif key == "roundup_power2_divisions":
-                values[key] = value.replace(";", ",")
-            elif key == "garbage_collection_threshold":
-                values[key] = float(value)
-            elif key == "max_split_size_mb":
-                values[key] = int(value)
-            else:
-                raise TuneInputError(f"PYTORCH_CUDA_ALLOC_CONF: {key} is modelled but not "
-                                     "searched by tune; leave it out")
-        return self.make(values)
+        conf = self._ask(lambda: PyTorchSettings.from_alloc_conf(body))
+        for key in conf.changed():
+            if key not in self.defaults or key == self.fraction_key:
+                raise TuneInputError(f"{ALLOC_CONF}: {key} is modelled but not searched by "
+                                     "tune; leave it out")
+        return self.setting_of(replace(conf, per_process_memory_fraction=fraction or None))
 
     # -- sharing: settings that cannot change the outcome on this trace ------------------
     def canonical(self, setting: Setting, trace: Trace, sizes: list[int]) -> Setting:
@@ -288,20 +268,20 @@ class PyTorch(Framework):
         block is oversize: every rule that reads max_split_size decides as unset, and the
         OOM path's release of oversize blocks finds none); a GC threshold without a fraction
         (PyTorch runs GC only when a fraction is set)."""
-        v = dict(setting.values)
-        if setting.get("backend", "native") != "native":
+        v = self.value(setting)
+        if v.backend != NATIVE:
             return setting
-        table = v.get("roundup_power2_divisions")
+        table = v.roundup_power2_divisions
         if table and all(round_size(s, parse_roundup_power2_divisions(table)) == round_size(s)
                          for s in sizes):
-            v.pop("roundup_power2_divisions")
-        split = v.get("max_split_size_mb")
-        if (split and not v.get("expandable_segments")
-                and split * MiB > _largest_block(sizes, v.get("roundup_power2_divisions"))):
-            v.pop("max_split_size_mb")
-        if v.get("garbage_collection_threshold") and not v.get("per_process_memory_fraction"):
-            v.pop("garbage_collection_threshold")
-        return self.make(v)
+            v = replace(v, roundup_power2_divisions="")
+        split = v.max_split_size_mb
+        if (split and not v.expandable_segments
+                and split * MiB > _largest_block(sizes, v.roundup_power2_divisions or None)):
+            v = replace(v, max_split_size_mb=0)
+        if v.garbage_collection_threshold and v.per_process_memory_fraction is None:
+            v = replace(v, garbage_collection_threshold=0.0)
+        return self.setting_of(v)
 
 
 def _largest_block(sizes: list[int], table: str | None) -> int:
@@ -315,7 +295,8 @@ def _largest_block(sizes: list[int], table: str | None) -> int:
 # ==================================================================================== JAX
 class Jax(Framework):
     name = "jax"
-    defaults: ClassVar[dict[str, Any]] = {"allocator": "bfc", "preallocate": True, "fraction": 0.75}
+    settings = JaxSettings
+    defaults: ClassVar[dict[str, Any]] = _defaults(JaxSettings)
     fraction_key = "fraction"
     not_modelled = ("XLA_PYTHON_CLIENT_ALLOCATOR=vmm",
                     "XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB (collective memory)",
@@ -329,80 +310,19 @@ class Jax(Framework):
     def discrete(self, trace: Trace, capacity: int | None) -> Iterator[Setting]:
         for allocator in ("bfc", "cuda_async"):
             for preallocate in (True, False):
-                yield self.make({"allocator": allocator, "preallocate": preallocate})
-        yield self.make({"allocator": "platform"})
+                yield self.setting_of(JaxSettings(allocator=allocator, preallocate=preallocate))
+        yield self.setting_of(JaxSettings(allocator="platform"))
 
     def fraction_applies(self, setting: Setting) -> bool:
-        v = self.full(setting)
-        return v["allocator"] == "bfc" or (v["allocator"] == "cuda_async" and v["preallocate"])
-
-    def spec(self, setting: Setting, capacity: int | None = None) -> str:
-        v = self.full(setting)
-        return (f"jax:allocator={v['allocator']},preallocate={str(v['preallocate']).lower()},"
-                f"fraction={v['fraction']}")
-
-    def paste(self, setting: Setting, capacity: int | None = None) -> list[str]:
-        v = dict(setting.values)
-        env = []
-        if "preallocate" in v:
-            env.append(f"XLA_PYTHON_CLIENT_PREALLOCATE={str(v['preallocate']).lower()}")
-        if "fraction" in v:
-            env.append(f"XLA_PYTHON_CLIENT_MEM_FRACTION={fraction_text(v['fraction'])}")
-        if "allocator" in v:
-            env.append(f"XLA_PYTHON_CLIENT_ALLOCATOR={v['allocator']}")
-        return [" ".join(env)] if env else []
-
-    def parse_current(self, text: str) -> Setting:
-        """``VAR=VALUE`` words, as jax/_src/xla_bridge.py reads the environment."""
-        values: dict[str, Any] = {}
-        seen: dict[str, str] = {}
-        for word in text.split():
-            name, equals, value = word.partition("=")
-            if not equals:
-                raise TuneInputError(f"jax: expected VAR=VALUE, got {word!r}")
-            seen[name] = value.strip("'\"")
-        fractions = [seen[k] for k in ("XLA_CLIENT_MEM_FRACTION",
-                                       "XLA_PYTHON_CLIENT_MEM_FRACTION") if k in seen]
-        if len(fractions) == 2:
-            raise TuneInputError("XLA_CLIENT_MEM_FRACTION is specified together with "
-                                 "XLA_PYTHON_CLIENT_MEM_FRACTION. Remove the latter one, "
-                                 "it is deprecated.")
-        for name, value in seen.items():
-            if name == "XLA_PYTHON_CLIENT_ALLOCATOR":
-                allocator = value.lower()
-                if allocator == "vmm":
-                    raise TuneInputError("XLA_PYTHON_CLIENT_ALLOCATOR=vmm is a JAX allocator "
-                                         "allocsim does not model")
-                if allocator not in ("default", "platform", "bfc", "cuda_async"):
-                    raise TuneInputError('XLA_PYTHON_CLIENT_ALLOCATOR env var must be '
-                                         '"default", "platform", "bfc", or "cuda_async", '
-                                         f'got "{allocator}"')
-                values["allocator"] = "bfc" if allocator == "default" else allocator
-            elif name in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
-                try:
-                    fraction = float(value)
-                except ValueError:
-                    raise TuneInputError(f"{name}: could not convert string to float: "
-                                         f"{value!r}") from None
-                if not 0.0 < fraction <= 1.0:
-                    raise TuneInputError(f"{name}={value}: a fraction of the card in (0, 1] "
-                                         "is modelled")
-                values["fraction"] = fraction
-            elif name == "XLA_PYTHON_CLIENT_PREALLOCATE":
-                values["preallocate"] = value not in ("false", "False", "0")
-            else:
-                raise TuneInputError(f"jax: unknown setting {name!r}; known: "
-                                     "XLA_PYTHON_CLIENT_PREALLOCATE, "
-                                     "XLA_PYTHON_CLIENT_MEM_FRACTION (or XLA_CLIENT_MEM_FRACTION),"
-                                     " XLA_PYTHON_CLIENT_ALLOCATOR")
-        return self.make(values)
+        v = self.value(setting)
+        return v.allocator == "bfc" or (v.allocator == "cuda_async" and v.preallocate)
 
 
 # ============================================================================= TensorFlow
 class TensorFlow(Framework):
     name = "tensorflow"
-    defaults: ClassVar[dict[str, Any]] = {
-        "allow_growth": False, "garbage_collection": True, "memory_fraction": 0.0}
+    settings = TensorFlowSettings
+    defaults: ClassVar[dict[str, Any]] = _defaults(TensorFlowSettings)
     fraction_key = "memory_fraction"
     not_modelled = ("TF_GPU_ALLOCATOR=cuda_malloc_async",
                     "the memory TensorFlow leaves to the system by default (the whole card is "
@@ -412,62 +332,15 @@ class TensorFlow(Framework):
 
     def discrete(self, trace: Trace, capacity: int | None) -> Iterator[Setting]:
         for growth, collect in product((False, True), (True, False)):
-            yield self.make({"allow_growth": growth, "garbage_collection": collect})
-
-    def _limit_mb(self, fraction: float, capacity: int | None) -> int:
-        if capacity is None:
-            raise TuneInputError("tensorflow: a memory limit needs a card (--device or "
-                                 "--capacity)")
-        return max(1, int(fraction * capacity) // MiB)
-
-    def spec(self, setting: Setting, capacity: int | None = None) -> str:
-        v = self.full(setting)
-        params = [f"allow_growth={str(v['allow_growth']).lower()}",
-                  f"garbage_collection={str(v['garbage_collection']).lower()}"]
-        if v["memory_fraction"]:
-            params.append(f"memory_limit={self._limit_mb(v['memory_fraction'], capacity)}MiB")
-        return "bfc:" + ",".join(params)
-
-    def paste(self, setting: Setting, capacity: int | None = None) -> list[str]:
-        v = dict(setting.values)
-        env = []
-        if "allow_growth" in v:
-            env.append(f"TF_FORCE_GPU_ALLOW_GROWTH={str(v['allow_growth']).lower()}")
-        if "garbage_collection" in v:
-            env.append("TF_ENABLE_GPU_GARBAGE_COLLECTION="
-                       f"{str(v['garbage_collection']).lower()}")
-        lines = [" ".join(env)] if env else []
-        if v.get("memory_fraction"):
-            limit = self._limit_mb(v["memory_fraction"], capacity)
-            lines.append("tf.config.set_logical_device_configuration(tf.config."
-                         "list_physical_devices('GPU')[0], [tf.config."
-                         f"LogicalDeviceConfiguration(memory_limit={limit})])")
-        return lines
-
-    def parse_current(self, text: str) -> Setting:
-        """``TF_FORCE_GPU_ALLOW_GROWTH`` / ``TF_ENABLE_GPU_GARBAGE_COLLECTION`` take exactly
-        ``true`` or ``false`` (gpu_bfc_allocator.cc; anything else TensorFlow logs as an error
-        and ignores — refused here, since the job would not run with what was meant)."""
-        values: dict[str, Any] = {}
-        keys = {"TF_FORCE_GPU_ALLOW_GROWTH": "allow_growth",
-                "TF_ENABLE_GPU_GARBAGE_COLLECTION": "garbage_collection"}
-        for word in text.split():
-            name, equals, value = word.partition("=")
-            if name not in keys or not equals:
-                raise TuneInputError(f"tensorflow: unknown setting {word!r}; known: "
-                                     + ", ".join(f"{k}=true|false" for k in keys))
-            value = value.strip("'\"")
-            if value not in ("true", "false"):
-                raise TuneInputError(f"The {name} environment variable is set but could not "
-                                     f"be parsed: {value!r} (TensorFlow accepts true or false)")
-            values[keys[name]] = value == "true"
-        return self.make(values)
+            yield self.setting_of(TensorFlowSettings(allow_growth=growth,
+                                                     garbage_collection=collect))
 
 
 # =================================================================================== CuPy
 class CuPy(Framework):
     name = "cupy"
-    defaults: ClassVar[dict[str, Any]] = {"pool": "default", "limit_fraction": 0.0}
+    settings = CuPySettings
+    defaults: ClassVar[dict[str, Any]] = _defaults(CuPySettings)
     fraction_key = "limit_fraction"
     not_modelled = ("MemoryAsyncPool's soft cap at its limit (its release threshold is "
                     "modelled; pool trimming is assumed at every free, the most it can do)",
@@ -476,60 +349,11 @@ class CuPy(Framework):
                 "cupy/cuda/memory.pyx")
 
     def discrete(self, trace: Trace, capacity: int | None) -> Iterator[Setting]:
-        for pool in ("default", "async", "none"):
-            yield self.make({"pool": pool})
+        for pool in POOLS:
+            yield self.setting_of(CuPySettings(pool=pool))
 
     def fraction_applies(self, setting: Setting) -> bool:
-        return setting.get("pool", "default") in ("default", "async")
-
-    def spec(self, setting: Setting, capacity: int | None = None) -> str:
-        v = self.full(setting)
-        if v["pool"] == "none":
-            return "on-demand"
-        if v["pool"] == "async":
-            if v["limit_fraction"]:
-                if capacity is None:
-                    raise TuneInputError("cupy: an async pool's limit needs a card")
-                return f"cuda-async:release_threshold={int(v['limit_fraction'] * capacity)}"
-            return f"cuda-async:release_threshold={NEVER_RELEASE}"
-        if v["limit_fraction"]:
-            return f"cupy:fraction={v['limit_fraction']}"
-        return "cupy"
-
-    def paste(self, setting: Setting, capacity: int | None = None) -> list[str]:
-        v = self.full(setting)
-        lines = []
-        if v["limit_fraction"]:
-            lines.append(f"CUPY_GPU_MEMORY_LIMIT={v['limit_fraction'] * 100:.4g}%")
-        if v["pool"] == "async":
-            lines.append("cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)")
-        elif v["pool"] == "none":
-            lines.append("cupy.cuda.set_allocator(None)")
-        return lines
-
-    def parse_current(self, text: str) -> Setting:
-        """``CUPY_GPU_MEMORY_LIMIT=N%`` (or bytes: needs the card, refused here) and
-        ``pool=default|async|none``."""
-        values: dict[str, Any] = {}
-        for word in text.split():
-            name, equals, value = word.partition("=")
-            if name == "CUPY_GPU_MEMORY_LIMIT" and equals:
-                if not value.endswith("%"):
-                    raise TuneInputError("CUPY_GPU_MEMORY_LIMIT: give it as a share of the "
-                                         f"card, e.g. 50%; got {value!r}")
-                try:
-                    fraction = float(value[:-1]) / 100
-                except ValueError:
-                    raise TuneInputError(f"CUPY_GPU_MEMORY_LIMIT: bad value {value!r}") from None
-                if not 0 <= fraction <= 1:
-                    raise TuneInputError(f"memory limit fraction out of range: {fraction}")
-                values["limit_fraction"] = fraction
-            elif name == "pool" and value in ("default", "async", "none"):
-                values["pool"] = value
-            else:
-                raise TuneInputError(f"cupy: unknown setting {word!r}; known: "
-                                     "CUPY_GPU_MEMORY_LIMIT=N%, pool=default|async|none")
-        return self.make(values)
+        return self.value(setting).pool in ("default", "async")
 
 
 FRAMEWORK: dict[str, Framework] = {f.name: f for f in (PyTorch(), Jax(), TensorFlow(), CuPy())}

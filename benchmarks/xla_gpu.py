@@ -1,6 +1,6 @@
 """What compile_for costs over a plain deviceless compile (issue 26: within 1.5×).
 
-``python -m experiments.bench_xla_gpu [--repeats 3] [--layers 8] [--width 2048]`` compiles the
+``python -m benchmarks.xla_gpu [--repeats 3] [--layers 8] [--width 2048]`` compiles the
 same MLP training step for the h100-80g target, alternating plain
 ``jax.jit(step, donate_argnums=0).lower(*args).compile()`` and
 :func:`allocsim.traces.record.xla_gpu.compile_for` (which adds XLA's dump files, reading them and
@@ -14,13 +14,15 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from allocsim.traces.record import xla_gpu
 
 xla_gpu.prepare()
 
 
-def make_step(layers: int):  # a fresh function object: jax caches compiles per function
+def make_step(layers: int) -> Callable[..., Any]:  # a fresh function: jax caches per function
     import jax
     import jax.numpy as jnp
 

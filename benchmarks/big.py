@@ -1,6 +1,6 @@
 """Benchmark: a very large trace (500 million events) loaded and replayed in the native core.
 
-    python -m experiments.bench_big [--events 500000000] [--kind transformer]
+    python -m benchmarks.big [--events 500000000] [--kind transformer]
                                     [--policies bfc pytorch] [--dir /tmp] [--trace FILE]
 
 Issue 27.4's target: a 500-million-event trace replays in under 16 GiB. The trace is written
@@ -10,7 +10,7 @@ generator's trace, never held in memory), then each policy, in a fresh subproces
 (:func:`~allocsim.sim.kernel.engine.replay`, which takes the core); the file is deleted at the
 end (``--trace FILE`` replays an existing file instead, and keeps it). Per policy: the
 process's peak RSS (VmHWM: imports, loading and replay — the figure the target is about), its
-bytes/event (over the RSS after imports, as bench_native's ``--memory``), loading's and the
+bytes/event (over the RSS after imports, as native.py's ``--memory``), loading's and the
 replay's wall and CPU seconds, the replay's events/s, and whether the run completed. One
 policy's process at a time: two would not fit beside each other in a 23 GB machine.
 """
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments.bench_replay import _peak_rss_bytes, _rss_bytes
+from benchmarks.replay import _peak_rss_bytes, _rss_bytes
 
 TARGET_BYTES = 16 << 30    # the whole process's peak, loading included
 
@@ -84,7 +84,7 @@ def run_policies(path: str, policies: list[str], device: str) -> list[dict]:
     rows = []
     for policy in policies:
         output = subprocess.run(
-            [sys.executable, "-m", "experiments.bench_big", "--device", device,
+            [sys.executable, "-m", "benchmarks.big", "--device", device,
              "--one", policy, path], check=True, capture_output=True, text=True, env=env).stdout
         row = json.loads(output.strip().splitlines()[-1])
         rows.append(row)

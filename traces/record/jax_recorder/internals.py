@@ -1,7 +1,7 @@
 """The JAX recorder's one contact with JAX internals (tested against jax 0.10.x).
 
 No public JAX API reports when a device buffer is created, so
-:mod:`allocsim.traces.record.jax.recorder` needs hooks inside JAX's dispatch. They are all
+:mod:`allocsim.traces.record.jax_recorder.recorder` needs hooks inside JAX's dispatch. They are all
 here, so that a JAX upgrade breaks one module, and :func:`check_version` refuses a version
 they were not tested against in one line.
 

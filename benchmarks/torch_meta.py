@@ -1,6 +1,6 @@
 """Benchmark: the PyTorch meta recorder on a 1.3B-parameter GPT training step.
 
-    python -m experiments.bench_torch_meta [--width 2048] [--layers 24] [--repeats 1]
+    python -m benchmarks.torch_meta [--width 2048] [--layers 24] [--repeats 1]
 
 Runs ``tests/torch_programs/gpt_adamw.py`` (two AdamW steps; width, 24 blocks, 16 heads, batch
 8, length 1024, a 32,000-way head) in this process, on the meta device, twice per repeat:
@@ -28,10 +28,15 @@ import sys
 import time
 from pathlib import Path
 
+from allocsim.traces.model import Trace
+
+# What a run leaves: the trace (None unrecorded), live storages, bytes per storage, event bytes.
+Facts = tuple[Trace | None, int, int, int]
+
 PROGRAM = Path(__file__).resolve().parents[1] / "tests" / "torch_programs" / "gpt_adamw.py"
 
 
-def _run(argv: list[str], recorded: bool) -> tuple[float, float, object]:
+def _run(argv: list[str], recorded: bool) -> tuple[float, float, Facts]:
     from allocsim.traces.record.torch.meta import record_cuda
 
     saved = sys.argv
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # noqa: F401  (imported before timing: its import is not the recorder's)
 
     floor = recorded = floor_cpu = recorded_cpu = float("inf")
-    facts: tuple = (None, 0, 0, 0)
+    facts: Facts = (None, 0, 0, 0)
     for _ in range(args.repeats):
         seconds, cpu, _ = _run(program_args, recorded=False)
         floor, floor_cpu = min(floor, seconds), min(floor_cpu, cpu)

@@ -31,8 +31,8 @@ the op that produced the output (``jit(update)/sub``, ``jit(update)/temp``); an 
 tagged with its primitive (``add``). Times are ``time.perf_counter_ns()`` from the start of
 recording, taken when Python dispatches (JAX runs asynchronously: the order is the program's,
 the times are dispatch times). How the hooks reach inside JAX:
-:mod:`allocsim.traces.record.jax.internals`; how the buffers and the Arrays on them are
-followed, and the event rows kept: :mod:`allocsim.traces.record.jax.buffers`.
+:mod:`allocsim.traces.record.jax_recorder.internals`; how the buffers and the Arrays on them are
+followed, and the event rows kept: :mod:`allocsim.traces.record.jax_recorder.buffers`.
 """
 
 from __future__ import annotations
@@ -44,11 +44,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from allocsim.errors import UserInputError
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 from allocsim.traces.record.abrupt_end import AbruptEnd, partial_reason
-from allocsim.traces.record.jax import internals as jax_internals
-from allocsim.traces.record.jax.buffers import BufferBook, DevicePlacement, Ref
+from allocsim.traces.record.jax_recorder import internals as jax_internals
+from allocsim.traces.record.jax_recorder.buffers import BufferBook, DevicePlacement, Ref
+from allocsim.traces.record.jax_recorder.runtime_records import RuntimeRecords
 from allocsim.traces.record.recording_end import SavedOnce, finished, recorder_header, trace_name
 
 __all__ = ["PROLOGUE_TAG", "RECORDER", "JaxRecorder", "active_recorder"]
@@ -87,8 +90,12 @@ class JaxRecorder(SavedOnce):
 
     def __init__(self, output: str | os.PathLike[str] | None = None, *, device: int = 0,
                  metadata: dict[str, Any] | None = None,
-                 on_abrupt_end: Callable[[Trace, str], None] | None = None) -> None:
+                 on_abrupt_end: Callable[[Trace, str], None] | None = None,
+                 runtime_records: bool = True) -> None:
         self.claim(output)  # now: before the program runs (it may change folder)
+        # On a TPU, the runtime's own records too (NAME.runtime.npz beside the output).
+        self._runtime = RuntimeRecords(self.output) if runtime_records else None
+        self.runtime_trace: Trace | None = None
         self.device_index = device
         self.metadata = dict(metadata or {})
         self.trace: Trace | None = None  # set by close()
@@ -131,6 +138,8 @@ class JaxRecorder(SavedOnce):
                                           self._on_delete)
         self._hooks.install()
         _ACTIVE.append(self)
+        if self._runtime is not None:
+            self._runtime.start(self._device.platform)
         if self.output is not None:
             self._abrupt = AbruptEnd(self._end_abruptly)
             self._abrupt.install()
@@ -157,6 +166,9 @@ class JaxRecorder(SavedOnce):
                 self._hooks.uninstall()
                 self._hooks = None
             self._end_check = self._check_against_live_arrays()
+            if self._runtime is not None:
+                self.runtime_trace = self._runtime.stop(self.peak_live_bytes())
+                self.metadata["runtime_records"] = self._runtime.summary
         finally:
             if self in _ACTIVE:
                 _ACTIVE.remove(self)
@@ -346,6 +358,12 @@ class JaxRecorder(SavedOnce):
         rows = self._book.rows()
         sizes = rows[:, 3]
         return int(sizes[rows[:, 1] == OP_ALLOC].sum() - sizes[rows[:, 1] == OP_FREE].sum())
+
+    def peak_live_bytes(self) -> int:
+        """The most bytes the recording held live at once so far."""
+        rows = self._book.rows()
+        signed = np.where(rows[:, 1] == OP_ALLOC, rows[:, 3], -rows[:, 3])
+        return int(np.cumsum(signed).max(initial=0))
 
     def _check_against_live_arrays(self) -> dict[str, Any]:
         """The recording's live bytes against ``jax.live_arrays()`` now (kept in metadata)."""

@@ -1,9 +1,9 @@
 """Benchmark: replay speed (events/second) and memory per event of every policy.
 
-    python -m experiments.bench_replay [--events 1000000] [--kind training] [--policies ...]
-    python -m experiments.bench_replay --memory      # bytes/event, one subprocess per policy
-    python -m experiments.bench_replay --memory --events 10000000     # issue 17's 10M events
-    python -m experiments.bench_replay --memory --trace t10m.npz      # or a saved trace
+    python -m benchmarks.replay [--events 1000000] [--kind training] [--policies ...]
+    python -m benchmarks.replay --memory      # bytes/event, one subprocess per policy
+    python -m benchmarks.replay --memory --events 10000000     # issue 17's 10M events
+    python -m benchmarks.replay --memory --trace t10m.npz      # or a saved trace
 
 Speed (the default, issue 17): generates the trace once and, in this one process, times the
 floor — a bare Python dict loop over the same events (alloc: ``d[id] = size``, running sum,
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for policy in policies:
             output = subprocess.run(
-                [sys.executable, "-m", "experiments.bench_replay", "--device", args.device,
+                [sys.executable, "-m", "benchmarks.replay", "--device", args.device,
                  "--one", policy, path], check=True, capture_output=True, text=True).stdout
             row = json.loads(output.strip().splitlines()[-1])
             rows.append(row)

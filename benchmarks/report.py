@@ -1,7 +1,7 @@
 """Benchmark: the HTML report of a long trace — its size, how long it takes to write, and how
 long it takes a browser to open.
 
-    python -m experiments.bench_report [--events 1000000]
+    python -m benchmarks.report [--events 1000000]
 
 Replays a synthetic training trace of about ``--events`` events through the default policies
 (not the offline plan: its planner, not the report, would dominate the run), writes

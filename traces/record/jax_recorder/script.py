@@ -1,7 +1,7 @@
 """Run a Python script under the JAX recorder (``allocsim record --framework jax``).
 
 :func:`record_script` runs ``[python] script.py args`` (or ``-m module``) as ``__main__`` inside
-a :class:`~allocsim.traces.record.jax.recorder.JaxRecorder` and saves the trace however the
+a :class:`~allocsim.traces.record.jax_recorder.recorder.JaxRecorder` and saves the trace however the
 script ends: normally, by its own exception or ``sys.exit(n)``, by Ctrl-C or SIGTERM (the
 command line turns SIGTERM into an exception, :mod:`allocsim.interrupts`; without it the
 recorder's own handler saves, :mod:`~allocsim.traces.record.abrupt_end`), or by ``os._exit(n)``.
@@ -20,8 +20,8 @@ from typing import Any
 from allocsim.interrupts import exit_status
 from allocsim.traces.model import Trace
 from allocsim.traces.record.abrupt_end import partial_reason
-from allocsim.traces.record.jax import internals as jax_internals
-from allocsim.traces.record.jax.recorder import JaxRecorder
+from allocsim.traces.record.jax_recorder import internals as jax_internals
+from allocsim.traces.record.jax_recorder.recorder import JaxRecorder
 from allocsim.traces.record.recording_end import leave_if_forked
 from allocsim.traces.record.script_args import as_main, run_as_main, script_metadata, split_argv
 

@@ -1,8 +1,8 @@
 """Benchmark: the native core's speed and memory, as ratios to floors measured in the same run.
 
-    python -m experiments.bench_native [--events 1000000] [--kind transformer] [--repeat 3]
-    python -m experiments.bench_native --memory          # bytes/event, a subprocess per policy
-    python -m experiments.bench_native --context-bytes 0 --against-python
+    python -m benchmarks.native [--events 1000000] [--kind transformer] [--repeat 3]
+    python -m benchmarks.native --memory          # bytes/event, a subprocess per policy
+    python -m benchmarks.native --context-bytes 0 --against-python
 
 Speed (CPU time, ``time.process_time``, one process), against three floors over the same
 events, each run alternating with each policy's runs, best of ``--repeat``, every ratio to the
@@ -25,8 +25,8 @@ the end. Policies the core lacks replay in Python here, and show it (``impl``). 
 once, and the core's speed-up over it printed.
 
 DynaPipe: its simulator is not installed here (PyPI's ``dynapipe`` is another project), so
-its speed is the estimate bench_replay made: the Python dict loop's speed / 42
-(experiments/bench_replay.py, DYNAPIPE_FLOOR_RATIO); that dict loop is timed here, so
+its speed is the estimate replay.py made: the Python dict loop's speed / 42
+(benchmarks/replay.py, DYNAPIPE_FLOOR_RATIO); that dict loop is timed here, so
 pytorch's speed is set against the estimate at equal floors (target ≥ 20×).
 
 Memory (``--memory``): each policy in a fresh subprocess loads the saved trace and replays it;
@@ -45,10 +45,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from experiments.bench_replay import (
+from benchmarks.replay import (
     DYNAPIPE_FLOOR_RATIO,
     _peak_rss_bytes,
     _reset_peak_rss,
@@ -119,7 +120,7 @@ def load_average() -> str:
 
 
 def dict_loop_seconds(trace: Trace, repeat: int) -> float:
-    """bench_replay's Python dict loop over ``trace`` (its lists made first, not timed)."""
+    """replay.py's Python dict loop over ``trace`` (its lists made first, not timed)."""
     ops, ids = trace.op.tolist(), trace.id.tolist()
     sizes = trace.matched_sizes().tolist()
     return cpu_best_of(repeat, lambda: dict_floor(ops, ids, sizes))
@@ -164,7 +165,7 @@ def runs_native(trace: Trace, policy: str, profile: DeviceProfile) -> bool:
 
 
 def measure_speed(trace: Trace, policies: list[str], profile: DeviceProfile, repeat: int,
-                  against_python: bool = False) -> list[dict]:
+                  against_python: bool = False) -> list[dict[str, Any]]:
     """Every policy beside the three floors — the tuned C++ best fit, the plain one and the
     read limit — and the Python dict loop for DynaPipe's estimated speed; prints a line each
     as it goes, and the machine's load at the start and the end. Each policy's runs alternate
@@ -188,13 +189,14 @@ def measure_speed(trace: Trace, policies: list[str], profile: DeviceProfile, rep
           "(an estimate: DynaPipe's simulator is not installed here)")
     print(f"{'policy':28s} {'impl':7s} {'events/s':>12s} {'ns/event':>9s} {'× tuned':>8s} "
           f"{'× plain':>8s} {'× read':>7s} {'CPU s':>7s}")
-    rows = [{"policy": "tuned C++ best fit", "events": n, "cpu_s": tuned_s,
-             "events_per_s": n / tuned_s, "peak_bytes": tuned_peak,
-             "best_fit_peak_bytes": best_fit_peak},
-            {"policy": "plain C++ best fit", "events": n, "cpu_s": plain_s,
-             "events_per_s": n / plain_s},
-            {"policy": "read limit", "events": n, "cpu_s": read_s, "events_per_s": n / read_s,
-             "dict_loop_events_per_s": n / dict_s, "dynapipe_events_per_s": dynapipe}]
+    rows: list[dict[str, Any]] = [
+        {"policy": "tuned C++ best fit", "events": n, "cpu_s": tuned_s,
+         "events_per_s": n / tuned_s, "peak_bytes": tuned_peak,
+         "best_fit_peak_bytes": best_fit_peak},
+        {"policy": "plain C++ best fit", "events": n, "cpu_s": plain_s,
+         "events_per_s": n / plain_s},
+        {"policy": "read limit", "events": n, "cpu_s": read_s, "events_per_s": n / read_s,
+         "dict_loop_events_per_s": n / dict_s, "dynapipe_events_per_s": dynapipe}]
     for policy in policies:
         impl = "native" if runs_native(trace, policy, profile) else "Python"
         run_s = beside_tuned = beside_plain = beside_read = float("inf")
@@ -202,13 +204,13 @@ def measure_speed(trace: Trace, policies: list[str], profile: DeviceProfile, rep
             beside_tuned = min(beside_tuned, cpu_best_of(1, tuned))
             beside_plain = min(beside_plain, cpu_best_of(1, plain))
             beside_read = min(beside_read, cpu_best_of(1, read))
-            run_s = min(run_s, cpu_best_of(1, lambda policy=policy: replay(trace, policy,
-                                                                            profile)))
-        row = {"policy": policy, "impl": impl, "events": n, "cpu_s": run_s,
-               "events_per_s": n / run_s, "tuned_ratio": run_s / beside_tuned,
-               "tuned_events_per_s": n / beside_tuned, "floor_ratio": run_s / beside_plain,
-               "floor_events_per_s": n / beside_plain, "read_ratio": run_s / beside_read,
-               "read_events_per_s": n / beside_read}
+            run_s = min(run_s, cpu_best_of(1, partial(replay, trace, policy, profile)))
+        row: dict[str, Any] = {
+            "policy": policy, "impl": impl, "events": n, "cpu_s": run_s,
+            "events_per_s": n / run_s, "tuned_ratio": run_s / beside_tuned,
+            "tuned_events_per_s": n / beside_tuned, "floor_ratio": run_s / beside_plain,
+            "floor_events_per_s": n / beside_plain, "read_ratio": run_s / beside_read,
+            "read_events_per_s": n / beside_read}
         mark = "" if row["tuned_ratio"] <= TUNED_TARGET else "   (over the tuned floor)"
         if policy == "pytorch":
             row["dynapipe_x"] = n / run_s / dynapipe
@@ -290,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'load bytes/event':>17s} {'trace bytes/event':>18s}")
             for policy in policies:
                 output = subprocess.run(
-                    [sys.executable, "-m", "experiments.bench_native", "--device", args.device,
+                    [sys.executable, "-m", "benchmarks.native", "--device", args.device,
                      *([] if args.context_bytes is None
                        else ["--context-bytes", str(args.context_bytes)]),
                      "--one", policy, path], check=True, capture_output=True, text=True).stdout

@@ -1,8 +1,8 @@
 """Benchmark: min-capacity's time per policy, as a multiple of one replay (issue 17, item 3;
 issue 39, part 2).
 
-    python -m experiments.bench_capacity [--events 1000000] [--kind transformer training]
-                                         [--policies ...] [--repeat 3]
+    python -m benchmarks.capacity [--events 1000000] [--kind transformer training]
+                                  [--policies ...] [--repeat 3]
 
 Generates each trace once, then per policy times one :func:`replay` on the default device and
 the search two ways, each the least of ``--repeat`` timings, in this one process (CPU time: on
@@ -72,15 +72,16 @@ class _ReplayLog:
         replay_one, probe = self._saved
         log = self.replays
 
-        def logged_replay(oracle_self: capacity_oracle.CompletionOracle, capacity: int) -> bool:
+        # The oracle's own methods, timed: ``self`` is the oracle here, as in the methods.
+        def logged_replay(self: capacity_oracle.CompletionOracle, capacity: int) -> bool:
             start = time.process_time()
-            completed = replay_one(oracle_self, capacity)
+            completed = replay_one(self, capacity)
             log.append((capacity, completed, time.process_time() - start))
             return completed
 
-        def logged_probe(oracle_self: capacity_oracle.CompletionOracle) -> capacity_oracle.Probe:
+        def logged_probe(self: capacity_oracle.CompletionOracle) -> capacity_oracle.Probe:
             start = time.process_time()
-            found = probe(oracle_self)
+            found = probe(self)
             log.append((capacity_oracle.PROBE_CAPACITY, found.completed,
                         time.process_time() - start))
             return found
@@ -116,7 +117,7 @@ def _search(trace: Trace, policy: str, device: DeviceProfile, *, share: bool
         init(runs, *args, **kwargs)
         made.append(runs)
 
-    SharedRuns.__init__ = kept                                  # type: ignore[method-assign]
+    SharedRuns.__init__ = kept                                  # type: ignore[method-assign,assignment]
     try:
         with _ReplayLog() as log:
             start = time.process_time()

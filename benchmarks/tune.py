@@ -1,7 +1,7 @@
 """Benchmark: ``allocsim tune``'s time against the replays it stands for (issue 28: a
 200-setting search over a 1M-event trace within 200 replays' time).
 
-    python -m experiments.bench_tune [--events 1000000] [--framework pytorch] [--headroom 0.04]
+    python -m benchmarks.tune [--events 1000000] [--framework pytorch] [--headroom 0.04]
 
 Generates the trace once, then, in this one process, in CPU time (wall-clock time on a
 shared machine measures the neighbours; both are printed): the whole tune search on a card
@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     trace = _trace(args.kind, args.events, args.seed)
     peak = trace.peak_live()[0]
-    device = PROFILES[DEFAULT_PROFILE].with_capacity(int(peak * (1 + args.headroom)))
+    card = PROFILES[DEFAULT_PROFILE]
+    device = card.device_with(int(peak * (1 + args.headroom)), card.context_bytes)
     fw = framework(args.framework)
     print(_load(), flush=True)
     started = time.process_time()
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         init(runs, *more, **named)
         made.append(runs)
 
-    SharedRuns.__init__ = kept                                  # type: ignore[method-assign]
+    SharedRuns.__init__ = kept                                  # type: ignore[method-assign,assignment]
     try:
         started, wall = time.process_time(), time.perf_counter()
         result = tune(trace, args.framework, device)

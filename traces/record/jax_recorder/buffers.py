@@ -1,7 +1,7 @@
 """The JAX recorder's buffer bookkeeping: which device buffers are alive, which Arrays hold them.
 
-:class:`~allocsim.traces.record.jax.recorder.JaxRecorder` hooks JAX's dispatch and asks this
-module what each event means for the buffers it follows; nothing here knows the hooks.
+:class:`~allocsim.traces.record.jax_recorder.recorder.JaxRecorder` hooks JAX's dispatch and asks
+this module what each event means for the buffers it follows; nothing here knows the hooks.
 
 - :class:`DevicePlacement` says where an array's bytes are on the recorded device: how many,
   and at which device pointer (a sharded array's shard there).

@@ -1,6 +1,6 @@
 """Benchmark: a sweep on the local process pool vs the same sweep on a Dask cluster.
 
-    python -m experiments.bench_sweep [--traces 20] [--events 100000] [--workers N] [--repeat 1]
+    python -m benchmarks.sweep [--traces 20] [--events 100000] [--workers N] [--repeat 1]
 
 Writes ``--traces`` synthetic traces of about ``--events`` events (half ``transformer``, half
 ``training``, seeds 1, 2, ...) as .npz files into a temporary directory, then runs the sweep
@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if client is not None:
                 client.close()
+            if cluster is not None:
                 cluster.close()
         local_s = min(local_times)
         records = [json.loads(line) for line in local_out.read_text().splitlines()]

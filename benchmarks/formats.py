@@ -1,6 +1,6 @@
 """Benchmark: how fast traces are written, read and validated, per format.
 
-    python -m experiments.bench_formats [--events 1000000]
+    python -m benchmarks.formats [--events 1000000]
 
 Prints seconds to save and to load (parse + strict validation) a synthetic training trace in
 each native format, and the file size.

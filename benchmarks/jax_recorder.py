@@ -1,6 +1,6 @@
 """Benchmark: the JAX recorder's overhead on a training loop of jitted steps.
 
-    python -m experiments.bench_jax_recorder [--steps 100] [--hidden 64 256 512] [--repeats 3]
+    python -m benchmarks.jax_recorder [--steps 100] [--hidden 64 256 512] [--repeats 3]
 
 Times ``--steps`` jitted SGD steps of a small MLP (params, grads, donated update) without and
 with ``allocsim.traces.record.jax`` (best of ``--repeats``), per hidden width, and prints the

@@ -1,6 +1,6 @@
 """Benchmark: importing an XLA dump module of many logical buffers.
 
-    python -m experiments.bench_xla_dump [--values 100000] [--keep DIR]
+    python -m benchmarks.xla_dump [--values 100000] [--keep DIR]
 
 Synthesises one module's dump files in the text formats jax 0.10 writes (a live-range file,
 a buffer assignment, the values file and the memory-usage report) for an unrolled program of
@@ -30,7 +30,10 @@ def synthesise(folder: Path, n_values: int, seed: int = 0) -> dict[str, int]:
     """Write the dump files of one synthetic module into ``folder``; returns its facts."""
     rng = random.Random(seed)
     length = PARAMS + n_values
-    starts, ends, sizes, inplace = [], [], [], []
+    starts: list[int] = []
+    ends: list[int] = []
+    sizes: list[int] = []
+    inplace: list[bool] = []
     for k in range(n_values):
         position = PARAMS + k
         if k and k % 4 == 0 and ends[-1] >= position:
@@ -45,7 +48,8 @@ def synthesise(folder: Path, n_values: int, seed: int = 0) -> dict[str, int]:
     # Pack into one temp allocation: a pool of slots per size, reused once free.
     free: dict[int, list[int]] = {s: [] for s in SIZES}
     releases: list[tuple[int, int, int]] = []  # (free after, size, offset)
-    offsets, top = [], 0
+    offsets: list[int] = []
+    top = 0
     for k in range(n_values):
         while releases and releases[0][0] < starts[k]:
             _, size, offset = heapq.heappop(releases)
@@ -105,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         facts = synthesise(folder, args.values)
         size = sum(p.stat().st_size for p in folder.iterdir())
         start = time.perf_counter()
-        trace = formats.load(folder)
+        trace = formats.load(folder, view="buffers")     # the logical buffers, as measured
         seconds = time.perf_counter() - start
     xla = trace.metadata["xla"]
     print(f"{facts['values']:,} logical values ({facts['in_place']:,} in place), "
