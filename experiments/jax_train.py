@@ -10,7 +10,10 @@ with Adam written out by hand. Options choose what changes which buffers live wh
 - ``--varying``: the sequence length changes every step (32, 64, 128), so the step recompiles
   for each new shape;
 - ``--donate-batch``: also donate the token batch, a donation XLA refuses (no output has its
-  shape and type: "Some donated buffers were not usable"), so the batch stays live.
+  shape and type: "Some donated buffers were not usable"), so the batch stays live;
+- ``--size``: the model's vocabulary, width and MLP width (:data:`SIZES`; ``small``, the
+  default, is the shipped recordings' 25-46 MiB model; ``large`` the DIM 1024 / HIDDEN 4096 /
+  VOCAB 8192 block a reviewer ran at 816 MiB live, issue 40).
 
 Seeded: the same options give the same buffers (times are the run's).
 """
@@ -27,6 +30,14 @@ import jax.numpy as jnp
 import numpy as np
 
 VOCAB, DIM, HIDDEN, BATCH = 512, 128, 512, 16
+SIZES = {"small": (512, 128, 512), "medium": (2048, 512, 2048), "large": (8192, 1024, 4096)}
+
+
+def use_size(name: str) -> None:
+    """Set the model's (VOCAB, DIM, HIDDEN) for this process: a script's one run, chosen once
+    before anything is built."""
+    global VOCAB, DIM, HIDDEN
+    VOCAB, DIM, HIDDEN = SIZES[name]
 
 
 def init_params(key: jax.Array) -> dict[str, jax.Array]:
@@ -99,7 +110,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--varying", action="store_true", help="vary the sequence length")
     parser.add_argument("--donate-batch", action="store_true",
                         help="also donate the token batch (a donation XLA refuses)")
+    parser.add_argument("--size", choices=list(SIZES), default="small",
+                        help="vocabulary, width and MLP width (default small)")
     args = parser.parse_args(argv)
+    use_size(args.size)
     if args.donate_batch:
         import warnings
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")

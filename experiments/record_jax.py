@@ -39,6 +39,12 @@ RUNS = {
     "train-varying": ["--varying"],
     "train-jit-donate-refused": ["--donate-batch"],
 }
+# jit and donation at three model sizes (issue 40: one 25-33 MiB recording was not enough):
+# experiments/data/jax/sizes/train-{jit-donate,jit-nodonate,eager}-{small,medium,large}.npz.
+SIZED = {f"train-{mode}-{size}": [*options, "--size", size]
+         for size in ("small", "medium", "large")
+         for mode, options in (("jit-donate", []), ("jit-nodonate", ["--no-donate"]),
+                               ("eager", ["--no-jit"]))}
 CHILD = r"""
 import sys
 import allocsim.traces.record as record
@@ -78,8 +84,19 @@ def dump_step(steps: int, target: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    parser.add_argument("--sizes", action="store_true",
+                        help="record only the runs at three model sizes (experiments/data/jax/"
+                             "sizes/), at most 6 steps each")
     args = parser.parse_args(argv)
     env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", ""))
+    if args.sizes:
+        from experiments.runner.versions import stamp
+        for name, options in SIZED.items():
+            out = DATA / "sizes" / f"{name}.npz"
+            record_run(name, [*options, "--steps", str(min(args.steps, 6))], out, env)
+            stamp(DATA / "sizes", [out.name])
+            print(f"wrote {out.relative_to(REPO)}", flush=True)
+        return
     for name, options in RUNS.items():
         out = DATA / f"{name}.npz"
         record_run(name, [*options, "--steps", str(args.steps)], out, env)
@@ -91,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {BUNDLED.relative_to(REPO)}")
     dump_step(args.steps, DATA / "xla-dump")
     print(f"wrote {(DATA / 'xla-dump').relative_to(REPO)}/")
+    from experiments.runner.versions import stamp
+    stamp(DATA, [f"{name}.npz" for name in RUNS] + ["xla-dump"])
 
 
 if __name__ == "__main__":

@@ -1,7 +1,13 @@
 """Run an experiment: ``python -m experiments.run NAME`` (or ``--all``; ``--check`` only holds
 the READMEs to their results.json, running nothing; ``--verify`` regenerates each in a
 temporary folder and diffs it against the committed results.json and README.md: the
-command that shows the committed results are what a clean clone produces).
+command that shows the committed results are what a clean clone produces; it also holds each
+population.json to its population.toml, experiments/preallocate_vs_grow/verify.py, and
+experiments/README.md's numbers and verdict words to the data, experiments/runner/summary.py;
+``--check`` does the cheap part of both: README sections against their JSON, the summary,
+each figure against the digest of the JSON it was drawn from, experiments/runner/figure_data.py,
+and the summary's sensitivity table against experiments/sensitivity.json, which ``--verify``
+measures again: experiments/runner/sensitivity.py).
 
 An experiment is a folder ``experiments/NAME/`` with ``experiment.toml`` (what to run) and
 ``README.md`` (the claim, the setup, the verdict — written by a person). Running it writes
@@ -78,15 +84,23 @@ hold a machine detail (experiments/runner/portable.py): trace files are named as
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from allocsim.sim.output.files import write_json
+from experiments.preallocate_vs_grow.population import population_problems
+from experiments.preallocate_vs_grow.verify import population_regeneration_problems
 from experiments.runner.execute import HERE, ROOT, execute, load_traces
+from experiments.runner.figure_data import figure_problems
 from experiments.runner.readme_check import readme_problems
-from experiments.runner.render import END, START, figures, markdown, update_readme
-from experiments.runner.verdict_words import verdict_word_problems
+from experiments.runner.render import END, START, figure_names, figures, markdown, update_readme
+from experiments.runner.sensitivity import (
+    regeneration_problems as sensitivity_regeneration_problems,
+)
+from experiments.runner.sensitivity import sensitivity_problems
+from experiments.runner.summary import summary_problems
 from experiments.runner.verify import regenerate
 
 __all__ = ["END", "HERE", "ROOT", "START", "load_traces", "main", "run_experiment"]
@@ -103,6 +117,17 @@ def run_experiment(name: str | Path, *, quiet: bool = False) -> dict[str, Any]:
     return results
 
 
+def drawn_from_data(folder: Path) -> list[str]:
+    """Each committed figure of ``folder`` that does not name its committed JSON's digest."""
+    problems = []
+    if (folder / "results.json").exists():
+        names = figure_names(json.loads((folder / "results.json").read_text()))
+        problems += figure_problems(folder, "results.json", names)
+    if (folder / "population.json").exists():
+        problems += figure_problems(folder, "population.json", ["population.png"])
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run allocsim experiments")
     parser.add_argument("names", nargs="*", help="experiment folders under experiments/")
@@ -117,23 +142,39 @@ def main(argv: list[str] | None = None) -> int:
              else args.names)
     if not names:
         parser.error("name an experiment or use --all")
+    folders = [Path(name) if Path(name).is_dir() else HERE / name for name in names]
+    populations = [f for f in folders if (f / "population.toml").exists()]
     if args.check:
-        problems = [line for name in names for line in readme_problems(
-            Path(name) if Path(name).is_dir() else HERE / name)]
-        problems += verdict_word_problems(HERE / "README.md")
-        print("\n".join(problems) or f"{len(names)} README(s) agree with their results.json")
+        problems = [line for folder in folders for line in readme_problems(folder)]
+        problems += [line for folder in populations for line in population_problems(folder)]
+        problems += [line for folder in folders for line in drawn_from_data(folder)]
+        problems += summary_problems(HERE / "README.md") + sensitivity_problems()
+        print("\n".join(problems) or f"{len(names)} README(s) agree with their results.json"
+              + (f" and {len(populations)} with their population.json" if populations else ""))
         return 1 if problems else 0
     if args.verify:
         differ = []
-        for name in names:
-            diff = regenerate(Path(name) if Path(name).is_dir() else HERE / name,
-                              lambda folder: run_experiment(folder, quiet=True))
+        for name, folder in zip(names, folders):
+            diff = regenerate(folder, lambda fresh: run_experiment(fresh, quiet=True))
             if diff:
                 differ.append(name)
                 sys.stdout.write(diff)
+        stale = []
+        for folder in populations:
+            problems = population_regeneration_problems(folder)
+            if problems:
+                stale.append(folder.name)
+                print("\n".join(problems))
+        summary = summary_problems(HERE / "README.md")
+        summary += [line for folder in folders for line in drawn_from_data(folder)]
+        summary += sensitivity_problems() + sensitivity_regeneration_problems()
+        print("\n".join(summary) if summary else "experiments/README.md and every figure agree "
+              "with the data")
         print(f"{len(names) - len(differ)} of {len(names)} experiment(s) regenerate as "
-              "committed" + (f"; differ: {', '.join(differ)}" if differ else ""))
-        return 1 if differ else 0
+              "committed" + (f"; differ: {', '.join(differ)}" if differ else "")
+              + f"; {len(populations) - len(stale)} of {len(populations)} population(s) are "
+              "what their definitions make" + (f"; stale: {', '.join(stale)}" if stale else ""))
+        return 1 if differ or stale or summary else 0
     for name in names:
         run_experiment(name)
         print(f"experiments/{name}: results.json, figures and README tables updated")

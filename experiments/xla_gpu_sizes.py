@@ -7,7 +7,8 @@ SGD-with-momentum step (f32; batch 8 × 1024 tokens; the model of experiments/ja
 with its width and depth as named below) for the H100-80GB target with
 :func:`allocsim.traces.record.xla_gpu.compile_for` for each size × donate (parameters and
 momentum donated or not) × remat (each block ``jax.checkpoint``-ed or not), and the 1.3B step
-with remat at batch 2 and 32 and sharded over 4 GPUs (``VARIANTS``), and writes
+with remat at batch 2 and 32 and sharded over 4 GPUs (``VARIANTS``) and without remat at batch
+4 and 16 and on an A100-80GB and an L4-24GB target (``NOREMAT_VARIANTS``), and writes
 ``experiments/data/xla_gpu/NAME-{donate,nodonate}-{remat,noremat}.npz``: what JAX's runtime
 asks its allocator over 3 steps (the state made before the first call; per call the batch, the
 temp and the outputs no donated argument aliases). A file that exists is kept (the compile
@@ -26,6 +27,7 @@ from typing import Any
 
 from allocsim.traces.record import xla_gpu
 from experiments import gpt_step
+from experiments.runner.versions import stamp
 
 xla_gpu.prepare()  # before jax is imported: the CUDA plugin with no device visible
 
@@ -40,6 +42,11 @@ SIZES = {"125m": (768, 12, 12, 3072), "1.3b": (2048, 24, 16, 8192),
 # Beside the sizes: the 1.3B step (remat on) at other batch sizes and sharded over 4 GPUs
 # (FSDP: each argument's largest dimension split; the trace is one device's), donated or not.
 VARIANTS = {"1.3b-b2": ("1.3b", 2, 1), "1.3b-b32": ("1.3b", 32, 1), "1.3b-4gpu": ("1.3b", 8, 4)}
+# Issue 40: "donation raises peak live at 1.3B without remat" came from one card and one batch;
+# the 1.3B step without remat at batch 4 and 16 on the H100, and at batch 8 on an A100-80GB and
+# an L4-24GB, donated or not: name: (size, batch, target).
+NOREMAT_VARIANTS = {"1.3b-b4": ("1.3b", 4, "h100-80g"), "1.3b-b16": ("1.3b", 16, "h100-80g"),
+                    "1.3b-a100-80g": ("1.3b", 8, "a100-80g"), "1.3b-l4": ("1.3b", 8, "l4-24g")}
 
 
 def build(d_model: int, layers: int, heads: int, mlp: int, remat: bool,
@@ -58,8 +65,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--force", action="store_true", help="compile files that exist again")
+    parser.add_argument("--noremat-variants", nargs="*", default=list(NOREMAT_VARIANTS),
+                        choices=list(NOREMAT_VARIANTS))
     args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
+    for variant in args.noremat_variants:
+        size, batch, target = NOREMAT_VARIANTS[variant]
+        for donate in (True, False):
+            path = OUT / file_name(variant, donate, False)
+            if path.exists() and not args.force:
+                print(f"{path.name}: kept (--force compiles again)")
+                continue
+            step, state, tokens = build(*SIZES[size], remat=False, batch=batch)
+            started = time.perf_counter()
+            trace = xla_gpu.compile_for(step, (state, tokens),
+                                        donate_argnums=0 if donate else (), target=target,
+                                        schedule=xla_gpu.Schedule(steps=STEPS,
+                                                                  batch_argnums=(1,)),
+                                        output=path)
+            stamp(OUT, [path.name])
+            print(f"{path.name}: {len(trace):,} events, peak live {trace.peak_live()[0]:,} B "
+                  f"({time.perf_counter() - started:.0f} s)", flush=True)
     for variant in args.variants:
         size, batch, devices = VARIANTS[variant]
         for donate in (True, False):
@@ -74,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                                         schedule=xla_gpu.Schedule(steps=STEPS,
                                                                   batch_argnums=(1,)),
                                         devices=devices, output=path)
+            stamp(OUT, [path.name])
             print(f"{path.name}: {len(trace):,} events, peak live {trace.peak_live()[0]:,} B "
                   f"({time.perf_counter() - started:.0f} s)", flush=True)
     for size in args.sizes:
@@ -90,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                                             schedule=xla_gpu.Schedule(steps=STEPS,
                                                                       batch_argnums=(1,)),
                                             output=path)
+                stamp(OUT, [path.name])
                 print(f"{path.name}: {len(trace):,} events, peak live "
                       f"{trace.peak_live()[0]:,} B ({time.perf_counter() - started:.0f} s)",
                       flush=True)

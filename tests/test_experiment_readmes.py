@@ -225,7 +225,7 @@ def test_an_unbound_or_misbound_verdict_word_on_a_population_line_fails(tmp_path
 
 def test_the_check_command_holds_the_summarys_verdict_words(monkeypatch, capsys) -> None:
     from experiments import run as runner
-    monkeypatch.setattr(runner, "verdict_word_problems",
+    monkeypatch.setattr(runner, "summary_problems",
                         lambda path: [f"{path.name}:1: **supported** planted"])
     assert runner.main(["--check", "sharing"]) == 1
     assert "planted" in capsys.readouterr().out

@@ -90,9 +90,9 @@ def test_the_xla_plan_is_the_modules_allocations_rounded_up() -> None:
     from allocsim.traces.model import Trace
     trace = Trace.from_events([(0, "alloc", 1, 64), (1, "free", 1, 64)])
     trace.metadata["xla"] = {"total_bytes": 10 * MiB + 1}
-    assert pop._xla_plan(trace, MiB) == 11 * MiB
+    assert pop.xla_plan(trace, MiB) == 11 * MiB
     trace.metadata.pop("xla")
-    assert pop._xla_plan(trace, MiB) is None
+    assert pop.xla_plan(trace, MiB) is None
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -259,3 +259,18 @@ def test_rejudging_changes_the_claims_and_nothing_measured() -> None:
     assert results["claims"][0]["verdict"] == "not supported"
     assert again["claims"][0]["verdict"] == "supported"
     assert again["families"] == results["families"]
+
+
+def test_the_grid_scan_leaves_the_offline_plan_alone() -> None:
+    """The offline plan is not an online policy: its minimum is the plan's size and every
+    larger capacity holds it, so there is nothing to scan (fragmentation's population asks
+    for ``offline`` and its regeneration stopped on the scan)."""
+    from dataclasses import replace
+
+    from allocsim.sim.kernel.device import resolve_device
+    from allocsim.traces.model import Trace
+    trace = Trace.from_events([(0, "alloc", 1, 64 * MiB), (5, "alloc", 2, 32 * MiB),
+                               (9, "free", 1, 64 * MiB), (12, "free", 2, 32 * MiB)])
+    device = replace(resolve_device("a100-80g", None), context_bytes=0)
+    answer = pop.min_capacity(trace, "offline", device, resolution=MiB)
+    assert pop.grid_failures(trace, "offline", device, answer) == []

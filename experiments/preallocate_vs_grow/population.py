@@ -59,7 +59,6 @@ import re
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -72,65 +71,36 @@ else:  # Python 3.10
 
 from allocsim.atomic_files import write_text
 from allocsim.policies import format_size
-from allocsim.sim.kernel.device import DeviceProfile, resolve_device
-from allocsim.sim.questions.capacity.minimum import CapacityAnswer, min_capacity
-from allocsim.sim.questions.capacity.oracle import CompletionOracle
-from allocsim.sim.questions.compare import compare, normalize_spec
-from allocsim.traces import formats, synth
+from allocsim.sim.questions.capacity.minimum import min_capacity
 from allocsim.traces.model import Trace
-from experiments.runner.execute import (
-    HERE,
-    ROOT,
-    DefinitionError,
-    resolution,
-    sensitivity_grid,
-    winners_across,
+from experiments.preallocate_vs_grow.member import (
+    JOBS,
+    XLA_PLAN,
+    MemberTask,
+    capacity_record,
+    fingerprint,
+    grid_failures,
+    sources,
+    xla_plan,
 )
+from experiments.preallocate_vs_grow.pool import measure_all
+from experiments.runner.execute import HERE, DefinitionError, sensitivity_grid
+from experiments.runner.figure_data import png_metadata
 from experiments.runner.render import sensitivity_line
+
+# Re-exported: the population's tests and scripts name these here.
+__all__ = ["JOBS", "XLA_PLAN", "capacity_record", "fingerprint", "grid_failures", "main",
+           "measure", "members", "min_capacity", "run", "xla_plan"]
 
 START, END = "<!-- population:start -->", "<!-- population:end -->"
 # Numbers the findings quote from outside the population (the old verdicts', facts): declared as
 # ``<!-- findings-numbers: ... -->`` (readme_check's ``numbers:`` belong to the Verdict).
 _DECLARED = re.compile(r"<!--\s*findings-numbers:(.*?)-->", re.S)
-JOBS = ROOT / "experiments" / "data" / "xla-gpu"
-XLA_PLAN = "xla-plan"   # pseudo-policy: XLA's own buffer assignment (buffers-view members)
-
-
-def _jobs_index() -> dict[str, Any]:
-    path = JOBS / "index.json"
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def members(family: dict[str, Any], device: str) -> list[tuple[str, str, Trace]]:
     """``(member, device, trace)`` of a family, in a fixed order."""
-    out = []
-    if "generate" in family:
-        for seed in range(int(family.get("seeds", 10))):
-            trace = synth.generate(family["generate"], seed=seed, **family.get("params", {}))
-            out.append((f"seed {seed}", device, trace))
-    elif "jobs" in family:
-        wanted, where = set(family["jobs"]), family.get("where", {})
-        suffix = ".buffers.npz" if family.get("view") == "buffers" else ".npz"
-        for name, job in _jobs_index().items():
-            path = JOBS / f"{name}{suffix}"
-            if (wanted & set(job["tags"]) and path.exists()
-                    and all(job.get(k) == v for k, v in where.items())):
-                out.append((name, job["target"], formats.load(path)))
-    else:
-        for file in family["files"]:
-            path = ROOT / file
-            if path.exists():
-                out.append((Path(file).stem, device, formats.load(path)))
-    return out
-
-
-def fingerprint(trace: Trace) -> str:
-    """What makes a member distinct: a hash of the trace's ops, ids, sizes, streams and
-    processes, leaving out its times (a seed that moves only the times is not a new member)."""
-    digest = hashlib.sha256()
-    for column in (trace.op, trace.id, trace.size, trace.stream, trace.process):
-        digest.update(np.ascontiguousarray(column).astype(np.int64).tobytes())
-    return digest.hexdigest()[:16]
+    return [(s.member, s.device, s.load()) for s in sources(family, device)]
 
 
 def distinct_members(rows: Sequence[dict[str, Any]]) -> int:
@@ -139,104 +109,54 @@ def distinct_members(rows: Sequence[dict[str, Any]]) -> int:
     return len({r.get("fingerprint") or id(r) for r in rows})
 
 
-GRID = 0.01          # the monotonicity scan's step, a fraction of peak live ...
-GRID_POINTS = 100    # ... and how many steps above the answer it checks (to +100% over it)
+def settings_digest(definition: dict[str, Any]) -> str:
+    """A digest of a population's definition (the parsed population.toml: comments and layout
+    do not count), stored in population.json as ``settings`` and checked by
+    :mod:`experiments.preallocate_vs_grow.verify`."""
+    text = json.dumps(definition, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def grid_failures(trace: Trace, policy: str, device: DeviceProfile,
-                  answer: CapacityAnswer) -> list[int]:
-    """The capacities on a grid of :data:`GRID` × peak live above the answer (up to
-    :data:`GRID_POINTS` steps) at which the policy does not complete. The search verifies
-    only a few resolution steps above its answer: a policy that completes at +10% and fails
-    again at +12% to +78% (``jax:fraction=1.0`` on the jitted generated transformer) passes
-    that check, and only a scan this wide shows it."""
-    if answer.min_capacity is None:
-        return []
-    step = max(answer.resolution,
-               -(-int(answer.lower_bound * GRID) // answer.resolution) * answer.resolution)
-    spec = normalize_spec(policy)
-    if isinstance(spec, str):       # the offline plan: its answer is exact, nothing to scan
-        return []
-    oracle = CompletionOracle(trace, spec, device)
-    return [capacity for k in range(1, GRID_POINTS + 1)
-            if not oracle.completes(capacity := answer.min_capacity + k * step)]
+def tasks(definition: dict[str, Any]) -> list[tuple[str, MemberTask]]:
+    """``(family label, task)`` for every member of every family, in the population's order."""
+    grid = sensitivity_grid(definition) if "sensitivity" in definition else None
+    frozen = (tuple(grid[0]), tuple(grid[1])) if grid else None
+    return [(family["label"], MemberTask(source, tuple(definition["policies"]),
+                                         bool(definition.get("reserved")), frozen,
+                                         family.get("kind") == "recorded"))
+            for family in definition["families"]
+            for source in sources(family, definition["device"])]
 
 
-def capacity_record(answer: CapacityAnswer, scanned: Sequence[int] = ()) -> dict[str, Any]:
-    """The confidence in one minimum capacity: the ``monotone`` flag (false where the search's
-    own check or the grid scan, ``scanned``, found a failure above the answer), the failures
-    above it, the exceptions, and the range of capacities over which the answer is uncertain —
-    from the smallest that completes to the one from which every capacity tried completed
-    (one value twice where the policy is monotone)."""
-    failures = sorted({*answer.failed_above, *scanned})
-    high = answer.completes_from
-    if high is not None and failures:
-        high = max(high, failures[-1] + answer.resolution)
-    return {"monotone": answer.monotone and not failures, "failures": failures,
-            "exceptions": list(answer.exceptions), "range": [answer.min_capacity, high]}
-
-
-def measure(definition: dict[str, Any], say: Any) -> dict[str, Any]:
-    """Every member's minimum capacity (and peak reserved) under every policy."""
+def measure(definition: dict[str, Any], say: Any, workers: int = 1) -> dict[str, Any]:
+    """Every member's minimum capacity (and peak reserved) under every policy, measured by
+    ``workers`` processes (:mod:`experiments.preallocate_vs_grow.pool`; the rows are the same
+    for any number)."""
     policies = definition["policies"]
     grid = sensitivity_grid(definition) if "sensitivity" in definition else None
+    work = tasks(definition)
+    rows = measure_all([task for _, task in work], workers, say,
+                       [f"{label}: {task.source.member}" for label, task in work])
     families, skipped = [], []
     for family in definition["families"]:
-        rows = []
-        found = members(family, definition["device"])
-        if not found:
+        mine = [row for (label, _), row in zip(work, rows) if label == family["label"]]
+        if not mine:
             skipped.append(family["label"])
             continue
-        for member, device_name, trace in found:
-            # The context (a constant per card, the same for every policy) is left out, so
-            # that every policy's answer, the offline plan's included, is the allocator's need.
-            device = replace(resolve_device(device_name, None), context_bytes=0)
-            step = resolution("auto", trace)
-            say(f"[population] {family['label']}: {member}")
-            row: dict[str, Any] = {"member": member, "device": device.label,
-                                   "peak_live": int(trace.peak_live()[0]),
-                                   "resolution": step, "events": len(trace),
-                                   "fingerprint": fingerprint(trace),
-                                   "min_capacity": {}, "capacity": {}, "peak_reserved": {}}
-            for policy in policies:
-                if policy == XLA_PLAN:
-                    row["min_capacity"][policy] = _xla_plan(trace, step)
-                    continue
-                answer = min_capacity(trace, policy, device, resolution=step)
-                row["min_capacity"][policy] = answer.min_capacity
-                row["capacity"][policy] = capacity_record(
-                    answer, grid_failures(trace, policy, device, answer))
-            measured_times = (family.get("kind") == "recorded"
-                              and not trace.metadata.get("synthetic_times"))
-            if definition.get("reserved") or (grid and measured_times):
-                comparison = compare(trace, [p for p in policies if p != XLA_PLAN], device)
-                row["peak_reserved"] = {r.policy: r.peak_reserved
-                                        for r in comparison.results}
-                if grid and measured_times:
-                    trace.metadata["name"] = member
-                    row["winners"] = winners_across(trace, policies, device, grid,
-                                                    comparison.results)["winners"]
-            rows.append(row)
         families.append({"label": family["label"],
                          "kind": family.get("kind", "generated" if "generate" in family
                                             else "recorded"),
                          "source": family.get("generate") or family.get("jobs")
                          or family.get("files"),
-                         "note": family.get("note", ""), "members": rows})
+                         "note": family.get("note", ""), "members": mine})
     return {"title": definition["title"], "device": definition["device"],
+            "settings": settings_digest(definition),
             "reserved": bool(definition.get("reserved")),
             "policies": policies, "families": families, "skipped": skipped,
             "claims": [judge(claim, families, skipped)
                        for claim in definition.get("claims", [])],
             **({"sensitivity": {"cost_scale": grid[0], "max_slowdown": grid[1]}}
                if grid else {})}
-
-
-def _xla_plan(trace: Trace, step: int) -> int | None:
-    """XLA's own compile-time assignment of the step (the module's allocations: arguments,
-    temp, outputs not aliased), for a member in the ``buffers`` view; None otherwise."""
-    total = trace.metadata.get("xla", {}).get("total_bytes")
-    return None if total is None else -(-int(total) // step) * step
 
 
 def _value(row: dict[str, Any], metric: str, policy: str) -> float:
@@ -492,7 +412,8 @@ def _not_monotone(results: dict[str, Any]) -> list[str]:
 
 def figure(results: dict[str, Any], path: Path) -> None:
     """Families x policies: the colour is the median headroom (capped at +100%), the text the
-    median over min-max, so a direction that flips within a family shows as a wide range."""
+    median over min-max, so a direction that flips within a family shows as a wide range. The
+    PNG names the digest of ``results`` (experiments/runner/figure_data.py)."""
     from allocsim.sim.output.figures import pyplot
     from allocsim.sim.output.files import atomic_savefig
     plt = pyplot()
@@ -522,7 +443,7 @@ def figure(results: dict[str, Any], path: Path) -> None:
     ax.set_title(f"{results['title']}: minimum capacity over peak live — median, min–max over "
                  "each family's members (count in brackets)", fontsize=8.5)
     fig.tight_layout()
-    atomic_savefig(fig, path, dpi=110)
+    atomic_savefig(fig, path, dpi=110, metadata=png_metadata(results))
     plt.close(fig)
 
 
@@ -585,19 +506,21 @@ def rejudge(definition: dict[str, Any], results: dict[str, Any]) -> dict[str, An
                                   for claim in definition.get("claims", [])]}
 
 
-def run(name: str, say: Any = None, *, render_only: bool = False,
-        judge_only: bool = False) -> dict[str, Any]:
+def run(name: str | Path, say: Any = None, *, render_only: bool = False,
+        judge_only: bool = False, workers: int = 1) -> dict[str, Any]:
     """Measure (or, ``render_only``, read population.json; ``judge_only``, read it and judge
-    its claims again) and write the results."""
-    folder = HERE / name
+    its claims again) and write the results: ``experiments/NAME`` (or any folder holding a
+    population.toml and a README.md), in ``workers`` processes."""
+    folder = Path(name) if Path(name).is_dir() else HERE / str(name)
+    definition_path = folder / "population.toml"
     say = say or (lambda *a: print(*a, file=sys.stderr))
     if render_only or judge_only:
         results = json.loads((folder / "population.json").read_text())
         if judge_only:
-            results = rejudge(tomllib.loads((folder / "population.toml").read_text()), results)
+            results = rejudge(tomllib.loads(definition_path.read_text()), results)
     else:
-        definition = tomllib.loads((folder / "population.toml").read_text())
-        results = {"experiment": folder.name, **measure(definition, say)}
+        definition = tomllib.loads(definition_path.read_text())
+        results = {"experiment": folder.name, **measure(definition, say, workers)}
     write_text(folder / "population.json", json.dumps(results, indent=1) + "\n")
     figure(results, folder / "population.png")
     update_readme(folder / "README.md", markdown(results))
@@ -614,13 +537,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rejudge", action="store_true",
                         help="measure nothing: fingerprint the members and judge the claims "
                              "again from population.json")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="measure members in N processes (the same population.json for "
+                             "any N; default 1)")
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
     if args.check:
         problems = [p for n in args.names for p in population_problems(HERE / n)]
         print("\n".join(problems) or f"{len(args.names)} population section(s) agree")
         return 1 if problems else 0
     for name in args.names:
-        run(name, render_only=args.render, judge_only=args.rejudge)
+        run(name, render_only=args.render, judge_only=args.rejudge, workers=args.workers)
         print(f"experiments/{name}: population.json, population.png and README updated")
     return 0
 

@@ -12,7 +12,8 @@ allocated) and writes
 - ``NAME.buffers.npz`` (jobs with ``buffers=True``): one execution's logical buffers over their
   live ranges (the dump's ``buffers`` view: what an online allocator would be asked if every
   buffer were its own malloc — the input of the arena question);
-- ``index.json``: each job's settings, parameter count and ``memory_analysis()``.
+- ``index.json``: each job's settings, parameter count, ``memory_analysis()`` and the jax,
+  jaxlib, libtpu and XLA versions it was compiled with (experiments/runner/versions.py).
 
 The programs: a decoder-only transformer (pre-norm, GELU MLP, causal softmax attention;
 vocabulary 32,000; f32; SGD with momentum, parameters and momentum the train state), at five
@@ -39,6 +40,7 @@ from typing import Any
 from allocsim.atomic_files import write_text
 from allocsim.traces.record import xla_gpu
 from experiments import gpt_step
+from experiments.runner.versions import installed
 
 xla_gpu.prepare()  # before jax is imported: the CUDA plugin with no device visible
 
@@ -141,7 +143,8 @@ def compile_job(job: Job) -> dict[str, Any]:
             "parameters": int(sum(leaf.size for leaf in jax.tree.leaves(state[0]))),
             "executables": [{k: e[k] for k in ("argument", "output", "alias", "temp")}
                             for e in executables],
-            "peak_live": int(trace.peak_live()[0]), "events": len(trace)}
+            "peak_live": int(trace.peak_live()[0]), "events": len(trace),
+            "versions": installed()}
 
 
 def main(argv: list[str] | None = None) -> int:

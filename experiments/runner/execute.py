@@ -31,6 +31,7 @@ from allocsim.traces.model import Trace
 from experiments.runner.contrasts import contrast, spread_of
 from experiments.runner.portable import machine_details
 from experiments.runner.sweeps import fraction_grid, offset_sweep
+from experiments.runner.versions import versions_of
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "experiments"
@@ -71,7 +72,8 @@ def uses_method_keys(definition: dict[str, Any]) -> bool:
 
 def trace_facts(definition: dict[str, Any], loaded: dict[str, Trace]) -> list[dict[str, Any]]:
     """Each loaded trace's label, kind (``recorded``: a ``file``; ``generated``: ``generate``),
-    where it came from, and its note."""
+    where it came from, its note, and (a file in a stamped data folder) the jax, jaxlib,
+    libtpu and XLA versions it came from (experiments/runner/versions.py)."""
     out = []
     for entry in definition.get("traces", []):
         if entry["label"] not in loaded:
@@ -79,9 +81,10 @@ def trace_facts(definition: dict[str, Any], loaded: dict[str, Trace]) -> list[di
         recorded = "generate" not in entry
         # ``kind`` overrides what a file is called: "compiled" for XLA's own buffer assignment.
         kind = entry.get("kind", "recorded" if recorded else "generated")
+        versions = versions_of(Path(entry["file"]), ROOT) if recorded else None
         out.append({"label": entry["label"], "kind": kind,
                     "source": entry["file"] if recorded else entry["generate"],
-                    "note": entry.get("note")})
+                    "note": entry.get("note"), **({"versions": versions} if versions else {})})
     return out
 
 

@@ -18,6 +18,7 @@ from allocsim.sim.output.figures import pyplot
 from allocsim.sim.output.files import atomic_savefig, write_text
 from allocsim.sim.output.tables import format_table
 from experiments.runner import contrasts, sweeps
+from experiments.runner.figure_data import png_metadata
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
@@ -30,7 +31,10 @@ def figure_names(results: dict[str, Any]) -> list[str]:
 
 
 def figures(results: dict[str, Any], folder: Path) -> list[str]:
+    """Draw the figures of ``results`` into ``folder``, each naming the digest of the results
+    it was drawn from (experiments/runner/figure_data.py); their names, in order."""
     plt = pyplot()
+    named = png_metadata(results)
     written = []
     comparisons = results["comparisons"]
     if comparisons:
@@ -64,7 +68,7 @@ def figures(results: dict[str, Any], folder: Path) -> list[str]:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         ax.set_title(textwrap.fill(results["title"], 70), fontsize=9)
         fig.tight_layout()
-        atomic_savefig(fig, folder / "peak_reserved.png", dpi=110)
+        atomic_savefig(fig, folder / "peak_reserved.png", dpi=110, metadata=named)
         plt.close(fig)
         written.append("peak_reserved.png")
     if results["capacities"]:
@@ -103,11 +107,11 @@ def figures(results: dict[str, Any], folder: Path) -> list[str]:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         ax.set_title("smallest device each policy needs", fontsize=10)
         fig.tight_layout()
-        atomic_savefig(fig, folder / "min_capacity.png", dpi=110)
+        atomic_savefig(fig, folder / "min_capacity.png", dpi=110, metadata=named)
         plt.close(fig)
         written.append("min_capacity.png")
     if results.get("offset_sweeps"):
-        sweeps.figure(results["offset_sweeps"], folder / "offsets.png")
+        sweeps.figure(results["offset_sweeps"], folder / "offsets.png", named)
         written.append("offsets.png")
     return written
 

@@ -202,9 +202,11 @@ OUTCOME_COLOURS = {"both": "#4daf4a", "1st only": "#ff7f00", "2nd only": "#377eb
                    "neither": "#e41a1c", "varies": "#999999"}
 
 
-def figure(sweeps: list[dict[str, Any]], path: Any) -> None:
+def figure(sweeps: list[dict[str, Any]], path: Any,
+           metadata: dict[str, str] | None = None) -> None:
     """One panel per sweep: a row per configuration × capacity, a column per offset, coloured
-    by who completes; the steady phases' overlap drawn above."""
+    by who completes; the steady phases' overlap drawn above. ``metadata``: the PNG's text
+    chunks (the digest of the results it was drawn from: experiments/runner/figure_data.py)."""
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
@@ -238,5 +240,5 @@ def figure(sweeps: list[dict[str, Any]], path: Any) -> None:
     fig.legend(handles=[Patch(color=c, label=n) for n, c in OUTCOME_COLOURS.items()],
                loc="upper right", fontsize=7, ncol=4, title="completes", title_fontsize=7)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
-    atomic_savefig(fig, path, dpi=110)
+    atomic_savefig(fig, path, dpi=110, metadata=metadata)
     plt.close(fig)

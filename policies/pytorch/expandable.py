@@ -96,7 +96,10 @@ class ExpandableSegments:
         numSegments(prop.totalGlobalMem + prop.totalGlobalMem / 8)``, reserved as
         ``segment_size_ * max_handles_``)."""
         capacity = self.device.capacity
-        return -(-(capacity + capacity // 8) // page) * page
+        # At least one page: a device smaller than a page (a capacity search's probe floored
+        # to a coarse granularity) gets a range whose first map it refuses, not an empty
+        # range a request would walk off (real devices always hold many pages).
+        return max(1, -(-(capacity + capacity // 8) // page)) * page
 
     def add_range(self, segment: Segment) -> Block:
         """A new virtual range: its one block, free and mapped as far as the pools know."""
