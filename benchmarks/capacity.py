@@ -1,29 +1,41 @@
-"""Benchmark: min-capacity's time per policy, as a multiple of one replay (issue 17, item 3).
+"""Benchmark: min-capacity's time per policy, as a multiple of one replay (issue 17, item 3;
+issue 39, part 2).
 
-    python -m benchmarks.capacity [--events 1000000] [--kind training] [--policies ...]
+    python -m benchmarks.capacity [--events 1000000] [--kind transformer training]
+                                  [--policies ...] [--repeat 3]
 
-Generates the trace once, then per policy times one :func:`replay` on the default device and
-:func:`min_capacity` on it, in this one process (CPU time: on a shared machine wall time
-counts the neighbours), and prints both, the ratio (target ≤ 4) and the replays the search ran
-(``evaluations``); then where min-capacity's time went: its replays that completed and those
-that ran out of memory (each stops at its first OOM), and the share of its time spent on the
-capacities checked just above the answer. By default every policy and the settings that
-change how a policy depends on the capacity (fractions, limits, expandable segments, sync
-modes, the JAX presets): a setting whose capacity use is not declared, or that is not
-monotone, is where the search costs most, and the default policies alone once hid a 44×.
+Generates each trace once, then per policy times one :func:`replay` on the default device and
+the search two ways, each the least of ``--repeat`` timings, in this one process (CPU time: on
+a shared machine wall time counts the neighbours, and CPU time still varies ±15% under load):
+*plain*, every probe replayed from event 0, and *shared*, each probe resumed from the latest
+saved state of an earlier run it shares (sim/questions/shared_runs.py, what
+:func:`min_capacity` does). It prints both as multiples of the replay (target ≤ 4), the replays
+the search ran (``evaluations``, the same for both), how many of the shared search's probes
+resumed and the share of all its probes' events that resumes skipped, its replays that
+completed and those that ran out of memory (each stops at its first), and the share of its
+time spent on the capacities checked just above the answer; the two searches' answers must
+agree. The machine's load (os.getloadavg) is printed at the start and the end. By default
+every policy and the settings that change how a policy depends on the capacity (fractions,
+limits, expandable segments, sync modes, the JAX presets): a setting whose capacity use is not
+declared, or that is not monotone, is where the search costs most, and the default policies
+alone once hid a 44×.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES
+from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, DeviceProfile
 from allocsim.sim.kernel.engine import replay
+from allocsim.sim.questions.capacity import minimum as capacity
 from allocsim.sim.questions.capacity import oracle as capacity_oracle
-from allocsim.sim.questions.capacity.minimum import VERIFY_ABOVE, min_capacity
+from allocsim.sim.questions.capacity.minimum import VERIFY_ABOVE, CapacityAnswer, MiB
+from allocsim.sim.questions.shared_runs import SharedRuns
 from allocsim.traces.formats import load
 from allocsim.traces.model import Trace
 
@@ -83,40 +95,87 @@ class _ReplayLog:
         oracle._replay, oracle._probe = self._saved             # type: ignore[method-assign]
 
 
+def _load() -> str:
+    """The machine's load averages over 1, 5 and 15 minutes."""
+    return "load average " + " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def _replay_seconds(trace: Trace, policy: str, device: DeviceProfile) -> float:
+    start = time.process_time()
+    replay(trace, policy, device)
+    return time.process_time() - start
+
+
+def _search(trace: Trace, policy: str, device: DeviceProfile, *, share: bool
+            ) -> tuple[CapacityAnswer, float, list[tuple[int, bool, float]], list[SharedRuns]]:
+    """One search, its CPU seconds, its replays (capacity, completed, seconds) and the shared
+    runs behind them."""
+    made: list[SharedRuns] = []
+    init = SharedRuns.__init__
+
+    def kept(runs: SharedRuns, *args: Any, **kwargs: Any) -> None:
+        init(runs, *args, **kwargs)
+        made.append(runs)
+
+    SharedRuns.__init__ = kept                                  # type: ignore[method-assign,assignment]
+    try:
+        with _ReplayLog() as log:
+            start = time.process_time()
+            answer = capacity._min_capacity(trace, policy, device, MiB, shortcuts=True,
+                                            share=share)
+            seconds = time.process_time() - start
+    finally:
+        SharedRuns.__init__ = init                              # type: ignore[method-assign]
+    return answer, seconds, log.replays, made
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--kind", default="training")
+    parser.add_argument("--kind", nargs="+", default=["transformer", "training"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policies", nargs="+", default=SETTINGS)
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="times each is timed, the least kept (default 3)")
     args = parser.parse_args(argv)
-    trace = _trace(args.kind, args.events, args.seed)
     device = PROFILES[DEFAULT_PROFILE]
+    print(_load(), flush=True)
     width = max(len("policy"), *map(len, args.policies)) + 2
-    print(f"{'policy':<{width}}{'replay s':>10}{'min-cap s':>11}{'ratio':>8}{'runs':>6}"
-          f"{'passed':>8}{'failed':>8}{'checks above':>14}  answer")
     worst = 0.0
-    for policy in args.policies:
-        start = time.process_time()
-        replay(trace, policy, device)
-        one = time.process_time() - start
-        with _ReplayLog() as log:
-            start = time.process_time()
-            answer = min_capacity(trace, policy, device)
-            search = time.process_time() - start
-        ratio = search / one if one else float("inf")
-        worst = max(worst, ratio)
-        above = set()
-        if answer.min_capacity is not None:
-            above = {answer.min_capacity + step * answer.resolution
-                     for step in range(1, VERIFY_ABOVE + 1)}
-        passed = sum(1 for _, completed, _ in log.replays if completed)
-        checks = sum(seconds for capacity, _, seconds in log.replays if capacity in above)
-        share = f"{checks / search:.0%}" if search else "-"
-        print(f"{policy:<{width}}{one:>10.2f}{search:>11.2f}{ratio:>8.2f}{answer.evaluations:>6}"
-              f"{passed:>8}{len(log.replays) - passed:>8}{share:>14}  "
-              f"{answer.min_capacity} monotone={answer.monotone}", flush=True)
-    print(f"worst ratio {worst:.2f} (target ≤ {TARGET:g})")
+    for kind in args.kind:
+        trace = _trace(kind, args.events, args.seed)
+        print(f"\n{kind}, {len(trace):,} events")
+        print(f"{'policy':<{width}}{'replay s':>9}{'plain ×':>9}{'shared ×':>10}{'runs':>6}"
+              f"{'resumed':>9}{'skipped':>9}{'passed':>8}{'failed':>8}{'checks above':>14}"
+              "  answer")
+        for policy in args.policies:
+            one = min(_replay_seconds(trace, policy, device) for _ in range(args.repeat))
+            plain, plain_s, _, _ = min((_search(trace, policy, device, share=False)
+                                        for _ in range(args.repeat)), key=lambda r: r[1])
+            answer, search, replays, made = min((_search(trace, policy, device, share=True)
+                                                 for _ in range(args.repeat)),
+                                                key=lambda r: r[1])
+            if answer.to_json_dict() != plain.to_json_dict():
+                raise SystemExit(f"{kind} {policy}: the shared search answered differently")
+            ratio = search / one if one else float("inf")
+            worst = max(worst, ratio)
+            above = set()
+            if answer.min_capacity is not None:
+                above = {answer.min_capacity + step * answer.resolution
+                         for step in range(1, VERIFY_ABOVE + 1)}
+            passed = sum(1 for _, completed, _ in replays if completed)
+            checks = sum(seconds for capacity, _, seconds in replays if capacity in above)
+            share = f"{checks / search:.0%}" if search else "-"
+            resumed = sum(runs.resumed for runs in made)
+            kept = sum(runs.events_resumed for runs in made)
+            run_events = sum(runs.events_run for runs in made)
+            skipped = f"{kept / (kept + run_events):.0%}" if kept + run_events else "-"
+            print(f"{policy:<{width}}{one:>9.3f}{plain_s / one:>9.2f}{ratio:>10.2f}"
+                  f"{answer.evaluations:>6}{resumed:>9}{skipped:>9}{passed:>8}"
+                  f"{len(replays) - passed:>8}{share:>14}  "
+                  f"{answer.min_capacity} monotone={answer.monotone}", flush=True)
+    print(f"\nworst shared ratio {worst:.2f} (target ≤ {TARGET:g})")
+    print(_load())
     return 0
 
 

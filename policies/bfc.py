@@ -47,6 +47,7 @@ from allocsim.policies.base import (
 )
 from allocsim.policies.chunk_policy import ChunkPolicy
 from allocsim.policies.chunks import bin_for_size
+from allocsim.policies.limit_window import LimitWindow
 
 # bin_for_size is BFC's BinNumForSize, public here.
 __all__ = ["BFCAllocator", "PreallocateAllocator", "bin_for_size", "extend_available"]
@@ -111,6 +112,9 @@ class BFCAllocator(ChunkPolicy):
             self.curr_region_allocation_bytes = round_bytes(self.memory_limit)
         self.pool_bytes = 0
         self.peak_pool_bytes = 0
+        # Every memory_limit under which Extend and DeallocateFreeRegions would have decided
+        # alike so far (min-capacity resumes runs at nearby capacities by it).
+        self.limit_window = LimitWindow()
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(
         __init__,
@@ -150,13 +154,22 @@ class BFCAllocator(ChunkPolicy):
         """BFC's Extend: one new region sized by the doubling rule, backing off on refusal.
         Returns the region's bytes, or None when it fails."""
         available = extend_available(self.memory_limit, self.pool_bytes)
+        window = self.limit_window
+        # floor256(limit - pool) >= x exactly when limit >= pool + round256(x).
+        window.at_least(self.pool_bytes + round_bytes(rounded), rounded <= available)
         if rounded > available:
             return None
         increased = False
         while rounded > self.curr_region_allocation_bytes:
             self.curr_region_allocation_bytes *= 2
             increased = True
-        nbytes = min(self.curr_region_allocation_bytes, available)
+        curr = self.curr_region_allocation_bytes
+        if curr <= available:
+            window.at_least(self.pool_bytes + round_bytes(curr), True)
+        else:       # the region is what the limit leaves: the same for the same 256 bytes
+            window.within(self.pool_bytes + available,
+                          self.pool_bytes + available + MIN_ALLOCATION - 1)
+        nbytes = min(curr, available)
         base = self.device.reserve(nbytes)
         while base is None:
             backpedal = backpedal_bytes(nbytes)
@@ -223,7 +236,11 @@ class BFCAllocator(ChunkPolicy):
             return False
         free_regions = [base for base in self.chunks.regions if self.chunks.region_is_free(base)]
         free_bytes = sum(self.chunks.regions[base] for base in free_regions)
-        if free_bytes == 0 or rounded > self.memory_limit - self.pool_bytes + free_bytes:
+        if free_bytes == 0:
+            return False
+        room = rounded <= self.memory_limit - self.pool_bytes + free_bytes
+        self.limit_window.at_least(rounded + self.pool_bytes - free_bytes, room)
+        if not room:
             return False
         for base in free_regions:
             self.pool_bytes -= self.chunks.remove_region(base)

@@ -97,6 +97,7 @@ from allocsim.policies.cupy_records import (
     end_chunk,
     tie,
 )
+from allocsim.policies.limit_window import LimitWindow
 
 ALLOCATION_UNIT_SIZE = 512
 NUM_BINS = 65           # bin b holds sizes with bit length b: [2^(b-1), 2^b); sizes are
@@ -145,6 +146,9 @@ class CuPyPoolAllocator(Policy):
         self._spare: list[CuPyChunk] = []
         self._total_bytes = 0
         self._limit = 0
+        # Every limit under which the limit checks would have decided alike so far
+        # (min-capacity resumes runs at nearby capacities by it; a limit of 0 checks nothing).
+        self.limit_window = LimitWindow()
         self.peak_bytes_in_use = 0
         self.peak_total_bytes = 0
         self.set_limit(size=limit or None, fraction=fraction or None)
@@ -282,12 +286,15 @@ class CuPyPoolAllocator(Policy):
         return address
 
     def _fits_limit(self, rounded: int) -> bool:
-        return self._total_bytes + rounded <= self._limit
+        fits = self._total_bytes + rounded <= self._limit
+        self.limit_window.at_least(self._total_bytes + rounded, fits)
+        return fits
 
     def _try_malloc(self, rounded: int) -> int | None:
         """SingleDeviceMemoryPool._try_malloc: the limit check with its two free_all_blocks
         retries, then cudaMalloc with its two free_all_blocks retries. None = OutOfMemoryError."""
         if self._limit:
+            self.limit_window.at_least(rounded, rounded <= self._limit)
             if rounded > self._limit:
                 return None
             if not self._fits_limit(rounded):

@@ -117,26 +117,90 @@ def test_the_native_core_replays_the_probes_with_the_python_intervals(
     # replays run in the native core: the same probe, the same intervals of capacities that
     # run alike (the core's device records what _RecordingDevice does), the same answers.
     from allocsim.sim.kernel import native
-    from allocsim.sim.questions.capacity import oracle as capacity_oracle
+    from allocsim.sim.questions import shared_runs
 
     if native.core() is None:
         pytest.skip(f"the native core is not in use here: {native.implementation()}")
     trace = traces()["random"]
     device = DeviceProfile("test", 80 * GiB, context_bytes=64 * MiB)
     ran: list[int] = []
-    opened = capacity_oracle.open_native_run
+    opened = shared_runs.open_native_run     # the oracle's runs open there
 
     def counting(*args, **kwargs):
         run = opened(*args, **kwargs)
         ran.append(run is not None)
         return run
 
-    monkeypatch.setattr(capacity_oracle, "open_native_run", counting)
+    monkeypatch.setattr(shared_runs, "open_native_run", counting)
     core = CompletionOracle(trace, parse_policy(policy), device)
     answers = [core.completes(c) for c in range(40 * MiB, 400 * MiB, 9 * MiB)]
     assert ran and all(ran)
-    monkeypatch.setattr(capacity_oracle, "open_native_run", lambda *a, **k: None)
+    monkeypatch.setattr(shared_runs, "open_native_run", lambda *a, **k: None)
     python = CompletionOracle(trace, parse_policy(policy), device)
     assert [python.completes(c) for c in range(40 * MiB, 400 * MiB, 9 * MiB)] == answers
     assert core.probe == python.probe
     assert core._intervals == python._intervals and core.replays == python.replays
+
+
+@pytest.mark.parametrize("policy", ["bfc", "pytorch", "cupy", "cuda-async:sync=none"])
+def test_a_run_of_a_repeating_trace_that_does_not_repeat_soon_hands_over_to_the_core(
+        policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Python run that has not repeated within its share of the trace is replayed by the
+    # core instead: with a share of a few events every run hands over, and the answers are
+    # the plain search's.
+    from allocsim.sim.kernel import native
+    from allocsim.sim.questions import shared_runs
+    from allocsim.sim.questions.capacity import oracle as capacity_oracle
+
+    if native.core() is None:
+        pytest.skip(f"the native core is not in use here: {native.implementation()}")
+    trace = traces()["training"]
+    monkeypatch.setattr(capacity_oracle, "PYTHON_EVENTS", 0)
+    monkeypatch.setattr(capacity_oracle, "PYTHON_SHARE", len(trace))
+    in_core: list[int] = []
+    run = shared_runs.SharedRuns.run
+
+    def counting(self, spec, profile, *, stop_on_oom: bool, until=None):  # type: ignore[no-untyped-def]
+        if until is None:       # a whole run, not the core's prefix of a probe
+            in_core.append(profile.capacity)
+        return run(self, spec, profile, stop_on_oom=stop_on_oom, until=until)
+
+    monkeypatch.setattr(shared_runs.SharedRuns, "run", counting)
+    fast = minimum.min_capacity(trace, policy, DEVICE, resolution=4 * MiB)
+    plain = _plain(trace, policy, DEVICE, 4 * MiB)
+    assert (fast.min_capacity, fast.monotone, fast.exceptions) == (
+        plain.min_capacity, plain.monotone, plain.exceptions)
+    assert len(in_core) == fast.evaluations
+
+
+@pytest.mark.parametrize("policy", ["bfc", "pytorch", "cupy", "preallocate",
+                                    "cuda-async:sync=none"])
+def test_probes_of_a_long_repeating_trace_run_out_of_memory_in_the_core(
+        policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A probe a Python run would take first runs in the core through the Python run's share
+    # of the trace (here half): the probes that run out of memory there are answered by
+    # it, the others go on in Python; the answers are the plain search's.
+    from allocsim.sim.kernel import native
+    from allocsim.sim.questions import shared_runs
+    from allocsim.sim.questions.capacity import oracle as capacity_oracle
+
+    if native.core() is None:
+        pytest.skip(f"the native core is not in use here: {native.implementation()}")
+    trace = traces()["training"]
+    monkeypatch.setattr(capacity_oracle, "PYTHON_EVENTS", 0)
+    monkeypatch.setattr(capacity_oracle, "PYTHON_SHARE", 2)
+    prefixes: list[bool] = []
+    run = shared_runs.SharedRuns.run
+
+    def noting(self, spec, profile, *, stop_on_oom: bool, until=None):  # type: ignore[no-untyped-def]
+        state = run(self, spec, profile, stop_on_oom=stop_on_oom, until=until)
+        if until is not None:
+            prefixes.append(bool(state["ooms"]))
+        return state
+
+    monkeypatch.setattr(shared_runs.SharedRuns, "run", noting)
+    fast = minimum.min_capacity(trace, policy, DEVICE, resolution=4 * MiB)
+    plain = _plain(trace, policy, DEVICE, 4 * MiB)
+    assert (fast.min_capacity, fast.monotone, fast.exceptions) == (
+        plain.min_capacity, plain.monotone, plain.exceptions)
+    assert sum(prefixes) >= 3            # probes answered by the core's prefix

@@ -23,7 +23,7 @@ inline int64_t ChunkPolicy::tail_free_bytes() const {
 inline bool ChunkPolicy::grow(int64_t rounded) {  // map just enough whole pages at the top
   int64_t need = rounded - tail_free_bytes();
   int64_t extra = (need + c_.page - 1) / c_.page * c_.page;
-  if (!device_.map(c_.heap_base + mapped_, extra)) return false;
+  if (!device_->map(c_.heap_base + mapped_, extra)) return false;
   if (mapped_) {  // ChunkMap.grow_region
     Region& region = regions_.back();
     region.size += extra;
@@ -71,7 +71,7 @@ inline void ChunkPolicy::trim() {  // unmap the wholly free pages at the top of 
     }
   }
   mapped_ -= free_pages;
-  device_.unmap(c_.heap_base + mapped_, free_pages);
+  device_->unmap(c_.heap_base + mapped_, free_pages);
 }
 
 }  // namespace allocsim

@@ -22,26 +22,37 @@ inline int64_t ChunkPolicy::backpedal_bytes(int64_t nbytes) const {
   return (truncated + c_.min_allocation - 1) / c_.min_allocation * c_.min_allocation;
 }
 
+inline int64_t ChunkPolicy::round_bytes(int64_t nbytes) const {  // up to min_allocation
+  return (nbytes + c_.min_allocation - 1) / c_.min_allocation * c_.min_allocation;
+}
+
 inline bool ChunkPolicy::extend_region(int64_t rounded) {  // BFC's Extend (BFC._extend_region)
   int64_t available = (c_.memory_limit - pool_bytes_) / c_.min_allocation * c_.min_allocation;
   if (c_.memory_limit - pool_bytes_ < 0) {  // Python's floor division of a negative
     available = -((-(c_.memory_limit - pool_bytes_) + c_.min_allocation - 1) /
                   c_.min_allocation) * c_.min_allocation;
   }
+  // floor256(limit - pool) >= x exactly when limit >= pool + round256(x).
+  limit_window.at_least(pool_bytes_ + round_bytes(rounded), rounded <= available);
   if (rounded > available) return false;
   bool increased = false;
   while (rounded > curr_region_) {
     double_region();
     increased = true;
   }
+  if (curr_region_ <= available) {
+    limit_window.at_least(pool_bytes_ + round_bytes(curr_region_), true);
+  } else {  // the region is what the limit leaves: the same for the same 256 bytes
+    limit_window.within(pool_bytes_ + available, pool_bytes_ + available + c_.min_allocation - 1);
+  }
   int64_t nbytes = std::min(curr_region_, available);
-  int64_t base = device_.reserve(nbytes);
+  int64_t base = device_->reserve(nbytes);
   while (base < 0) {
     int64_t backpedal = backpedal_bytes(nbytes);
     if (backpedal >= nbytes) backpedal = nbytes - c_.min_allocation;
     nbytes = backpedal;
     if (nbytes < rounded) return false;
-    base = device_.reserve(nbytes);
+    base = device_->reserve(nbytes);
   }
   if (!increased) double_region();
   add_region(base, nbytes);
@@ -69,7 +80,10 @@ inline bool ChunkPolicy::deallocate_free_regions(int64_t rounded) {
   if (!c_.garbage_collection) return false;
   int64_t free_bytes = 0;
   for (const Region& r : regions_) if (region_is_free(r)) free_bytes += r.size;
-  if (free_bytes == 0 || rounded > c_.memory_limit - pool_bytes_ + free_bytes) return false;
+  if (free_bytes == 0) return false;
+  bool room = rounded <= c_.memory_limit - pool_bytes_ + free_bytes;
+  limit_window.at_least(rounded + pool_bytes_ - free_bytes, room);
+  if (!room) return false;
   // In the order the Python dict holds them: insertion order, as regions_ is.
   for (Region& r : regions_) {
     if (!region_is_free(r)) continue;
@@ -77,7 +91,7 @@ inline bool ChunkPolicy::deallocate_free_regions(int64_t rounded) {
     spare_.push_back(r.first);
     r.live = false;
     pool_bytes_ -= r.size;
-    device_.release(r.base);
+    device_->release(r.base);
   }
   return true;
 }

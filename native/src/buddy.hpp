@@ -29,10 +29,15 @@ class BuddyPolicy {
  public:
   static constexpr int kOrders = 64;
 
-  BuddyPolicy(BuddyConfig config, Device& device) : c_(config), device_(device) {
+  BuddyPolicy(BuddyConfig config, Device& device) : c_(config), device_(&device) {
     min_bits_ = 63 - __builtin_clzll(static_cast<uint64_t>(c_.min_block));
     for (int k = 0; k < kOrders; ++k) head_[k] = tail_[k] = -1;
   }
+
+  // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
+  // the saved policy, on the resumed run's device, with that run's constants (its limit
+  // may differ; the bridge resumes only where nothing else does).
+  void resume_on(Device& device, const BuddyConfig& config) { device_ = &device; c_ = config; }
 
   // order_of: k such that min_block << k is the block for a request of size bytes (the
   // smallest power of two >= size).
@@ -155,11 +160,11 @@ class BuddyPolicy {
   int new_arena(int order) {
     int64_t block = c_.min_block << order;
     int64_t nbytes = std::max(c_.arena, block);
-    int64_t base = device_.reserve(nbytes);
-    if (base < 0 && release_free_arenas()) base = device_.reserve(nbytes);
+    int64_t base = device_->reserve(nbytes);
+    if (base < 0 && release_free_arenas()) base = device_->reserve(nbytes);
     while (base < 0 && nbytes > block) {
       nbytes >>= 1;
-      base = device_.reserve(nbytes);
+      base = device_->reserve(nbytes);
     }
     if (base < 0) return -1;
     int root = 63 - __builtin_clzll(static_cast<uint64_t>(nbytes)) - min_bits_;
@@ -176,7 +181,7 @@ class BuddyPolicy {
     arena_roots_.erase(base);
     arena_order_.erase(std::find(arena_order_.begin(), arena_order_.end(), base));
     pool_bytes_ -= c_.min_block << root;
-    device_.release(base);
+    device_->release(base);
   }
 
   bool release_free_arenas() {  // cudaFree every wholly free arena, in the order taken
@@ -195,7 +200,7 @@ class BuddyPolicy {
   }
 
   BuddyConfig c_;
-  Device& device_;
+  Device* device_;  // a pointer: a run resumed from a saved state points it at its own device
   int min_bits_;
   std::vector<Node> nodes_;
   std::vector<int32_t> spare_nodes_;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "device.hpp"
+#include "limit_window.hpp"
 #include "sorted_bins.hpp"
 
 namespace allocsim {
@@ -42,9 +43,14 @@ struct ChunkConfig {
 class ChunkPolicy {
  public:
   ChunkPolicy(ChunkConfig config, Device& device)
-      : c_(std::move(config)), device_(device), curr_region_(c_.first_region) {}
+      : c_(std::move(config)), device_(&device), curr_region_(c_.first_region) {}
 
   // ChunkPolicy.malloc: the address handed out and its chunk (*handle); -1 on OOM.
+  // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
+  // the saved policy, on the resumed run's device, with that run's constants (its limit
+  // may differ; the bridge resumes only where nothing else does).
+  void resume_on(Device& device, const ChunkConfig& config) { device_ = &device; c_ = config; }
+
   int64_t malloc(int64_t size, int64_t /*stream*/, int64_t* handle) {
     int64_t rounded = (size + c_.alignment - 1) / c_.alignment * c_.alignment;
     int32_t found = pop_best_fit(rounded);
@@ -130,6 +136,7 @@ class ChunkPolicy {
 
   int64_t bytes_in_use = 0, peak_bytes_in_use = 0, requested_sum = 0;
   int64_t num_allocs = 0, num_frees = 0, num_ooms = 0;
+  LimitWindow limit_window;  // BFC's decisions against memory_limit (bfc.py's limit_window)
 
  private:
   struct Chunk {
@@ -195,6 +202,7 @@ class ChunkPolicy {
   }
 
   // -- BFC's growth rules: their bodies are in bfc.hpp, the twin of bfc.py ----------------
+  int64_t round_bytes(int64_t nbytes) const;
   int64_t backpedal_bytes(int64_t nbytes) const;
   bool extend_region(int64_t rounded);
   void double_region();
@@ -208,7 +216,7 @@ class ChunkPolicy {
   void trim();
 
   ChunkConfig c_;
-  Device& device_;
+  Device* device_;  // a pointer: a run resumed from a saved state points it at its own device
   std::vector<Chunk> chunks_;
   std::vector<int32_t> spare_;
   std::vector<Region> regions_;

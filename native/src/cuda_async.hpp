@@ -37,8 +37,13 @@ struct CudaAsyncConfig {
 class CudaAsyncPolicy : public Counters {
  public:
   CudaAsyncPolicy(CudaAsyncConfig config, Device& device)
-      : c_(std::move(config)), device_(device), pending_(c_.preallocate),
+      : c_(std::move(config)), device_(&device), pending_(c_.preallocate),
         indexes_(1) {}
+
+  // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
+  // the saved policy, on the resumed run's device, with that run's constants (its limit
+  // may differ; the bridge resumes only where nothing else does).
+  void resume_on(Device& device, const CudaAsyncConfig& config) { device_ = &device; c_ = config; }
 
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
     if (pending_) preallocate();
@@ -171,8 +176,8 @@ class CudaAsyncPolicy : public Counters {
   // its own, one chunk in use; -1 when the device refused.
   int32_t map_chunk(int64_t rounded) {
     int64_t nbytes = (rounded + c_.chunk - 1) / c_.chunk * c_.chunk;
-    int64_t base = device_.address_range(nbytes);
-    if (!device_.map(base, nbytes)) return -1;
+    int64_t base = device_->address_range(nbytes);
+    if (!device_->map(base, nbytes)) return -1;
     mapped_ += nbytes;
     if (mapped_ > peak_mapped_) peak_mapped_ = mapped_;
     return new_chunk(base, nbytes, -1, -1);
@@ -220,7 +225,7 @@ class CudaAsyncPolicy : public Counters {
       indexes_[kShared].remove(nbytes, base);
       chunks_.recycle(at);
       mapped_ -= nbytes;
-      device_.unmap(base, nbytes);
+      device_->unmap(base, nbytes);
       if (mapped_ <= keep) break;
     }
   }
@@ -239,7 +244,7 @@ class CudaAsyncPolicy : public Counters {
   }
 
   CudaAsyncConfig c_;
-  Device& device_;
+  Device* device_;  // a pointer: a run resumed from a saved state points it at its own device
   bool pending_;
   Records<Chunk> chunks_;
   StreamIndexes indexes_;  // kShared, then (sync=none) the streams' in the order made

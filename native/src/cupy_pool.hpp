@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "device.hpp"
+#include "limit_window.hpp"
 #include "records.hpp"
 #include "sorted_bins.hpp"
 
@@ -32,10 +33,17 @@ struct CuPyConfig {
 class CuPyPolicy : public Counters {
  public:
   CuPyPolicy(CuPyConfig config, Device& device)
-      : c_(std::move(config)), device_(device), arenas_(0) {}
+      : c_(std::move(config)), device_(&device), arenas_(0) {}
 
   // malloc: the smallest free chunk of this stream's arena that fits (split, the caller
   // keeping the low end), else a new block of exactly the rounded size; -1 on OOM.
+  // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
+  // the saved policy, on the resumed run's device, with that run's constants (its limit
+  // may differ; the bridge resumes only where nothing else does).
+  void resume_on(Device& device, const CuPyConfig& config) { device_ = &device; c_ = config; }
+
+  LimitWindow limit_window;  // the limit's decisions (cupy_pool.py's limit_window)
+
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
     int64_t rounded = (size + c_.unit - 1) / c_.unit * c_.unit;
     int32_t arena = arenas_.of(stream);
@@ -107,12 +115,17 @@ class CuPyPolicy : public Counters {
     return chunks_.make(Chunk{size, address, 0, next_cid_++, prev, next, arena, false});
   }
 
-  bool fits_limit(int64_t rounded) const { return total_bytes_ + rounded <= c_.limit; }
+  bool fits_limit(int64_t rounded) {
+    bool fits = total_bytes_ + rounded <= c_.limit;
+    limit_window.at_least(total_bytes_ + rounded, fits);
+    return fits;
+  }
 
   // _try_malloc: the limit with its two free_all_blocks retries, then cudaMalloc with its two
   // (three device attempts; the simulation has no Python garbage for gc.collect to find).
   int64_t try_malloc(int64_t rounded) {
     if (c_.limit) {
+      limit_window.at_least(rounded, rounded <= c_.limit);
       if (rounded > c_.limit) return -1;
       if (!fits_limit(rounded)) {
         free_all_blocks();
@@ -123,10 +136,10 @@ class CuPyPolicy : public Counters {
       }
     }
     total_bytes_ += rounded;
-    int64_t base = device_.reserve(rounded);
+    int64_t base = device_->reserve(rounded);
     for (int retry = 0; base < 0 && retry < 2; ++retry) {
       free_all_blocks();
-      base = device_.reserve(rounded);
+      base = device_->reserve(rounded);
     }
     if (base < 0) {
       total_bytes_ -= rounded;
@@ -146,14 +159,14 @@ class CuPyPolicy : public Counters {
         if (chunk.prev >= 0 || chunk.next >= 0) continue;
         arena.remove(key.size, key.tie);
         total_bytes_ -= chunk.size;
-        device_.release(chunk.address);
+        device_->release(chunk.address);
         chunks_.recycle(key.chunk);
       }
     }
   }
 
   CuPyConfig c_;
-  Device& device_;
+  Device* device_;  // a pointer: a run resumed from a saved state points it at its own device
   Records<Chunk> chunks_;
   StreamIndexes arenas_;  // one per stream, in the order the streams came
   int64_t next_cid_ = 0;

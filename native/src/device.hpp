@@ -90,6 +90,25 @@ class Device {
     charge(costs_.unmap_base_s);
   }
 
+  // A run resumed from a saved state (sim/questions/shared_runs.py): everything the
+  // saved device had counted and handed out, on this device's capacity. The bridge resumes
+  // only between devices alike in every other figure.
+  void adopt(const Device& saved) {
+    used = saved.used;
+    peak_used = saved.peak_used;
+    reserved = saved.reserved;
+    peak_reserved = saved.peak_reserved;
+    calls = saved.calls;
+    mallocs = saved.mallocs;
+    frees = saved.frees;
+    failed_mallocs = saved.failed_mallocs;
+    cost_s = saved.cost_s;
+    granted_most = saved.granted_most;
+    refused_least = saved.refused_least;
+    next_address_ = saved.next_address_;
+    ranges_ = saved.ranges_;
+  }
+
   const int64_t capacity, granularity, map_granularity;
   int64_t used, peak_used;  // bytes taken: the context and this process
   int64_t reserved = 0, peak_reserved = 0;

@@ -64,6 +64,50 @@ class Engine {
     return i;
   }
 
+  // A run resumed from a saved state (sim/questions/shared_runs.py): the saved
+  // engine's counters, live buffers and timeline so far, on this run's columns (the same
+  // trace), its window of events read again from the next index.
+  void adopt(const Engine& saved) {
+    allocated = saved.allocated;
+    peak_allocated = saved.peak_allocated;
+    peak_allocated_event = saved.peak_allocated_event;
+    in_use_at_peak_allocated = saved.in_use_at_peak_allocated;
+    reserved_at_peak = saved.reserved_at_peak;
+    peak_reserved_event = saved.peak_reserved_event;
+    in_use_at_peak_reserved = saved.in_use_at_peak_reserved;
+    ooms = saved.ooms;
+    first_oom = saved.first_oom;
+    skipped_events = saved.skipped_events;
+    sample_events = saved.sample_events;
+    sample_values = saved.sample_values;
+    bucket_reserved = saved.bucket_reserved;
+    bucket_allocated = saved.bucket_allocated;
+    bucket_cost = saved.bucket_cost;
+    addresses = saved.addresses;
+    live_ = saved.live_;
+    base_ = 0;
+    loaded_ = 0;
+    next_index_ = saved.next_index_;
+    stopped_ = saved.stopped_;
+    next_sample_ = saved.next_sample_;
+    first_event_ = saved.first_event_;
+    last_event_ = saved.last_event_;
+    top_ = saved.top_;
+    first_call_ = saved.first_call_;
+    carried_ = saved.carried_;
+    bucket_top_allocated_ = saved.bucket_top_allocated_;
+  }
+
+  // A saved copy reads no events: its window of them goes (adopt reads them again).
+  void drop_window() {
+    window_op_ = {};
+    window_id_ = {};
+    window_size_ = {};
+    window_stream_ = {};
+    base_ = 0;
+    loaded_ = 0;
+  }
+
   // -- state read back by the Python bridge ------------------------------------------
   int64_t next_index() const { return next_index_; }
   bool stopped() const { return stopped_; }

@@ -25,6 +25,7 @@
 #include "cupy_pool.hpp"
 #include "device.hpp"
 #include "engine.hpp"
+#include "limit_window.hpp"
 #include "on_demand.hpp"
 #include "pytorch.hpp"
 #include "tpu.hpp"
@@ -176,6 +177,26 @@ CudaAsyncConfig cuda_async_config(const nb::dict& d) {
 
 }  // namespace
 
+// A run's whole state at one event, saved for min-capacity to resume runs at nearby
+// capacities from (sim/questions/shared_runs.py): opaque to Python but for where it
+// stands.
+class Snapshot {
+ public:
+  virtual ~Snapshot() = default;
+  int64_t next_index = 0, ooms = 0;
+  // The capacities and limits under which every decision so far goes the same way: the
+  // device's [granted_most, refused_least - 1] (refused_least -1: none refused) and the
+  // policy's limit window.
+  int64_t granted_most = 0, refused_least = -1, limit_lo = kNoLower, limit_hi = kNoUpper;
+};
+
+// The limit window of a policy that keeps one (limit_window.hpp): BFC's, PyTorch's, CuPy's.
+template <class Policy>
+LimitWindow limit_window_of(const Policy& /*policy*/) { return LimitWindow{}; }
+LimitWindow limit_window_of(const ChunkPolicy& policy) { return policy.limit_window; }
+LimitWindow limit_window_of(const PyTorchPolicy& policy) { return policy.limit_window; }
+LimitWindow limit_window_of(const CuPyPolicy& policy) { return policy.limit_window; }
+
 // Type-erased over the policy: the bindings see one class.
 class Replay {
  public:
@@ -183,14 +204,15 @@ class Replay {
   virtual int64_t advance(int64_t end) = 0;
   virtual nb::dict state() = 0;
   virtual bool stopped() = 0;
+  virtual std::unique_ptr<Snapshot> snapshot() const = 0;
+  virtual void resume(const Snapshot& saved) = 0;
 };
 
-template <class Policy>
+template <class Policy, class Config>
 class PolicyReplay final : public Replay {
  public:
-  template <class Config>
   PolicyReplay(nb::tuple columns, const EngineConfig& engine, Device device, Config config)
-      : columns_(columns), bucket_(engine.bucket), device_(std::move(device)), policy_(std::move(config), device_),
+      : columns_(columns), bucket_(engine.bucket), config_(config), device_(std::move(device)), policy_(std::move(config), device_),
         engine_(engine, column_of(nb::cast<Array>(columns[0])),
                 column_of(nb::cast<Array>(columns[1])), column_of(nb::cast<Array>(columns[2])),
                 column_of(nb::cast<Array>(columns[3])), device_, policy_) {}
@@ -201,6 +223,33 @@ class PolicyReplay final : public Replay {
   }
 
   bool stopped() override { return engine_.stopped(); }
+
+  std::unique_ptr<Snapshot> snapshot() const override {
+    auto saved = std::make_unique<Saved>(device_, policy_, engine_);
+    saved->engine.drop_window();
+    saved->next_index = engine_.next_index();
+    saved->ooms = engine_.ooms;
+    saved->granted_most = device_.granted_most;
+    saved->refused_least = device_.refused_least;
+    LimitWindow window = limit_window_of(policy_);
+    saved->limit_lo = window.lo;
+    saved->limit_hi = window.hi;
+    return saved;
+  }
+
+  // This fresh run continues from `saved` (a state of a run of the same family and trace):
+  // its device's counters and memory on this capacity, its policy on this device with this
+  // run's constants, its engine's counters and live buffers. Whether the two runs would have
+  // decided alike up to there is the caller's question (shared_runs.py).
+  void resume(const Snapshot& state) override {
+    const auto* saved = dynamic_cast<const Saved*>(&state);
+    if (saved == nullptr) throw std::invalid_argument("a saved state of another policy family");
+    if (engine_.next_index() != 0) throw std::invalid_argument("only a fresh run resumes");
+    device_.adopt(saved->device);
+    policy_ = saved->policy;
+    policy_.resume_on(device_, config_);
+    engine_.adopt(saved->engine);
+  }
 
   nb::dict state() override {
     auto& e = engine_;
@@ -243,12 +292,23 @@ class PolicyReplay final : public Replay {
          {"peak_pool_bytes", policy_.peak_pool_bytes()},
          {"largest_free_block", policy_.largest_free()}, {"free_blocks", policy_.free_blocks()}});
     add_policy_state(s, policy_);
+    LimitWindow window = limit_window_of(policy_);
+    s["limit_window"] = nb::make_tuple(window.lo, window.hi);
     return s;
   }
 
  private:
+  struct Saved final : Snapshot {
+    Saved(const Device& d, const Policy& p, const Engine<Policy>& e)
+        : device(d), policy(p), engine(e) {}
+    Device device;
+    Policy policy;
+    Engine<Policy> engine;
+  };
+
   nb::tuple columns_;  // keeps the trace's arrays alive while the engine reads them
   int64_t bucket_;
+  Config config_;      // this run's constants (a resumed policy takes them)
   Device device_;
   Policy policy_;
   Engine<Policy> engine_;
@@ -258,8 +318,9 @@ class PolicyReplay final : public Replay {
 template <class Policy, auto read>
 std::unique_ptr<Replay> replay_of(nb::tuple columns, const EngineConfig& engine,
                                   const nb::dict& device, const nb::dict& policy) {
-  return std::make_unique<PolicyReplay<Policy>>(columns, engine, make_device(device),
-                                                read(policy));
+  auto config = read(policy);
+  return std::make_unique<PolicyReplay<Policy, decltype(config)>>(
+      columns, engine, make_device(device), std::move(config));
 }
 
 using ReplayFactory = std::unique_ptr<Replay> (*)(nb::tuple, const EngineConfig&,
@@ -299,10 +360,19 @@ NB_MODULE(_native, m) {
   nb::list families;
   for (const auto& entry : kFamilies) families.append(entry.first);
   m.attr("FAMILIES") = nb::tuple(families);
+  nb::class_<Snapshot>(m, "Snapshot")
+      .def_ro("next_index", &Snapshot::next_index)
+      .def_ro("ooms", &Snapshot::ooms)
+      .def_ro("granted_most", &Snapshot::granted_most)
+      .def_ro("refused_least", &Snapshot::refused_least)
+      .def_ro("limit_lo", &Snapshot::limit_lo)
+      .def_ro("limit_hi", &Snapshot::limit_hi);
   nb::class_<Replay>(m, "Replay")
       .def("advance", &Replay::advance, nb::arg("end"))
       .def("state", &Replay::state)
-      .def("stopped", &Replay::stopped);
+      .def("stopped", &Replay::stopped)
+      .def("snapshot", &Replay::snapshot)
+      .def("resume", &Replay::resume, nb::arg("saved"));
   m.def("replay", &make_replay, nb::arg("columns"), nb::arg("n"), nb::arg("bucket"),
         nb::arg("sample_every"), nb::arg("stop_on_oom"), nb::arg("record_addresses"),
         nb::arg("device"), nb::arg("policy"));

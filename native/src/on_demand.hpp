@@ -15,10 +15,15 @@ struct OnDemandConfig {};
 
 class OnDemandPolicy {
  public:
-  OnDemandPolicy(OnDemandConfig, Device& device) : device_(device) {}
+  OnDemandPolicy(OnDemandConfig, Device& device) : device_(&device) {}
+
+  // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
+  // the saved policy, on the resumed run's device, with that run's constants (its limit
+  // may differ; the bridge resumes only where nothing else does).
+  void resume_on(Device& device, const OnDemandConfig&) { device_ = &device; }
 
   int64_t malloc(int64_t size, int64_t /*stream*/, int64_t* handle) {
-    int64_t address = device_.reserve(size);
+    int64_t address = device_->reserve(size);
     if (address < 0) {
       ++num_ooms;
       return -1;
@@ -42,7 +47,7 @@ class OnDemandPolicy {
   void free(int64_t handle) {
     const Slot& slot = slots_[handle];
     bytes_in_use -= slot.size;
-    device_.release(slot.address);
+    device_->release(slot.address);
     ++num_frees;
     spare_.push_back(handle);
   }
@@ -58,7 +63,7 @@ class OnDemandPolicy {
 
  private:
   struct Slot { int64_t address, size; };
-  Device& device_;
+  Device* device_;  // a pointer: a run resumed from a saved state points it at its own device
   std::vector<Slot> slots_;
   std::vector<int64_t> spare_;
 };

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "device.hpp"
+#include "limit_window.hpp"
 #include "sorted_bins.hpp"
 
 namespace allocsim {
@@ -49,7 +50,12 @@ struct PyTorchConfig {
 
 class PyTorchPolicy {
  public:
-  PyTorchPolicy(PyTorchConfig config, Device& device) : c_(config), device_(device) {}
+  PyTorchPolicy(PyTorchConfig config, Device& device) : c_(config), device_(&device) {}
+
+  // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
+  // the saved policy, on the resumed run's device, with that run's constants (its limit
+  // may differ; the bridge resumes only where nothing else does).
+  void resume_on(Device& device, const PyTorchConfig& config) { device_ = &device; c_ = config; }
 
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
     int64_t rounded = round_size(size);
@@ -136,6 +142,8 @@ class PyTorchPolicy {
   int64_t bytes_in_use = 0, peak_bytes_in_use = 0, requested = 0;
   int64_t num_allocs = 0, num_frees = 0, num_ooms = 0;
   int64_t bytes_requested() const { return requested; }
+  // The memory fraction's decisions (pytorch/oom.py's ReleasePath.limit_window).
+  LimitWindow limit_window;
 
  private:
   struct Block {
@@ -252,9 +260,13 @@ class PyTorchPolicy {
   // either way.
   int32_t alloc_block(int64_t alloc_size, int64_t rounded, bool small, int64_t stream,
                       int64_t pool_key) {
-    if (c_.set_fraction && pool_bytes_ + alloc_size > c_.allowed_memory_maximum) return -1;
+    if (c_.set_fraction) {
+      bool fits = pool_bytes_ + alloc_size <= c_.allowed_memory_maximum;
+      limit_window.at_least(pool_bytes_ + alloc_size, fits);
+      if (!fits) return -1;
+    }
     if (c_.expandable) return try_allocate_expandable_block(stream, small, rounded, pool_key);
-    int64_t base = device_.reserve(alloc_size);
+    int64_t base = device_->reserve(alloc_size);
     if (base < 0) return -1;
     int32_t at = new_block(base, alloc_size, pool_key);
     grew(alloc_size);
@@ -270,7 +282,7 @@ class PyTorchPolicy {
   void release_block(int32_t at) {
     remove_free(at);
     const Block& block = blocks_[at];
-    device_.release(block.address);
+    device_->release(block.address);
     pool_bytes_ -= block.size;
     spare_.push_back(at);
   }
@@ -283,6 +295,8 @@ class PyTorchPolicy {
   void garbage_collect_cached_blocks() {
     int64_t threshold = static_cast<int64_t>(c_.gc_threshold *
                                              static_cast<double>(c_.allowed_memory_maximum));
+    // The threshold, and what it leaves to reclaim, follow the limit's very value.
+    limit_window.within(c_.allowed_memory_maximum, c_.allowed_memory_maximum);
     if (pool_bytes_ <= threshold || c_.expandable) return;
     int64_t target = pool_bytes_ - threshold;
     int64_t now = gc_calls_[0];
@@ -383,7 +397,7 @@ class PyTorchPolicy {
         const Block& block = blocks_[key.chunk];
         if (block.prev < 0 && block.next < 0) {
           keys.remove(key.size, key.tie);
-          device_.release(block.address);
+          device_->release(block.address);
           pool_bytes_ -= block.size;
           spare_.push_back(key.chunk);
         }
@@ -481,7 +495,7 @@ class PyTorchPolicy {
       }
     }
     int64_t nbytes = small ? c_.range_small : c_.range_large;
-    int64_t base = device_.address_range(nbytes);
+    int64_t base = device_->address_range(nbytes);
     int32_t at = new_block(base, nbytes, pool_key);
     range_bases_.insert(std::upper_bound(range_bases_.begin(), range_bases_.end(), base), base);
     add_unmapped(at);
@@ -495,7 +509,7 @@ class PyTorchPolicy {
     int64_t address = blocks_[at].address, pool_key = blocks_[at].pool_key;
     int64_t page = page_of(pool_key);
     int64_t nbytes = (size + page - 1) / page * page;
-    if (!device_.map(address, nbytes)) return -1;
+    if (!device_->map(address, nbytes)) return -1;
     drop_unmapped(at);
     if (nbytes < blocks_[at].size) {
       int32_t after = blocks_[at].next;
@@ -575,7 +589,7 @@ class PyTorchPolicy {
     unmapped = try_merge(unmapped, blocks_[unmapped].prev, false);
     unmapped = try_merge(unmapped, blocks_[unmapped].next, false);
     add_unmapped(unmapped);
-    device_.unmap(start, length);
+    device_->unmap(start, length);
     pool_bytes_ -= length;
     return unmapped;
   }
@@ -590,7 +604,7 @@ class PyTorchPolicy {
 
 
   PyTorchConfig c_;
-  Device& device_;
+  Device* device_;  // a pointer: a run resumed from a saved state points it at its own device
   std::vector<Block> blocks_;
   std::vector<int32_t> spare_;
   std::vector<int64_t> pool_keys_;  // pool keys (stream << 1 | small), in the order first used

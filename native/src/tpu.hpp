@@ -41,12 +41,17 @@ struct TpuConfig {
 class TpuPolicy {
  public:
   TpuPolicy(TpuConfig config, Device& device)
-      : c_(config), device_(device), hbm_bytes_(device.capacity) {
+      : c_(config), device_(&device), hbm_bytes_(device.capacity) {
     if (c_.granule < 1) throw std::invalid_argument("granule must be at least 1 byte");
   }
 
   // The buffer's handle (the Python model's, 1 up) and its record (*record, the engine's
   // handle); -1 on OOM.
+  // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
+  // the saved policy, on the resumed run's device, with that run's constants (its limit
+  // may differ; the bridge resumes only where nothing else does).
+  void resume_on(Device& device, const TpuConfig& config) { device_ = &device; c_ = config; }
+
   int64_t malloc(int64_t size, int64_t /*stream*/, int64_t* record) {
     if (size <= 0) return -1;
     if (!started_ && !start_heap()) {
@@ -132,7 +137,7 @@ class TpuPolicy {
   bool start_heap() {
     heap_size_ = hbm_bytes_ - c_.runtime_bytes;
     if (heap_size_ <= 0) return false;
-    int64_t base = device_.reserve(heap_size_);
+    int64_t base = device_->reserve(heap_size_);
     if (base < 0) return false;
     heap_base_ = base;
     started_ = true;
@@ -257,9 +262,11 @@ class TpuPolicy {
   void add_free(int32_t at) { free_.add(blocks_[at].size, -blocks_[at].offset, at); }
   void remove_free(int32_t at) { free_.remove(blocks_[at].size, -blocks_[at].offset); }
 
-  const TpuConfig c_;
-  Device& device_;
-  const int64_t hbm_bytes_;  // HBM's size, read as the runtime starts (TpuRuntimeAllocator's)
+  TpuConfig c_;
+  Device* device_;  // a pointer: a run resumed from a saved state points it at its own device
+  // HBM's size, read as the runtime starts (TpuRuntimeAllocator's); not const only so that a
+  // saved state copies (a TPU run never resumes at another capacity: shared_runs.py).
+  int64_t hbm_bytes_;
   Records<Block> blocks_;
   SortedBins free_;
   int32_t first_ = -1, last_ = -1;  // the heap's lowest and highest blocks

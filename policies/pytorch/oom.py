@@ -19,6 +19,7 @@ from __future__ import annotations
 from bisect import bisect_left
 
 from allocsim.policies.base import DeviceMemory
+from allocsim.policies.limit_window import LimitWindow
 from allocsim.policies.pytorch.blocks import MASK, SHIFT, BlockPools, Segment
 from allocsim.policies.pytorch.expandable import ExpandableSegments
 from allocsim.policies.pytorch.records import Block
@@ -43,6 +44,9 @@ class ReleasePath:
         self.set_fraction = set_fraction
         self.allowed_memory_maximum = allowed_memory_maximum
         self.gc_threshold = gc_threshold
+        # Every allowed_memory_maximum under which the fraction's cap and garbage collection
+        # would have decided alike so far (min-capacity resumes runs at nearby capacities by it).
+        self.limit_window = LimitWindow()
 
     def miss(self, rounded: int, small: bool, stream: int, pool_key: int) -> Block | None:
         """Everything after a failed search: GC, alloc_block, then the two release-and-retry
@@ -66,8 +70,11 @@ class ReleasePath:
         stats = self.stats
         if is_retry:
             stats.num_alloc_retries += 1
-        if self.set_fraction and stats.pool_bytes + alloc_size > self.allowed_memory_maximum:
-            return None
+        if self.set_fraction:
+            fits = stats.pool_bytes + alloc_size <= self.allowed_memory_maximum
+            self.limit_window.at_least(stats.pool_bytes + alloc_size, fits)
+            if not fits:
+                return None
         if self.expandable is not None:
             return self.expandable.try_allocate(stream, small, rounded)
         base = self.device.reserve(alloc_size)
@@ -135,6 +142,8 @@ class ReleasePath:
         release unsplit large-pool blocks whose age ≥ the mean age of such blocks, again with
         the new mean, until the excess is reclaimed or a pass frees nothing."""
         threshold = int(self.gc_threshold * self.allowed_memory_maximum)
+        # The threshold, and what it leaves to reclaim, follow the limit's very value.
+        self.limit_window.within(self.allowed_memory_maximum, self.allowed_memory_maximum)
         pool_bytes = self.stats.pool_bytes
         if pool_bytes <= threshold or self.expandable is not None:
             return

@@ -131,9 +131,12 @@ class NativeRun:
     :func:`native_replay` builds the RunResult from; the differential tests compare it with
     the Python run's after every event)."""
 
-    def __init__(self, replay: Any, n: int) -> None:
+    def __init__(self, replay: Any, n: int, config: dict[str, Any],
+                 device: dict[str, Any]) -> None:
         self._replay = replay
         self.n = n
+        self.config = config            # the policy's constants, as the core took them
+        self.device = device            # the device's figures, as the core took them
 
     def advance(self, end: int) -> int:
         return int(self._replay.advance(end))
@@ -144,6 +147,20 @@ class NativeRun:
 
     def state(self) -> dict[str, Any]:
         return dict(self._replay.state())
+
+    def snapshot(self) -> Any:
+        """The run's whole state now, for another run to :meth:`resume` from (min-capacity's
+        shared runs, sim/questions/shared_runs.py); it holds where it stands
+        (``next_index``, ``ooms``) and the capacities and limits under which every decision so
+        far goes the same way (``granted_most``, ``refused_least``, ``limit_lo``,
+        ``limit_hi``)."""
+        return self._replay.snapshot()
+
+    def resume(self, saved: Any) -> None:
+        """This fresh run continues from ``saved`` (a state of a run of the same policy family
+        and trace). Sound only where the two runs decide alike up to there: the caller's
+        argument (shared_runs.py)."""
+        self._replay.resume(saved)
 
 
 def open_run(trace: Trace, spec: PolicySpec, profile: DeviceProfile, *, stop_on_oom: bool,
@@ -174,7 +191,7 @@ def open_run(trace: Trace, spec: PolicySpec, profile: DeviceProfile, *, stop_on_
     replay = module.replay(columns, events, max(1, -(-events // timeline_points)),
                            max(1, n // timeline_points), stop_on_oom, record_addresses,
                            device_figures, config)
-    return NativeRun(replay, events)
+    return NativeRun(replay, events, config, device_figures)
 
 
 def native_replay(trace: Trace, spec: PolicySpec, profile: DeviceProfile, *,
@@ -203,11 +220,24 @@ def native_replay(trace: Trace, spec: PolicySpec, profile: DeviceProfile, *,
     state = run(None, progress)
     if state is None:
         return None
+    return result_of(trace, spec, profile, state, timeline_points=timeline_points,
+                     record_addresses=record_addresses)
+
+
+def result_of(trace: Trace, spec: PolicySpec, profile: DeviceProfile, state: dict[str, Any], *,
+              timeline_points: int, record_addresses: list[int] | None = None) -> RunResult:
+    """The RunResult of a run of the core that ended in ``state`` (:meth:`NativeRun.state`,
+    run to its end or to its first OOM with ``stop_on_oom``), as :func:`native_replay` gives
+    it."""
     if state["stopped"] and state["next_index"] < len(trace):
         # A run that stopped at its first OOM: its timeline's buckets are of the events run
         # (RunReport._timeline), so those events are replayed again in such buckets.
-        state = run(state["next_index"], None)
-        assert state is not None
+        again = open_run(trace, spec, profile, stop_on_oom=True,
+                         timeline_points=timeline_points, events=state["next_index"],
+                         record_addresses=record_addresses is not None)
+        assert again is not None
+        again.advance(again.n)
+        state = again.state()
         state["stopped"] = True
     if record_addresses is not None:
         record_addresses.extend(state["addresses"].tolist())

@@ -104,9 +104,12 @@ def min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile, 
 
 
 def _min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile,
-                  resolution: int, *, shortcuts: bool) -> CapacityAnswer:
+                  resolution: int, *, shortcuts: bool, share: bool = True,
+                  asked: dict[int, bool] | None = None) -> CapacityAnswer:
     """:func:`min_capacity`; with ``shortcuts=False`` every capacity asked about is replayed
-    (the reference the tests hold the shortcuts to)."""
+    (the reference the tests hold the shortcuts to), with ``share=False`` every replay starts
+    at event 0 (the reference for shared runs, sim/questions/shared_runs.py).
+    ``asked``, where given, receives every capacity the search asked about and its answer."""
     if resolution <= 0:
         raise UserInputError(f"resolution must be a positive size, got {resolution}")
     normalized = normalize_spec(policy)
@@ -124,9 +127,10 @@ def _min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile,
                               peak_live, resolution, True, 1, context_bytes=context)
     spec = normalized
 
-    oracle = CompletionOracle(trace, spec, device, shortcuts=shortcuts)
+    oracle = CompletionOracle(trace, spec, device, shortcuts=shortcuts, share=share)
     probe = oracle.probe
-    asked: dict[int, bool] = {}     # every capacity the search asked about, and the answer
+    if asked is None:
+        asked = {}                  # every capacity the search asked about, and the answer
 
     def works(capacity: int) -> bool:
         asked[capacity] = oracle.completes(capacity)

@@ -63,12 +63,18 @@ from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
 from allocsim.sim.kernel.device import DeviceProfile, ProcessDevice, SimulatedDevice
 from allocsim.sim.kernel.device_buffers import buffers_on_device
 from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
-from allocsim.sim.kernel.native import open_run as open_native_run
+from allocsim.sim.kernel.native import core, is_native
 from allocsim.sim.questions.capacity.period import Period, find_period
 from allocsim.sim.questions.capacity.regions import RegionWatch, bfc_state
+from allocsim.sim.questions.shared_runs import SharedRuns
 from allocsim.traces.model import Trace
 
 PROBE_CAPACITY = 1 << 50          # "unlimited" for the first run (1 PiB)
+# A Python run of a repeating trace that the core could take goes on only through this
+# fraction of the trace (or PYTHON_EVENTS, if more) before it hands over (the core runs
+# ~20-40× as fast: see _run); below PYTHON_EVENTS a run costs milliseconds either way.
+PYTHON_SHARE = 32
+PYTHON_EVENTS = 1 << 15
 _NEVER = 1 << 62                  # an interval's open end
 
 
@@ -142,7 +148,7 @@ class CompletionOracle:
     generous probe included). With ``shortcuts=False`` every capacity is replayed."""
 
     def __init__(self, trace: Trace, spec: PolicySpec, device: DeviceProfile, *,
-                 shortcuts: bool = True, native: bool = True) -> None:
+                 shortcuts: bool = True, native: bool = True, share: bool = True) -> None:
         if len(trace.processes()) > 1:
             replay(trace, spec, device)     # raises replay's UserInputError for this trace
         self.trace = buffers_on_device(trace, device)   # a TPU holds u8[n] buffers
@@ -150,6 +156,9 @@ class CompletionOracle:
         self.device = device
         self.shortcuts = shortcuts
         self.native = native            # replays in the core where it can (_native_replay)
+        # ... each resumed from the latest saved state of an earlier run it shares
+        # (sim/questions/shared_runs.py); share=False: each from event 0.
+        self.shared = SharedRuns(self.trace, timeline_points=TIMELINE_POINTS, share=share)
         resolved = spec.resolved()
         self.kind = capacity_use_of(resolved.policy_class, dict(resolved.params))
         self._resolved = resolved
@@ -173,19 +182,27 @@ class CompletionOracle:
     def _probe(self) -> Probe:
         """The replay at :data:`PROBE_CAPACITY` (to the end, OOMs or not), watched."""
         native = self._native_replay(PROBE_CAPACITY, stop_on_oom=False)
+        python: tuple[_RecordingDevice, RegionWatch | None, bool] | None = None
+        if native is None:
+            simulated = _RecordingDevice(self._card(PROBE_CAPACITY))
+            run = ProcessReplay(self.trace, self.spec, simulated)
+            watch = self._watch(run, simulated)
+            completed = self._run(run, give_up=self._core_takes(PROBE_CAPACITY))
+            if completed is None:
+                native = self._native_replay(PROBE_CAPACITY, stop_on_oom=False, periodic=False)
+            else:
+                python = simulated, watch, completed
         if native is not None:
-            completed, device = native
+            device = native[1]
             # The core's policy reads nothing of the device but its answers: what the
             # capacity decides, the Python policy built for the run read at its build.
             watched = _RecordingDevice(self._card(PROBE_CAPACITY)).view(0)
             self._resolved.build(watched)
             assert isinstance(watched, _WatchedView)
-            return Probe(completed, device["peak_reserved"], device["peak_used"],
+            return Probe(native[0], device["peak_reserved"], device["peak_used"],
                          watched.capacity_read)
-        simulated = _RecordingDevice(self._card(PROBE_CAPACITY))
-        run = ProcessReplay(self.trace, self.spec, simulated)
-        watch = self._watch(run, simulated)
-        completed = self._run(run)
+        assert python is not None
+        simulated, watch, completed = python
         self.replays += 1
         view = simulated.view(0)
         assert isinstance(view, _WatchedView)
@@ -254,16 +271,53 @@ class CompletionOracle:
         native = self._native_replay(capacity, stop_on_oom=True)
         if native is not None:
             return native[0]
+        ran_out = self._native_prefix(capacity)
+        if ran_out is not None:
+            return ran_out
         simulated = _RecordingDevice(self._card(capacity))
         run = ProcessReplay(self.trace, self.spec, simulated, stop_on_oom=True,
                             call_log=False)         # no timeline is read of a probe
         watch = self._watch(run, simulated)
-        completed = self._run(run)
+        completed = self._run(run, give_up=self._core_takes(capacity))
+        if completed is None:
+            native = self._native_replay(capacity, stop_on_oom=True, periodic=False)
+            assert native is not None
+            return native[0]
         self.replays += 1
         self._keep(simulated, watch, completed)
         return completed
 
-    def _native_replay(self, capacity: int, *, stop_on_oom: bool
+    def _python_budget(self) -> int:
+        """The events a Python run of a repeating trace goes through before it hands over to
+        the core (:meth:`_run`), and the core's prefix of a probe (:meth:`_native_prefix`)."""
+        return max(len(self.trace) // PYTHON_SHARE, PYTHON_EVENTS)
+
+    def _native_prefix(self, capacity: int) -> bool | None:
+        """A probe of a long repeating trace that a Python run would take (to stop it once it
+        repeats) first runs in the core through the events a Python run may take
+        (:meth:`_python_budget`): the probes below the answer run out of memory there, in a
+        tenth of a Python run's time. False for such a probe (its replay, kept as the core's
+        are); None where it got through without an OOM (the Python run takes it from event 0;
+        if that hands over, the core's run resumes from this one's saved states) or the core
+        cannot take it."""
+        budget = self._python_budget()
+        if budget >= len(self.trace) or not self._core_takes(capacity):
+            return None
+        profile = self._card(capacity)
+        state = self.shared.run(self.spec, profile, stop_on_oom=True, until=budget)
+        if state is None or not state["ooms"]:
+            return None
+        self.replays += 1
+        self._keep_native(profile, state, completed=False)
+        return False
+
+    def _core_takes(self, capacity: int) -> bool:
+        """Whether the core can replay the run at ``capacity`` (a Python run of a repeating
+        trace that does not repeat soon may hand over to it)."""
+        return (self.shortcuts and self.native and core() is not None
+                and is_native(self.spec, self._card(capacity)))
+
+    def _native_replay(self, capacity: int, *, stop_on_oom: bool, periodic: bool = True
                        ) -> tuple[bool, dict[str, int]] | None:
         """The replay at ``capacity`` in the native core (sim/kernel/native.py), with its
         interval kept as :meth:`_keep` keeps a Python replay's: whether it completed and the
@@ -278,35 +332,41 @@ class CompletionOracle:
         if not self.shortcuts or not self.native:
             return None
         policy_class = self._resolved.policy_class
-        if ((policy_class in _DECISION_STATE or policy_class in _ORDER_ONLY_STATE)
+        if (periodic and (policy_class in _DECISION_STATE or policy_class in _ORDER_ONLY_STATE)
                 and self._period() is not None):
             return None
         profile = self._card(capacity)
-        run = open_native_run(self.trace, self.spec, profile, stop_on_oom=stop_on_oom,
-                              timeline_points=TIMELINE_POINTS)
-        if run is None:
+        state = self.shared.run(self.spec, profile, stop_on_oom=stop_on_oom)
+        if state is None:
             return None
-        done = 0
-        while done < run.n and not run.stopped:
-            done = run.advance(run.n)
-        state = run.state()
         device: dict[str, int] = state["device"]
         completed = state["ooms"] == 0 and not state["stopped"]
         self.replays += 1
+        self._keep_native(profile, state, completed)
+        return completed, device
+
+    def _keep_native(self, profile: DeviceProfile, state: dict, completed: bool) -> None:
+        """Keep what a replay in the core shows about other capacities, as :meth:`_keep` keeps
+        a Python replay's: the interval of capacities that run alike."""
         if self.kind in (CAPACITY_LIMIT, CAPACITY_LIMIT_FATAL):
             # _RecordingDevice's lo and hi: the largest `used + bytes` granted, the smallest
             # refused minus one.
+            device = state["device"]
             refused = device["refused_least"]
             self._intervals.append(_Interval(profile.capacity, device["granted_most"],
                                              refused - 1 if refused >= 0 else _NEVER,
                                              completed))
-        return completed, device
 
-    def _run(self, run: ProcessReplay) -> bool:
+    def _run(self, run: ProcessReplay, *, give_up: bool = False) -> bool | None:
         """Run ``run`` to its end (or its first OOM, with ``stop_on_oom``); whether it
         completed. Where the trace repeats and the policy's decision state is known
         (:data:`_DECISION_STATE`), stop as soon as the run repeats itself
-        (sim/questions/capacity/period.py): it completes, as a run to the end would."""
+        (sim/questions/capacity/period.py): it completes, as a run to the end would. With
+        ``give_up``, None where the run has not repeated (nor run out of memory) within
+        1/:data:`PYTHON_SHARE` of the trace (:data:`PYTHON_EVENTS` at least): a run near the
+        answer that releases and takes memory every step never repeats, and the core replays
+        the whole trace in about the time Python takes for that share (the caller hands the
+        run over to it)."""
         kind = type(run.policy)
         state_of = _DECISION_STATE.get(kind) if self.shortcuts else None
         places_of = _ORDER_ONLY_STATE.get(kind) if self.shortcuts else None
@@ -314,6 +374,8 @@ class CompletionOracle:
         period = self._period() if known else None
         for boundary in period.boundaries() if period is not None else ():
             assert period is not None
+            if give_up and boundary + period.length > self._python_budget():
+                return None
             run.advance(boundary)
             if run.report.ooms:
                 break
@@ -325,6 +387,8 @@ class CompletionOracle:
             if then[:2] == now[:2] and period.repeats(boundary, then[2], now[2]):
                 self.skipped += run.n - run.next_index
                 return True
+        if give_up and period is not None and not run.report.ooms:
+            return None
         run.advance(run.n)
         return run.report.ooms == 0 and not run.stopped
 

@@ -20,7 +20,7 @@ being the caller's (sim/questions/capacity/oracle.py, per policy).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,6 +40,9 @@ class Period:
     n: int
     ids: np.ndarray              # the trace's buffer ids
     previous: np.ndarray         # per event: the last earlier event with its id, or -1
+    # The trace's part of repeats() per boundary, found once (_pairs).
+    _pairs_at: dict[int, list[tuple[int, int]] | None] = field(
+        default_factory=dict, compare=False, repr=False)
 
     def boundaries(self) -> list[int]:
         """Events ``b`` to check ``b`` against ``b + length``: ``start + m·length`` for
@@ -58,23 +61,35 @@ class Period:
         name a buffer touched since ``boundary`` name the mirror of that touch; the others name
         a buffer at the same address before ``boundary`` (``live_then``) and one period later
         (``live_now``), or nothing in both."""
+        pairs = self._pairs(boundary)
+        if pairs is None:
+            return False
+        return all(live_then.get(a) == live_now.get(b) for a, b in pairs)
+
+    def _pairs(self, boundary: int) -> list[tuple[int, int]] | None:
+        """The trace's part of :meth:`repeats` at ``boundary`` — None where some event does
+        not name its mirror's buffer, else the pairs of buffer ids (one before the boundary,
+        one a period later) whose places must agree. O(n) once per boundary, then kept: every
+        run of one search checks the same boundaries."""
+        if boundary in self._pairs_at:
+            return self._pairs_at[boundary]
         length, n = self.length, self.n
-        if boundary < self.start or boundary + length > n:
-            return False
-        before = self.previous[boundary:n - length]
-        mirrored = self.previous[boundary + length:n]
-        inside = before >= boundary
-        if not np.array_equal(mirrored[inside], before[inside] + length):
-            return False
-        outside = ~inside
-        if np.any(mirrored[outside] >= boundary + length):
-            return False
-        # Events whose buffer predates the boundary: the same address (or none) in both.
-        # Buffers never seen before, in both, are nothing in both.
-        ask = np.flatnonzero(outside & ~((before < 0) & (mirrored < 0)))
-        ids_then = self.ids[boundary:n - length][ask].tolist()
-        ids_now = self.ids[boundary + length:n][ask].tolist()
-        return all(live_then.get(a) == live_now.get(b) for a, b in zip(ids_then, ids_now))
+        pairs: list[tuple[int, int]] | None = None
+        if self.start <= boundary and boundary + length <= n:
+            before = self.previous[boundary:n - length]
+            mirrored = self.previous[boundary + length:n]
+            inside = before >= boundary
+            outside = ~inside
+            if (np.array_equal(mirrored[inside], before[inside] + length)
+                    and not np.any(mirrored[outside] >= boundary + length)):
+                # Events whose buffer predates the boundary: the same address (or none) in
+                # both. Buffers never seen before, in both, are nothing in both.
+                ask = np.flatnonzero(outside & ~((before < 0) & (mirrored < 0)))
+                ids_then = self.ids[boundary:n - length][ask].tolist()
+                ids_now = self.ids[boundary + length:n][ask].tolist()
+                pairs = list(dict.fromkeys(zip(ids_then, ids_now)))
+        self._pairs_at[boundary] = pairs
+        return pairs
 
 
 def find_period(trace: Trace) -> Period | None:

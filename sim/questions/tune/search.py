@@ -47,8 +47,9 @@ import numpy as np
 
 from allocsim.policies import format_size
 from allocsim.sim.kernel.device import DeviceProfile
-from allocsim.sim.kernel.engine import replay
+from allocsim.sim.kernel.engine import TIMELINE_POINTS, replay
 from allocsim.sim.questions.capacity.minimum import min_capacity
+from allocsim.sim.questions.shared_runs import SharedRuns
 from allocsim.sim.questions.tune.space import Framework, Setting, distinct_sizes
 from allocsim.traces.model import Trace
 
@@ -65,14 +66,18 @@ Evaluator = Callable[[Sequence[tuple[str, DeviceProfile]]], list[dict[str, Any]]
 Progress = Callable[[int, str], None]        # (replays so far, what is being searched)
 
 
-def local_evaluator(trace: Trace) -> Evaluator:
+def local_evaluator(trace: Trace, *, share: bool = True) -> Evaluator:
     """Replay each ``(spec, device)`` in this process, in order, each stopped at its first OOM
     (a setting that runs out of memory fails whatever follows; the rest of its replay would
     cost as much as a passing one's, and on a tight card most settings fail). A failing
-    setting's figures are therefore those up to its first OOM."""
+    setting's figures are therefore those up to its first OOM. Settings that differ only in
+    their limit (the fractions on one card) share their runs' starts
+    (sim/questions/shared_runs.py; ``share=False``: each replay from event 0), with the same
+    results."""
+    shared = SharedRuns(trace, timeline_points=TIMELINE_POINTS, share=share)
+
     def evaluate(batch: Sequence[tuple[str, DeviceProfile]]) -> list[dict[str, Any]]:
-        return [replay(trace, spec, device, stop_on_oom=True).to_json_dict()
-                for spec, device in batch]
+        return [shared.replay(spec, device).to_json_dict() for spec, device in batch]
     return evaluate
 
 

@@ -1,0 +1,203 @@
+"""Runs that share their start: a run resumes from a saved state of an earlier one.
+
+min-capacity replays one trace at ~30 capacities, and runs at nearby capacities are one run up
+to the first decision the capacity changes. A run reads its capacity in two places only:
+
+- the device, at each call: it grants ``used + bytes`` up to its capacity and refuses above.
+  A run that so far had every call granted at ``used + bytes`` ≤ ``granted_most`` and refused
+  at ≥ ``refused_least`` would have had each call answered alike at any capacity in
+  ``[granted_most, refused_least - 1]`` (policy back-offs and PyTorch's free-cached-and-retry
+  follow from these answers);
+- the policy's own limit, where it has one derived from the capacity (BFC's memory_limit =
+  fraction × capacity, read by Extend's ``available``, its region size ``min(curr, limit −
+  pool)`` and DeallocateFreeRegions; PyTorch's allowed_memory_maximum, read by the fraction's
+  cap and its garbage-collection threshold; CuPy's pool limit): each such decision narrows
+  the policy's :class:`~allocsim.policies.limit_window.LimitWindow`, the limits under which
+  all of them go the same way.
+
+Everything else a run does is a function of the trace and the policy's other constants. So
+two runs whose constants are equal but for the limit (the same :func:`_shape`), at a point
+where the second's capacity is inside the first's device window and its limit inside the
+first's limit window, are the same run up to that point, in state as in every figure: the
+second may start from the first's saved state there (the native core's ``snapshot`` and
+``resume``) instead of from event 0, and it ends as a replay from event 0 would, byte for
+byte. A window only shrinks as a run goes on, so the state worth resuming from is the latest
+one whose windows hold the capacity.
+
+The same holds between settings that differ only in the limit (tune's fractions on one card:
+:meth:`SharedRuns.replay`, tune/search.py's local_evaluator). A policy whose constants differ with
+the capacity beyond its limit shares nothing and restarts: JAX's preallocation
+(``allow_growth=false``: the first region is the limit, taken at event 0), BFC's
+``fragmentation_fraction`` (its split threshold follows the limit), the stream-ordered pool's
+fraction threshold, best-fit's address range (the device's next address follows the
+capacity). The TPU runtime reads the capacity itself (its heap), so its runs never share.
+
+States are saved every ``n / CHECKPOINTS`` events of each run (a resumed run's loss is at most
+one spacing), only while no OOM has happened (a probe stops at its first); a run's state whose
+windows are those of its previous one replaces it, and at most :data:`MAX_SAVED` are kept
+(past that, those of the shape used longest ago go).
+tests/test_shared_runs.py holds the shared search to the plain one, probe for probe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from allocsim.policies import PolicySpec, parse_policy
+from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.kernel.engine import replay
+from allocsim.sim.kernel.native import NativeRun, result_of
+from allocsim.sim.kernel.native import open_run as open_native_run
+from allocsim.sim.kernel.results import RunResult
+from allocsim.traces.model import Trace
+
+CHECKPOINTS = 64                # states saved per run, evenly spaced
+MAX_SAVED = 256                 # states kept in all
+
+# The constant that is the policy's limit, per family of the core: it may differ between runs
+# that share (each decision against it is in the policy's limit window). Families absent
+# from _SHARING never share.
+_LIMIT_KEY = {"chunk": "memory_limit", "pytorch": "allowed_memory_maximum", "cupy": "limit"}
+_SHARING = {"chunk", "pytorch", "on-demand", "buddy", "cupy", "cuda-async"}
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """A run's state at ``index`` and the capacities and limits that share it."""
+
+    index: int
+    granted_most: int
+    refused_least: int          # -1: none refused
+    limit_lo: int
+    limit_hi: int
+    state: Any                  # the core's Snapshot
+
+    @property
+    def windows(self) -> tuple[int, int, int, int]:
+        return self.granted_most, self.refused_least, self.limit_lo, self.limit_hi
+
+    def holds(self, capacity: int, limit: int) -> bool:
+        """Whether a run at device capacity ``capacity`` (whole granules) under ``limit``
+        decides as this run did up to here."""
+        return (self.granted_most <= capacity
+                and (self.refused_least < 0 or capacity < self.refused_least)
+                and self.limit_lo <= limit <= self.limit_hi)
+
+
+def _shape(run: NativeRun) -> tuple[object, int] | None:
+    """What two runs must share to share a start, and the run's limit; None if its family
+    never shares."""
+    family = run.config["family"]
+    if family not in _SHARING:
+        return None
+    limit_key = _LIMIT_KEY.get(family)
+    if family == "chunk" and run.config["growth"] != "bfc":
+        limit_key = None            # best-fit has no limit
+    config = {k: v for k, v in run.config.items() if k != limit_key}
+    limit = int(run.config[limit_key]) if limit_key else 0
+    if limit_key:
+        # Whether there is a limit at all is a decision of its own (CuPy's 0 = none).
+        config["has limit"] = limit != 0
+    device = {k: v for k, v in run.device.items() if k != "capacity"}
+    return repr((sorted(config.items()), sorted(device.items()))), limit
+
+
+class SharedRuns:
+    """Native runs of one trace, each resumed from the latest saved state of an earlier run it
+    shares (module docstring). ``runs`` counts the runs, ``resumed`` those that did not start
+    at event 0, ``events_run`` the events replayed in all and ``events_resumed`` those the
+    resumed runs did not replay. ``share=False``: every run from event 0, nothing saved."""
+
+    def __init__(self, trace: Trace, *, timeline_points: int, share: bool = True) -> None:
+        self.trace = trace
+        self.timeline_points = timeline_points
+        self.share = share
+        self.runs = 0
+        self.resumed = 0
+        self.events_run = 0
+        self.events_resumed = 0
+        self._saved: dict[object, list[_Saved]] = {}
+        self._count = 0
+
+    def run(self, spec: PolicySpec, profile: DeviceProfile, *, stop_on_oom: bool,
+            until: int | None = None) -> dict[str, Any] | None:
+        """The run of ``spec`` on ``profile`` to its end (or first OOM, with ``stop_on_oom``;
+        or event ``until``, where given): the core's state, as a replay from event 0 leaves it;
+        None where the core cannot take it."""
+        run = open_native_run(self.trace, spec, profile, stop_on_oom=stop_on_oom,
+                              timeline_points=self.timeline_points)
+        if run is None:
+            return None
+        self.runs += 1
+        shape = _shape(run) if self.share else None
+        saved = None
+        if shape is not None:               # the shape used last goes last (_save evicts)
+            saved = self._saved.pop(shape[0], [])
+            self._saved[shape[0]] = saved
+        start = 0
+        if shape is not None and saved:
+            own_capacity = int(run.device["capacity"])
+            sharing = [s for s in saved if s.holds(own_capacity, shape[1])]
+            if sharing:
+                latest = max(sharing, key=lambda s: s.index)
+                run.resume(latest.state)
+                start = latest.index
+                self.resumed += 1
+                self.events_resumed += start
+        spacing = max(1, run.n // CHECKPOINTS)
+        end = run.n if until is None else min(run.n, until)
+        done = start
+        mark = (start // spacing + 1) * spacing
+        own: _Saved | None = None       # this run's latest saved state
+        while done < end and not run.stopped:
+            done = run.advance(min(end, mark) if saved is not None else end)
+            if saved is not None and done == mark < run.n:
+                own = self._save(run, done, saved, own)
+            mark += spacing
+        self.events_run += done - start
+        return run.state()
+
+    def replay(self, policy: str | PolicySpec, profile: DeviceProfile) -> RunResult:
+        """``replay(trace, policy, profile, stop_on_oom=True)``, the same result, its run
+        shared where the core takes it."""
+        spec = parse_policy(policy)
+        if len(self.trace.processes()) <= 1:
+            state = self.run(spec, profile, stop_on_oom=True)
+            if state is not None:
+                return result_of(self.trace, spec, profile, state,
+                                 timeline_points=self.timeline_points)
+        return replay(self.trace, spec, profile, stop_on_oom=True)
+
+    def _save(self, run: NativeRun, index: int, saved: list[_Saved],
+              own: _Saved | None) -> _Saved | None:
+        """Save ``run``'s state at ``index`` (none after an OOM: a probe stops at its first).
+        A state whose windows are those of the run's previous one replaces it: every run that
+        shares the earlier shares the later."""
+        state = run.snapshot()
+        if state.ooms:
+            return own
+        new = _Saved(index, state.granted_most, state.refused_least, state.limit_lo,
+                     state.limit_hi, state)
+        if own is not None and own.windows == new.windows:
+            saved.remove(own)
+        else:
+            if self._count >= MAX_SAVED and not self._evict(saved):
+                return own
+            self._count += 1
+        saved.append(new)
+        return new
+
+    def _evict(self, keep: list[_Saved]) -> bool:
+        """Room for one more state: drop the states of the shape used longest ago (tune's
+        settings are each run once; only settings that differ in their limit come back).
+        False where only ``keep``'s own are left."""
+        for shape, states in self._saved.items():
+            if states is not keep and states:
+                self._count -= len(states)
+                self._saved[shape] = []
+                return True
+        return False
+
+
+__all__ = ["CHECKPOINTS", "MAX_SAVED", "SharedRuns"]

@@ -1,0 +1,241 @@
+"""Shared runs (issue 39, part 2): a run resumed from a saved state of an earlier run is the
+run from event 0, byte for byte.
+
+sim/questions/shared_runs.py resumes a probe at capacity C from the latest saved state
+whose windows hold C: the device's (every call so far answered alike at C) and the policy's
+limit window (policies/limit_window.py, native/src/limit_window.hpp: every decision against a
+limit derived from the capacity gone alike). Held here: for every policy and the settings that
+change how it reads the capacity, on the bundled trace, a repeating training trace, random
+traces and a trace whose peak comes last, the shared search asks the same capacities, gets the
+same answers (the checks above the answer included) and every probe ends in the same state as
+the search whose probes all start at event 0; that the windows are tight enough to be useful
+(resumes happen and skip most of the events where the trace's peak comes late); that the
+Python models and the native core keep the same limit window, rule for rule; and that tune,
+whose fractions on one card share runs the same way, answers as with a replay per setting.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from allocsim.policies import PolicySpec, parse_policy
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
+from allocsim.sim.kernel.engine import ProcessReplay
+from allocsim.sim.kernel.native import core
+from allocsim.sim.kernel.native import open_run as open_native_run
+from allocsim.sim.questions.capacity import minimum as capacity
+from allocsim.sim.questions.shared_runs import SharedRuns
+from allocsim.sim.questions.tune.recommend import tune
+from allocsim.sim.questions.tune.search import local_evaluator
+from allocsim.traces.bundled import load_default_trace
+from allocsim.traces.model import Trace
+from allocsim.traces.synth import generate
+
+GiB, MiB, KiB = 1 << 30, 1 << 20, 1 << 10
+DEVICE = DeviceProfile("test", 80 * GiB)
+
+pytestmark = pytest.mark.skipif(core() is None, reason="the native core is not built")
+
+SETTINGS = [
+    "on-demand", "buddy", "best-fit",
+    "bfc", "bfc:allow_growth=false", "bfc:fraction=0.6", "bfc:garbage_collection=true",
+    "bfc:fraction=0.7,garbage_collection=true", "bfc:fragmentation_fraction=0.05",
+    "preallocate", "preallocate:fraction=0.3",
+    "pytorch", "pytorch:per_process_memory_fraction=0.8",
+    "pytorch:per_process_memory_fraction=0.9,garbage_collection_threshold=0.5",
+    "pytorch:expandable_segments=true", "pytorch:max_split_size_mb=20",
+    "cupy", "cupy:fraction=0.9", "cupy:limit=64GiB",
+    "cuda-async", "cuda-async:fraction=0.75,preallocate=true", "cuda-async:sync=none",
+    "jax", "jax:preallocate=false", "jax:allocator=cuda_async", "tpu",
+]
+
+
+def late_peak(steps: int = 600) -> Trace:
+    """Steps of scratch buffers over a slowly growing set of kept ones, the biggest buffers at
+    the very end: no capacity near the answer decides anything before the last events."""
+    events: list[tuple[int, str, int, int | None]] = []
+    next_id = 0
+    for step in range(steps):
+        scratch = next_id
+        events.append((len(events), "alloc", scratch, (64 + step % 7) * KiB))
+        if step % 5 == 0:
+            events.append((len(events), "alloc", next_id + 1, 256 * KiB))   # kept
+        events.append((len(events), "free", scratch, None))
+        next_id += 2
+    for k in range(6):      # big buffers freed and asked again bigger: a tight card's cache
+        big = next_id + k    # is released (and a BFC region backs off) before the last ones
+        events.append((len(events), "alloc", big, (20 + 6 * k) * MiB + 4 * KiB))
+        if k % 2 == 0:
+            events.append((len(events), "free", big, None))
+    return Trace.from_events(events, name="late-peak")
+
+
+@functools.cache
+def traces() -> dict[str, tuple[Trace, int]]:
+    """Each trace with the resolution it is searched at."""
+    return {
+        "bundled": (load_default_trace(), 4 * MiB),
+        "training": (generate("training", events=5000), 4 * MiB),
+        "random": (generate("random", events=2500, live=150, max_size=32 << 20, seed=3),
+                   MiB // 4),
+        "random-2-streams": (generate("random", events=2500, live=100, max_size=64 << 20,
+                                      streams=2, seed=4), MiB // 4),
+        "late-peak": (late_peak(), MiB // 4),
+    }
+
+
+def _search(trace: Trace, policy: str, resolution: int, share: bool,
+            monkeypatch: pytest.MonkeyPatch) -> tuple[dict, dict[int, bool], list]:
+    """The search's answer, every capacity it asked about with its answer, and every native
+    probe's capacity and final state, in order."""
+    probes: list[tuple[int, dict[str, Any]]] = []
+    run = SharedRuns.run
+
+    def noted(self: SharedRuns, spec: PolicySpec, profile: DeviceProfile, *,
+              stop_on_oom: bool) -> dict[str, Any] | None:
+        state = run(self, spec, profile, stop_on_oom=stop_on_oom)
+        probes.append((profile.capacity, state))
+        return state
+
+    with monkeypatch.context() as patch:
+        patch.setattr(SharedRuns, "run", noted)
+        asked: dict[int, bool] = {}
+        answer = capacity._min_capacity(trace, policy, DEVICE, resolution, shortcuts=True,
+                                        share=share, asked=asked)
+    return answer.to_json_dict(), asked, probes
+
+
+def _comparable(state: dict[str, Any] | None) -> object:
+    """A probe's state with its arrays as bytes (their dtype too), to compare byte for byte."""
+    if state is None:
+        return None
+    if isinstance(state, dict):
+        return {key: _comparable(value) for key, value in state.items()}
+    if isinstance(state, np.ndarray):
+        return (state.dtype.str, state.tobytes())
+    if isinstance(state, tuple | list):
+        return [_comparable(value) for value in state]
+    return state
+
+
+@pytest.mark.parametrize("trace_name", ["bundled", "training", "random", "random-2-streams",
+                                        "late-peak"])
+@pytest.mark.parametrize("policy", SETTINGS)
+def test_the_shared_search_is_the_plain_search_probe_for_probe(
+        policy: str, trace_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace, resolution = traces()[trace_name]
+    shared = _search(trace, policy, resolution, True, monkeypatch)
+    plain = _search(trace, policy, resolution, False, monkeypatch)
+    assert shared[0] == plain[0]            # answer, checks, exceptions, evaluations
+    assert shared[1] == plain[1]            # every capacity asked, in order, and its answer
+    assert list(shared[1]) == list(plain[1])
+    assert [c for c, _ in shared[2]] == [c for c, _ in plain[2]]
+    for (at, state), (_, expected) in zip(shared[2], plain[2], strict=True):
+        assert _comparable(state) == _comparable(expected), f"the probe at {at:,} B"
+
+
+@pytest.mark.parametrize("policy", ["bfc", "bfc:fraction=0.6", "pytorch",
+                                    "pytorch:per_process_memory_fraction=0.8", "cupy",
+                                    "cupy:fraction=0.9", "cuda-async"])
+def test_probes_near_a_late_peak_resume_from_saved_states(policy: str) -> None:
+    """Where nothing near the answer is decided before the trace's last events, every probe
+    after the first resumes, and the search's few to forty probes replay the events of less
+    than one and a half replays."""
+    trace, resolution = traces()["late-peak"]
+    made: list[SharedRuns] = []
+    init = SharedRuns.__init__
+
+    def kept(self: SharedRuns, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SharedRuns, "__init__", kept)
+        answer = capacity._min_capacity(trace, policy, DEVICE, resolution, shortcuts=True)
+    runs = answer.evaluations
+    assert runs >= 3
+    shared = made[0]
+    assert shared.resumed >= runs - 2
+    assert shared.events_run < 1.5 * len(trace)
+
+
+def _windows_alike(policy: str, capacity_bytes: int, trace: Trace) -> None:
+    profile = DEVICE.device_with(capacity_bytes)
+    python = ProcessReplay(trace, parse_policy(policy), SimulatedDevice(profile),
+                           call_log=False)
+    native = open_native_run(trace, parse_policy(policy), profile, stop_on_oom=False,
+                             timeline_points=100)
+    assert native is not None
+    holder = python.policy
+    window = getattr(holder, "limit_window", None) or holder.release.limit_window
+    for end in np.linspace(0, len(trace), 9).astype(int)[1:].tolist():
+        python.advance(end)
+        native.advance(end)
+        assert window.as_tuple() == tuple(native.state()["limit_window"]), f"after {end}"
+
+
+@pytest.mark.parametrize("policy", ["bfc:fraction=0.6", "bfc:fraction=0.7,garbage_collection=true",
+                                    "pytorch:per_process_memory_fraction=0.8",
+                                    "pytorch:per_process_memory_fraction=0.9,"
+                                    "garbage_collection_threshold=0.5", "cupy:fraction=0.9"])
+@pytest.mark.parametrize("trace_name", ["random", "late-peak"])
+def test_the_python_models_and_the_core_keep_the_same_limit_window(policy: str,
+                                                                   trace_name: str) -> None:
+    """The twins' limit windows, noted by the same rules, agree through a run that meets its
+    limit (cards from a little over the trace's peak live bytes to twice it)."""
+    trace, _ = traces()[trace_name]
+    peak = trace.peak_live()[0]
+    for over in (1.05, 1.2, 1.4, 1.7, 2.0):
+        _windows_alike(policy, int(peak * over), trace)
+
+
+def test_a_limit_decision_narrows_the_window_where_it_is_made() -> None:
+    """BFC under a limit too small for a request: Extend's refusal bounds the window above,
+    each region it makes bounds it below."""
+    trace, _ = traces()["late-peak"]
+    policy = parse_policy("bfc:memory_limit=40MiB")
+    run = ProcessReplay(trace, policy, SimulatedDevice(DEVICE), call_log=False)
+    run.advance(run.n)
+    lo, hi = run.policy.limit_window.as_tuple()         # type: ignore[attr-defined]
+    assert run.report.ooms and lo <= 40 * MiB <= hi and hi < 1 << 40
+
+
+# ====================================================================== tune's shared runs
+@pytest.mark.parametrize("framework_name", ["pytorch", "jax", "tensorflow", "cupy"])
+@pytest.mark.parametrize("trace_name", ["late-peak", "random"])
+def test_tune_with_shared_runs_is_tune_with_a_replay_per_setting(
+        framework_name: str, trace_name: str) -> None:
+    """Every setting's result, the answer and the search's counts are those of replays from
+    event 0, on a card a little over the trace's peak live bytes (where fractions matter)."""
+    trace, _ = traces()[trace_name]
+    device = DEVICE.device_with(int(trace.peak_live()[0] * 1.15))
+    shared = tune(trace, framework_name, device, max_slowdown=None)
+    plain = tune(trace, framework_name, device, max_slowdown=None,
+                 evaluate=local_evaluator(trace, share=False))
+    assert json.dumps(shared.to_json_dict(), sort_keys=True) == json.dumps(
+        plain.to_json_dict(), sort_keys=True)
+
+
+def test_tunes_fractions_on_one_card_resume_from_each_other() -> None:
+    """PyTorch's fractions on one card differ only in the limit: where the trace's peak comes
+    last, the fraction stage's replays resume from each other's saved states."""
+    trace, _ = traces()["late-peak"]
+    device = DEVICE.device_with(int(trace.peak_live()[0] * 1.15))
+    made: list[SharedRuns] = []
+    init = SharedRuns.__init__
+
+    def kept(self: SharedRuns, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SharedRuns, "__init__", kept)
+        tune(trace, "pytorch", device, max_slowdown=None)
+    shared = made[0]
+    assert shared.resumed >= 20
+    assert shared.events_resumed > shared.resumed * len(trace) * 0.9   # each skips nearly all
