@@ -78,3 +78,32 @@ def test_a_slice_of_four_chips_compiles_and_each_device_holds_the_replicated_ste
     for key in ("argument", "output", "alias", "temp"):
         assert facts["memory_analysis"][key] == one.metadata["xla_tpu"]["memory_analysis"][key]
     assert len(four) == len(one)
+
+
+def test_scratch_is_the_hbm_temp_rounded_up_to_16_kib() -> None:
+    from allocsim.traces.record.xla_tpu import hbm_temp_bytes, runtime_scratch_bytes
+    assert [runtime_scratch_bytes(n, 1) for n in (0, 1, 16384, 16385, 749_060_608)] == \
+        [0, 16384, 16384, 32768, 749_076_480]
+    assert runtime_scratch_bytes(512, 0) == 0   # the matmul: no temp analysed, none reserved
+    text = ("allocation 252: size 749060608, preallocated-temp:\n"
+            "allocation 253: size 96, color 2, preallocated-temp:\n"
+            "allocation 255: size 117440512, color 1, preallocated-temp:\n")
+    assert hbm_temp_bytes(text) == 749_060_608   # VMEM's and SMEM's colours are not HBM
+
+
+def test_a_gpt_steps_scratch_compiled_without_a_tpu_is_what_the_chip_reserved() -> None:
+    # The small GPT step of experiments/tpu/step_sizes_probe.py, jitted: the chip held
+    # 749,076,480 B as bytes_reserved (memory_analysis()'s temp is 763,520,000).
+    import jax
+    import jax.numpy as jnp
+
+    from allocsim.traces.record.xla_tpu import compile_for
+    from experiments import gpt_step
+    from experiments.tpu.step_sizes_probe import BATCH, LENGTH, SIZES
+    chip = json.loads((DATA / "steps" / "small-jit.json").read_text())
+    d_model, layers, heads, mlp, vocab = SIZES["small"]
+    step, state = gpt_step.build(d_model, layers, heads, mlp, remat=False, vocab=vocab)
+    tokens = jax.ShapeDtypeStruct((BATCH, LENGTH + 1), jnp.int32)
+    facts = compile_for(step, [state, tokens]).metadata["xla_tpu"]
+    assert facts["memory_analysis"]["temp"] == chip["memory_analysis"]["temp_size_in_bytes"]
+    assert facts["scratch_bytes"] == chip["stages"]["step2"]["peak_bytes_reserved"]
