@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, NoReturn, Protocol
 
 
@@ -198,9 +198,13 @@ class PolicyStats:
     peak_pool_bytes: int = 0
     largest_free_block: int = 0
     free_blocks: int = 0
+    # A policy's own counters beyond these (the tpu's compactions), after them in as_dict().
+    extra: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        fixed = asdict(self)
+        del fixed["extra"]
+        return {**fixed, **self.extra}
 
 
 class Policy:

@@ -321,4 +321,6 @@ class TpuRuntimeAllocator(Policy):
             bytes_in_use=self.bytes_in_use, peak_bytes_in_use=self.peak_bytes_in_use,
             bytes_requested=self.bytes_in_use, pool_bytes=self.heap_size,
             peak_pool_bytes=self.heap_size, largest_free_block=largest,
-            free_blocks=len(self._free))
+            free_blocks=len(self._free),
+            extra={"num_compactions": self.num_compactions,
+                   "compaction_moved_bytes": self.compaction_moved_bytes})

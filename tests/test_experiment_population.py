@@ -130,11 +130,14 @@ def test_the_compiled_traces_the_experiments_name_are_xla_gpu_steps() -> None:
              for t in tomllib.loads((ROOT / "experiments" / name / "experiment.toml")
                                     .read_text())["traces"]
              if t.get("kind") == "compiled"}
-    assert len(named) == 22   # 4 sizes × donation × remat, 3 variants × donation
+    # 4 sizes × donation × remat, 3 variants × donation; donation across cards (A100-80GB,
+    # L4) and batches (4, 16) at 1.3B without remat × donation
+    assert len(named) == 30
     for file in sorted(named):
         trace = formats.load(ROOT / file)
         (step,) = trace.metadata["xla_gpu"]["executables"]
-        assert trace.metadata["xla_gpu"]["target"] == "h100-80g"
+        card = "a100-80g" if "a100-80g" in file else "l4-24g" if "-l4-" in file else "h100-80g"
+        assert trace.metadata["xla_gpu"]["target"] == card, file
         assert trace.metadata["xla_gpu"]["steps"] == 3
         if "-donate-" in file:
             assert step["alias"] > 0.99 * step["argument"] - 8 * 2**20, file

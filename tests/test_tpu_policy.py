@@ -334,3 +334,21 @@ def test_tune_on_a_tpu_says_no_allocator_setting_changes_memory_there(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "no allocator setting changes memory" in err and "min-capacity" in err
+
+
+def test_a_runs_result_reports_the_tpus_compactions_in_both_twins() -> None:
+    # policy_stats holds PolicyStats' fields and then the tpu's own counts (num_compactions,
+    # compaction_moved_bytes): what compare --json and the report read.
+    from allocsim.sim.kernel.engine import ProcessReplay
+    trace = formats.load(DATA / "compaction-2")
+    v5e = resolve_device("tpu-v5e")
+    run = ProcessReplay(trace, parse_policy("tpu"), SimulatedDevice(v5e))
+    run.advance(len(trace))
+    python = run.result(v5e.label)
+    assert python.policy_stats["num_compactions"] == 1
+    assert python.policy_stats["compaction_moved_bytes"] > 0
+    core = native.native_replay(trace, parse_policy("tpu"), v5e, stop_on_oom=False,
+                                progress=None, timeline_points=TIMELINE_POINTS,
+                                step=len(trace))
+    if core is not None:
+        assert core.policy_stats == python.policy_stats

@@ -148,6 +148,11 @@ void add_policy_state(nb::dict& state, const TpuPolicy& policy) {
   blocks["handle"] = to_numpy(std::move(handle));
   nb::dict extra = dict_of({{"num_compactions", policy.num_compactions},
                             {"compaction_moved_bytes", policy.compaction_moved_bytes}});
+  // ... and the two counts in its policy_stats too, after PolicyStats' fields (the Python's
+  // PolicyStats.extra): what a run's result reports.
+  nb::dict stats = nb::cast<nb::dict>(state["policy_stats"]);
+  stats["num_compactions"] = policy.num_compactions;
+  stats["compaction_moved_bytes"] = policy.compaction_moved_bytes;
   extra["compaction_s"] = policy.compaction_s;
   extra["blocks"] = blocks;
   state["policy_state"] = extra;
