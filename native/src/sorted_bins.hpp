@@ -53,22 +53,46 @@ class SortedBins {
     --count_;
   }
 
-  // The smallest key with size >= size into *out (false: none); with pop, it leaves the index.
-  bool lower_bound(int64_t size, bool pop, Key* out) {
+  // Where a key found by find() lies: its bin and its index there, valid until the index
+  // changes. erase_at() takes it out without a second search.
+  struct Position {
+    int number;
+    int64_t index;
+  };
+
+  // The smallest key with size >= size into *out and where it lies into *at (false: none).
+  // O(log k) plus an O(1) jump; nothing moves.
+  bool find(int64_t size, Key* out, Position* at) const {
     int number = bin(size);
-    std::vector<Key>& keys = bins_[number];
+    const std::vector<Key>& keys = bins_[number];
     if (!keys.empty() && keys.front().size >= size) {
       // The keys >= (size, minimum) are a prefix; the smallest of them is its last.
-      auto it = first_not_above(keys, Key{size, INT64_MIN, 0}) - 1;
+      auto it = std::lower_bound(keys.begin(), keys.end(), Key{size, INT64_MIN, 0},
+                                 [](const Key& a, const Key& b) { return b < a; }) - 1;
       *out = *it;
-      if (pop) erase(number, it);
+      *at = Position{number, it - keys.begin()};
       return true;
     }
     int next = next_nonempty(number + 1);
     if (next < 0) return false;
-    std::vector<Key>& above = bins_[next];
+    const std::vector<Key>& above = bins_[next];
     *out = above.back();
-    if (pop) erase(next, above.end() - 1);
+    *at = Position{next, static_cast<int64_t>(above.size()) - 1};
+    return true;
+  }
+
+  // The key find() found at `at` out of the index (the smallest of a bin, the common case,
+  // moves nothing).
+  void erase_at(Position at) {
+    std::vector<Key>& keys = bins_[at.number];
+    erase(at.number, keys.begin() + at.index);
+  }
+
+  // The smallest key with size >= size into *out (false: none); with pop, it leaves the index.
+  bool lower_bound(int64_t size, bool pop, Key* out) {
+    Position at;
+    if (!find(size, out, &at)) return false;
+    if (pop) erase_at(at);
     return true;
   }
 
