@@ -37,7 +37,7 @@ class CuPyPolicy : public Counters {
   // malloc: the smallest free chunk of this stream's arena that fits (split, the caller
   // keeping the low end), else a new block of exactly the rounded size; -1 on OOM.
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
-    int64_t rounded = (size + c_.unit - 1) / c_.unit * c_.unit;
+    int64_t rounded = round_up(size, c_.unit);  // _round_size
     int32_t arena = arenas_.of(stream);
     SortedBins::Key key;
     int32_t at;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "device.hpp"
+#include "records.hpp"
 #include "sorted_bins.hpp"
 
 namespace allocsim {
@@ -182,12 +183,6 @@ class PyTorchPolicy {
     return round_up(size, c_.min_block_size);
   }
 
-  // size rounded up to a multiple of unit (> 0): a mask when unit is a power of two (512 B
-  // always is; a division is tens of cycles on every malloc), else the division.
-  static int64_t round_up(int64_t size, int64_t unit) {
-    if ((unit & (unit - 1)) == 0) return (size + unit - 1) & ~(unit - 1);
-    return (size + unit - 1) / unit * unit;
-  }
 
   static int64_t roundup_power2_next_division(int64_t size, int64_t divisions) {
     if ((size & (size - 1)) == 0) return size;

@@ -184,17 +184,26 @@ class SortedBins {
 class StreamIndexes {
  public:
   explicit StreamIndexes(int first) : all_(first) {}
-  // The stream's index, made now if it has none.
+  // The stream's index, made now if it has none. The last stream asked is remembered: a
+  // trace's events mostly follow one stream, so the common lookup hashes nothing.
   int32_t of(int64_t stream) {
+    if (stream == last_stream_ && last_index_ >= 0) return last_index_;
     auto it = by_stream_.find(stream);
-    if (it != by_stream_.end()) return it->second;
-    int32_t index = static_cast<int32_t>(all_.size());
-    all_.emplace_back();
-    by_stream_.emplace(stream, index);
+    int32_t index;
+    if (it != by_stream_.end()) {
+      index = it->second;
+    } else {
+      index = static_cast<int32_t>(all_.size());
+      all_.emplace_back();
+      by_stream_.emplace(stream, index);
+    }
+    last_stream_ = stream;
+    last_index_ = index;
     return index;
   }
   // The stream's index, or -1 when it has none.
   int32_t find(int64_t stream) const {
+    if (stream == last_stream_ && last_index_ >= 0) return last_index_;
     auto it = by_stream_.find(stream);
     return it == by_stream_.end() ? -1 : it->second;
   }
@@ -216,6 +225,8 @@ class StreamIndexes {
  private:
   std::vector<SortedBins> all_;
   std::unordered_map<int64_t, int32_t> by_stream_;
+  int64_t last_stream_ = 0;
+  int32_t last_index_ = -1;  // of last_stream_; -1: none asked yet
 };
 
 }  // namespace allocsim
