@@ -18,8 +18,9 @@
 // is the engine's handle.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
-#include <map>
 #include <utility>
 #include <vector>
 
@@ -34,6 +35,30 @@ struct CudaAsyncConfig {
   bool sync_on_free, preallocate;  // preallocate: CudaAsyncAllocator's pending preallocation
 };
 
+// The wholly free regions by base, ascending: a sorted vector (O(k) put and erase, k small).
+class FreeRegions {
+ public:
+  void put(int64_t base, int32_t at) {
+    auto it = std::lower_bound(entries_.begin(), entries_.end(), base,
+                               [](const Entry& e, int64_t b) { return e.first < b; });
+    if (it != entries_.end() && it->first == base) it->second = at;
+    else entries_.insert(it, Entry{base, at});
+  }
+  void erase(int64_t base) {
+    auto it = std::lower_bound(entries_.begin(), entries_.end(), base,
+                               [](const Entry& e, int64_t b) { return e.first < b; });
+    if (it != entries_.end() && it->first == base) entries_.erase(it);
+  }
+  void erase_at(size_t index) { entries_.erase(entries_.begin() + static_cast<ptrdiff_t>(index)); }
+  std::pair<int64_t, int32_t> at(size_t index) const { return entries_[index]; }
+  size_t size() const { return entries_.size(); }
+  bool empty() const { return entries_.empty(); }
+
+ private:
+  using Entry = std::pair<int64_t, int32_t>;
+  std::vector<Entry> entries_;
+};
+
 class CudaAsyncPolicy : public Counters {
  public:
   CudaAsyncPolicy(CudaAsyncConfig config, Device& device)
@@ -42,7 +67,7 @@ class CudaAsyncPolicy : public Counters {
 
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
     if (pending_) preallocate();
-    int64_t rounded = (size + c_.alignment - 1) / c_.alignment * c_.alignment;
+    int64_t rounded = round_up(size, c_.alignment);
     SortedBins::Key found;
     int32_t owner;
     int32_t at;
@@ -164,7 +189,7 @@ class CudaAsyncPolicy : public Counters {
     chunk.free = true;
     chunk.owner = owner;
     indexes_[owner].add(chunk.size, chunk.address, at);
-    if (owner == kShared && chunk.prev < 0 && chunk.next < 0) free_regions_[chunk.address] = at;
+    if (owner == kShared && chunk.prev < 0 && chunk.next < 0) free_regions_.put(chunk.address, at);
   }
 
   // _map_chunk: a new physical chunk of round_up(rounded, chunk) bytes in a virtual range of
@@ -212,11 +237,11 @@ class CudaAsyncPolicy : public Counters {
   // never below `keep` bytes.
   void trim(int64_t keep) {
     if (mapped_ <= keep) return;
-    std::vector<std::pair<int64_t, int32_t>> regions(free_regions_.rbegin(), free_regions_.rend());
-    for (const auto& [base, at] : regions) {
+    for (size_t index = free_regions_.size(); index-- > 0;) {  // erasing leaves those below
+      auto [base, at] = free_regions_.at(index);
       int64_t nbytes = chunks_[at].size;
       if (mapped_ - nbytes < keep) continue;
-      free_regions_.erase(base);
+      free_regions_.erase_at(index);
       indexes_[kShared].remove(nbytes, base);
       chunks_.recycle(at);
       mapped_ -= nbytes;
@@ -235,7 +260,7 @@ class CudaAsyncPolicy : public Counters {
     chunk.free = true;
     chunk.owner = kShared;
     indexes_[kShared].add(chunk.size, chunk.address, at);
-    free_regions_[chunk.address] = at;
+    free_regions_.put(chunk.address, at);
   }
 
   CudaAsyncConfig c_;
@@ -243,7 +268,10 @@ class CudaAsyncPolicy : public Counters {
   bool pending_;
   Records<Chunk> chunks_;
   StreamIndexes indexes_;  // kShared, then (sync=none) the streams' in the order made
-  std::map<int64_t, int32_t> free_regions_;          // base -> the region's one free chunk
+  // base -> the region's one free chunk, by base: a sorted vector, as few regions are wholly
+  // free at once (a release threshold of 0 trims them at each synchronisation); a std::map's
+  // node per region was an allocation on most frees.
+  FreeRegions free_regions_;
   int64_t mapped_ = 0, peak_mapped_ = 0;
 };
 
