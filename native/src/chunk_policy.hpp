@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "device.hpp"
+#include "records.hpp"
 #include "sorted_bins.hpp"
 
 namespace allocsim {
@@ -46,7 +47,7 @@ class ChunkPolicy {
 
   // ChunkPolicy.malloc: the address handed out and its chunk (*handle); -1 on OOM.
   int64_t malloc(int64_t size, int64_t /*stream*/, int64_t* handle) {
-    int64_t rounded = (size + c_.alignment - 1) / c_.alignment * c_.alignment;
+    int64_t rounded = round_up(size, c_.alignment);
     int32_t found = pop_best_fit(rounded);
     if (found < 0 && make_room(rounded)) found = pop_best_fit(rounded);
     if (found < 0) {
