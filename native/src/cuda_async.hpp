@@ -71,8 +71,9 @@ class CudaAsyncPolicy : public Counters {
     SortedBins::Key found;
     int32_t owner;
     int32_t at;
-    if (find(rounded, stream, &found, &owner)) {
-      at = take(found, owner, rounded);
+    SortedBins::Position where;
+    if (find(rounded, stream, &found, &owner, &where)) {
+      at = take(found, owner, where, rounded);
     } else {
       at = grow(rounded, stream);
       if (at < 0) {
@@ -113,17 +114,21 @@ class CudaAsyncPolicy : public Counters {
     bool free;
   };
 
-  // _find: best fit by (size, address) among shared free memory and (sync=none) the stream's.
-  bool find(int64_t rounded, int64_t stream, SortedBins::Key* found, int32_t* owner) {
-    bool any = indexes_[kShared].lower_bound(rounded, false, found);
+  // _find: best fit by (size, address) among shared free memory and (sync=none) the stream's;
+  // where it lies in its owner's index into *where (take() erases it there, no second search).
+  bool find(int64_t rounded, int64_t stream, SortedBins::Key* found, int32_t* owner,
+            SortedBins::Position* where) {
+    bool any = indexes_[kShared].find(rounded, found, where);
     *owner = kShared;
     if (!c_.sync_on_free) {
       int32_t own = indexes_.find(stream);
       SortedBins::Key mine;
-      if (own >= 0 && indexes_[own].lower_bound(rounded, false, &mine) &&
+      SortedBins::Position mine_at;
+      if (own >= 0 && indexes_[own].find(rounded, &mine, &mine_at) &&
           (!any || mine < *found)) {
         *found = mine;
         *owner = own;
+        *where = mine_at;
         any = true;
       }
     }
@@ -131,9 +136,10 @@ class CudaAsyncPolicy : public Counters {
   }
 
   // _take: hand out free chunk `found` of `owner`; the rest stays free with the same owner.
-  int32_t take(const SortedBins::Key& found, int32_t owner, int64_t rounded) {
+  int32_t take(const SortedBins::Key& found, int32_t owner, SortedBins::Position where,
+               int64_t rounded) {
     int32_t at = found.chunk;
-    indexes_[owner].remove(found.size, found.tie);
+    indexes_[owner].erase_at(where);
     if (chunks_[at].prev < 0 && chunks_[at].next < 0) free_regions_.erase(chunks_[at].address);
     chunks_[at].free = false;
     split_off(at, rounded, owner);
@@ -211,7 +217,8 @@ class CudaAsyncPolicy : public Counters {
       synchronize();
       SortedBins::Key found;
       int32_t owner;
-      if (find(rounded, stream, &found, &owner)) return take(found, owner, rounded);
+      SortedBins::Position where;
+      if (find(rounded, stream, &found, &owner, &where)) return take(found, owner, where, rounded);
       trim(0);
       at = map_chunk(rounded);
       if (at < 0) return -1;
