@@ -22,6 +22,7 @@
 
 #include "device.hpp"
 #include "limit_window.hpp"
+#include "records.hpp"
 #include "sorted_bins.hpp"
 
 namespace allocsim {
@@ -52,7 +53,7 @@ class ChunkPolicy {
   void resume_on(Device& device, const ChunkConfig& config) { device_ = &device; c_ = config; }
 
   int64_t malloc(int64_t size, int64_t /*stream*/, int64_t* handle) {
-    int64_t rounded = (size + c_.alignment - 1) / c_.alignment * c_.alignment;
+    int64_t rounded = round_up(size, c_.alignment);
     int32_t found = pop_best_fit(rounded);
     if (found < 0 && make_room(rounded)) found = pop_best_fit(rounded);
     if (found < 0) {

@@ -18,8 +18,9 @@
 // is the engine's handle.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
-#include <map>
 #include <utility>
 #include <vector>
 
@@ -32,6 +33,30 @@ namespace allocsim {
 struct CudaAsyncConfig {
   int64_t threshold, chunk, alignment;
   bool sync_on_free, preallocate;  // preallocate: CudaAsyncAllocator's pending preallocation
+};
+
+// The wholly free regions by base, ascending: a sorted vector (O(k) put and erase, k small).
+class FreeRegions {
+ public:
+  void put(int64_t base, int32_t at) {
+    auto it = std::lower_bound(entries_.begin(), entries_.end(), base,
+                               [](const Entry& e, int64_t b) { return e.first < b; });
+    if (it != entries_.end() && it->first == base) it->second = at;
+    else entries_.insert(it, Entry{base, at});
+  }
+  void erase(int64_t base) {
+    auto it = std::lower_bound(entries_.begin(), entries_.end(), base,
+                               [](const Entry& e, int64_t b) { return e.first < b; });
+    if (it != entries_.end() && it->first == base) entries_.erase(it);
+  }
+  void erase_at(size_t index) { entries_.erase(entries_.begin() + static_cast<ptrdiff_t>(index)); }
+  std::pair<int64_t, int32_t> at(size_t index) const { return entries_[index]; }
+  size_t size() const { return entries_.size(); }
+  bool empty() const { return entries_.empty(); }
+
+ private:
+  using Entry = std::pair<int64_t, int32_t>;
+  std::vector<Entry> entries_;
 };
 
 class CudaAsyncPolicy : public Counters {
@@ -47,12 +72,13 @@ class CudaAsyncPolicy : public Counters {
 
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
     if (pending_) preallocate();
-    int64_t rounded = (size + c_.alignment - 1) / c_.alignment * c_.alignment;
+    int64_t rounded = round_up(size, c_.alignment);
     SortedBins::Key found;
     int32_t owner;
     int32_t at;
-    if (find(rounded, stream, &found, &owner)) {
-      at = take(found, owner, rounded);
+    SortedBins::Position where;
+    if (find(rounded, stream, &found, &owner, &where)) {
+      at = take(found, owner, where, rounded);
     } else {
       at = grow(rounded, stream);
       if (at < 0) {
@@ -93,17 +119,21 @@ class CudaAsyncPolicy : public Counters {
     bool free;
   };
 
-  // _find: best fit by (size, address) among shared free memory and (sync=none) the stream's.
-  bool find(int64_t rounded, int64_t stream, SortedBins::Key* found, int32_t* owner) {
-    bool any = indexes_[kShared].lower_bound(rounded, false, found);
+  // _find: best fit by (size, address) among shared free memory and (sync=none) the stream's;
+  // where it lies in its owner's index into *where (take() erases it there, no second search).
+  bool find(int64_t rounded, int64_t stream, SortedBins::Key* found, int32_t* owner,
+            SortedBins::Position* where) {
+    bool any = indexes_[kShared].find(rounded, found, where);
     *owner = kShared;
     if (!c_.sync_on_free) {
       int32_t own = indexes_.find(stream);
       SortedBins::Key mine;
-      if (own >= 0 && indexes_[own].lower_bound(rounded, false, &mine) &&
+      SortedBins::Position mine_at;
+      if (own >= 0 && indexes_[own].find(rounded, &mine, &mine_at) &&
           (!any || mine < *found)) {
         *found = mine;
         *owner = own;
+        *where = mine_at;
         any = true;
       }
     }
@@ -111,9 +141,10 @@ class CudaAsyncPolicy : public Counters {
   }
 
   // _take: hand out free chunk `found` of `owner`; the rest stays free with the same owner.
-  int32_t take(const SortedBins::Key& found, int32_t owner, int64_t rounded) {
+  int32_t take(const SortedBins::Key& found, int32_t owner, SortedBins::Position where,
+               int64_t rounded) {
     int32_t at = found.chunk;
-    indexes_[owner].remove(found.size, found.tie);
+    indexes_[owner].erase_at(where);
     if (chunks_[at].prev < 0 && chunks_[at].next < 0) free_regions_.erase(chunks_[at].address);
     chunks_[at].free = false;
     split_off(at, rounded, owner);
@@ -169,7 +200,7 @@ class CudaAsyncPolicy : public Counters {
     chunk.free = true;
     chunk.owner = owner;
     indexes_[owner].add(chunk.size, chunk.address, at);
-    if (owner == kShared && chunk.prev < 0 && chunk.next < 0) free_regions_[chunk.address] = at;
+    if (owner == kShared && chunk.prev < 0 && chunk.next < 0) free_regions_.put(chunk.address, at);
   }
 
   // _map_chunk: a new physical chunk of round_up(rounded, chunk) bytes in a virtual range of
@@ -191,7 +222,8 @@ class CudaAsyncPolicy : public Counters {
       synchronize();
       SortedBins::Key found;
       int32_t owner;
-      if (find(rounded, stream, &found, &owner)) return take(found, owner, rounded);
+      SortedBins::Position where;
+      if (find(rounded, stream, &found, &owner, &where)) return take(found, owner, where, rounded);
       trim(0);
       at = map_chunk(rounded);
       if (at < 0) return -1;
@@ -217,11 +249,11 @@ class CudaAsyncPolicy : public Counters {
   // never below `keep` bytes.
   void trim(int64_t keep) {
     if (mapped_ <= keep) return;
-    std::vector<std::pair<int64_t, int32_t>> regions(free_regions_.rbegin(), free_regions_.rend());
-    for (const auto& [base, at] : regions) {
+    for (size_t index = free_regions_.size(); index-- > 0;) {  // erasing leaves those below
+      auto [base, at] = free_regions_.at(index);
       int64_t nbytes = chunks_[at].size;
       if (mapped_ - nbytes < keep) continue;
-      free_regions_.erase(base);
+      free_regions_.erase_at(index);
       indexes_[kShared].remove(nbytes, base);
       chunks_.recycle(at);
       mapped_ -= nbytes;
@@ -240,7 +272,7 @@ class CudaAsyncPolicy : public Counters {
     chunk.free = true;
     chunk.owner = kShared;
     indexes_[kShared].add(chunk.size, chunk.address, at);
-    free_regions_[chunk.address] = at;
+    free_regions_.put(chunk.address, at);
   }
 
   CudaAsyncConfig c_;
@@ -248,7 +280,10 @@ class CudaAsyncPolicy : public Counters {
   bool pending_;
   Records<Chunk> chunks_;
   StreamIndexes indexes_;  // kShared, then (sync=none) the streams' in the order made
-  std::map<int64_t, int32_t> free_regions_;          // base -> the region's one free chunk
+  // base -> the region's one free chunk, by base: a sorted vector, as few regions are wholly
+  // free at once (a release threshold of 0 trims them at each synchronisation); a std::map's
+  // node per region was an allocation on most frees.
+  FreeRegions free_regions_;
   int64_t mapped_ = 0, peak_mapped_ = 0;
 };
 

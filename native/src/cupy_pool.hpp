@@ -45,7 +45,7 @@ class CuPyPolicy : public Counters {
   LimitWindow limit_window;  // the limit's decisions (cupy_pool.py's limit_window)
 
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
-    int64_t rounded = (size + c_.unit - 1) / c_.unit * c_.unit;
+    int64_t rounded = round_up(size, c_.unit);  // _round_size
     int32_t arena = arenas_.of(stream);
     SortedBins::Key key;
     int32_t at;

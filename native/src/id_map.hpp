@@ -16,7 +16,7 @@ class IdMap {
  public:
   static constexpr int64_t kEmpty = std::numeric_limits<int64_t>::min();
 
-  IdMap() { slots_.assign(64, Slot{kEmpty, 0}); mask_ = 63; }
+  IdMap() { slots_.assign(64, Slot{kEmpty, 0}); mask_ = 63; shift_ = 64 - 6; }
 
   // Insert or replace (an alloc of a live id replaces it, as the Python dict does).
   void put(int64_t key, int64_t value) {
@@ -70,20 +70,24 @@ class IdMap {
 
  private:
   struct Slot { int64_t key; int64_t value; };
+  // Fibonacci hashing: the product's top bits (its best mixed), as many as the table has.
+  // Its low bits, which x ^ (x >> 29) kept, left a trace's sequential ids in longer probe runs.
   size_t home(int64_t key) const {
     uint64_t x = static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull;
-    return static_cast<size_t>(x ^ (x >> 29)) & mask_;
+    return static_cast<size_t>(x >> shift_);
   }
   void grow() {
     std::vector<Slot> old;
     old.swap(slots_);
     slots_.assign(old.size() * 2, Slot{kEmpty, 0});
     mask_ = slots_.size() - 1;
+    --shift_;  // one more bit of the product
     size_ = 0;
     for (const Slot& s : old) if (s.key != kEmpty) put(s.key, s.value);
   }
   std::vector<Slot> slots_;
   size_t mask_ = 0;
+  int shift_ = 64;  // 64 - log2(slots)
   size_t size_ = 0;
 };
 

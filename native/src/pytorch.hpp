@@ -29,6 +29,7 @@
 
 #include "device.hpp"
 #include "limit_window.hpp"
+#include "records.hpp"
 #include "sorted_bins.hpp"
 
 namespace allocsim {
@@ -122,7 +123,7 @@ class PyTorchPolicy {
     }
     block->size = size;
     insert_free(at);
-    if (c_.gc_on) block->gc_base = gc_calls_[block->pool_key & 1];
+    if (c_.gc_on) block->gc_base = gc_calls_[pool_keys_[block->pool] & 1];
   }
 
   // stats(): the largest free block of any pool.
@@ -148,8 +149,8 @@ class PyTorchPolicy {
  private:
   struct Block {
     int64_t size, address, req;  // req: the caller's request while allocated, 0 while free
-    int64_t pool_key;
     int32_t prev, next;          // neighbours in the segment; -1 at its ends
+    int32_t pool;                // its pool's number: pools_ and pool_keys_ (looked up once)
     int64_t gc_base;             // the pool's search count when it became free (GC's age)
   };
   using Key = SortedBins::Key;  // (size, tie = address, chunk = the block)
@@ -163,18 +164,18 @@ class PyTorchPolicy {
       at = static_cast<int32_t>(blocks_.size());
       blocks_.push_back(Block{});
     }
-    blocks_[at] = Block{size, address, 0, pool_key, -1, -1, 0};
+    blocks_[at] = Block{size, address, 0, -1, -1, pool_number(pool_key), 0};
     return at;
   }
 
   void insert_free(int32_t at) {
     const Block& block = blocks_[at];
-    pool(block.pool_key).add(block.size, block.address, at);
+    pools_[block.pool].add(block.size, block.address, at);
   }
 
   void remove_free(int32_t at) {
     const Block& block = blocks_[at];
-    pool(block.pool_key).remove(block.size, block.address);
+    pools_[block.pool].remove(block.size, block.address);
   }
 
   // round_size (pytorch/settings.py): 512 B at least; with a division count d > 1 for the
@@ -188,8 +189,9 @@ class PyTorchPolicy {
       int64_t d = c_.divisions[index];
       if (d > 1 && size > c_.min_block_size * d) return roundup_power2_next_division(size, d);
     }
-    return (size + c_.min_block_size - 1) / c_.min_block_size * c_.min_block_size;
+    return round_up(size, c_.min_block_size);
   }
+
 
   static int64_t roundup_power2_next_division(int64_t size, int64_t divisions) {
     if ((size & (size - 1)) == 0) return size;
@@ -207,15 +209,24 @@ class PyTorchPolicy {
   // beyond it). The block found leaves the free list.
   int32_t get_free_block(SortedBins& keys, int64_t rounded) {
     Key found;
-    if (!keys.lower_bound(rounded, false, &found)) return -1;
-    if (c_.expandable) found = best_fit(keys, found);
+    SortedBins::Position at;
+    if (!keys.find(rounded, &found, &at)) return -1;
+    bool walked = false;
+    if (c_.expandable) {
+      Key first = found;
+      found = best_fit(keys, found);
+      walked = found.chunk != first.chunk;
+    }
     int64_t block_size = found.size;
     if (rounded < c_.max_split_size) {
       if (block_size >= c_.max_split_size) return -1;
     } else if (block_size >= rounded + c_.max_non_split_rounding) {
       return -1;
     }
-    keys.remove(found.size, found.tie);
+    // The block found first leaves by its position (no second search); one the walk moved
+    // on to, by its key.
+    if (walked) keys.remove(found.size, found.tie);
+    else keys.erase_at(at);
     return found.chunk;
   }
 
@@ -335,13 +346,14 @@ class PyTorchPolicy {
 
   // The free list of a pool, made on first use (the Python dict's insertion order kept). A
   // run has a few pools (two per stream): a scan of their keys beats a tree's lookup.
-  SortedBins& pool(int64_t pool_key) {
+  SortedBins& pool(int64_t pool_key) { return pools_[pool_number(pool_key)]; }
+  int32_t pool_number(int64_t pool_key) {
     for (size_t number = 0; number < pool_keys_.size(); ++number) {
-      if (pool_keys_[number] == pool_key) return pools_[number];
+      if (pool_keys_[number] == pool_key) return static_cast<int32_t>(number);
     }
     pool_keys_.push_back(pool_key);
     pools_.emplace_back();
-    return pools_.back();
+    return static_cast<int32_t>(pools_.size()) - 1;
   }
 
   // release_available_cached_blocks (only with max_split_size, never expandable segments):
@@ -444,7 +456,7 @@ class PyTorchPolicy {
   void add_unmapped(int32_t at) {
     Block& block = blocks_[at];
     block.req = kUnmapped;
-    auto& list = unmapped_[block.pool_key];
+    auto& list = unmapped_[pool_keys_[block.pool]];
     std::pair<int64_t, int32_t> entry{block.address, at};
     list.insert(std::lower_bound(list.begin(), list.end(), entry), entry);
   }
@@ -452,7 +464,7 @@ class PyTorchPolicy {
   void drop_unmapped(int32_t at) {
     Block& block = blocks_[at];
     block.req = 0;
-    auto& list = unmapped_[block.pool_key];
+    auto& list = unmapped_[pool_keys_[block.pool]];
     list.erase(std::lower_bound(list.begin(), list.end(),
                                 std::pair<int64_t, int32_t>{block.address, INT32_MIN}));
   }
@@ -506,7 +518,7 @@ class PyTorchPolicy {
   // (one device call); the rest stays unmapped; the mapped block joins its free neighbours
   // and the free list. Returns it, or -1 when the device refused.
   int32_t map_block(int32_t at, int64_t size) {
-    int64_t address = blocks_[at].address, pool_key = blocks_[at].pool_key;
+    int64_t address = blocks_[at].address, pool_key = pool_keys_[blocks_[at].pool];
     int64_t page = page_of(pool_key);
     int64_t nbytes = (size + page - 1) / page * page;
     if (!device_->map(address, nbytes)) return -1;
@@ -555,7 +567,7 @@ class PyTorchPolicy {
   // the unmapped block, or -1 when no whole page lies inside.
   int32_t unmap_block(int32_t at) {
     int64_t address = blocks_[at].address, size = blocks_[at].size;
-    int64_t pool_key = blocks_[at].pool_key;
+    int64_t pool_key = pool_keys_[blocks_[at].pool];
     int64_t base = range_base(address), page = page_of(pool_key);
     int64_t begin = (address - base + page - 1) / page;
     int64_t end = (address + size - base) / page;

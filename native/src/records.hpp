@@ -1,6 +1,6 @@
 // What the native policies share: records kept by index with their spares recycled (a record
-// in use never moves, so its index is the engine's handle for a live buffer), and the counters
-// every policy keeps for PolicyStats (policies/base.py).
+// in use never moves, so its index is the engine's handle for a live buffer), the counters
+// every policy keeps for PolicyStats (policies/base.py), and rounding up to a unit.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +41,14 @@ void absorb_next(Records<Record>& records, int32_t at) {
   records[at].next = beyond;
   if (beyond >= 0) records[beyond].prev = at;
   records.recycle(gone);
+}
+
+// size (>= 0) rounded up to a multiple of unit (> 0), as Python's -(-size // unit) * unit: a
+// mask when unit is a power of two (the rounding units always are; a division costs tens of
+// cycles on every malloc), else the division.
+inline int64_t round_up(int64_t size, int64_t unit) {
+  if ((unit & (unit - 1)) == 0) return (size + unit - 1) & ~(unit - 1);
+  return (size + unit - 1) / unit * unit;
 }
 
 // PolicyStats' counters that malloc and free keep.

@@ -53,22 +53,46 @@ class SortedBins {
     --count_;
   }
 
-  // The smallest key with size >= size into *out (false: none); with pop, it leaves the index.
-  bool lower_bound(int64_t size, bool pop, Key* out) {
+  // Where a key found by find() lies: its bin and its index there, valid until the index
+  // changes. erase_at() takes it out without a second search.
+  struct Position {
+    int number;
+    int64_t index;
+  };
+
+  // The smallest key with size >= size into *out and where it lies into *at (false: none).
+  // O(log k) plus an O(1) jump; nothing moves.
+  bool find(int64_t size, Key* out, Position* at) const {
     int number = bin(size);
-    std::vector<Key>& keys = bins_[number];
+    const std::vector<Key>& keys = bins_[number];
     if (!keys.empty() && keys.front().size >= size) {
       // The keys >= (size, minimum) are a prefix; the smallest of them is its last.
-      auto it = first_not_above(keys, Key{size, INT64_MIN, 0}) - 1;
+      auto it = std::lower_bound(keys.begin(), keys.end(), Key{size, INT64_MIN, 0},
+                                 [](const Key& a, const Key& b) { return b < a; }) - 1;
       *out = *it;
-      if (pop) erase(number, it);
+      *at = Position{number, it - keys.begin()};
       return true;
     }
     int next = next_nonempty(number + 1);
     if (next < 0) return false;
-    std::vector<Key>& above = bins_[next];
+    const std::vector<Key>& above = bins_[next];
     *out = above.back();
-    if (pop) erase(next, above.end() - 1);
+    *at = Position{next, static_cast<int64_t>(above.size()) - 1};
+    return true;
+  }
+
+  // The key find() found at `at` out of the index (the smallest of a bin, the common case,
+  // moves nothing).
+  void erase_at(Position at) {
+    std::vector<Key>& keys = bins_[at.number];
+    erase(at.number, keys.begin() + at.index);
+  }
+
+  // The smallest key with size >= size into *out (false: none); with pop, it leaves the index.
+  bool lower_bound(int64_t size, bool pop, Key* out) {
+    Position at;
+    if (!find(size, out, &at)) return false;
+    if (pop) erase_at(at);
     return true;
   }
 
@@ -160,17 +184,26 @@ class SortedBins {
 class StreamIndexes {
  public:
   explicit StreamIndexes(int first) : all_(first) {}
-  // The stream's index, made now if it has none.
+  // The stream's index, made now if it has none. The last stream asked is remembered: a
+  // trace's events mostly follow one stream, so the common lookup hashes nothing.
   int32_t of(int64_t stream) {
+    if (stream == last_stream_ && last_index_ >= 0) return last_index_;
     auto it = by_stream_.find(stream);
-    if (it != by_stream_.end()) return it->second;
-    int32_t index = static_cast<int32_t>(all_.size());
-    all_.emplace_back();
-    by_stream_.emplace(stream, index);
+    int32_t index;
+    if (it != by_stream_.end()) {
+      index = it->second;
+    } else {
+      index = static_cast<int32_t>(all_.size());
+      all_.emplace_back();
+      by_stream_.emplace(stream, index);
+    }
+    last_stream_ = stream;
+    last_index_ = index;
     return index;
   }
   // The stream's index, or -1 when it has none.
   int32_t find(int64_t stream) const {
+    if (stream == last_stream_ && last_index_ >= 0) return last_index_;
     auto it = by_stream_.find(stream);
     return it == by_stream_.end() ? -1 : it->second;
   }
@@ -192,6 +225,8 @@ class StreamIndexes {
  private:
   std::vector<SortedBins> all_;
   std::unordered_map<int64_t, int32_t> by_stream_;
+  int64_t last_stream_ = 0;
+  int32_t last_index_ = -1;  // of last_stream_; -1: none asked yet
 };
 
 }  // namespace allocsim
