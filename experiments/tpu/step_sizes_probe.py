@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))   # run as a script on the chip: the repository's modules too
+from experiments.tpu.chip_probe import _profile_options, _stats  # noqa: E402
 
 # name: (d_model, layers, heads, mlp, vocab). "mid" is the reviewer's DIM 1024 / HIDDEN 4096 /
 # VOCAB 8192 block; 125m and 350m are GPT-3's table 2.1 shapes at a 32,000-token vocabulary.
@@ -50,26 +52,11 @@ def step_names() -> list[str]:
     return [f"{size}-{form}" for size in SIZES for form in FORMS]
 
 
-def _stats(device: Any) -> dict[str, int]:
-    return {k: int(v) for k, v in (device.memory_stats() or {}).items()}
-
-
-def _profile_options() -> Any:
-    import jax
-    try:
-        options = jax.profiler.ProfileOptions()
-        options.python_tracer_level = 0
-        options.host_tracer_level = 2
-        return options
-    except Exception:   # an older JAX: the defaults
-        return None
-
-
 def run_step(out: Path, name: str) -> None:
     """Place the state, run two steps of one form, and keep the stats and records."""
     import jax
     import jax.numpy as jnp
-    sys.path.insert(0, str(REPO))
+
     from experiments import gpt_step
     size, form = name.split("-", 1)
     d_model, layers, heads, mlp, vocab = SIZES[size]
