@@ -65,9 +65,11 @@ def runtime_scratch_bytes(hbm_temp_bytes: int, analysed_temp_bytes: int) -> int:
     none when ``memory_analysis()`` counts no temp (``analysed_temp_bytes``), though the
     assignment then still holds a 512 B HBM temp. Read from the chip: ``peak_bytes_reserved``
     of all 12 jitted GPT steps of tests/data/tpu/steps (4 sizes, with and without donation and
-    remat) and of the matmul step (exec-matmul: 0) is exactly this. On the 12 the temp ends
-    512 B past a 16 KiB boundary, so "temp + 15,872 B" fits them too: these steps do not tell
-    the two roundings apart, and why the lone 512 B temp is not reserved is not known."""
+    remat) and of the matmul step (exec-matmul: 0) is exactly this, and it then predicted five
+    programs it was not read from (tests/data/tpu/scratch: three with a temp, two whose
+    assignment holds an HBM temp memory_analysis() does not count). On all of them the temp ends
+    512 B past a 16 KiB boundary, so "temp + 15,872 B" fits them too: these programs do not
+    tell the two roundings apart, and why an uncounted temp is not reserved is not known."""
     if analysed_temp_bytes == 0:
         return 0
     return -(-hbm_temp_bytes // SCRATCH_ALIGNMENT) * SCRATCH_ALIGNMENT
