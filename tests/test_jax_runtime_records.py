@@ -72,13 +72,12 @@ CHIP = Path(__file__).parent / "data" / "tpu" / "recorder"
 def test_on_the_chip_the_recorder_kept_the_runtimes_records_and_the_model_places_them(
         run: str) -> None:
     from allocsim.sim.questions.fidelity.tpu import tpu_fidelity
-    from allocsim.traces.record.jax_recorder.runtime_records import trace_peak
     recording = load(CHIP / f"{run}.npz")
     runtime = load(CHIP / f"{run}.runtime.npz")
     summary = recording.metadata["runtime_records"]
     assert summary["file"] == f"{run}.runtime.npz"
     assert summary["records"] == len(runtime)
-    assert summary["recorder_peak_live"] == trace_peak(recording)
-    assert summary["runtime_peak_in_use"] == trace_peak(runtime)
+    assert summary["recorder_peak_live"] == recording.peak_live()[0]
+    assert summary["runtime_peak_in_use"] == runtime.peak_live()[0]
     report = tpu_fidelity(runtime)
     assert report.matched == report.total == len(runtime)

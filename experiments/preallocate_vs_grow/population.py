@@ -86,6 +86,7 @@ from experiments.preallocate_vs_grow.member import (
 from experiments.preallocate_vs_grow.pool import measure_all
 from experiments.runner.execute import HERE, DefinitionError, sensitivity_grid
 from experiments.runner.figure_data import png_metadata
+from experiments.runner.marked import between, write_between
 from experiments.runner.render import sensitivity_line
 
 # Re-exported: the population's tests and scripts name these here.
@@ -448,17 +449,11 @@ def figure(results: dict[str, Any], path: Path) -> None:
 
 
 def section(text: str) -> str | None:
-    if START not in text or END not in text:
-        return None
-    return text.split(START, 1)[1].split(END, 1)[0].strip("\n")
+    return between(text, START, END)
 
 
 def update_readme(path: Path, body: str) -> None:
-    text = path.read_text()
-    if START not in text or END not in text:
-        text = text.rstrip() + f"\n\n## Over the population\n\n{START}\n{END}\n"
-    head, rest = text.split(START, 1)
-    write_text(path, f"{head}{START}\n{body}\n{END}{rest.split(END, 1)[1]}")
+    write_between(path, START, END, body, "## Over the population")
 
 
 def population_problems(folder: Path) -> list[str]:

@@ -19,6 +19,7 @@ from allocsim.sim.output.files import atomic_savefig, write_text
 from allocsim.sim.output.tables import format_table
 from experiments.runner import contrasts, sweeps
 from experiments.runner.figure_data import png_metadata
+from experiments.runner.marked import between, write_between
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
@@ -268,17 +269,13 @@ def markdown(results: dict[str, Any], figures: list[str] | None = None) -> str:
 
 
 def update_readme(path: Path, body: str) -> None:
-    text = path.read_text() if path.exists() else f"# {path.parent.name}\n\n{START}\n{END}\n"
-    if START not in text or END not in text:
-        text = text.rstrip() + f"\n\n## Results\n\n{START}\n{END}\n"
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    write_text(path, f"{head}{START}\n{body}\n{END}{tail}")
+    if not path.exists():
+        write_text(path, f"# {path.parent.name}\n\n{START}\n{END}\n")
+    write_between(path, START, END, body, "## Results")
 
 
 def results_section(text: str) -> str | None:
     """What :func:`update_readme` put between the markers of README text ``text``."""
-    if START not in text or END not in text:
-        return None
-    body = text.split(START, 1)[1].split(END, 1)[0]
-    return body[1:-1] if body.startswith("\n") and body.endswith("\n") else body
+    return between(text, START, END)
+
+

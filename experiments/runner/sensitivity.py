@@ -50,6 +50,7 @@ from experiments.preallocate_vs_grow.member import XLA_PLAN, MemberSource, sourc
 from experiments.preallocate_vs_grow.pool import in_pool
 from experiments.preallocate_vs_grow.population import _outcome, comparison
 from experiments.runner.execute import HERE, resolution
+from experiments.runner.marked import between, write_between
 
 MiB = 1 << 20
 OUT = HERE / "sensitivity.json"
@@ -262,18 +263,11 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def section(text: str) -> str | None:
-    if START not in text or END not in text:
-        return None
-    return text.split(START, 1)[1].split(END, 1)[0].strip("\n")
+    return between(text, START, END)
 
 
 def update_readme(path: Path, body: str) -> None:
-    text = path.read_text()
-    if START not in text or END not in text:
-        text = text.rstrip() + ("\n\n## How far each assumption can move\n\n"
-                                f"{START}\n{END}\n")
-    head, rest = text.split(START, 1)
-    write_text(path, f"{head}{START}\n{body}\n{END}{rest.split(END, 1)[1]}")
+    write_between(path, START, END, body, "## How far each assumption can move")
 
 
 def sensitivity_problems(readme: Path = README, stored: Path = OUT) -> list[str]:

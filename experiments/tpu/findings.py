@@ -27,6 +27,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from allocsim.atomic_files import write_text
+from experiments.runner.marked import with_between
+
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parents[1] / "tests" / "data" / "tpu"
 RESULTS = HERE / "findings.json"
@@ -168,12 +171,6 @@ def markdown(found: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _with_section(text: str, section: str) -> str:
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{section}{END}{tail}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
@@ -181,15 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     found = compute()
     text = json.dumps(found, indent=1) + "\n"
-    readme = _with_section(README.read_text(), markdown(found))
+    readme = with_between(README.read_text(), START, END, markdown(found).removesuffix("\n"),
+                          "## Findings")
     if args.check:
         same = RESULTS.read_text() == text and README.read_text() == readme
         print("findings agree with the chip's records" if same else
               "findings.json or README.md differ from what the records give: rerun "
               "python -m experiments.tpu.findings")
         return 0 if same else 1
-    RESULTS.write_text(text)
-    README.write_text(readme)
+    write_text(RESULTS, text)
+    write_text(README, readme)
     print(f"wrote {RESULTS} and {README}")
     return 0
 

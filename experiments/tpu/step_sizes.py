@@ -25,8 +25,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from allocsim.atomic_files import write_text
 from allocsim.sim.questions.fidelity.tpu import tpu_fidelity
 from allocsim.traces import formats
+from experiments.runner.marked import with_between
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parents[1] / "tests" / "data" / "tpu" / "steps"
@@ -120,7 +122,7 @@ def _word(flag: bool, yes: str, no: str) -> str:
 
 
 def markdown(found: dict[str, Any]) -> str:
-    lines = [START, "",
+    lines = ["",
              "| size | form | peak in use (MB) | scratch (MB) | footprint (MB) | "
              "tpu model: records placed |", "|---|---|---:|---:|---:|---|"]
     for row in found["rows"]:
@@ -175,17 +177,8 @@ def markdown(found: dict[str, Any]) -> str:
         + _word(found["share"]["second_refused"], "is refused", "is not refused")
         + f" while the first holds it (`{found['share']['second_error'][:110]}…`): on a TPU "
         "the sharing question of two jobs on one card does not arise.",
-        "", END]
+        ""]
     return "\n".join(lines)
-
-
-def _with_section(text: str, section: str) -> str:
-    if START in text:
-        head, rest = text.split(START, 1)
-        return head + section + rest.split(END, 1)[1]
-    return text.rstrip("\n") + "\n\n## jit, donation and remat at four sizes, on the chip\n\n" \
-        "`python -m experiments.tpu.step_sizes` (recorded by step_sizes_on_chip.sh)\n\n" \
-        + section + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     found = compute()
     results = json.dumps(found, indent=1, sort_keys=True) + "\n"
-    readme = _with_section(README.read_text(), markdown(found))
+    readme = with_between(README.read_text(), START, END, markdown(found),
+                          "## jit, donation and remat at four sizes, on the chip")
     if args.check:
         stale = [p.name for p, text in ((RESULTS, results), (README, readme))
                  if not p.exists() or p.read_text() != text]
@@ -203,10 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print("step-sizes.json and README.md agree with the chip's records")
         return 0
-    for path, text in ((RESULTS, results), (README, readme)):
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+    write_text(RESULTS, results)
+    write_text(README, readme)
     print(f"wrote {RESULTS.relative_to(HERE.parents[1])} and README.md's table")
     return 0
 

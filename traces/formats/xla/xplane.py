@@ -197,6 +197,9 @@ def _follow_compactions(ordered: list[dict[str, Any]]) -> None:
     top = limit - (first["bytes_allocated"] - first["allocation_bytes"])
     live: dict[int, tuple[int, int]] = {}   # address now -> (size, address at allocation)
     starts: list[int] = []                  # the live addresses, sorted (overlap by bisection)
+    changes = 0                             # allocs and frees found so far
+    # The compacted layout last worked out, and ``changes`` then.
+    tried: tuple[int, dict[int, tuple[int, int]]] | None = None
     for record in ordered:
         addr = record["addr"]
         if record["kind"] == "alloc":
@@ -207,13 +210,18 @@ def _follow_compactions(ordered: list[dict[str, Any]]) -> None:
                 starts = sorted(live)
             live[addr] = (size, addr)
             bisect.insort(starts, addr)
+            changes += 1
         else:
             if addr not in live:
-                compacted = _compacted(live, starts, top)
-                if addr in compacted:   # a compaction for a request that then failed
-                    live, starts = compacted, sorted(compacted)
+                # Frees of buffers from before the recording come in runs: the compacted
+                # layout is worked out once per state of the live set, not once per free.
+                if tried is None or tried[0] != changes:
+                    tried = (changes, _compacted(live, starts, top))
+                if addr in tried[1]:   # a compaction for a request that then failed
+                    live, starts = tried[1], sorted(tried[1])
             found = live.pop(addr, None)
             if found is not None:
+                changes += 1
                 del starts[bisect.bisect_left(starts, addr)]
                 record["addr_key"] = found[1]
 

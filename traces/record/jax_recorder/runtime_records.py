@@ -22,7 +22,7 @@ from typing import Any
 
 from allocsim.atomic_files import OutputClaim, claim_output
 from allocsim.traces.formats import save
-from allocsim.traces.model import OP_ALLOC, Trace, TraceError
+from allocsim.traces.model import Trace, TraceError
 
 __all__ = ["RuntimeRecords", "beside"]
 
@@ -89,7 +89,7 @@ class RuntimeRecords:
             except TraceError as error:
                 self.summary = {"note": f"not taken: {error}"}
                 return None
-            peak = trace_peak(trace)
+            peak = trace.peak_live()[0]
             self.summary = {
                 "records": len(trace), "runtime_peak_in_use": peak,
                 "recorder_peak_live": recorded_peak,
@@ -102,9 +102,3 @@ class RuntimeRecords:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-
-def trace_peak(trace: Trace) -> int:
-    """The highest sum of live bytes after any event."""
-    import numpy as np
-    signed = np.where(trace.op == OP_ALLOC, trace.size, -trace.size)
-    return int(np.cumsum(signed).max(initial=0))
