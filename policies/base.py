@@ -25,6 +25,7 @@ class DeviceMemory(Protocol):
     """What a policy may ask of the device. Addresses are plain ints.
 
     ``reserve``/``release`` are cudaMalloc/cudaFree: virtual range and physical memory together.
+    ``busy`` charges work with no memory in it (a TPU runtime's compaction).
     ``address_range``/``map``/``unmap`` are the virtual-memory calls (cuMemAddressReserve,
     cuMemCreate+cuMemMap, cuMemUnmap+cuMemRelease): a range costs no memory until pages are
     mapped into it, in multiples of ``map_granularity``.
@@ -42,6 +43,12 @@ class DeviceMemory(Protocol):
     def map(self, address: int, nbytes: int) -> bool: ...
 
     def unmap(self, address: int, nbytes: int) -> None: ...
+
+    def busy(self, kind: str, nbytes: int, seconds: float) -> None:
+        """Work the device does for the process with no memory taken or given (the TPU
+        runtime's compaction: ``nbytes`` copied within HBM), charged as one call of ``kind``
+        that costs ``seconds``."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -7,29 +7,48 @@ by tests/test_tpu_policy.py against those records:
 
 - **No preallocation, no growth**: the runtime owns all of HBM from the start (``bytes_limit``
   16,909,336,064 B on a v5e) and hands out offsets in it; it holds ``runtime_bytes`` (26,624 B
-  on a v5e) at the very top before any array.
+  on a v5e) at the very top before any array. What it holds from the device, in the model, is
+  what it has in use: each buffer is taken from the device as it is placed and given back as
+  it is freed (so ``peak_reserved`` is the chip's ``peak_bytes_in_use`` plus its
+  ``peak_bytes_reserved``, each less the runtime's bytes), never all of HBM at once.
+- ``scratch_bytes`` (a program's scratch, the chip's ``bytes_reserved``; compile_for puts it
+  in the trace, traces/record/xla_tpu.py): held at the **bottom** of HBM from the heap's start,
+  ``[0, scratch_bytes)``; buffers are placed above it and the free total leaves it out. Read
+  on the chip (experiments/tpu/scratch_place_probe.py, tests/data/tpu/scratch-place): with a
+  1.61 GB scratch held, 256 MiB buffers filled HBM from the top down to exactly 1.61 GB above
+  offset 0, the runtime's ``bytes_available`` counting the scratch as taken; a program run
+  later whose scratch no hole held was given it after a compaction, the free block again
+  starting above it.
 - ``round_to_granule``: every buffer is a multiple of 512 B (its layout's size, already
   rounded by the caller, as ``on_device_size_in_bytes`` reports it).
 - ``best_fit``: the smallest free block that holds the request; among equal sizes the one at
-  the highest address; the block at the bottom of HBM only when no other holds it; the buffer
+  the highest address; the block at the bottom of HBM (just above the scratch) only when no
+  other holds it; the buffer
   is placed at the block's **top** end (so a fresh heap fills from the top down).
 - ``place``: the buffer goes at the top end of the block best fit chose; the rest of the
   block stays free below it.
 - ``coalesce``: a freed buffer merges with free neighbours at once.
 - ``compact``: when no free block holds the request but the free total does, every live buffer
   slides to the top of HBM in address order (live buffers are moved, not lost), leaving one
-  free block below them; the request is then placed by ``best_fit``. Cost: measured 16–39 ms
-  for 1.9–4.2 GB moved on the v5e (``compaction_seconds``), against ~0.2 ms for an ordinary
-  allocation.
-- ``free_total_short`` (the OOM): a request fails only when the free total is short
-  ("Attempting to allocate 7.78G. That was not possible. There are 7.72G free.").
+  free block below them (above the scratch); the request is then placed by ``best_fit``. Cost:
+  measured 16–39 ms for 1.9–4.2 GB moved on the v5e (``compaction_seconds``), against ~0.2 ms
+  for an ordinary allocation; charged to the run's modelled time as a device call of kind
+  ``compact`` (the only TPU call with a time: sim/kernel/device_profile.py's TPU_COSTS).
+- ``free_total_short`` (the OOM): a request fails only when the free total (less the scratch)
+  is short ("Attempting to allocate 7.78G. That was not possible. There are 7.72G free.").
+
+Not modelled: the chip gives an idle program's scratch (and its code) up when a buffer needs
+the room, and takes it again at the program's next run (scratch-place, records 55–56: the
+scratch released, the code freed, then a compaction). A trace does not say when its programs
+run, so the model holds the scratch throughout: it answers whether the step runs, and refuses a
+buffer the chip would have given the idle scratch's room.
 
 The native core's twin (native/src/tpu.hpp) has each rule under the same name and is handed
 this module's constants (the granule, the runtime's bytes, the compaction cost line).
 
 Buffers move, so :meth:`malloc` returns a handle (stable for the buffer's life) and
-:meth:`hbm_offset` says where the buffer is now. Not modelled: executables' generated code and
-scratch (``bytes_reserved``) — a trace must carry them as allocations.
+:meth:`hbm_offset` says where the buffer is now. Executables' generated code is a buffer (a
+trace carries it as an allocation, as compile_for does); their scratch is ``scratch_bytes``.
 """
 
 from __future__ import annotations
@@ -54,9 +73,12 @@ from allocsim.policies.units import round_up
 GRANULE = 512
 V5E_RUNTIME_BYTES = 26_624
 # Compaction's cost on a v5e: the time from the request to its record, 64 MiB buffers
-# (experiments/tpu/chip_probe.py, compaction-2/4/8): 39.1 ms for 4.23 GB moved, 22.5 ms for
-# 3.15 GB, 16.3 ms for 1.88 GB. A least-squares line through the three
-# (_fit_compaction_cost, below).
+# (experiments/tpu/chip_probe.py, compaction-2/4/8): 39.1, 22.5 and 16.3 ms. Against the bytes
+# this model's compact moves in those three runs (every live buffer whose offset changes:
+# 8.39, 4.16 and 2.08 GB — the figure compaction_seconds is applied to), a least-squares line
+# through the three (_fit_compaction_cost, below). An earlier fit took 4.23, 3.15 and 1.88 GB
+# for x, another count of the bytes moved, and so charged the model's compactions up to twice
+# the measured time.
 
 
 def round_to_granule(size: int, granule: int = GRANULE) -> int:
@@ -65,7 +87,7 @@ def round_to_granule(size: int, granule: int = GRANULE) -> int:
 
 
 def _fit_compaction_cost() -> tuple[float, float]:
-    points = ((4.23e9, 0.0391), (3.15e9, 0.0225), (1.88e9, 0.0163))
+    points = ((8_388_608_000, 0.0391), (4_160_749_568, 0.0225), (2_080_374_784, 0.0163))
     n = len(points)
     mean_x = sum(x for x, _ in points) / n
     mean_y = sum(y for _, y in points) / n
@@ -95,12 +117,16 @@ class TpuRuntimeAllocator(Policy):
                    "compaction when no hole fits")
 
     def __init__(self, device: DeviceMemory, runtime_bytes: int = V5E_RUNTIME_BYTES,
-                 granule: int = GRANULE) -> None:
+                 granule: int = GRANULE, scratch_bytes: int | None = None) -> None:
         super().__init__(device)
         self.runtime_bytes = int(runtime_bytes)
         self.granule = int(granule)
         if self.granule < 1:
             raise ValueError("granule must be at least 1 byte")
+        # The bottom of the heap the scratch holds: [0, floor), whole granules. Unset: the
+        # trace's own (sim/kernel/trace_scratch.py gives it), else none.
+        self.scratch_bytes = scratch_bytes
+        self.floor = round_to_granule(max(scratch_bytes or 0, 0), self.granule)
         # HBM's size, read once as the runtime starts: the heap is all of it below the
         # runtime's bytes (reserved at the first allocation). Read here, at the build, so a
         # watcher of the build (min-capacity's probe in the native core) sees that the
@@ -118,12 +144,17 @@ class TpuRuntimeAllocator(Policy):
         self._index: list[tuple[int, int]] = []
         # Live buffers: handle -> (offset, size); offsets are relative to the heap (= HBM).
         self._live: dict[int, tuple[int, int]] = {}
+        # What each live buffer holds from the device: handle -> the range reserve() gave.
+        self._held: dict[int, int] = {}
         self._next_handle = 1
 
     PARAMS: ClassVar[dict[str, Param]] = params_of(
         __init__,
         runtime_bytes=("size", "bytes the runtime holds at the top of HBM (v5e: 26,624)"),
         granule=("size", "every buffer is a multiple of this (TPU: 512 bytes)"),
+        scratch_bytes=("size", "a program's scratch, held at the bottom of HBM (the chip's "
+                               "bytes_reserved); unset: the trace's own (compile_for "
+                               "writes it), else none"),
     )
 
     # -- free blocks -----------------------------------------------------------------
@@ -140,30 +171,30 @@ class TpuRuntimeAllocator(Policy):
         return size
 
     def _start_heap(self) -> bool:
-        # The runtime owns HBM whole: one reservation of everything below its own bytes.
+        # The runtime owns HBM whole, everything below its own bytes: an address range, the
+        # device's memory taken as buffers are placed; the scratch first, at the bottom.
         self.heap_size = self.hbm_bytes - self.runtime_bytes
-        if self.heap_size <= 0:
+        if self.heap_size <= 0 or self.floor >= self.heap_size:
             return False
-        base = self.device.reserve(self.heap_size)
-        if base is None:
+        if self.floor and self.device.reserve(self.floor) is None:
             return False
-        self.heap_base = base
-        self._add_free(0, self.heap_size)
+        self.heap_base = self.device.address_range(self.heap_size)
+        self._add_free(self.floor, self.heap_size - self.floor)
         return True
 
     # -- the rules -------------------------------------------------------------------
     def best_fit(self, size: int) -> int | None:
         """The start of the smallest free block of at least ``size`` (highest address among
-        equals), or None. The block at the bottom of HBM (offset 0: the part never yet
-        handed out, or all that compaction freed) is taken only when no other block holds
-        the request: on the chip a 32 MiB request went to a 64 MiB hole, not to the 62 MiB
-        free at the bottom (compaction-2, events 376–378)."""
+        equals), or None. The block at the bottom of HBM (just above the scratch: the part
+        never yet handed out, or all that compaction freed) is taken only when no other block
+        holds the request: on the chip a 32 MiB request went to a 64 MiB hole, not to the
+        62 MiB free at the bottom (compaction-2, events 376–378)."""
         index = self._index
         at = bisect.bisect_left(index, (size, -(1 << 62)))
         if at == len(index):
             return None
         start = -index[at][1]
-        if start == 0 and at + 1 < len(index):   # the bottom block is the last resort
+        if start == self.floor and at + 1 < len(index):   # the bottom block: the last resort
             return -index[at + 1][1]
         return start
 
@@ -187,11 +218,14 @@ class TpuRuntimeAllocator(Policy):
         self._add_free(start, end - start)
 
     def free_total_short(self, size: int) -> bool:
-        """The OOM rule: a request fails only when the heap's free total cannot hold it."""
-        return self.heap_size - self.bytes_in_use < size
+        """The OOM rule: a request fails only when the heap's free total (the scratch left
+        out) cannot hold it."""
+        return self.heap_size - self.floor - self.bytes_in_use < size
 
     def compact(self) -> None:
-        """Slide every live buffer to the top of the heap, in address order."""
+        """Slide every live buffer to the top of the heap, in address order; the free block
+        left is between the scratch and them. A compaction that moved something is charged
+        to the device as a ``compact`` call of :func:`compaction_seconds`."""
         top = self.heap_size
         moved = 0
         for handle, (offset, size) in sorted(self._live.items(), key=lambda kv: -kv[1][0]):
@@ -202,12 +236,14 @@ class TpuRuntimeAllocator(Policy):
         self._free.clear()
         self._free_end.clear()
         self._index.clear()
-        if top > 0:
-            self._add_free(0, top)
+        if top > self.floor:
+            self._add_free(self.floor, top - self.floor)
         if moved:   # memory already compact is left as it was: no compaction to count
+            seconds = compaction_seconds(moved)
             self.num_compactions += 1
             self.compaction_moved_bytes += moved
-            self.compaction_s += compaction_seconds(moved)
+            self.compaction_s += seconds
+            self.device.busy("compact", moved, seconds)
 
     def malloc(self, size: int, stream: int = 0) -> int | None:
         if size <= 0:
@@ -228,10 +264,15 @@ class TpuRuntimeAllocator(Policy):
             start = self.best_fit(size)
             if start is None:
                 fail("tpu: compaction left no block for a request the free total holds")
+        held = self.device.reserve(size)
+        if held is None:   # the device is out (a context larger than the runtime's bytes)
+            self.num_ooms += 1
+            return None
         offset = self.place(start, size)
         handle = self._next_handle
         self._next_handle += 1
         self._live[handle] = (offset, size)
+        self._held[handle] = held
         in_use = self.bytes_in_use + size
         self.bytes_in_use = in_use
         if in_use > self.peak_bytes_in_use:
@@ -241,6 +282,7 @@ class TpuRuntimeAllocator(Policy):
 
     def free(self, address: int) -> None:
         offset, size = self._live.pop(address)
+        self.device.release(self._held.pop(address))
         self.coalesce(offset, size)
         self.bytes_in_use -= size
         self.num_frees += 1
@@ -260,6 +302,9 @@ class TpuRuntimeAllocator(Policy):
                       if start <= offset and offset + size <= start + length), None)
         if block is None:
             return None
+        held = self.device.reserve(size)
+        if held is None:
+            return None
         start, length = block
         self._remove_free(start)
         if offset > start:
@@ -269,6 +314,7 @@ class TpuRuntimeAllocator(Policy):
         handle = self._next_handle
         self._next_handle += 1
         self._live[handle] = (offset, size)
+        self._held[handle] = held
         self.bytes_in_use += size
         self.peak_bytes_in_use = max(self.peak_bytes_in_use, self.bytes_in_use)
         self.num_allocs += 1
@@ -283,12 +329,12 @@ class TpuRuntimeAllocator(Policy):
             yield base + offset, size, used
 
     def check(self) -> None:
-        """Assert: live and free blocks tile the heap without overlap; no two free blocks
-        touch (coalescing); the index is the free blocks; bytes_in_use = the live sizes'
-        sum; allocs − frees = live buffers; peak ≥ current."""
+        """Assert: live and free blocks tile the heap above the scratch without overlap; no
+        two free blocks touch (coalescing); the index is the free blocks; bytes_in_use = the
+        live sizes' sum; allocs − frees = live buffers; peak ≥ current."""
         spans = sorted([(o, s, True) for o, s in self._live.values()]
                        + [(a, s, False) for a, s in self._free.items()])
-        at = 0
+        at = self.floor
         previous_free = False
         for offset, size, used in spans:
             require(offset == at, f"tpu: a gap or overlap at offset {at}")
@@ -296,7 +342,8 @@ class TpuRuntimeAllocator(Policy):
             require(used or not previous_free, f"tpu: free neighbours at {offset} not merged")
             previous_free = not used
             at = offset + size
-        require(at == self.heap_size, "tpu: the blocks do not tile the heap")
+        require(at == self.heap_size or self.heap_base is None,
+                "tpu: the blocks do not tile the heap")
         require(sorted(self._index) == sorted((s, -a) for a, s in self._free.items()),
                 "tpu: the best-fit index is not the free blocks")
         require(self.bytes_in_use == sum(s for _, s in self._live.values()),
@@ -310,8 +357,10 @@ class TpuRuntimeAllocator(Policy):
         compaction cost line; None beyond the core's int64 heap size and rounding."""
         if not (0 <= self.runtime_bytes < NATIVE_SIZE_LIMIT and self.granule < NATIVE_SIZE_LIMIT):
             return None
+        if not 0 <= self.floor < NATIVE_SIZE_LIMIT:
+            return None
         return {"granule": self.granule, "runtime_bytes": self.runtime_bytes,
-                "compaction_base_s": COMPACTION_BASE_S,
+                "scratch_bytes": self.floor, "compaction_base_s": COMPACTION_BASE_S,
                 "compaction_per_gb_s": COMPACTION_PER_GB_S}
 
     def stats(self) -> PolicyStats:

@@ -369,3 +369,20 @@ def test_a_fresh_dump_from_this_jax_reads(tmp_path: Path) -> None:
         trace = load(module.key, tmp_path / "fresh")
         assert trace.peak_live()[0] <= trace.metadata["xla"]["total_bytes"]
         assert xla_fidelity(trace, policies=["bfc"]).exit_status == 0
+
+
+def test_an_empty_last_allocation_without_values_is_not_a_cut_file(tmp_path: Path) -> None:
+    # XLA:TPU (libtpu 0.0.42.1) ends an assignment with a 0-byte VMEM temp that holds no value
+    # (a jitted exp/sin/matmul chain on f32[8192,8192]); a file cut after a header of a
+    # non-empty allocation is still refused.
+    from allocsim.traces.formats.xla.dump_files import parse_assignment
+    text = ("BufferAssignment:\n"
+            "allocation 0: size 268435456, parameter 0, shape |f32[8192,8192]| at ShapeIndex {}:\n"
+            " value: <25 x.1 @0> (size=268435456,offset=0): f32[8192,8192]{1,0:T(8,128)}\n"
+            "allocation 1: size 512, output shape is |f32[]|, maybe-live-out:\n"
+            " value: <28 fusion @0> (size=512,offset=0): f32[]{:T(128)}\n"
+            "allocation 2: size 0, color 1, preallocated-temp:\n")
+    assignment = parse_assignment(text, tmp_path / "a.txt")
+    assert [a.size for a in assignment.allocations] == [268435456, 512, 0]
+    with pytest.raises(TraceError, match="allocation 2 has no values"):
+        parse_assignment(text.replace("size 0, color 1", "size 512, color 1"), tmp_path / "a.txt")

@@ -45,6 +45,7 @@ def test_a_step_compiled_without_a_tpu_holds_what_the_chip_held() -> None:
     result = replay(trace, "tpu", resolve_device("tpu-v5e"))
     assert result.peak_allocated == chip["stages"]["ran"]["peak_bytes_in_use"] - 26_624
     assert facts["scratch_bytes"] == chip["stages"]["ran"]["peak_bytes_reserved"] == 0
+    assert result.peak_reserved == result.peak_allocated     # the runtime holds what it uses
     assert facts["libtpu"] and trace.metadata["sizes_on_device"]
 
 
@@ -104,9 +105,25 @@ def test_a_gpt_steps_scratch_compiled_without_a_tpu_is_what_the_chip_reserved() 
     d_model, layers, heads, mlp, vocab = SIZES["small"]
     step, state = gpt_step.build(d_model, layers, heads, mlp, remat=False, vocab=vocab)
     tokens = jax.ShapeDtypeStruct((BATCH, LENGTH + 1), jnp.int32)
-    facts = compile_for(step, [state, tokens]).metadata["xla_tpu"]
+    trace = compile_for(step, [state, tokens], steps=2)
+    facts = trace.metadata["xla_tpu"]
     assert facts["memory_analysis"]["temp"] == chip["memory_analysis"]["temp_size_in_bytes"]
     assert facts["scratch_bytes"] == chip["stages"]["step2"]["peak_bytes_reserved"]
+    # Replayed, the tpu policy holds that scratch beside the buffers (the trace carries it:
+    # sim/kernel/trace_scratch.py), in both engines: peak reserved is peak in use + scratch,
+    # as the chip's peak_bytes_in_use + peak_bytes_reserved.
+    from allocsim.policies import parse_policy
+    from allocsim.sim.kernel.device import SimulatedDevice
+    from allocsim.sim.kernel.device_profile import resolve_device
+    from allocsim.sim.kernel.engine import ProcessReplay, replay
+    v5e = resolve_device("tpu-v5e")
+    result = replay(trace, "tpu", v5e)
+    assert result.peak_reserved - result.peak_allocated == facts["scratch_bytes"]
+    python = ProcessReplay(trace, parse_policy("tpu"), SimulatedDevice(v5e))
+    python.advance(len(trace))
+    assert python.view.peak_reserved == result.peak_reserved
+    given = replay(trace, "tpu:scratch_bytes=0", v5e)      # a spec's own setting wins
+    assert given.peak_reserved == given.peak_allocated
 
 
 @pytest.mark.parametrize("name", ["sortchain-1000x700", "sortchain-1536x1100",

@@ -90,6 +90,10 @@ class Device {
     charge(costs_.unmap_base_s);
   }
 
+  // The device works for the process with no memory taken or given (ProcessDevice.busy: the
+  // TPU runtime's compaction): one call costing the policy's own seconds.
+  void busy(double seconds) { charge(seconds); }
+
   // A run resumed from a saved state (sim/questions/shared_runs.py): everything the
   // saved device had counted and handed out, on this device's capacity. The bridge resumes
   // only between devices alike in every other figure.

@@ -160,7 +160,8 @@ void add_policy_state(nb::dict& state, const TpuPolicy& policy) {
 
 TpuConfig tpu_config(const nb::dict& d) {
   return TpuConfig{get<int64_t>(d, "granule"), get<int64_t>(d, "runtime_bytes"),
-                   get<double>(d, "compaction_base_s"), get<double>(d, "compaction_per_gb_s")};
+                   get<double>(d, "compaction_base_s"), get<double>(d, "compaction_per_gb_s"),
+                   get<int64_t>(d, "scratch_bytes")};
 }
 
 BuddyConfig buddy_config(const nb::dict& d) {

@@ -6,10 +6,14 @@
 // tests/test_native_differential.py (every RunResult field, the policy's stats, its compaction
 // counters and the layout of HBM after every event) and to the chip's own records by
 // tests/test_tpu_policy.py. From Python (TpuConfig): the granule, the runtime's own bytes at
-// the top of HBM and the compaction cost line (tpu.COMPACTION_BASE_S, COMPACTION_PER_GB_S).
+// the top of HBM, the scratch at its bottom and the compaction cost line
+// (tpu.COMPACTION_BASE_S, COMPACTION_PER_GB_S).
 //
-// The heap is one reservation of capacity - runtime_bytes, taken at the first malloc; offsets
-// are relative to it. Its blocks (live buffers and free holes) tile it, linked by address
+// The heap is an address range of capacity - runtime_bytes, taken at the first malloc with
+// the scratch's reservation; each buffer reserves its bytes from the device as it is placed
+// and releases them as it is freed; a compaction is charged to the device (busy). Offsets
+// are relative to the heap. Its blocks above the scratch (live buffers and free holes) tile
+// it, linked by address
 // (-1 at its ends); no two free blocks touch; a block is in the free index exactly while
 // free, keyed (size, -offset), so the index's lower bound of (size, minimum) is the smallest
 // block that holds the request, the highest among equals — the Python's bisect over the same
@@ -36,6 +40,7 @@ struct TpuConfig {
   int64_t runtime_bytes;     // TpuRuntimeAllocator.runtime_bytes (v5e: 26,624)
   double compaction_base_s;  // tpu.COMPACTION_BASE_S
   double compaction_per_gb_s;  // tpu.COMPACTION_PER_GB_S
+  int64_t scratch_bytes;     // TpuRuntimeAllocator.floor: the scratch, whole granules
 };
 
 class TpuPolicy {
@@ -73,9 +78,15 @@ class TpuPolicy {
         throw std::logic_error("tpu: compaction left no block for a request the free total holds");
       }
     }
+    int64_t held = device_->reserve(size);
+    if (held < 0) {  // the device is out (a context larger than the runtime's bytes)
+      ++num_ooms;
+      return -1;
+    }
     int32_t at = place(hole, size);
     Block& block = blocks_[at];
     block.handle = next_handle_++;
+    block.held = held;
     bytes_in_use += size;
     if (bytes_in_use > peak_bytes_in_use) peak_bytes_in_use = bytes_in_use;
     ++num_allocs;
@@ -86,6 +97,7 @@ class TpuPolicy {
   void free(int64_t record) {
     int32_t at = static_cast<int32_t>(record);
     int64_t size = blocks_[at].size;
+    device_->release(blocks_[at].held);
     blocks_[at].handle = 0;
     coalesce(at);
     bytes_in_use -= size;
@@ -129,33 +141,36 @@ class TpuPolicy {
   struct Block {
     int64_t offset, size;
     int64_t handle;      // the Python model's handle while live; 0 when free
+    int64_t held;        // the device range its bytes were reserved as, while live
     int32_t prev, next;  // neighbours by address; -1 at the heap's ends
     bool free;
   };
 
-  // _start_heap: the runtime owns HBM whole, one reservation of everything below its bytes.
+  // _start_heap: the runtime owns HBM whole, everything below its bytes: an address range,
+  // the device's memory taken as buffers are placed; the scratch first, at the bottom.
   bool start_heap() {
     heap_size_ = hbm_bytes_ - c_.runtime_bytes;
-    if (heap_size_ <= 0) return false;
-    int64_t base = device_->reserve(heap_size_);
-    if (base < 0) return false;
-    heap_base_ = base;
+    if (heap_size_ <= 0 || c_.scratch_bytes >= heap_size_) return false;
+    if (c_.scratch_bytes != 0 && device_->reserve(c_.scratch_bytes) < 0) return false;
+    heap_base_ = device_->address_range(heap_size_);
     started_ = true;
-    first_ = last_ = new_block(0, heap_size_, -1, -1);
+    first_ = last_ = new_block(c_.scratch_bytes, heap_size_ - c_.scratch_bytes, -1, -1);
     add_free(first_);
     return true;
   }
 
-  // oom: a request fails only when the free total is short.
-  bool free_total_short(int64_t size) const { return heap_size_ - bytes_in_use < size; }
+  // oom: a request fails only when the free total (the scratch left out) is short.
+  bool free_total_short(int64_t size) const {
+    return heap_size_ - c_.scratch_bytes - bytes_in_use < size;
+  }
 
   // best_fit: the smallest free block of at least size, the highest address among equals;
-  // the block at the bottom of HBM (offset 0) only when no other holds the request. Its
-  // record, or -1.
+  // the block at the bottom of HBM (just above the scratch) only when no other holds the
+  // request. Its record, or -1.
   int32_t best_fit(int64_t size) {
     SortedBins::Key key;
     if (!free_.lower_bound(size, false, &key)) return -1;
-    if (blocks_[key.chunk].offset == 0) {  // the bottom block is the last resort
+    if (blocks_[key.chunk].offset == c_.scratch_bytes) {  // the bottom block: the last resort
       SortedBins::Key next;
       if (free_.after(key, &next)) return next.chunk;
     }
@@ -229,8 +244,8 @@ class TpuPolicy {
     }
     first_ = above;
     if (above < 0) last_ = -1;
-    if (top > 0) {
-      int32_t hole = new_block(0, top, -1, above);
+    if (top > c_.scratch_bytes) {
+      int32_t hole = new_block(c_.scratch_bytes, top - c_.scratch_bytes, -1, above);
       if (above >= 0) blocks_[above].prev = hole;
       else last_ = hole;
       first_ = hole;
@@ -239,14 +254,16 @@ class TpuPolicy {
       blocks_[above].prev = -1;
     }
     if (moved != 0) {  // memory already compact is left as it was: no compaction to count
+      double seconds = compaction_seconds(moved);
       ++num_compactions;
       compaction_moved_bytes += moved;
-      compaction_s += compaction_seconds(moved);
+      compaction_s += seconds;
+      device_->busy(seconds);
     }
   }
 
   int32_t new_block(int64_t offset, int64_t size, int32_t prev, int32_t next) {
-    return blocks_.make(Block{offset, size, 0, prev, next, true});
+    return blocks_.make(Block{offset, size, 0, -1, prev, next, true});
   }
 
   // Take block `at` out of the address links (merged into a neighbour); its record recycled.

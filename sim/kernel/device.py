@@ -356,6 +356,13 @@ class ProcessDevice:
         self.frees += 1
         self._charge("unmap", nbytes, True, self._costs.unmap(nbytes), address)
 
+    # -- work with no memory in it ----------------------------------------------------
+    def busy(self, kind: str, nbytes: int, seconds: float) -> None:
+        """The device works for this process without taking or giving memory (the TPU
+        runtime's compaction copies ``nbytes`` within HBM): one call of ``kind`` costing
+        ``seconds``, the policy's own figure (the cost model knows no such call)."""
+        self._charge(kind, nbytes, True, seconds)
+
     def exit(self) -> int:
         """The process ends: the driver takes back everything it held (no policy involved, no
         cost charged). Returns the bytes released."""

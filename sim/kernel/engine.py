@@ -32,6 +32,7 @@ from allocsim.sim.kernel.device_buffers import buffers_on_device
 from allocsim.sim.kernel.native import native_replay
 from allocsim.sim.kernel.results import RunResult
 from allocsim.sim.kernel.run_report import FirstOOM, RunReport
+from allocsim.sim.kernel.trace_scratch import with_trace_scratch
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 
 CHUNK_EVENTS = 1 << 16      # events converted to Python lists at a time (bounds memory)
@@ -65,7 +66,8 @@ class ProcessReplay:
         self.trace = trace
         self.spec = policy
         self.view = device.view(process)
-        self.policy = policy.build(self.view)
+        # A TPU step's scratch, where its trace carries one (trace_scratch.py).
+        self.policy = with_trace_scratch(policy, trace).build(self.view)
         # What the replay reads of the policy: bytes_in_use and stats(). A policy with a report
         # of its own beyond those (PyTorch's memory_stats()) is told whether it will be read
         # (``memory_stats``: a caller reading run.policy.memory_stats() afterwards), so it can

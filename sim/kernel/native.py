@@ -49,6 +49,7 @@ from allocsim.sim.kernel.device import (
 )
 from allocsim.sim.kernel.device_buffers import buffers_on_device
 from allocsim.sim.kernel.results import RunResult, Timeline
+from allocsim.sim.kernel.trace_scratch import with_trace_scratch
 from allocsim.traces.model import Trace
 
 _SIZE_LIMIT = NATIVE_SIZE_LIMIT  # the core's int64 arithmetic on sizes (rounding, doubling)
@@ -172,7 +173,8 @@ def open_run(trace: Trace, spec: PolicySpec, profile: DeviceProfile, *, stop_on_
     module = core()
     if module is None:
         return None
-    resolved = spec.resolved()
+    # A TPU step's scratch, where its trace carries one (trace_scratch.py).
+    resolved = with_trace_scratch(spec.resolved(), trace)
     if native_twin_of(resolved.policy_class) is None:
         return None
     trace = buffers_on_device(trace, profile)   # a TPU holds u8[n] buffers

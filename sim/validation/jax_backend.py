@@ -15,8 +15,9 @@ What is compared
     - After every event, as for the other backends: bytes in use (``bytes_in_use`` less the
       runtime's own bytes before the first array) against the simulation of the trace with
       each buffer at its ``u8[n]`` size (:func:`allocsim.traces.tpu_layout.u8_buffer_bytes`),
-      reserved bytes (the runtime holds all of HBM below its own bytes from the first
-      allocation: ``bytes_limit`` − those bytes, both measured) and the first OOM.
+      reserved bytes (what the runtime holds: its bytes in use, less its own, plus its
+      ``bytes_reserved`` — the tpu model's reserved, each buffer taken as placed) and the
+      first OOM.
 
 No capacity can be given: the TPU runtime takes all of HBM whatever JAX's
 ``XLA_PYTHON_CLIENT_*`` variables say (measured: bytes_limit and bytes_reserved do not move).
@@ -143,13 +144,17 @@ def run_jax(trace: Trace, capacity: int | None = None, *, max_ooms: int = 1,
     replayed = buffers_on_device(trace.select(np.arange(len(trace)) < stop),
                                  resolve_device("tpu-v5e"))
     in_use = np.asarray(result["in_use"], dtype=np.int64) - runtime_bytes
-    allocs = np.flatnonzero(np.asarray(replayed.op) == OP_ALLOC)
-    heap = limit - runtime_bytes
-    reserved = np.zeros(stop, dtype=np.int64)
+    # What the runtime holds: its buffers and the programs' scratch (none here: no program
+    # is run), each buffer taken from HBM as it is placed, given back as it is freed.
+    reserved = in_use + np.asarray(result["reserved"], dtype=np.int64)
     calls = CallLog()
-    if len(allocs):
-        reserved[int(allocs[0]):] = heap
-        calls.add(int(allocs[0]), "malloc", heap, True, 0)
+    ops, sizes = np.asarray(replayed.op)[:stop], np.asarray(replayed.size)[:stop]
+    refused = {int(e) for e in result["ooms"]}
+    for event in range(stop):
+        if ops[event] == OP_ALLOC:
+            calls.add(event, "malloc", int(sizes[event]), event not in refused, 0)
+        else:
+            calls.add(event, "free", int(sizes[event]), True, 0)
     ooms = [int(e) for e in result["ooms"]]
     measured = Measured(reserved=reserved, used=in_use, first_oom_event=ooms[0] if ooms else None,
                         ooms=len(ooms), calls=calls, calls_exact=False, call_count=len(calls),
@@ -160,8 +165,8 @@ def run_jax(trace: Trace, capacity: int | None = None, *, max_ooms: int = 1,
     measured.notes.append(
         f"the TPU runtime through JAX in a child process: one u8[n] array per alloc "
         f"(jax.device_put), deleted at its free; in use = memory_stats()['bytes_in_use'] less "
-        f"the runtime's own {runtime_bytes:,} B; reserved = all of HBM below them "
-        f"(bytes_limit {limit:,} B) from the first allocation, as the runtime holds it; the "
+        f"the runtime's own {runtime_bytes:,} B; reserved = that plus bytes_reserved (the "
+        f"programs' scratch), what the runtime holds of HBM (bytes_limit {limit:,} B); the "
         f"trace is simulated with each buffer at its u8[n] size (traces/tpu_layout.py)")
     if stopped_at is not None:
         measured.notes.append(f"the replay stopped at trace event {int(stopped_at):,} after "

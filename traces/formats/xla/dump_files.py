@@ -250,7 +250,10 @@ def parse_assignment(text: str, path: Path) -> Assignment:
                              source=str(path))
     counts = np.bincount(owner, minlength=len(allocations)) if len(values) else \
         np.zeros(len(allocations), np.int64)
-    if len(allocations) and counts[-1] == 0:
+    # A last allocation without values is a file cut after its header, unless it is empty:
+    # XLA:TPU ends with a 0-byte temp of another memory space ("size 0, color 1,
+    # preallocated-temp:"), which holds nothing.
+    if len(allocations) and counts[-1] == 0 and allocations[-1].size > 0:
         raise _cut(path, f"allocation {allocations[-1].index} has no values")
     return Assignment(allocations, ids, names, owner.astype(np.int64), sizes, offsets,
                       colors, phi)
