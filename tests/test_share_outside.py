@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from allocsim.errors import UserInputError
 from allocsim.sim.cli.main import main
 from allocsim.sim.kernel.device import CostModel, DeviceProfile
 from allocsim.sim.kernel.engine import CONTEXT, FIRST_STEP, SharedProcess, run_shared
@@ -99,6 +100,13 @@ def test_a_first_step_load_is_taken_before_its_event_and_refused_it_ends_the_pro
     assert not result.completed
     assert (result.first_oom_event, result.first_oom_size) == (1, 95 * MiB)
     assert result.peak_allocated == 10 * MiB          # event 1 never ran
+
+
+def test_a_negative_amount_outside_is_refused_in_one_line() -> None:
+    with pytest.raises(UserInputError, match="context_bytes must be >= 0"):
+        SharedProcess(job(), "on-demand", context_bytes=-1)
+    with pytest.raises(UserInputError, match="first_step_bytes must be a whole number >= 0"):
+        OutsideMemory(first_step_bytes=-MiB)
 
 
 def test_memory_outside_the_allocator_goes_back_when_the_process_exits() -> None:

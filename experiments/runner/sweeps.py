@@ -55,8 +55,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -72,6 +72,8 @@ _STEP_TAG = re.compile(r"^(jit\([^)]*\))/temp$")
 def _train_step(trace: Trace) -> tuple[int, int] | None:
     """(index of the first train step's first event, executions): the train step is the
     executable whose temp the recording allocates most often; None without such tags."""
+    if not trace.tags:                       # no tags at all (tag 0 names nothing)
+        return None
     names = [trace.tags[k] for k in np.asarray(trace.tag)]
     steps = Counter(m.group(1) for n, op in zip(names, np.asarray(trace.op))
                     if op == 0 and (m := _STEP_TAG.match(n)))

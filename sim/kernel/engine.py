@@ -284,6 +284,11 @@ class SharedProcess:
     first_step_bytes: int = 0
     first_step_event: int = 0
 
+    def __post_init__(self) -> None:
+        for name in ("context_bytes", "first_step_bytes", "first_step_event"):
+            if getattr(self, name) < 0:
+                raise UserInputError(f"{name} must be >= 0, got {getattr(self, name)}")
+
 
 CONTEXT, FIRST_STEP = "context", "first-step load"    # what a process was refused outside
 
