@@ -35,14 +35,17 @@ def _job(label: str) -> Trace:
 def test_a_sweep_reruns_every_cell_with_memory_outside_each_allocator() -> None:
     """The hand-worked pair of tests/test_share_outside.py as a sweep: two 40 MiB jobs on
     100 MiB fit; a 150 MiB context on a 1 GiB card is 14.65 MiB at 100 MiB, and with one each
-    (109.3 MiB in all) the second job dies."""
+    (109.3 MiB in all) the second job's malloc fails; a 600 MiB first-step load is 58.59 MiB,
+    and the second job's load is refused (58.59 + 40 + 58.59 > 100)."""
     sweep = {"label": "pair", "traces": ["a", "b"], "capacities": ["100MiB"], "offsets": [0],
              "configs": [["growth", "on-demand", "on-demand"]], "outside_card": "1GiB",
-             "outside": [["0", "0"], ["150MiB", "0"], ["0", "150MiB"]]}
+             "outside": [["0", "0"], ["150MiB", "0"], ["0", "600MiB"]]}
     result = offset_sweep(sweep, {"a": _job("a"), "b": _job("b")}, "a100-40g")
     levels = result["outside"]["levels"]
     assert [level["outcomes"] for level in levels] == [[["both"]], [["1st only"]],
                                                       [["1st only"]]]
+    assert [level["failures"]["growth"] for level in levels] == [
+        {}, {"allocator": 1}, {"first-step load": 1}]
     assert result["rows"][0]["cells"][0]["completed"] == [True, True]   # nothing outside
     assert result["outside"]["first_step_events"] == [0, 0]             # no train-step tags
 

@@ -124,7 +124,21 @@ def _run(traces: list[Trace], policies: list[str], starts: list[int],
     run = share(traces, specs, device)
     return {"completed": [r.completed for r in run.results],
             "peak_reserved": [r.peak_reserved for r in run.results],
-            "device_peak": run.device_peak}
+            "device_peak": run.device_peak,
+            **({"refused": run.refused_outside} if outside is not None else {})}
+
+
+def failures(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many processes died over ``rows`` (every cell, cost scale and job), by what the
+    device refused them: ``allocator`` (a malloc), ``context``, ``first-step load``."""
+    seen: Counter[str] = Counter()
+    for row in rows:
+        for cell in row["cells"]:
+            for run in cell.get("by_cost_scale", [cell]):
+                refused = run.get("refused") or [None] * len(run["completed"])
+                seen.update(why or "allocator" for done, why in zip(run["completed"], refused)
+                            if not done)
+    return dict(sorted(seen.items()))
 
 
 def scaled(nbytes: int, capacity: int, card: int) -> int:
@@ -176,12 +190,14 @@ def offset_sweep(sweep: dict[str, Any], loaded: dict[str, Trace], default_device
         levels = [(parse_size(c), parse_size(f)) for c, f in sweep["outside"]]
         # Who completes, per level: one outcome per row and capacity (the level with nothing
         # outside is the sweep's own rows).
-        out["outside"] = {
-            "card": card, "first_step_events": loads_at,
-            "levels": [{"context": c, "first_step": f,
-                        "outcomes": [[_outcome(cell) for cell in row["cells"]]
-                                     for row in (rows if not (c or f) else rows_at(c, f, card))]}
-                       for c, f in levels]}
+        out["outside"] = {"card": card, "first_step_events": loads_at, "levels": []}
+        for c, f in levels:
+            ran = rows if not (c or f) else rows_at(c, f, card)
+            out["outside"]["levels"].append({
+                "context": c, "first_step": f,
+                "outcomes": [[_outcome(cell) for cell in row["cells"]] for row in ran],
+                "failures": {name: failures([r for r in ran if r["config"] == name])
+                             for name in dict.fromkeys(r["config"] for r in ran)}})
     return out
 
 
@@ -286,6 +302,8 @@ def render_outside(s: dict[str, Any]) -> list[str]:
         for level in levels]
     at = ", ".join(f"event {e:,} of `{label}`"
                    for e, label in zip(held["first_step_events"], s["traces"]))
+    died = [[name, *(", ".join(f"{why} {n}" for why, n in level["failures"][name].items())
+                     or "-" for level in levels)] for name in configs]
     return [f"**{s['label']}, with memory outside each allocator** — each process holds a "
             "context, taken when it starts, and a first-step load, taken before its first "
             f"train step ({at}), given as on a {format_size(card)} card and scaled to each "
@@ -296,6 +314,10 @@ def render_outside(s: dict[str, Any]) -> list[str]:
             "Each level at each capacity (context + first-step load, per process):", "", "```",
             format_table(sizes, [f"on a {format_size(card)} card",
                                  *(format_size(c) for c in s["capacities"])], left=(0,)),
+            "```", "", "Processes that died, by what the device refused them (a malloc of its "
+            "allocator, its context, its first-step load; over every offset, capacity, cost "
+            "scale and job):", "", "```",
+            format_table(died, ["config", *(level_name(v) for v in levels)], left=(0,)),
             "```", ""]
 
 
