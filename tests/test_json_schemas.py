@@ -309,6 +309,11 @@ def test_share_json_and_share_file_validate(files, tmp_path) -> None:
     assert_valid("share", both)
     assert len(both["processes"]) == 3 and both["all_completed"]
     assert json.loads((tmp_path / "share.json").read_text()) == both
+    # Memory outside each process's allocator: its context refused, said in the document.
+    refused = cli_json("share", "default:on-demand", "default:on-demand@1ms", "--capacity",
+                       "1GiB", "--process-context", "600MiB", "--json", expect=1)
+    assert_valid("share", refused)
+    assert [p["outside"]["refused"] for p in refused["processes"]] == [None, "context"]
 
 
 def test_info_json_validates(files, snapshot_with_oom) -> None:

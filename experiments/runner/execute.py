@@ -251,6 +251,11 @@ def execute(folder: Path, say: Callable[..., None] | None = None) -> dict[str, A
         results["offset_sweeps"] = [offset_sweep(entry, traces, definition.get("device"),
                                                  scaled_costs)
                                     for entry in definition["offset_sweeps"]]
+    if definition.get("sweep_findings"):
+        results["sweep_findings"] = [{"claim": f["claim"], "config": f["config"],
+                                      "capacities": [parse_size(c) for c in f["capacities"]],
+                                      **({"kind": f["kind"]} if "kind" in f else {})}
+                                     for f in definition["sweep_findings"]]
     if definition.get("fraction_grids"):
         say(f"[{name}] fraction grids")
         results["fraction_grids"] = [fraction_grid(entry, traces, definition.get("device"))

@@ -262,6 +262,8 @@ def markdown(results: dict[str, Any], figures: list[str] | None = None) -> str:
         parts += contrasts.render_spread(spread)
     for sweep in results.get("offset_sweeps", []):
         parts += sweeps.render_sweep(sweep)
+    for finding in results.get("sweep_findings", []):
+        parts += sweeps.render_finding(sweeps.judge_finding(finding, results["offset_sweeps"]))
     for grid in results.get("fraction_grids", []):
         parts += sweeps.render_grid(grid)
     parts += [f"![{name}]({name})" for name in figures]

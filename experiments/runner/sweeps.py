@@ -17,6 +17,29 @@ capacity)::
     offsets = [-0.4, 0, 0.4]                            # seconds, as above
     configs = [["JAX default", "jax", "jax"], ...]     # name, first's policy, second's
 
+A sweep may also give each process memory outside its allocator (issue 40: a real card gives
+every process its own CUDA context and loads module images at its first step), as amounts on
+a real card scaled to each capacity of the sweep (× capacity / ``outside_card``, the card the
+amounts are of): every cell is run again at each level; the context is taken when the process
+starts, the first-step load just before its first train step (the first ``jit(NAME)/temp``
+alloc; the first event without such tags) — sim/kernel/engine.py's SharedProcess::
+
+    outside_card = "40GiB"
+    outside = [["0", "0"], ["300MiB", "0"], ["500MiB", "400MiB"]]   # [context, first-step load]
+
+``[[sweep_findings]]`` (verdict words computed from the sweeps, not written by hand): a claim
+that a configuration's two jobs both complete at every offset, in every sweep (start order)
+that runs it, on ``capacities``, judged at every level of ``outside``; the verdict is
+**supported** where it holds at every capacity and level, **not supported** where at none,
+**depends** otherwise, with the part of the population it holds over::
+
+    claim = "..."
+    config = "JAX default (75% each)"
+    capacities = ["112MiB", "160MiB"]
+    kind = "race"        # optional: instead, in every start order both complete at some
+                         # offsets, the first job alone at others and the second alone at
+                         # others (who dies depends on the timing)
+
 ``[[fraction_grids]]`` (which XLA_PYTHON_CLIENT_MEM_FRACTION pairs make both fit): every pair
 of ``fractions`` (policy ``jax:fraction=F``, JAX's BFC preallocating F × capacity) at every
 offset of ``offsets`` on ``capacity``; a cell counts the offsets at which both complete::
@@ -33,16 +56,31 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from allocsim.policies import parse_size
 from allocsim.sim.kernel.device import DeviceProfile, resolve_device
-from allocsim.sim.questions.share import ShareSpec, share
+from allocsim.sim.questions.share import OutsideMemory, ShareSpec, share
 from allocsim.traces.model import Trace
 
 _STEP_TAG = re.compile(r"^(jit\([^)]*\))/temp$")
+
+
+def _train_step(trace: Trace) -> tuple[int, int] | None:
+    """(index of the first train step's first event, executions): the train step is the
+    executable whose temp the recording allocates most often; None without such tags."""
+    if not trace.tags:                       # no tags at all (tag 0 names nothing)
+        return None
+    names = [trace.tags[k] for k in np.asarray(trace.tag)]
+    steps = Counter(m.group(1) for n, op in zip(names, np.asarray(trace.op))
+                    if op == 0 and (m := _STEP_TAG.match(n)))
+    if not steps:
+        return None
+    step, count = steps.most_common(1)[0]
+    return next(i for i, n in enumerate(names) if n == f"{step}/temp"), count
 
 
 def steady_phase(trace: Trace) -> tuple[int, int, int]:
@@ -51,14 +89,18 @@ def steady_phase(trace: Trace) -> tuple[int, int, int]:
     without such tags (not a JAX recording) the whole trace is the steady phase."""
     times = np.asarray(trace.time_ns, dtype=np.int64)
     t0 = int(times[0]) if len(times) else 0
-    names = [trace.tags[k] for k in np.asarray(trace.tag)]
-    steps = Counter(m.group(1) for n, op in zip(names, np.asarray(trace.op))
-                    if op == 0 and (m := _STEP_TAG.match(n)))
-    if not steps:
+    step = _train_step(trace)
+    if step is None:
         return 0, int(times[-1]) - t0 if len(times) else 0, 0
-    step, count = steps.most_common(1)[0]
-    first = next(i for i, n in enumerate(names) if n == f"{step}/temp")
+    first, count = step
     return int(times[first]) - t0, int(times[-1]) - t0, count
+
+
+def first_step_event(trace: Trace) -> int:
+    """The event before which a process loads what its first step needs (module images): its
+    first train step's first event (0 without train-step tags)."""
+    step = _train_step(trace)
+    return 0 if step is None else step[0]
 
 
 def _starts(phases: list[tuple[int, int, int]], offset_s: float) -> list[int]:
@@ -75,12 +117,33 @@ def overlap_s(phases: list[tuple[int, int, int]], starts: list[int]) -> float:
 
 
 def _run(traces: list[Trace], policies: list[str], starts: list[int],
-         device: DeviceProfile) -> dict[str, Any]:
+         device: DeviceProfile, outside: list[OutsideMemory] | None = None) -> dict[str, Any]:
     specs = [ShareSpec(t.metadata["name"], p, s) for t, p, s in zip(traces, policies, starts)]
+    if outside is not None:
+        specs = [replace(spec, outside=held) for spec, held in zip(specs, outside)]
     run = share(traces, specs, device)
     return {"completed": [r.completed for r in run.results],
             "peak_reserved": [r.peak_reserved for r in run.results],
-            "device_peak": run.device_peak}
+            "device_peak": run.device_peak,
+            **({"refused": run.refused_outside} if outside is not None else {})}
+
+
+def failures(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many processes died over ``rows`` (every cell, cost scale and job), by what the
+    device refused them: ``allocator`` (a malloc), ``context``, ``first-step load``."""
+    seen: Counter[str] = Counter()
+    for row in rows:
+        for cell in row["cells"]:
+            for run in cell.get("by_cost_scale", [cell]):
+                refused = run.get("refused") or [None] * len(run["completed"])
+                seen.update(why or "allocator" for done, why in zip(run["completed"], refused)
+                            if not done)
+    return dict(sorted(seen.items()))
+
+
+def scaled(nbytes: int, capacity: int, card: int) -> int:
+    """``nbytes`` on a ``card``-byte card as the same share of a ``capacity``-byte one."""
+    return nbytes * capacity // card
 
 
 Rescale = Callable[[DeviceProfile, float], DeviceProfile]
@@ -94,24 +157,48 @@ def offset_sweep(sweep: dict[str, Any], loaded: dict[str, Trace], default_device
     traces = [loaded[label] for label in sweep["traces"]]
     phases = [steady_phase(t) for t in traces]
     scales = [float(x) for x in sweep.get("cost_scales", [1])]
-    rows = []
-    for offset in sweep["offsets"]:
-        starts = _starts(phases, float(offset))
-        for name, *policies in sweep["configs"]:
-            cells = []
-            for capacity in sweep["capacities"]:
-                device = resolve_device(sweep.get("device", default_device), capacity)
-                runs = [_run(traces, policies, starts,
-                             rescale(device, x) if rescale and x != 1 else device)
-                        for x in scales]
-                cells.append(runs[scales.index(1.0)] if scales == [1.0] else
-                             {**runs[0], "by_cost_scale": runs})
-            rows.append({"offset_s": float(offset), "starts_ns": starts,
-                         "overlap_s": overlap_s(phases, starts), "config": name,
-                         "policies": policies, "cells": cells})
-    return {"label": sweep["label"], "traces": sweep["traces"], "cost_scales": scales,
-            "steady": [{"first_step_ns": p[0], "end_ns": p[1], "steps": p[2]} for p in phases],
-            "capacities": [parse_size(c) for c in sweep["capacities"]], "rows": rows}
+    loads_at = [first_step_event(t) for t in traces]
+
+    def rows_at(context: int = 0, first_step: int = 0, card: int = 1) -> list[dict[str, Any]]:
+        rows = []
+        for offset in sweep["offsets"]:
+            starts = _starts(phases, float(offset))
+            for name, *policies in sweep["configs"]:
+                cells = []
+                for capacity in sweep["capacities"]:
+                    device = resolve_device(sweep.get("device", default_device), capacity)
+                    # Outside each allocator, scaled to this capacity (none: as before).
+                    outside = ([OutsideMemory(scaled(context, device.capacity, card),
+                                              scaled(first_step, device.capacity, card), at)
+                                for at in loads_at] if context or first_step else None)
+                    runs = [_run(traces, policies, starts,
+                                 rescale(device, x) if rescale and x != 1 else device, outside)
+                            for x in scales]
+                    cells.append(runs[scales.index(1.0)] if scales == [1.0] else
+                                 {**runs[0], "by_cost_scale": runs})
+                rows.append({"offset_s": float(offset), "starts_ns": starts,
+                             "overlap_s": overlap_s(phases, starts), "config": name,
+                             "policies": policies, "cells": cells})
+        return rows
+
+    rows = rows_at()
+    out = {"label": sweep["label"], "traces": sweep["traces"], "cost_scales": scales,
+           "steady": [{"first_step_ns": p[0], "end_ns": p[1], "steps": p[2]} for p in phases],
+           "capacities": [parse_size(c) for c in sweep["capacities"]], "rows": rows}
+    if sweep.get("outside"):
+        card = parse_size(sweep["outside_card"])
+        levels = [(parse_size(c), parse_size(f)) for c, f in sweep["outside"]]
+        # Who completes, per level: one outcome per row and capacity (the level with nothing
+        # outside is the sweep's own rows).
+        out["outside"] = {"card": card, "first_step_events": loads_at, "levels": []}
+        for c, f in levels:
+            ran = rows if not (c or f) else rows_at(c, f, card)
+            out["outside"]["levels"].append({
+                "context": c, "first_step": f,
+                "outcomes": [[_outcome(cell) for cell in row["cells"]] for row in ran],
+                "failures": {name: failures([r for r in ran if r["config"] == name])
+                             for name in dict.fromkeys(r["config"] for r in ran)}})
+    return out
 
 
 def fraction_grid(grid: dict[str, Any], loaded: dict[str, Trace],
@@ -177,7 +264,124 @@ def render_sweep(s: dict[str, Any]) -> list[str]:
             "Per configuration and capacity, over the offsets:", "", "```",
             format_table(summary, ["config", "capacity", "outcomes (offsets)",
                                    "both complete where the steady phases overlap"],
-                         left=(0, 2)), "```", ""]
+                         left=(0, 2)), "```", ""] + (render_outside(s) if s.get("outside")
+                                                     else [])
+
+
+def level_name(level: dict[str, Any]) -> str:
+    """A level of memory outside each allocator, as on the card it is given for."""
+    from allocsim.policies import format_size
+
+    context, load = level["context"], level["first_step"]
+    if not (context or load):
+        return "nothing outside"
+    return " + ".join([f"{format_size(context)} context"] * bool(context)
+                      + [f"{format_size(load)} first-step load"] * bool(load))
+
+
+def render_outside(s: dict[str, Any]) -> list[str]:
+    """Per configuration and capacity, the offsets at which both complete at each level of
+    memory outside each allocator, and what each level is at each capacity."""
+    from allocsim.policies import format_size
+    from allocsim.sim.output.tables import format_table
+
+    held = s["outside"]
+    card, levels = held["card"], held["levels"]
+    configs = list(dict.fromkeys(r["config"] for r in s["rows"]))
+    n = len(dict.fromkeys(r["offset_s"] for r in s["rows"]))
+    rows = []
+    for name in configs:
+        mine = [i for i, r in enumerate(s["rows"]) if r["config"] == name]
+        for k, capacity in enumerate(s["capacities"]):
+            rows.append([name, format_size(capacity),
+                         *(f"{sum(level['outcomes'][i][k] == 'both' for i in mine)}/{n}"
+                           for level in levels)])
+    sizes = [[level_name(level), *(
+        f"{format_size(scaled(level['context'], c, card))} + "
+        f"{format_size(scaled(level['first_step'], c, card))}" for c in s["capacities"])]
+        for level in levels]
+    at = ", ".join(f"event {e:,} of `{label}`"
+                   for e, label in zip(held["first_step_events"], s["traces"]))
+    died = [[name, *(", ".join(f"{why} {n}" for why, n in level["failures"][name].items())
+                     or "-" for level in levels)] for name in configs]
+    return [f"**{s['label']}, with memory outside each allocator** — each process holds a "
+            "context, taken when it starts, and a first-step load, taken before its first "
+            f"train step ({at}), given as on a {format_size(card)} card and scaled to each "
+            f"capacity (× capacity / {format_size(card)}). Cells: the offsets (of {n}) at "
+            "which both complete at every device-call cost scale.", "", "```",
+            format_table(rows, ["config", "capacity", *(level_name(v) for v in levels)],
+                         left=(0,)), "```", "",
+            "Each level at each capacity (context + first-step load, per process):", "", "```",
+            format_table(sizes, [f"on a {format_size(card)} card",
+                                 *(format_size(c) for c in s["capacities"])], left=(0,)),
+            "```", "", "Processes that died, by what the device refused them (a malloc of its "
+            "allocator, its context, its first-step load; over every offset, capacity, cost "
+            "scale and job):", "", "```",
+            format_table(died, ["config", *(level_name(v) for v in levels)], left=(0,)),
+            "```", ""]
+
+
+def judge_finding(finding: dict[str, Any], sweeps: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ``[[sweep_findings]]`` claim judged on the sweeps that run its configuration with
+    memory outside each allocator: per level and capacity, the offsets (over every such
+    sweep: both start orders) at which both complete; the claim holds at a level and
+    capacity when that is all of them (``kind = "race"``: when in every order both complete
+    at some offsets and each job dies alone at others). The verdict: supported (holds at
+    all), not supported (at none), depends."""
+    mine = [s for s in sweeps if s.get("outside")
+            and any(r["config"] == finding["config"] for r in s["rows"])]
+    if not mine:
+        raise ValueError(f"finding {finding['claim']!r}: no sweep runs {finding['config']!r} "
+                         "with memory outside each allocator")
+    levels = mine[0]["outside"]["levels"]
+    cells = []
+    for index, level in enumerate(levels):
+        for capacity in finding["capacities"]:
+            per_order, races = [], []
+            for s in mine:
+                k = s["capacities"].index(capacity)
+                rows = [i for i, r in enumerate(s["rows"]) if r["config"] == finding["config"]]
+                outcomes = s["outside"]["levels"][index]["outcomes"]
+                seen = {outcomes[i][k] for i in rows}
+                per_order.append([sum(outcomes[i][k] == "both" for i in rows), len(rows)])
+                races.append({"both", "1st only", "2nd only"} <= seen)
+            both, total = (sum(c[0] for c in per_order), sum(c[1] for c in per_order))
+            holds = all(races) if finding.get("kind") == "race" else both == total
+            cells.append({"level": level_name(level), "capacity": capacity, "both": both,
+                          "offsets": total, "per_order": per_order, "holds": holds})
+    holding = sum(c["holds"] for c in cells)
+    verdict = ("supported" if holding == len(cells) else
+               "not supported" if holding == 0 else "depends")
+    return {"claim": finding["claim"], "config": finding["config"], "orders": len(mine),
+            "verdict": verdict, "cells": cells}
+
+
+def render_finding(judged: dict[str, Any]) -> list[str]:
+    """A judged finding: its verdict, computed, and where it holds."""
+    from allocsim.policies import format_size
+    from allocsim.sim.output.tables import format_table
+
+    cells = judged["cells"]
+    rows = [[c["level"], format_size(c["capacity"]), f"{c['both']}/{c['offsets']}",
+             ", ".join(f"{b}/{n}" for b, n in c["per_order"]), "yes" if c["holds"] else "no"]
+            for c in cells]
+    held = [c for c in cells if c["holds"]]
+    broken = [c for c in cells if not c["holds"]]
+    if broken:
+        where = " Where it holds, by capacity: " + "; ".join(
+            f"{format_size(capacity)}: " + (", ".join(
+                c["level"] for c in held if c["capacity"] == capacity) or "at no level")
+            for capacity in dict.fromkeys(c["capacity"] for c in cells)) + (
+            ". Where not: " + "; ".join(f"{c['both']}/{c['offsets']} offsets at "
+                                        f"{format_size(c['capacity'])} with {c['level']}"
+                                        for c in broken) + ".")
+    else:
+        where = " It holds at every capacity and level tried."
+    return [f"**Finding: {judged['claim']}** ({judged['config']}, {judged['orders']} start "
+            f"orders) — **{judged['verdict']}**: it holds at {len(held)} of {len(cells)} "
+            f"capacity × level pairs.{where}", "", "```",
+            format_table(rows, ["outside each allocator", "capacity", "both complete",
+                                "by start order", "holds"], left=(0,)), "```", ""]
 
 
 def render_grid(g: dict[str, Any]) -> list[str]:

@@ -9,6 +9,13 @@ Addresses: a bump pointer hands out virtual addresses that are never reused, 2 M
 with a gap after every range, so two reservations are never adjacent (a policy that merged
 across them would be caught by the overlap checks).
 
+Memory outside the allocators comes in two kinds, counted apart: the device's own share
+(``context_bytes`` of its profile: taken once, before any process, :attr:`SimulatedDevice.context`)
+and what one process holds beside its allocator — its own CUDA context, the module images it
+loads at its first step (:meth:`ProcessDevice.hold_outside`, :attr:`ProcessDevice.outside`,
+given back when it exits). Both count in the device's ``used`` and ``peak_used``; neither
+counts in a process's ``reserved``, which stays what its allocator took.
+
 What a device is — capacity, granularity, the device's own share, call costs, the named
 profiles — is sim/kernel/device_profile.py's (re-exported here).
 """
@@ -131,6 +138,7 @@ class ProcessDevice:
         self._costs = device.profile.costs
         self.reserved = 0
         self.peak_reserved = 0
+        self.outside = 0            # held beside the allocator: hold_outside (not in reserved)
         self.calls = 0
         self.mallocs = 0
         self.frees = 0
@@ -363,12 +371,29 @@ class ProcessDevice:
         ``seconds``, the policy's own figure (the cost model knows no such call)."""
         self._charge(kind, nbytes, True, seconds)
 
+    # -- memory outside the allocator -----------------------------------------------
+    def hold_outside(self, nbytes: int) -> bool:
+        """The process takes ``nbytes`` beside its allocator — its CUDA context when it starts,
+        the module images it loads at its first step — rounded up to whole granules like any
+        take; False, nothing taken, when the device is full (the process cannot go on: a
+        context or a module load that fails is fatal to it). Counted in the device's ``used``
+        and ``peak_used`` and in :attr:`outside`, never in :attr:`reserved` (what the
+        allocator took); no device call is counted or charged (the driver's own memory, not
+        the allocator's). Given back at :meth:`exit`. O(1)."""
+        taken = round_up(nbytes, self._granularity)
+        if not self.device._take(taken):
+            return False
+        self.outside += taken
+        return True
+
     def exit(self) -> int:
-        """The process ends: the driver takes back everything it held (no policy involved, no
-        cost charged). Returns the bytes released."""
-        released = self.reserved
+        """The process ends: the driver takes back everything it held — what its allocator
+        reserved and what it held outside it (no policy involved, no cost charged). Returns
+        the bytes released."""
+        released = self.reserved + self.outside
         self.device.used -= released
         self.reserved = 0
+        self.outside = 0
         self._ranges.clear()
         self._mapped.clear()
         return released

@@ -7,6 +7,9 @@ process's clock arithmetically (:func:`replay`). Several processes sharing a dev
 until its next event's timestamp, issues every event of that instant, and is held for the
 modelled cost of each device call — allocator time shows up as slowdown and shifts the race.
 It pays one simpy step per distinct timestamp or device call, never one per event.
+A shared process may hold memory outside its allocator — its own context from its start, a
+first-step load — counted in the device's used and peak bytes, not in its reserved bytes
+(:class:`SharedProcess`).
 
 Both paths share :class:`ProcessReplay`, whose inner loop is the per-event path: no per-event
 object allocation, no logging, locals only. What a run reports is kept apart, by the loop's
@@ -259,12 +262,37 @@ def replay(trace: Trace, policy: str | PolicySpec, device: DeviceProfile, *,
 
 @dataclass
 class SharedProcess:
-    """One process on a shared device: its trace, its policy, when it starts (simulated ns)."""
+    """One process on a shared device: its trace, its policy, when it starts (simulated ns),
+    and the memory it holds outside its allocator (0 and 0, the default: none, as before).
+
+    - ``context_bytes``: its CUDA context, taken from the device when it starts (at
+      ``start_ns``, before its first event) — on a real card each process has its own;
+    - ``first_step_bytes``: what it loads lazily once it runs work (module images, library
+      kernels: CUDA's lazy loading), taken just before event ``first_step_event`` (default 0,
+      its first event; a recording's first train step is a later one).
+
+    Both are held until the process exits, counted in the device's used and peak bytes and
+    never in the process's reserved bytes (what its allocator took:
+    :meth:`~allocsim.sim.kernel.device.ProcessDevice.hold_outside`). Either refused because
+    the device is full, the process ends there as an OOM of its own: its first OOM is that
+    event (0 for the context: it never started), asking those bytes, and the run's
+    :attr:`SharedRun.refused_outside` names which it was."""
 
     trace: Trace
     policy: str | PolicySpec
     start_ns: int = 0
     process: int | None = None
+    context_bytes: int = 0
+    first_step_bytes: int = 0
+    first_step_event: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("context_bytes", "first_step_bytes", "first_step_event"):
+            if getattr(self, name) < 0:
+                raise UserInputError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+CONTEXT, FIRST_STEP = "context", "first-step load"    # what a process was refused outside
 
 
 @dataclass
@@ -278,6 +306,9 @@ class SharedRun:
     # Each process's (first event, exit) in simulated ns, in the order given; a process with
     # no events has (start, start).
     spans_ns: list[tuple[int, int]] = field(default_factory=list)
+    # Per process, in the order given: what the device refused it outside its allocator
+    # (CONTEXT: it never started; FIRST_STEP: it died at its first-step load), else None.
+    refused_outside: list[str | None] = field(default_factory=list)
 
     def ran_together(self) -> bool:
         """Whether any two processes were on the device at the same time (their spans
@@ -305,7 +336,9 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
     """Run several processes concurrently against one device in simpy simulated time.
 
     A process that reaches the end of its trace (or stops at its first OOM with
-    ``stop_on_oom``) exits, and its memory goes back to the device."""
+    ``stop_on_oom``) exits, and its memory goes back to the device — what its allocator
+    reserved and what it held outside it (:class:`SharedProcess`' context and first-step
+    load; a process refused either stops there, whatever ``stop_on_oom`` says)."""
     env = simpy.Environment()
     shared = SimulatedDevice(device)
     runs: list[ProcessReplay] = []
@@ -313,12 +346,32 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
     device_used: list[int] = [0]
     final_reserved: dict[int, int] = {}
     spans: dict[int, tuple[int, int]] = {}
+    refused: dict[int, str] = {}
 
-    def process_body(run: ProcessReplay) -> Generator[simpy.Event, None, None]:
+    def hold_outside(run: ProcessReplay, nbytes: int, event: int, what: str) -> bool:
+        """``nbytes`` beside the allocator before event ``event``; refused, the process ends
+        there with an OOM of that event asking those bytes."""
+        if run.view.hold_outside(nbytes):
+            device_times.append(int(env.now))
+            device_used.append(shared.used)
+            return True
+        run.report.on_out_of_memory(event, nbytes, run.allocated)
+        run.stopped = True
+        refused[run.process] = what
+        return False
+
+    def process_body(run: ProcessReplay, spec: SharedProcess
+                     ) -> Generator[simpy.Event, None, None]:
         times = run.trace.column("time_ns")         # as held: no unpacked copy
         if run.n == 0:
             spans[run.process] = (run.start_ns, run.start_ns)
             return
+        if spec.context_bytes:                      # taken when it starts
+            if run.start_ns > env.now:
+                yield env.timeout(run.start_ns - env.now)
+            hold_outside(run, spec.context_bytes, 0, CONTEXT)
+        # The first-step load is still to take (None: none, or taken).
+        load_at = spec.first_step_event if spec.first_step_bytes else None
         t0 = int(times[0])
         ends = batch_ends(times)
         batch_end = next(ends)
@@ -330,8 +383,16 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
             due = run.start_ns + int(times[i]) - t0 + delay_ns
             if due > env.now:
                 yield env.timeout(due - env.now)
+            end = batch_end
+            if load_at is not None:
+                if i < load_at:                     # run up to it, then take it
+                    end = min(end, load_at)
+                else:
+                    load_at = None
+                    if not hold_outside(run, spec.first_step_bytes, i, FIRST_STEP):
+                        break
             calls = run.view.calls
-            run.advance(batch_end, stop_on_call=True)
+            run.advance(end, stop_on_call=True)
             if run.view.calls != calls:
                 device_times.append(int(env.now))
                 device_used.append(shared.used)
@@ -350,10 +411,14 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
 
     for index, spec in enumerate(processes):
         process = index if spec.process is None else spec.process
+        # A process that may be refused its context or load stops early: its timeline then
+        # needs the call log, as a run that stops at its first OOM does.
+        outside = bool(spec.context_bytes or spec.first_step_bytes)
         run = ProcessReplay(spec.trace, _as_spec(spec.policy), shared, process,
-                            start_ns=spec.start_ns, stop_on_oom=stop_on_oom)
+                            start_ns=spec.start_ns, stop_on_oom=stop_on_oom,
+                            call_log=stop_on_oom or outside)
         runs.append(run)
-        env.process(process_body(run))
+        env.process(process_body(run, spec))
     env.run()
     results = [run.result(device.label) for run in runs]
     for run, result in zip(runs, results):
@@ -364,8 +429,9 @@ def run_shared(processes: list[SharedProcess], device: DeviceProfile, *,
         device_used=np.asarray(device_used, dtype=np.int64),
         device_peak=shared.peak_used,
         spans_ns=[spans[run.process] for run in runs],
+        refused_outside=[refused.get(run.process) for run in runs],
     )
 
 
-__all__ = ["OP_FREE", "FirstOOM", "ProcessReplay", "SharedProcess", "SharedRun", "replay",
-           "run_shared"]
+__all__ = ["CONTEXT", "FIRST_STEP", "OP_FREE", "FirstOOM", "ProcessReplay", "SharedProcess",
+           "SharedRun", "replay", "run_shared"]

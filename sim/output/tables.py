@@ -142,15 +142,21 @@ def capacity_text(trace: dict[str, Any], device: DeviceProfile, resolution: int,
 
 def share_text(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile) -> str:
     rows = []
+    refused = run.refused_outside or [None] * len(run.results)
     for index, (spec, result) in enumerate(zip(specs, run.results)):
         if result.completed:
             outcome = "completed"
         else:
             others = ", ".join(f"p{p} held {format_size(b)}"
                                for p, b in sorted((result.first_oom_others or {}).items()))
-            outcome = (f"OOM at event {result.first_oom_event:,} asking "
-                       f"{format_size(result.first_oom_size or 0)}"
-                       + (f" ({others})" if others else ""))
+            asking = format_size(result.first_oom_size or 0)
+            # Memory outside its allocator refused (SharedProcess): said as what it was.
+            outcome = (f"OOM before its first event: its {asking} context did not fit, "
+                       "it never started" if refused[index] == "context" else
+                       f"OOM at event {result.first_oom_event:,} loading its {asking} "
+                       "first-step load" if refused[index] == "first-step load" else
+                       f"OOM at event {result.first_oom_event:,} asking {asking}")
+            outcome += f" ({others})" if others else ""
         rows.append([f"p{index}", Path(spec.trace).name, result.policy,
                      f"{spec.start_ns / 1e9:g}s", format_size(result.peak_reserved),
                      format_size(result.peak_allocated), outcome])
@@ -158,6 +164,13 @@ def share_text(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile
                                 "peak allocated", "outcome"], left=(0, 1, 2, 6))
     verdict = ("all processes complete" if all(r.completed for r in run.results)
                else "they cannot share this device as configured")
+    held = sorted({(s.outside.context_bytes, s.outside.first_step_bytes) for s in specs
+                   if s.outside})
+    if held:
+        verdict = "; ".join(f"{format_size(c)} context and {format_size(f)} first-step load"
+                            for c, f in held) + (
+            " held by each process outside its allocator (in the peak of all processes, not "
+            "in peak reserved)\n" + verdict)
     if len(run.results) > 1 and run.spans_ns and not run.ran_together():
         spans = "; ".join(f"p{k} {start / 1e9:g}–{end / 1e9:g}s"
                           for k, (start, end) in enumerate(run.spans_ns))

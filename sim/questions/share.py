@@ -5,13 +5,21 @@ policy that process uses (default ``jax``, i.e. JAX's 75% preallocation), and wh
 simulated time (``@2s``, ``@500ms``, ``@100us``; a bare number is seconds). The processes run
 concurrently in the simpy engine against one device; each result says whether that process
 completed or where it first ran out of memory and what the others held at that moment.
+
+Each process may also hold memory outside its allocator (:class:`OutsideMemory`, the same for
+every process of the command: ``--process-context``, ``--first-step-load``): its own CUDA
+context, taken when it starts, and the module images it loads lazily at its first step. Both
+count in the device's used and peak bytes (``device_peak``), never in a process's reserved
+bytes (what its allocator took); a process the device refuses either fails there, an OOM of
+its own (sim/kernel/engine.py's SharedProcess). None by default: the answers are those of a
+run without them, byte for byte.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from allocsim.errors import UserInputError
@@ -26,6 +34,34 @@ _UNITS_NS = {"": 1_000_000_000, "s": 1_000_000_000, "ms": 1_000_000, "us": 1_000
 _START = re.compile(r"^([0-9]*\.?[0-9]+)\s*(s|ms|us|ns)?$")
 
 
+@dataclass(frozen=True)
+class OutsideMemory:
+    """What one process holds outside its allocator, in bytes (resolved once, at the edge):
+    ``context_bytes``, its CUDA context, taken when it starts (before its first event);
+    ``first_step_bytes``, what it loads lazily when it first runs work (module images, library
+    kernels), taken just before event ``first_step_event`` (0: its first event)."""
+
+    context_bytes: int = 0
+    first_step_bytes: int = 0
+    first_step_event: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("context_bytes", "first_step_bytes", "first_step_event"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UserInputError(f"{name} must be a whole number >= 0, got {value!r}")
+
+    def __bool__(self) -> bool:
+        return bool(self.context_bytes or self.first_step_bytes)
+
+    def to_json_dict(self) -> dict[str, int]:
+        return {"context_bytes": self.context_bytes, "first_step_bytes": self.first_step_bytes,
+                "first_step_event": self.first_step_event}
+
+
+NO_OUTSIDE = OutsideMemory()
+
+
 @dataclass
 class ShareSpec:
     """One process of a shared run, as the user wrote it."""
@@ -33,6 +69,7 @@ class ShareSpec:
     trace: str
     policy: str
     start_ns: int
+    outside: OutsideMemory = NO_OUTSIDE
 
 
 def parse_start(text: str) -> int:
@@ -71,7 +108,7 @@ def expand_processes(traces: Sequence[Trace], specs: Sequence[ShareSpec]
         for process in processes:
             out_traces.append(trace.for_process(process))
             out_specs.append(ShareSpec(f"{spec.trace}[process {process}]", spec.policy,
-                                       spec.start_ns))
+                                       spec.start_ns, spec.outside))
     return out_traces, out_specs
 
 
@@ -82,9 +119,17 @@ def share(traces: Sequence[Trace], specs: Sequence[ShareSpec], device: DevicePro
     As on a real GPU, a process dies at its first OOM and every process's memory goes back to
     the device when it ends, so what a later process can get depends on who is still running.
     """
-    return run_shared([SharedProcess(trace, spec.policy, spec.start_ns, process=index)
+    return run_shared([SharedProcess(trace, spec.policy, spec.start_ns, process=index,
+                                     context_bytes=spec.outside.context_bytes,
+                                     first_step_bytes=spec.outside.first_step_bytes,
+                                     first_step_event=spec.outside.first_step_event)
                        for index, (trace, spec) in enumerate(zip(traces, specs))], device,
                       stop_on_oom=True)
+
+
+def with_outside(specs: Sequence[ShareSpec], outside: OutsideMemory) -> list[ShareSpec]:
+    """``specs`` with every process holding ``outside`` beside its allocator."""
+    return [replace(spec, outside=outside) for spec in specs]
 
 
 def share_json(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile) -> dict[str, Any]:
@@ -95,6 +140,15 @@ def share_json(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile
         "all_completed": all(r.completed for r in run.results),
         "ran_together": run.ran_together(),
         "processes": [{"spec": f"{s.trace}:{s.policy}@{s.start_ns}ns", "trace": s.trace,
-                       "start_ns": s.start_ns, "end_ns": end, **r.to_json_dict()}
-                      for s, r, (_, end) in zip(specs, run.results, run.spans_ns)],
+                       "start_ns": s.start_ns, "end_ns": end, **r.to_json_dict(),
+                       # Only where the process held memory outside its allocator: without
+                       # it, the document is what it was before the option existed.
+                       **({"outside": {**s.outside.to_json_dict(), "refused": refused}}
+                          if s.outside else {})}
+                      for s, r, (_, end), refused in zip(specs, run.results, run.spans_ns,
+                                                         _refusals(run, len(specs)))],
     }
+
+
+def _refusals(run: SharedRun, n: int) -> list[str | None]:
+    return run.refused_outside or [None] * n
