@@ -62,11 +62,15 @@ def events(trace) -> list[tuple[str, int]]:
 @pytest.mark.parametrize("module", MODULES)
 @pytest.mark.parametrize("steps", [1, 3])
 def test_peak_live_is_memory_analysis_exactly(platform: str, module: str, steps: int) -> None:
+    # One execution's peak is memory_analysis'; from the second on, the previous call's new
+    # outputs are still held while the next runs (the loop rebinds them after it returns, as
+    # the chip showed: tests/data/tpu/min-capacity), so the peak adds them once.
     folder = DATA / platform
     trace = formats.load(folder, module=module, steps=steps)
-    want = runtime_peak(analysis(folder)[module])
+    m = analysis(folder)[module]
+    want = runtime_peak(m) + (m["output"] - m["alias"] if steps > 1 else 0)
     assert trace.peak_live()[0] == want
-    assert trace.metadata["xla"]["runtime"]["peak_bytes"] == want
+    assert trace.metadata["xla"]["runtime"]["peak_bytes"] == runtime_peak(m)   # one execution's
     assert trace.metadata["xla"]["view"] == "runtime"
     assert trace.live_bytes()[-1] == 0  # everything freed at the end
 
@@ -83,15 +87,16 @@ def test_the_runtime_view_is_the_default_and_the_buffers_view_an_option() -> Non
 # ============================================================== hand-worked replays
 def test_a_copy_update_allocates_its_output_per_execution_and_the_loop_rebinds_it() -> None:
     """jit_update_cache (no donation): parameters cache 2 MiB, new 32 KiB, index 4 B; no temp;
-    one output of 2 MiB per execution, held until the next call rebinds it."""
+    one output of 2 MiB per execution, held through the next call and rebound when it
+    returns."""
     trace = formats.load(DATA / "cpu", module="update_cache", steps=2)
     cache, new, index, out = 2097152, 32768, 4, 2097152
     assert events(trace) == [
         ("alloc", cache), ("alloc", new), ("alloc", index),       # the arrays, once
         ("alloc", out),                                           # execution 1's output
-        ("free", out), ("alloc", out),                            # rebound, execution 2's
+        ("alloc", out), ("free", out),                            # execution 2's, then rebound
         ("free", cache), ("free", new), ("free", index), ("free", out)]  # the end
-    assert trace.peak_live()[0] == cache + new + index + 2 * 0 + out
+    assert trace.peak_live()[0] == cache + new + index + 2 * out
 
 
 def test_a_donated_update_takes_nothing_from_the_allocator_per_execution() -> None:
@@ -112,8 +117,9 @@ def test_xla_gpu_asks_one_preallocated_temp_and_the_output_tuple_per_donated_ste
     assert 0 < tuple_bytes < 1024
     parameters = trace.metadata["xla"]["runtime"]["parameters"]
     per_call = events(trace)[parameters:]
-    assert per_call[:4] == [("alloc", m["temp"]), ("alloc", tuple_bytes),
-                            ("free", m["temp"]), ("free", tuple_bytes)]
+    assert per_call[:7] == [("alloc", m["temp"]), ("alloc", tuple_bytes), ("free", m["temp"]),
+                            ("alloc", m["temp"]), ("alloc", tuple_bytes), ("free", m["temp"]),
+                            ("free", tuple_bytes)]   # the first call's tuple, once rebound
     tags = [trace.tag_name(int(t)) for t in trace.tag[parameters:parameters + 2]]
     assert "preallocated temp" in tags[0] and "output" in tags[1]
 

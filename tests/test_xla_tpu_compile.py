@@ -138,3 +138,42 @@ def test_the_scratch_rule_predicts_programs_it_was_not_read_from(name: str) -> N
     compiled = compile_step(program(SHAPES[name][0]), arguments(name))
     assert compiled.memory["temp"] == chip["temp_size_in_bytes"]
     assert compiled.scratch_bytes == chip["stats"]["peak_bytes_reserved"]
+
+
+def _chip_runs(size: str) -> dict[int, int]:
+    """capacity -> steps the chip ran (of 2), for every min-capacity probe of ``size``."""
+    runs = {}
+    for path in (DATA / "min-capacity").glob(f"{size}-*.json"):
+        record = json.loads(path.read_text())
+        runs[record["capacity"]] = record["ran_steps"]
+    return runs
+
+
+def test_min_capacity_of_a_step_compiled_without_a_tpu_runs_on_the_chip() -> None:
+    # experiments/tpu/min_capacity_probe.py gave the small GPT step (donated, two steps)
+    # exactly the HBM allocsim answered, and less: at the answer both steps ran; at the answer
+    # the earlier rule gave (the previous call's loss let go before the next call) the chip
+    # ran the first step and refused the second the 512 B of the loss it still held.
+    import jax
+    import jax.numpy as jnp
+
+    from allocsim import api
+    from allocsim.sim.kernel.device_profile import resolve_device
+    from allocsim.traces.record.xla_tpu import compile_for
+    from experiments import gpt_step
+    from experiments.tpu.step_sizes_probe import BATCH, LENGTH, SIZES
+    predicted = json.loads((Path(__file__).parents[1] / "experiments" / "tpu"
+                            / "min-capacity-predicted.json").read_text())["predictions"]["small"]
+    d_model, layers, heads, mlp, vocab = SIZES["small"]
+    step, state = gpt_step.build(d_model, layers, heads, mlp, remat=False, vocab=vocab)
+    tokens = jax.ShapeDtypeStruct((BATCH, LENGTH + 1), jnp.int32)
+    trace = compile_for(step, [state, tokens], donate_argnums=(0,), steps=2)
+    answer = api.min_capacity(trace, "tpu", resolve_device("tpu-v5e"), resolution=512)
+    assert answer.min_capacity == predicted["min_capacity"]
+    runs = _chip_runs("small")
+    assert runs[answer.min_capacity] == 2                    # the answer runs on the chip
+    assert runs[predicted["first_prediction"]] == 1          # the old rule's: step 2 refused
+    assert runs[answer.min_capacity - 1536] == 0             # 1.5 KiB less: nothing runs
+    # The answer is at most 512 B above the chip's own minimum (module docstring of
+    # traces/formats/xla/runtime.py: outputs passed back as donated arguments).
+    assert runs[answer.min_capacity - 512] == 2

@@ -211,10 +211,18 @@ class RuntimeReplay:
 def replay_steps(executable: Executable, steps: int, *, code_bytes: int = 0) -> RuntimeReplay:
     """``steps`` executions of one executable over the same arguments, as a training loop
     runs it: the parameters allocated once before the first (a donated one passes to the output
-    that aliases it, and on to the next execution), each execution's new outputs held until the
-    next call (the loop rebinds them: ``state = step(state, batch)``) and everything freed at
-    the end. ``code_bytes``: the executable's generated code, a buffer from its first call to
-    the end (XLA:TPU's runtime holds it in HBM; XLA:GPU's is the driver's, outside the trace)."""
+    that aliases it, and on to the next execution), each execution's new outputs held through
+    the next call and let go when it returns (the loop rebinds them after the call:
+    ``state, loss = step(state, batch)`` keeps the previous loss while the step runs) and
+    everything freed at the end. Read on the chip: a GPT step given exactly the HBM its first
+    call needs ran it and was refused at the second the 512 B of the loss it still held
+    (experiments/tpu/min_capacity_probe.py, tests/data/tpu/min-capacity). Not followed: an
+    output not aliased but passed back as the next call's donated argument (a state part XLA
+    gave a buffer of its own) is let go by JAX as that call starts; it is held through it here,
+    so the answer can be a little high (the same probe: 512 B above the chip's minimum for the
+    small GPT step, 512–1,024 B for the 125M one).
+    ``code_bytes``: the executable's generated code, a buffer from its first call to the end
+    (XLA:TPU's runtime holds it in HBM; XLA:GPU's is the driver's, outside the trace)."""
     replay = RuntimeReplay()
     bound = replay.parameters(executable)
     replay.tick()
@@ -224,10 +232,10 @@ def replay_steps(executable: Executable, steps: int, *, code_bytes: int = 0) -> 
     donated = {bound[b.parameter] for b in executable.parameters
                if b.donated and b.parameter is not None}
     for _ in range(steps):
-        for ident in held:
-            replay.release(ident)
         replay.tick()
         made = replay.execute(executable, bound)
+        for ident in held:      # the previous call's outputs, rebound once this one returns
+            replay.release(ident)
         held = [ident for ident in made.values() if ident not in donated]
     replay.release_all()
     return replay
