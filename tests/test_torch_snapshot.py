@@ -181,6 +181,21 @@ def test_truncated_real_file_is_one_line_error():
     assert str(err).startswith("cut.pickle: not a readable pickle")
 
 
+def test_a_huge_bytearray8_length_is_one_line_and_nothing_else_on_stderr(tmp_path, capfd):
+    # Found by tests/test_fuzz_importers.py: CPython's C unpickler, asked for 2.5e18 bytes by
+    # a BYTEARRAY8 op, printed a SystemError line of its own before our error.
+    import subprocess
+    import sys
+    path = tmp_path / "fuzz.pickle"
+    path.write_bytes(b"\x96\x06'N\\\xff\x8d\x1a#\xb1u?T")
+    run = subprocess.run([sys.executable, "-m", "allocsim", "info", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        f"allocsim: error: {path}: not a readable pickle: expected 2529490268626757382 bytes "
+        "in a bytearray8, but only 4 remain"]
+
+
 @pytest.mark.parametrize("which", ["eor", "lm"])
 def test_real_snapshot_export_round_trip(which, request):
     trace, _ = request.getfixturevalue(which)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import io
 import pickle
+import pickletools
 from typing import Any
 
 from allocsim.traces.model import TraceError
@@ -37,10 +38,21 @@ def _one_line(err: BaseException) -> str:
     return text or type(err).__name__
 
 
+# BYTEARRAY8 (protocol 5): CPython's C unpickler allocates the length it claims before reading,
+# and on a MemoryError prints "SystemError: deallocated bytearray object has exported buffers"
+# to stderr itself (a second line no caller can catch). No snapshot uses it (they are protocol
+# 2-4), so a stream holding the byte is first read op by op by pickletools, which checks each
+# length against the bytes that remain without allocating it.
+_BYTEARRAY8 = b"\x96"
+
+
 def load_pickle(data: bytes, source: str = "<snapshot>") -> Any:
     """Unpickle ``data`` refusing every class (see :class:`_SafeUnpickler`); one-line
     :class:`TraceError` naming ``source`` for anything that is not a readable plain pickle."""
     try:
+        if _BYTEARRAY8 in data:
+            for _ in pickletools.genops(data):
+                pass
         return _SafeUnpickler(io.BytesIO(data)).load()
     except TraceError as err:
         raise err.located(source) from None
