@@ -204,6 +204,28 @@ def test_the_bottom_block_is_the_one_just_above_the_scratch() -> None:
     assert small is not None and tpu.hbm_offset(small) == 6 * MiB
 
 
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_a_run_with_scratch_is_refused_where_the_scratch_leaves_no_room(engine: str) -> None:
+    # 8 MiB of HBM, 2 MiB of scratch, seven 1 MiB buffers: six fit, the seventh is refused,
+    # and the run's peak reserved is the six and the scratch — in each engine.
+    from allocsim.sim.kernel.engine import ProcessReplay
+    from allocsim.traces.model import Trace
+    trace = Trace.from_columns(list(range(7)), [OP_ALLOC] * 7, list(range(7)), [MiB] * 7)
+    device = resolve_device("tpu-v5e").device_with(capacity=8 * MiB)
+    spec = parse_policy("tpu:runtime_bytes=0,scratch_bytes=2MiB")
+    if engine == "native":
+        result = native.native_replay(trace, spec, device, stop_on_oom=False, progress=None,
+                                      timeline_points=TIMELINE_POINTS, step=len(trace))
+        if result is None:
+            pytest.skip("the native core is not built here")
+    else:
+        run = ProcessReplay(trace, spec, SimulatedDevice(device))
+        run.advance(len(trace))
+        result = run.result(device.label)
+    assert (result.ooms, result.first_oom_event) == (1, 6)
+    assert result.peak_reserved == 8 * MiB
+
+
 def test_a_compaction_is_charged_to_the_runs_modelled_time() -> None:
     tpu = small_tpu(8 * MiB)
     blocks = [tpu.malloc(1 * MiB) for _ in range(8)]
