@@ -52,6 +52,18 @@ def _stats(device: Any) -> dict[str, int]:
     return {k: int(v) for k, v in (device.memory_stats() or {}).items()}
 
 
+def package_versions() -> dict[str, str]:
+    """jax, jaxlib and libtpu as installed where the probe runs (what a recording names)."""
+    import importlib.metadata as md
+    found = {}
+    for name in ("jax", "jaxlib", "libtpu"):
+        try:
+            found[name] = md.version(name)
+        except md.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
 def _profile_options() -> Any:
     import jax
     try:

@@ -28,21 +28,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))   # run as a script on the chip: the repository's modules too
-from experiments.tpu.chip_probe import _stats  # noqa: E402
+from experiments.tpu.chip_probe import _stats, package_versions  # noqa: E402
 from experiments.tpu.step_sizes_probe import BATCH, LENGTH, SIZES  # noqa: E402
 
 STEPS = 2
-
-
-def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-    found = {}
-    for name in ("jax", "jaxlib", "libtpu"):
-        try:
-            found[name] = md.version(name)
-        except md.PackageNotFoundError:
-            found[name] = "not installed"
-    return found
 
 
 def run(out: Path, size: str, capacity: int) -> None:
@@ -53,7 +42,7 @@ def run(out: Path, size: str, capacity: int) -> None:
     device = jax.devices()[0]
     name = f"{size}-{capacity}"
     record: dict[str, Any] = {"size": size, "capacity": capacity, "steps": STEPS,
-                              "versions": _versions(), "stages": {}, "ran_steps": 0}
+                              "versions": package_versions(), "stages": {}, "ran_steps": 0}
     stages = record["stages"]
     stages["start"] = _stats(device)
     try:

@@ -34,21 +34,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from experiments.tpu.chip_probe import Probe, _stats
+from experiments.tpu.chip_probe import Probe, _stats, package_versions
 
 MiB = 1 << 20
 N = int(__import__("os").environ.get("PROBE_N", 16384))   # the argument: f32[N, N], 1 GiB
-
-
-def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-    found = {}
-    for name in ("jax", "jaxlib", "libtpu"):
-        try:
-            found[name] = md.version(name)
-        except md.PackageNotFoundError:
-            found[name] = "not installed"
-    return found
 
 
 def programs() -> dict[str, Any]:
@@ -104,7 +93,7 @@ def probe_fill(out: Path) -> None:
     import numpy as np
     made = programs()
     with Probe(out, "scratch-fill") as p:
-        p.notes["versions"] = _versions()
+        p.notes["versions"] = package_versions()
         x = jax.device_put(np.ones((N, N), np.float32), p.device)
         x.block_until_ready()
         p.log.append({"op": "argument", "stats": _stats(p.device)})
