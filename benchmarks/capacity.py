@@ -27,6 +27,8 @@ import argparse
 import os
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +112,16 @@ def _search(trace: Trace, policy: str, device: DeviceProfile, *, share: bool
             ) -> tuple[CapacityAnswer, float, list[tuple[int, bool, float]], list[SharedRuns]]:
     """One search, its CPU seconds, its replays (capacity, completed, seconds) and the shared
     runs behind them."""
+    with shared_runs_made() as made, _ReplayLog() as log:
+        start = time.process_time()
+        answer = capacity._min_capacity(trace, policy, device, MiB, shortcuts=True, share=share)
+        seconds = time.process_time() - start
+    return answer, seconds, log.replays, made
+
+
+@contextmanager
+def shared_runs_made() -> Iterator[list[SharedRuns]]:
+    """Every :class:`SharedRuns` made inside the block, in a list (what a search shared)."""
     made: list[SharedRuns] = []
     init = SharedRuns.__init__
 
@@ -119,14 +131,9 @@ def _search(trace: Trace, policy: str, device: DeviceProfile, *, share: bool
 
     SharedRuns.__init__ = kept                                  # type: ignore[method-assign,assignment]
     try:
-        with _ReplayLog() as log:
-            start = time.process_time()
-            answer = capacity._min_capacity(trace, policy, device, MiB, shortcuts=True,
-                                            share=share)
-            seconds = time.process_time() - start
+        yield made
     finally:
         SharedRuns.__init__ = init                              # type: ignore[method-assign]
-    return answer, seconds, log.replays, made
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,16 +23,15 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES
 from allocsim.sim.kernel.engine import replay
-from allocsim.sim.questions.shared_runs import SharedRuns
 from allocsim.sim.questions.tune.recommend import tune
 from allocsim.sim.questions.tune.search import local_evaluator
 from allocsim.sim.questions.tune.space import framework
 from allocsim.traces.formats import load
 from allocsim.traces.model import Trace
+from benchmarks.capacity import shared_runs_made
 
 TARGET = 1.0
 
@@ -63,20 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.process_time()
     plain = tune(trace, args.framework, device, evaluate=local_evaluator(trace, share=False))
     plain_s = time.process_time() - started
-    made: list[SharedRuns] = []
-    init = SharedRuns.__init__
-
-    def kept(runs: SharedRuns, *more: Any, **named: Any) -> None:
-        init(runs, *more, **named)
-        made.append(runs)
-
-    SharedRuns.__init__ = kept                                  # type: ignore[method-assign,assignment]
-    try:
+    with shared_runs_made() as made:
         started, wall = time.process_time(), time.perf_counter()
         result = tune(trace, args.framework, device)
         tune_s, tune_wall = time.process_time() - started, time.perf_counter() - wall
-    finally:
-        SharedRuns.__init__ = init                              # type: ignore[method-assign]
     if result.to_json_dict() != plain.to_json_dict():
         raise SystemExit("tune answered differently with shared runs")
     floors = {}
