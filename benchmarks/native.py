@@ -24,10 +24,10 @@ the end. Policies the core lacks replay in Python here, and show it (``impl``). 
 ``--against-python`` each native policy's Python model (``ALLOCSIM_NATIVE=0``) is timed too,
 once, and the core's speed-up over it printed.
 
-DynaPipe: its simulator is not installed here (PyPI's ``dynapipe`` is another project), so
-its speed is the estimate replay.py made: the Python dict loop's speed / 42
-(benchmarks/replay.py, DYNAPIPE_FLOOR_RATIO); that dict loop is timed here, so
-pytorch's speed is set against the estimate at equal floors (target ≥ 20×).
+DynaPipe (``--dynapipe PATH``: its ``allocation_simulator.py``, benchmarks/dynapipe.py says
+where from): its PyTorch-allocator simulator is timed over the same events, best of
+``--repeat``, and pytorch's speed is set against it (target ≥ 20×), measured, not estimated.
+Without the file nothing is said of DynaPipe.
 
 Memory (``--memory``): each policy in a fresh subprocess loads the saved trace and replays it;
 bytes/event is (peak RSS over loading and replay − RSS after imports) / events, loading
@@ -49,13 +49,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.replay import (
-    DYNAPIPE_FLOOR_RATIO,
-    _peak_rss_bytes,
-    _reset_peak_rss,
-    _rss_bytes,
-    dict_floor,
-)
+from benchmarks.dynapipe import dynapipe_runner, load_simulator, peak_reserved
+from benchmarks.replay import _peak_rss_bytes, _reset_peak_rss, _rss_bytes
 
 if TYPE_CHECKING:
     from allocsim.sim.kernel.device import DeviceProfile
@@ -119,13 +114,6 @@ def load_average() -> str:
     return "load average " + " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
-def dict_loop_seconds(trace: Trace, repeat: int) -> float:
-    """replay.py's Python dict loop over ``trace`` (its lists made first, not timed)."""
-    ops, ids = trace.op.tolist(), trace.id.tolist()
-    sizes = trace.matched_sizes().tolist()
-    return cpu_best_of(repeat, lambda: dict_floor(ops, ids, sizes))
-
-
 def python_seconds(trace: Trace, policy: str, profile: DeviceProfile) -> float:
     """The CPU time of one replay of ``policy`` by the Python models (the core turned off)."""
     import os
@@ -165,11 +153,12 @@ def runs_native(trace: Trace, policy: str, profile: DeviceProfile) -> bool:
 
 
 def measure_speed(trace: Trace, policies: list[str], profile: DeviceProfile, repeat: int,
-                  against_python: bool = False) -> list[dict[str, Any]]:
+                  against_python: bool = False, dynapipe: str | None = None
+                  ) -> list[dict[str, Any]]:
     """Every policy beside the three floors — the tuned C++ best fit, the plain one and the
-    read limit — and the Python dict loop for DynaPipe's estimated speed; prints a line each
-    as it goes, and the machine's load at the start and the end. Each policy's runs alternate
-    with the floors' runs, and its ratios are to the floors measured beside it."""
+    read limit — and, given its file, DynaPipe's simulator; prints a line each as it goes,
+    and the machine's load at the start and the end. Each policy's runs alternate with the
+    floors' runs, and its ratios are to the floors measured beside it."""
     from allocsim.sim.kernel.engine import replay
 
     n = len(trace)
@@ -180,13 +169,16 @@ def measure_speed(trace: Trace, policies: list[str], profile: DeviceProfile, rep
     tuned_peak = tuned()
     print(f"tuned floor's peak {tuned_peak:,} B; best-fit's peak pool {best_fit_peak:,} B"
           + ("" if tuned_peak == best_fit_peak else "   (NOT the same work)"))
-    dict_s = dict_loop_seconds(trace, repeat)
-    dynapipe = n / dict_s / DYNAPIPE_FLOOR_RATIO
+    dynapipe_s: float | None = None
+    if dynapipe is not None:
+        run_dynapipe = dynapipe_runner(trace, load_simulator(dynapipe))
+        dynapipe_peak = peak_reserved(run_dynapipe())
+        dynapipe_s = cpu_best_of(repeat, run_dynapipe)
+        print(f"DynaPipe's simulator (measured): {n / dynapipe_s:,.0f} events/s; its peak "
+              f"reserved {dynapipe_peak:,} B (its rules simplify PyTorch's: no small pool)")
     tuned_s, plain_s, read_s = (cpu_best_of(repeat, run) for run in (tuned, plain, read))
     print(f"tuned C++ best fit: {n / tuned_s:,.0f} events/s; plain C++ best fit "
-          f"{n / plain_s:,.0f}; read limit {n / read_s:,.0f} ({read_s / n * 1e9:.2f} ns/event); "
-          f"Python dict loop {n / dict_s:,.0f}, so DynaPipe ≈ {dynapipe:,.0f} events/s "
-          "(an estimate: DynaPipe's simulator is not installed here)")
+          f"{n / plain_s:,.0f}; read limit {n / read_s:,.0f} ({read_s / n * 1e9:.2f} ns/event)")
     print(f"{'policy':28s} {'impl':7s} {'events/s':>12s} {'ns/event':>9s} {'× tuned':>8s} "
           f"{'× plain':>8s} {'× read':>7s} {'CPU s':>7s}")
     rows: list[dict[str, Any]] = [
@@ -195,8 +187,10 @@ def measure_speed(trace: Trace, policies: list[str], profile: DeviceProfile, rep
          "best_fit_peak_bytes": best_fit_peak},
         {"policy": "plain C++ best fit", "events": n, "cpu_s": plain_s,
          "events_per_s": n / plain_s},
-        {"policy": "read limit", "events": n, "cpu_s": read_s, "events_per_s": n / read_s,
-         "dict_loop_events_per_s": n / dict_s, "dynapipe_events_per_s": dynapipe}]
+        {"policy": "read limit", "events": n, "cpu_s": read_s, "events_per_s": n / read_s}]
+    if dynapipe_s is not None:
+        rows.append({"policy": "DynaPipe's simulator", "events": n, "cpu_s": dynapipe_s,
+                     "events_per_s": n / dynapipe_s, "peak_reserved": dynapipe_peak})
     for policy in policies:
         impl = "native" if runs_native(trace, policy, profile) else "Python"
         run_s = beside_tuned = beside_plain = beside_read = float("inf")
@@ -212,9 +206,9 @@ def measure_speed(trace: Trace, policies: list[str], profile: DeviceProfile, rep
             "floor_events_per_s": n / beside_plain, "read_ratio": run_s / beside_read,
             "read_events_per_s": n / beside_read}
         mark = "" if row["tuned_ratio"] <= TUNED_TARGET else "   (over the tuned floor)"
-        if policy == "pytorch":
-            row["dynapipe_x"] = n / run_s / dynapipe
-            mark += (f"   ({row['dynapipe_x']:.1f}× DynaPipe, estimated; "
+        if policy == "pytorch" and dynapipe_s is not None:
+            row["dynapipe_x"] = dynapipe_s / run_s
+            mark += (f"   ({row['dynapipe_x']:.1f}× DynaPipe's simulator, measured; "
                      f"target {DYNAPIPE_TARGET:g}×)")
         if against_python and impl == "native":
             row["python_cpu_s"] = python_seconds(trace, policy, profile)
@@ -263,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--against-python", action="store_true",
                         help="also time each native policy's Python model, once")
+    parser.add_argument("--dynapipe", metavar="PATH",
+                        help="DynaPipe's allocation_simulator.py, to time it beside pytorch "
+                             "(benchmarks/dynapipe.py says where from)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument("--one", nargs=2, metavar=("POLICY", "TRACE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -281,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     trace = synth.generate(args.kind, seed=0, events=args.events)
     print(f"trace: {args.kind}, {len(trace):,} events; CPU time, best of {args.repeat}")
     if not args.memory:
-        rows = measure_speed(trace, policies, profile, args.repeat, args.against_python)
+        rows = measure_speed(trace, policies, profile, args.repeat, args.against_python,
+                             args.dynapipe)
     else:
         rows = []
         with tempfile.TemporaryDirectory() as tmp:
