@@ -131,14 +131,20 @@ def test_what_each_setting_stands_for() -> None:
 @pytest.mark.parametrize("trace", [fragmenting(), load_default_trace()],
                          ids=["fragmenting", "default"])
 def test_settings_that_share_a_replay_replay_identically(trace: Trace) -> None:
-    """Every PyTorch discrete setting (with and without a GC threshold) against the setting
-    its canonical form stands for: the same figures, replay by replay."""
+    """Every PyTorch discrete setting (with and without a GC threshold, with and without a
+    fraction) against the setting its canonical form stands for: the same figures, replay by
+    replay. A GC threshold with expandable segments and a fraction is dropped: GC frees no
+    block of an expandable segment."""
     pytorch = framework("pytorch")
     sizes = distinct_sizes(trace)
     device = resolve_device(None, "2GiB")
     checked = 0
     settings = list(pytorch.discrete(trace, device.capacity))
     settings += [s.with_values(garbage_collection_threshold=0.7) for s in settings[:4]]
+    settings += [s.with_values(garbage_collection_threshold=threshold,
+                               per_process_memory_fraction=0.6)
+                 for s in settings for threshold in (0.5, 0.8)
+                 if pytorch.value(s).expandable_segments]
     for setting in settings:
         canonical = pytorch.canonical(setting, trace, sizes)
         if canonical == setting:
@@ -149,6 +155,32 @@ def test_settings_that_share_a_replay_replay_identically(trace: Trace) -> None:
         assert mine == theirs, (setting, canonical)
         checked += 1
     assert checked >= 6
+
+
+def test_a_gc_threshold_counts_outside_expandable_segments_only() -> None:
+    """A 20 MiB and a 12 MiB segment; the 20 MiB block is freed; a 22 MiB request misses.
+    With a fraction of 0.9 of 100 MiB and a GC threshold of 0.3 (30 MiB), 32 MiB cached is
+    over it: GC gives the unsplit 20 MiB segment back before the new one (1 device free,
+    peak 34 MiB), where without GC the new segment fits beside it (no free, peak 54 MiB).
+    With expandable segments GC frees nothing (every block has a neighbour), so the threshold
+    is dropped from the canonical setting there, and only there."""
+    trace = Trace.from_events([(0, "alloc", 1, 20 * MiB), (1, "alloc", 2, 12 * MiB),
+                               (2, "free", 1, 0), (3, "alloc", 3, 22 * MiB),
+                               (4, "free", 3, 0), (5, "free", 2, 0)])
+    device = resolve_device(None, "100MiB")
+    pytorch = framework("pytorch")
+    sizes = distinct_sizes(trace)
+    outcomes = {}
+    for expandable in (False, True):
+        plain = pytorch.make({"expandable_segments": expandable,
+                              "per_process_memory_fraction": 0.9})
+        gc = plain.with_values(garbage_collection_threshold=0.3)
+        runs = [replay(trace, pytorch.spec(s), device) for s in (gc, plain)]
+        outcomes[expandable] = [(r.device_frees, r.peak_reserved) for r in runs]
+        dropped = pytorch.canonical(gc, trace, sizes) == pytorch.canonical(plain, trace, sizes)
+        assert dropped == expandable
+    assert outcomes[False] == [(1, 34 * MiB), (0, 54 * MiB)]
+    assert outcomes[True][0] == outcomes[True][1]
 
 
 # ================================================================================ the search

@@ -267,7 +267,10 @@ class PyTorch(Framework):
         expandable segments, a max_split_size above every block this trace can make (no
         block is oversize: every rule that reads max_split_size decides as unset, and the
         OOM path's release of oversize blocks finds none); a GC threshold without a fraction
-        (PyTorch runs GC only when a fraction is set)."""
+        (PyTorch runs GC only when a fraction is set) or with expandable segments (GC frees
+        only unsplit blocks, and a block of an expandable segment always has a neighbour, if
+        only the segment's unmapped rest: pytorch/oom.py's garbage_collect_cached_blocks
+        returns at once there)."""
         v = self.value(setting)
         if v.backend != NATIVE:
             return setting
@@ -279,7 +282,8 @@ class PyTorch(Framework):
         if (split and not v.expandable_segments
                 and split * MiB > _largest_block(sizes, v.roundup_power2_divisions or None)):
             v = replace(v, max_split_size_mb=0)
-        if v.garbage_collection_threshold and v.per_process_memory_fraction is None:
+        if v.garbage_collection_threshold and (v.per_process_memory_fraction is None
+                                               or v.expandable_segments):
             v = replace(v, garbage_collection_threshold=0.0)
         return self.setting_of(v)
 
