@@ -159,12 +159,8 @@ class Engine {
         if (r.allocated > r.bucket_top_allocated) r.bucket_top_allocated = r.allocated;
         ++i;
       }
-      while (i < until) {
-        if (!event(i++, r)) {
-          going = false;
-          break;
-        }
-      }
+      // A stopping OOM ends the stretch there, the bucket's first event's included.
+      while (going && i < until) going = event(i++, r);
       allocated = r.allocated;
       peak_allocated = r.peak_allocated;
       bucket_top_allocated_ = r.bucket_top_allocated;
