@@ -4,8 +4,10 @@
 Whole runs on every bundled trace and generator, at a roomy, a tight and a too-small capacity
 (growth's back-off, OOMs, BFC's failed Extend and garbage collection), through every native
 setting: every RunResult field, every timeline bucket, the policy's stats and the address of
-every malloc, in order. Runs that stop at their first OOM too. Then hypothesis workloads,
-compared after every event (the device's reserved bytes and calls, the policy's stats; for
+every malloc, in order. Runs that stop at their first OOM too, and where they stop wherever the
+OOM falls in the timeline (with the capacities their device answered alike: min-capacity reads
+them). Then hypothesis workloads, compared after every event (the device's reserved bytes and
+calls, the largest request it granted and the smallest it refused, the policy's stats; for
 the tpu policy, whose buffers move when it compacts, its compaction counters and every block
 of HBM with each live buffer's offset, on TPU devices too). And the switch:
 ``ALLOCSIM_NATIVE=0`` runs the Python models through the same public call.
@@ -341,7 +343,9 @@ def compare_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
     card = resolve_device(device)
     profile = replace(card.device_with(capacity_mib << 20), context_bytes=card.context_bytes
                       if context_mib is None else context_mib << 20)
-    python = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(profile))
+    # The device that notes the capacities answering alike, as min-capacity's Python runs do.
+    recording = _RecordingDevice(profile)
+    python = ProcessReplay(trace, parse_policy(spec), recording)
     core = native.open_run(trace, parse_policy(spec), profile, stop_on_oom=False,
                            timeline_points=TIMELINE_POINTS)
     assert core is not None
@@ -355,6 +359,9 @@ def compare_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
         assert state["device"]["cost_s"] == python.view.cost_s, where
         assert state["allocated"] == python.allocated, where
         assert state["ooms"] == python.report.ooms, where
+        refused = state["device"]["refused_least"]
+        assert state["device"]["granted_most"] == recording.lo, where
+        assert (refused - 1 if refused >= 0 else NEVER_REFUSED) == recording.hi, where
         assert state["policy_stats"] == python.policy.stats().as_dict(), where
         if isinstance(python.policy, TpuRuntimeAllocator):
             cases.assert_same_tpu_state(python.policy, state, where)
