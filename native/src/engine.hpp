@@ -158,9 +158,14 @@ class Engine {
         going = event(i, r);
         if (r.allocated > r.bucket_top_allocated) r.bucket_top_allocated = r.allocated;
         ++i;
+        if (!going) until = i;  // a stopping OOM ends the stretch there
       }
-      // A stopping OOM ends the stretch there, the bucket's first event's included.
-      while (going && i < until) going = event(i++, r);
+      while (i < until) {
+        if (!event(i++, r)) {
+          going = false;
+          break;
+        }
+      }
       allocated = r.allocated;
       peak_allocated = r.peak_allocated;
       bucket_top_allocated_ = r.bucket_top_allocated;
