@@ -4,8 +4,10 @@
 Whole runs on every bundled trace and generator, at a roomy, a tight and a too-small capacity
 (growth's back-off, OOMs, BFC's failed Extend and garbage collection), through every native
 setting: every RunResult field, every timeline bucket, the policy's stats and the address of
-every malloc, in order. Runs that stop at their first OOM too. Then hypothesis workloads,
-compared after every event (the device's reserved bytes and calls, the policy's stats; for
+every malloc, in order. Runs that stop at their first OOM too, and where they stop wherever the
+OOM falls in the timeline (with the capacities their device answered alike: min-capacity reads
+them). Then hypothesis workloads, compared after every event (the device's reserved bytes and
+calls, the largest request it granted and the smallest it refused, the policy's stats; for
 the tpu policy, whose buffers move when it compacts, its compaction counters and every block
 of HBM with each live buffer's offset, on TPU devices too). And the switch:
 ``ALLOCSIM_NATIVE=0`` runs the Python models through the same public call.
@@ -40,6 +42,8 @@ from allocsim.sim.kernel import native
 from allocsim.sim.kernel.device import SimulatedDevice, resolve_device
 from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
 from allocsim.sim.kernel.results import RunResult
+from allocsim.sim.questions.capacity.oracle import _NEVER as NEVER_REFUSED
+from allocsim.sim.questions.capacity.oracle import _RecordingDevice
 from allocsim.traces.model import Trace
 
 TRACES = dict(cases.traces())
@@ -182,6 +186,60 @@ def test_runs_that_stop_at_their_first_oom_match(label: str) -> None:
             assert python_addresses == core_addresses
 
 
+# -- where a run that stops at its first OOM stops ------------------------------------------
+# The timeline's buckets and samples fall every few events once a trace is longer than
+# TIMELINE_POINTS: 8193 events make buckets of 5 and a sample every 4, so an OOM at 4000-4009
+# falls at each place in a bucket and between samples.
+STOP_TRACE_EVENTS = 4 * TIMELINE_POINTS + 1
+STOP_SPECS = ("pytorch", "pytorch:max_split_size_mb=128", "bfc", "best-fit", "buddy", "cupy",
+              "cuda-async", "on-demand")
+
+
+def stopping_at(oom_event: int) -> Trace:
+    """4 KiB buffers, kept, up to ``oom_event``, a request of 1 TiB there (no card's), then
+    ever larger buffers of 64 MiB and more, kept: each a device call that a run going on past
+    its first OOM would be granted or refused."""
+    rows: list[tuple] = []
+    for event in range(STOP_TRACE_EVENTS):
+        size = (4 << 10 if event < oom_event else 1 << 40 if event == oom_event
+                else (64 << 20) + (event << 20))
+        rows.append((event, "alloc", event, size, 0))
+    return Trace.from_events(rows, name=f"oom at {oom_event}")
+
+
+@pytest.mark.parametrize("spec", STOP_SPECS)
+def test_a_run_stops_at_its_first_oom_wherever_it_falls_in_the_timeline(spec: str) -> None:
+    # What min-capacity reads of a run that stops (sim/questions/capacity/oracle.py): where it
+    # stopped, its OOMs and the capacities its device answered alike, the Python run's, the
+    # core's run given all the events at once (its loop runs in stretches between samples
+    # and bucket ends: an OOM that stops it ends the stretch, wherever it falls).
+    cases.need_core()
+    profile = resolve_device("a100-80g").device_with(1 << 30)
+    for oom_event in range(4000, 4010):
+        trace = stopping_at(oom_event)
+        recording = _RecordingDevice(profile)
+        python = ProcessReplay(trace, parse_policy(spec), recording, stop_on_oom=True)
+        python.advance(python.n)
+        core = native.open_run(trace, parse_policy(spec), profile, stop_on_oom=True,
+                               timeline_points=TIMELINE_POINTS)
+        assert core is not None
+        core.advance(core.n)
+        state = core.state()
+        device = state["device"]
+        refused = device["refused_least"]
+        where = f"{spec}, OOM at event {oom_event}"
+        assert python.stopped and state["stopped"], where
+        assert (state["next_index"], state["ooms"]) == (oom_event + 1, 1), where
+        assert (state["next_index"], state["ooms"]) == (python.next_index,
+                                                        python.report.ooms), where
+        assert device["granted_most"] == recording.lo, where
+        assert (refused - 1 if refused >= 0 else NEVER_REFUSED) == recording.hi, where
+        assert (device["reserved"], device["peak_reserved"]) == (
+            python.view.reserved, python.view.peak_reserved), where
+        assert (state["allocated"], state["peak_allocated"]) == (
+            python.allocated, python.report.peak_allocated), where
+
+
 def test_replay_takes_the_core_and_allocsim_native_0_the_python_models(
         monkeypatch: pytest.MonkeyPatch) -> None:
     cases.need_core()
@@ -285,7 +343,9 @@ def compare_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
     card = resolve_device(device)
     profile = replace(card.device_with(capacity_mib << 20), context_bytes=card.context_bytes
                       if context_mib is None else context_mib << 20)
-    python = ProcessReplay(trace, parse_policy(spec), SimulatedDevice(profile))
+    # The device that notes the capacities answering alike, as min-capacity's Python runs do.
+    recording = _RecordingDevice(profile)
+    python = ProcessReplay(trace, parse_policy(spec), recording)
     core = native.open_run(trace, parse_policy(spec), profile, stop_on_oom=False,
                            timeline_points=TIMELINE_POINTS)
     assert core is not None
@@ -299,6 +359,9 @@ def compare_after_every_event(steps: list[tuple[bool, int, int]], spec: str,
         assert state["device"]["cost_s"] == python.view.cost_s, where
         assert state["allocated"] == python.allocated, where
         assert state["ooms"] == python.report.ooms, where
+        refused = state["device"]["refused_least"]
+        assert state["device"]["granted_most"] == recording.lo, where
+        assert (refused - 1 if refused >= 0 else NEVER_REFUSED) == recording.hi, where
         assert state["policy_stats"] == python.policy.stats().as_dict(), where
         if isinstance(python.policy, TpuRuntimeAllocator):
             cases.assert_same_tpu_state(python.policy, state, where)

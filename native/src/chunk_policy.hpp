@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "hot_path.hpp"
+
 #include "device.hpp"
 #include "limit_window.hpp"
 #include "records.hpp"
@@ -52,6 +54,7 @@ class ChunkPolicy {
   // may differ; the bridge resumes only where nothing else does).
   void resume_on(Device& device, const ChunkConfig& config) { device_ = &device; c_ = config; }
 
+  ALLOCSIM_HOT
   int64_t malloc(int64_t size, int64_t /*stream*/, int64_t* handle) {
     int64_t rounded = round_up(size, c_.alignment);
     int32_t found = pop_best_fit(rounded);
@@ -91,6 +94,7 @@ class ChunkPolicy {
   // ChunkPolicy.smallest_split: BFC's ShouldSplitChunk (split when chunk >= 2 * rounded or
   // chunk - rounded >= max_internal_fragmentation) as the smallest chunk that a request of
   // rounded bytes splits; 0 slack splits always.
+  ALLOCSIM_HOT
   int64_t smallest_split(int64_t rounded) const {
     int64_t twice = 2 * rounded, slack_edge = rounded + c_.max_slack;
     return twice < slack_edge ? twice : slack_edge;
@@ -98,6 +102,7 @@ class ChunkPolicy {
 
   // ChunkPolicy.free (ChunkMap.give_back_general): merge with the next chunk if free, then
   // the previous one; with best-fit's trim, unmap wholly free pages at the top.
+  ALLOCSIM_HOT
   void free(int64_t handle) {
     int32_t at = static_cast<int32_t>(handle);
     Chunk* chunk = &chunks_[at];
@@ -152,6 +157,7 @@ class ChunkPolicy {
     bool live;
   };
 
+  ALLOCSIM_HOT
   int32_t new_chunk(int64_t address, int64_t size) {
     int32_t at;
     if (!spare_.empty()) {
@@ -166,6 +172,7 @@ class ChunkPolicy {
   }
 
   // Take chunk `at` out of its region's links (a merged neighbour) and recycle its record.
+  ALLOCSIM_HOT
   void unlink(int32_t at) {
     Chunk& gone = chunks_[at];
     Region& region = regions_[gone.region];
@@ -177,11 +184,14 @@ class ChunkPolicy {
   }
 
   // FreeIndex.add / remove: the free chunks by (size, address), the tie the address.
+  ALLOCSIM_HOT
   void index_add(int32_t at) { free_.add(chunks_[at].size, chunks_[at].address, at); }
+  ALLOCSIM_HOT
   void index_remove(int32_t at) { free_.remove(chunks_[at].size, chunks_[at].address); }
 
   // FreeIndex.pop_best_fit: the smallest free chunk >= rounded (lowest address on ties), out
   // of the index; -1 when none fits.
+  ALLOCSIM_HOT
   int32_t pop_best_fit(int64_t rounded) {
     SortedBins::Key found;
     return free_.lower_bound(rounded, true, &found) ? found.chunk : -1;

@@ -40,6 +40,9 @@ struct Column {
     const T* p = values + start * stride;
     if (stride == 1) {
       for (int64_t k = 0; k < count; ++k) out[k] = p[k];
+    } else if (stride == 0) {  // one value throughout (a broadcast view): a fill
+      const int64_t value = p[0];
+      for (int64_t k = 0; k < count; ++k) out[k] = value;
     } else {
       for (int64_t k = 0; k < count; ++k) out[k] = p[k * stride];
     }

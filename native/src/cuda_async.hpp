@@ -70,6 +70,7 @@ class CudaAsyncPolicy : public Counters {
   // may differ; the bridge resumes only where nothing else does).
   void resume_on(Device& device, const CudaAsyncConfig& config) { device_ = &device; c_ = config; }
 
+  ALLOCSIM_HOT
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
     if (pending_) preallocate();
     int64_t rounded = round_up(size, c_.alignment);
@@ -93,6 +94,7 @@ class CudaAsyncPolicy : public Counters {
     return chunks_[at].address;
   }
 
+  ALLOCSIM_HOT
   void free(int64_t handle) {
     int32_t at = static_cast<int32_t>(handle);
     returned(chunks_[at].size, chunks_[at].requested);
@@ -121,6 +123,7 @@ class CudaAsyncPolicy : public Counters {
 
   // _find: best fit by (size, address) among shared free memory and (sync=none) the stream's;
   // where it lies in its owner's index into *where (take() erases it there, no second search).
+  ALLOCSIM_HOT
   bool find(int64_t rounded, int64_t stream, SortedBins::Key* found, int32_t* owner,
             SortedBins::Position* where) {
     bool any = indexes_[kShared].find(rounded, found, where);
@@ -141,6 +144,7 @@ class CudaAsyncPolicy : public Counters {
   }
 
   // _take: hand out free chunk `found` of `owner`; the rest stays free with the same owner.
+  ALLOCSIM_HOT
   int32_t take(const SortedBins::Key& found, int32_t owner, SortedBins::Position where,
                int64_t rounded) {
     int32_t at = found.chunk;
@@ -153,6 +157,7 @@ class CudaAsyncPolicy : public Counters {
 
   // _split_off: chunk `at` (in use) keeps its low `rounded` bytes; the rest becomes free
   // memory of `owner` (the chunk after it is never free: no merge).
+  ALLOCSIM_HOT
   void split_off(int32_t at, int64_t rounded, int32_t owner) {
     int64_t rest_size = chunks_[at].size - rounded;
     if (!rest_size) return;
@@ -167,17 +172,30 @@ class CudaAsyncPolicy : public Counters {
   }
 
   // A chunk in use (the caller frees it).
+  ALLOCSIM_HOT
   int32_t new_chunk(int64_t address, int64_t size, int32_t prev, int32_t next) {
-    return chunks_.make(Chunk{size, address, 0, 0, prev, next, kShared, false});
+    int32_t at = chunks_.make();
+    Chunk& chunk = chunks_[at];  // field by field (hot_path.hpp)
+    chunk.size = size;
+    chunk.address = address;
+    chunk.requested = 0;
+    chunk.stream = 0;
+    chunk.prev = prev;
+    chunk.next = next;
+    chunk.owner = kShared;
+    chunk.free = false;
+    return at;
   }
 
   // Take free chunk `at` out of the index it sits in.
+  ALLOCSIM_HOT
   void unindex(int32_t at) { indexes_[chunks_[at].owner].remove(chunks_[at].size, chunks_[at].address); }
 
 
 
   // Whether free neighbour `n` merges into a chunk given back to `owner`: with per-stream
   // ownership only if it is shared or owner's.
+  ALLOCSIM_HOT
   bool joins(int32_t n, int32_t owner) const {
     if (n < 0 || !chunks_[n].free) return false;
     return c_.sync_on_free || chunks_[n].owner == owner || chunks_[n].owner == kShared;
@@ -185,6 +203,7 @@ class CudaAsyncPolicy : public Counters {
 
   // _give_back: chunk `at` (in no index) becomes free memory of `owner`, merged with the
   // next free neighbour, then the previous one.
+  ALLOCSIM_HOT
   void give_back(int32_t at, int32_t owner) {
     if (joins(chunks_[at].next, owner)) {
       unindex(chunks_[at].next);

@@ -44,6 +44,7 @@ class CuPyPolicy : public Counters {
 
   LimitWindow limit_window;  // the limit's decisions (cupy_pool.py's limit_window)
 
+  ALLOCSIM_HOT
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
     int64_t rounded = round_up(size, c_.unit);  // _round_size
     int32_t arena = arenas_.of(stream);
@@ -78,6 +79,7 @@ class CuPyPolicy : public Counters {
 
   // free: merge with the next chunk while free, then the previous one (whose object stays),
   // and back into the arena.
+  ALLOCSIM_HOT
   void free(int64_t handle) {
     int32_t at = static_cast<int32_t>(handle);
     returned(chunks_[at].size, chunks_[at].requested);
@@ -111,8 +113,19 @@ class CuPyPolicy : public Counters {
   };
 
   // A chunk in use (the caller frees it) with the next creation id.
+  ALLOCSIM_HOT
   int32_t new_chunk(int64_t address, int64_t size, int32_t arena, int32_t prev, int32_t next) {
-    return chunks_.make(Chunk{size, address, 0, next_cid_++, prev, next, arena, false});
+    int32_t at = chunks_.make();
+    Chunk& chunk = chunks_[at];  // field by field (hot_path.hpp)
+    chunk.size = size;
+    chunk.address = address;
+    chunk.requested = 0;
+    chunk.cid = next_cid_++;
+    chunk.prev = prev;
+    chunk.next = next;
+    chunk.arena = arena;
+    chunk.free = false;
+    return at;
   }
 
   bool fits_limit(int64_t rounded) {

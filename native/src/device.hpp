@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <unordered_map>
 
+#include "records.hpp"
+
 namespace allocsim {
 
 struct CostModel {
@@ -31,7 +33,7 @@ class Device {
   // cudaMalloc (ProcessDevice.reserve): nbytes rounded up to the granularity at a fresh
   // range; -1 when the device is full.
   int64_t reserve(int64_t nbytes) {
-    int64_t taken = ceil_div(nbytes, granularity) * granularity;
+    int64_t taken = round_up(nbytes, granularity);  // a mask where a power of two
     int64_t now_used = used + taken;
     if (now_used > capacity) {
       charge(costs_.malloc_base_s);  // CostModel.refused_malloc
@@ -128,11 +130,10 @@ class Device {
   void refused(int64_t need) {
     if (refused_least < 0 || need < refused_least) refused_least = need;
   }
-  static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }  // a >= 0, b > 0
   int64_t bump(int64_t nbytes) {  // SimulatedDevice._address_range
     int64_t base = next_address_;
     int64_t span = nbytes > 0 ? nbytes : 1;
-    next_address_ = base + (span + range_align_ - 1) / range_align_ * range_align_ + range_align_;
+    next_address_ = base + round_up(span, range_align_) + range_align_;
     return base;
   }
   void charge(double cost) { ++calls; cost_s += cost; }

@@ -18,6 +18,7 @@
 
 #include "columns.hpp"
 #include "device.hpp"
+#include "hot_path.hpp"
 #include "id_map.hpp"
 
 namespace allocsim {
@@ -131,63 +132,106 @@ class Engine {
     loaded_ = count;
   }
 
+  // What the per-event body updates, held in locals for a call of run() (written back at its
+  // stretches' ends): as members they were loaded and stored again around every policy call,
+  // which may write any int64_t.
+  struct Running {
+    const int64_t *ops, *ids, *sizes, *streams;
+    const int64_t* device_calls;
+    bool record_addresses;
+    int64_t calls, allocated, peak_allocated, bucket_top_allocated;
+  };
+
+  // Events [i, stop), in stretches that end where a sample is taken or a bucket closes
+  // (after that event), so the per-event body checks neither.
   int64_t run(int64_t i, int64_t stop) {
-    const int64_t* ops = window_op_.data() - base_;
-    const int64_t* ids = window_id_.data() - base_;
-    const int64_t* sizes = window_size_.data() - base_;
-    const int64_t* streams = window_stream_.data() - base_;
-    int64_t calls = device_.calls;
-    for (; i < stop; ++i) {
-      int64_t size = sizes[i];
-      if (ops[i] == kOpAlloc) {
-        if (size > 0) {
-          int64_t handle = 0;
-          int64_t address = policy_.malloc(size, streams[i], &handle);
-          if (c_.record_addresses) addresses.push_back(address);
-          if (address < 0) {
-            note_out_of_memory(i, size);
-          } else {
-            live_.put(ids[i], handle);
-            allocated += size;
-            if (allocated > peak_allocated) {
-              peak_allocated = allocated;
-              peak_allocated_event = i;
-              in_use_at_peak_allocated = policy_.bytes_in_use;
-            }
-          }
-        }
-      } else {
-        int64_t handle;
-        if (live_.pop(ids[i], &handle)) {
-          policy_.free(handle);
-          allocated -= size;
-        } else if (size) {
-          skipped_events.push_back(i);
+    Running r{window_op_.data() - base_, window_id_.data() - base_,
+              window_size_.data() - base_, window_stream_.data() - base_,
+              &device_.calls, c_.record_addresses, device_.calls, allocated, peak_allocated,
+              bucket_top_allocated_};
+    bool going = true;
+    while (going && i < stop) {
+      int64_t until = std::min(stop, std::min(next_sample_, last_event_) + 1);
+      if (i == first_event_) {
+        // A bucket's most allocated bytes count its first event whatever it is; after it only
+        // an alloc can raise them (event() does).
+        going = event(i, r);
+        if (r.allocated > r.bucket_top_allocated) r.bucket_top_allocated = r.allocated;
+        ++i;
+        if (!going) until = i;  // a stopping OOM ends the stretch there
+      }
+      while (i < until) {
+        if (!event(i++, r)) {
+          going = false;
+          break;
         }
       }
-      if (device_.calls != calls) {
-        calls = device_.calls;
-        int64_t reserved = device_.reserved;
-        if (reserved > top_) {  // the bucket's most (-1: none yet)
-          if (top_ < 0) first_call_ = i;
-          top_ = reserved;
-          if (reserved > reserved_at_peak) {
-            reserved_at_peak = reserved;
-            peak_reserved_event = i;
-            in_use_at_peak_reserved = policy_.bytes_in_use;
-          }
-        }
-      }
-      if (allocated > bucket_top_allocated_) bucket_top_allocated_ = allocated;
-      if (i == next_sample_) {
-        sample_events.push_back(i);
+      allocated = r.allocated;
+      peak_allocated = r.peak_allocated;
+      bucket_top_allocated_ = r.bucket_top_allocated;
+      int64_t done = i - 1;
+      if (done == next_sample_) {
+        sample_events.push_back(done);
         sample_values.push_back(policy_.bytes_in_use);
         next_sample_ += c_.sample_every;
       }
-      if (i == last_event_) close_bucket();
-      if (stopped_) return i + 1;
+      if (done == last_event_) {
+        close_bucket();
+        r.bucket_top_allocated = bucket_top_allocated_;
+      }
     }
     return i;
+  }
+
+  // One event: at most one policy call, the live-buffer map, the allocated bytes, their peak
+  // and the bucket's most, the device's call counter. False when an OOM stops the run.
+  ALLOCSIM_HOT
+  bool event(int64_t i, Running& r) {
+    bool going = true;
+    int64_t size = r.sizes[i];
+    if (r.ops[i] == kOpAlloc) {
+      if (size > 0) {
+        int64_t handle = 0;
+        int64_t address = policy_.malloc(size, r.streams[i], &handle);
+        if (r.record_addresses) addresses.push_back(address);
+        if (address < 0) {
+          allocated = r.allocated;  // the first OOM's record reads it
+          note_out_of_memory(i, size);
+          going = !stopped_;
+        } else {
+          live_.put(r.ids[i], handle);
+          r.allocated += size;
+          if (r.allocated > r.peak_allocated) {
+            r.peak_allocated = r.allocated;
+            peak_allocated_event = i;
+            in_use_at_peak_allocated = policy_.bytes_in_use;
+          }
+          if (r.allocated > r.bucket_top_allocated) r.bucket_top_allocated = r.allocated;
+        }
+      }
+    } else {
+      int64_t handle;
+      if (live_.pop(r.ids[i], &handle)) {
+        policy_.free(handle);
+        r.allocated -= size;
+      } else if (size) {
+        skipped_events.push_back(i);
+      }
+    }
+    if (*r.device_calls != r.calls) {
+      r.calls = *r.device_calls;
+      int64_t reserved = device_.reserved;
+      if (reserved > top_) {  // the bucket's most (-1: none yet)
+        if (top_ < 0) first_call_ = i;
+        top_ = reserved;
+        if (reserved > reserved_at_peak) {
+          reserved_at_peak = reserved;
+          peak_reserved_event = i;
+          in_use_at_peak_reserved = policy_.bytes_in_use;
+        }
+      }
+    }
+    return going;
   }
 
   void note_out_of_memory(int64_t i, int64_t size) {

@@ -10,6 +10,8 @@
 #include <limits>
 #include <vector>
 
+#include "hot_path.hpp"
+
 namespace allocsim {
 
 class IdMap {
@@ -19,6 +21,7 @@ class IdMap {
   IdMap() { slots_.assign(64, Slot{kEmpty, 0}); mask_ = 63; shift_ = 64 - 6; }
 
   // Insert or replace (an alloc of a live id replaces it, as the Python dict does).
+  ALLOCSIM_HOT
   void put(int64_t key, int64_t value) {
     if (2 * (size_ + 1) > slots_.size()) grow();
     size_t i = home(key);
@@ -31,6 +34,7 @@ class IdMap {
   }
 
   // Remove key; returns whether it was there (its value into *value).
+  ALLOCSIM_HOT
   bool pop(int64_t key, int64_t* value) {
     size_t i = home(key);
     while (true) {

@@ -27,6 +27,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "hot_path.hpp"
+
 #include "device.hpp"
 #include "limit_window.hpp"
 #include "records.hpp"
@@ -58,11 +60,12 @@ class PyTorchPolicy {
   // may differ; the bridge resumes only where nothing else does).
   void resume_on(Device& device, const PyTorchConfig& config) { device_ = &device; c_ = config; }
 
+  ALLOCSIM_HOT
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
     int64_t rounded = round_size(size);
     bool small = rounded <= c_.small_size;
     int64_t pool_key = static_cast<int64_t>(static_cast<uint64_t>(stream) << 1) | (small ? 1 : 0);
-    SortedBins& keys = pool(pool_key);
+    SortedBins& keys = pools_[stream_pool(stream, pool_key)];
     if (c_.gc_on) ++gc_calls_[small ? 1 : 0];
     int32_t at = get_free_block(keys, rounded);
     if (at < 0) {
@@ -73,7 +76,7 @@ class PyTorchPolicy {
     int64_t remaining = block_size - rounded;
     // should_split, then alloc_found_block: the caller keeps the low end.
     if (should_split(remaining, rounded, small || c_.expandable)) {
-      int32_t rest = new_block(blocks_[at].address + rounded, remaining, pool_key);
+      int32_t rest = new_block(blocks_[at].address + rounded, remaining, blocks_[at].pool);
       Block& block = blocks_[at];
       Block& piece = blocks_[rest];
       piece.prev = at;
@@ -95,6 +98,7 @@ class PyTorchPolicy {
   }
 
   // free_block: merge with the previous block, then the next one, each when free.
+  ALLOCSIM_HOT
   void free(int64_t handle) {
     int32_t at = static_cast<int32_t>(handle);
     Block* block = &blocks_[at];
@@ -155,7 +159,9 @@ class PyTorchPolicy {
   };
   using Key = SortedBins::Key;  // (size, tie = address, chunk = the block)
 
-  int32_t new_block(int64_t address, int64_t size, int64_t pool_key) {
+  ALLOCSIM_HOT
+  // A free block of pool number `pool`, its fields written one by one (hot_path.hpp).
+  int32_t new_block(int64_t address, int64_t size, int32_t pool) {
     int32_t at;
     if (!spare_.empty()) {
       at = spare_.back();
@@ -164,15 +170,24 @@ class PyTorchPolicy {
       at = static_cast<int32_t>(blocks_.size());
       blocks_.push_back(Block{});
     }
-    blocks_[at] = Block{size, address, 0, -1, -1, pool_number(pool_key), 0};
+    Block& block = blocks_[at];
+    block.size = size;
+    block.address = address;
+    block.req = 0;
+    block.prev = -1;
+    block.next = -1;
+    block.pool = pool;
+    block.gc_base = 0;
     return at;
   }
 
+  ALLOCSIM_HOT
   void insert_free(int32_t at) {
     const Block& block = blocks_[at];
     pools_[block.pool].add(block.size, block.address, at);
   }
 
+  ALLOCSIM_HOT
   void remove_free(int32_t at) {
     const Block& block = blocks_[at];
     pools_[block.pool].remove(block.size, block.address);
@@ -181,6 +196,7 @@ class PyTorchPolicy {
   // round_size (pytorch/settings.py): 512 B at least; with a division count d > 1 for the
   // size's interval and size > 512·d, up to the next of d steps between powers of two; else up
   // to a multiple of 512.
+  ALLOCSIM_HOT
   int64_t round_size(int64_t size) const {
     if (size < c_.min_block_size) return c_.min_block_size;
     if (!c_.divisions.empty()) {
@@ -207,6 +223,7 @@ class PyTorchPolicy {
   // _get_free_block: the smallest block of this stream and pool that fits (moved on by the
   // expandable walk), or -1 when there is none or max_split_size rejects it (no search
   // beyond it). The block found leaves the free list.
+  ALLOCSIM_HOT
   int32_t get_free_block(SortedBins& keys, int64_t rounded) {
     Key found;
     SortedBins::Position at;
@@ -234,6 +251,7 @@ class PyTorchPolicy {
   // serving rounded splits off its rest when, in the small pool or with expandable segments,
   // remaining >= kMinBlockSize; in the large pool when rounded < max_split_size and
   // remaining > kSmallSize.
+  ALLOCSIM_HOT
   bool should_split(int64_t remaining, int64_t rounded, bool small_or_expandable) const {
     if (small_or_expandable) return remaining >= c_.min_block_size;
     return rounded < c_.max_split_size && remaining > c_.small_size;
@@ -279,7 +297,7 @@ class PyTorchPolicy {
     if (c_.expandable) return try_allocate_expandable_block(stream, small, rounded, pool_key);
     int64_t base = device_->reserve(alloc_size);
     if (base < 0) return -1;
-    int32_t at = new_block(base, alloc_size, pool_key);
+    int32_t at = new_block(base, alloc_size, pool_number(pool_key));
     grew(alloc_size);
     return at;
   }
@@ -347,6 +365,18 @@ class PyTorchPolicy {
   // The free list of a pool, made on first use (the Python dict's insertion order kept). A
   // run has a few pools (two per stream): a scan of their keys beats a tree's lookup.
   SortedBins& pool(int64_t pool_key) { return pools_[pool_number(pool_key)]; }
+  // The pool number of `pool_key`, a pool of `stream`: the last stream's two pools are
+  // remembered (a trace's events mostly follow one stream; no scan of the keys per malloc).
+  ALLOCSIM_HOT
+  int32_t stream_pool(int64_t stream, int64_t pool_key) {
+    if (stream != last_stream_) {
+      last_stream_ = stream;
+      last_pools_[0] = last_pools_[1] = -1;
+    }
+    int32_t& number = last_pools_[pool_key & 1];
+    if (number < 0) number = pool_number(pool_key);
+    return number;
+  }
   int32_t pool_number(int64_t pool_key) {
     for (size_t number = 0; number < pool_keys_.size(); ++number) {
       if (pool_keys_[number] == pool_key) return static_cast<int32_t>(number);
@@ -508,7 +538,7 @@ class PyTorchPolicy {
     }
     int64_t nbytes = small ? c_.range_small : c_.range_large;
     int64_t base = device_->address_range(nbytes);
-    int32_t at = new_block(base, nbytes, pool_key);
+    int32_t at = new_block(base, nbytes, pool_number(pool_key));
     range_bases_.insert(std::upper_bound(range_bases_.begin(), range_bases_.end(), base), base);
     add_unmapped(at);
     return at;
@@ -525,7 +555,7 @@ class PyTorchPolicy {
     drop_unmapped(at);
     if (nbytes < blocks_[at].size) {
       int32_t after = blocks_[at].next;
-      int32_t piece = new_block(address + nbytes, blocks_[at].size - nbytes, pool_key);
+      int32_t piece = new_block(address + nbytes, blocks_[at].size - nbytes, blocks_[at].pool);
       blocks_[piece].prev = at;
       blocks_[piece].next = after;
       if (after >= 0) blocks_[after].prev = piece;
@@ -587,7 +617,7 @@ class PyTorchPolicy {
         current = at;
         blocks_[at].size = piece_size;
       } else {
-        current = new_block(piece, piece_size, pool_key);
+        current = new_block(piece, piece_size, blocks_[at].pool);
         blocks_[current].prev = previous;
       }
       if (previous >= 0) blocks_[previous].next = current;
@@ -620,6 +650,8 @@ class PyTorchPolicy {
   std::vector<Block> blocks_;
   std::vector<int32_t> spare_;
   std::vector<int64_t> pool_keys_;  // pool keys (stream << 1 | small), in the order first used
+  int64_t last_stream_ = 0;            // stream_pool's: the last stream asked
+  int32_t last_pools_[2] = {-1, -1};   // and its large and small pools' numbers (-1: not yet)
   std::vector<SortedBins> pools_;    // their free lists, by (size, address)
   int64_t gc_calls_[2] = {0, 0};              // searches per pool kind (large, small)
   int64_t pool_bytes_ = 0, peak_pool_bytes_ = 0;

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "hot_path.hpp"
+
 namespace allocsim {
 
 template <class Record>
@@ -13,15 +15,23 @@ class Records {
  public:
   // A record holding `value`, at a recycled index if there is one. Invalidates references.
   int32_t make(const Record& value) {
+    int32_t at = make();
+    items_[at] = value;
+    return at;
+  }
+  // A record's index, recycled if there is one, its fields for the caller to set one by one
+  // (field by field: hot_path.hpp). Invalidates references.
+  ALLOCSIM_HOT
+  int32_t make() {
     if (spare_.empty()) {
-      items_.push_back(value);
+      items_.emplace_back();
       return static_cast<int32_t>(items_.size() - 1);
     }
     int32_t at = spare_.back();
     spare_.pop_back();
-    items_[at] = value;
     return at;
   }
+  ALLOCSIM_HOT
   void recycle(int32_t at) { spare_.push_back(at); }
   Record& operator[](int32_t at) { return items_[at]; }
   const Record& operator[](int32_t at) const { return items_[at]; }
@@ -34,6 +44,7 @@ class Records {
 // Join the record after `at` (by address, in `at`'s segment) into it; its record recycled.
 // Record has size, prev and next (-1 at the ends).
 template <class Record>
+ALLOCSIM_HOT
 void absorb_next(Records<Record>& records, int32_t at) {
   int32_t gone = records[at].next;
   int32_t beyond = records[gone].next;
@@ -46,7 +57,8 @@ void absorb_next(Records<Record>& records, int32_t at) {
 // size (>= 0) rounded up to a multiple of unit (> 0), as Python's -(-size // unit) * unit: a
 // mask when unit is a power of two (the rounding units always are; a division costs tens of
 // cycles on every malloc), else the division.
-inline int64_t round_up(int64_t size, int64_t unit) {
+ALLOCSIM_HOT
+int64_t round_up(int64_t size, int64_t unit) {
   if ((unit & (unit - 1)) == 0) return (size + unit - 1) & ~(unit - 1);
   return (size + unit - 1) / unit * unit;
 }
@@ -57,12 +69,14 @@ struct Counters {
   int64_t num_allocs = 0, num_frees = 0, num_ooms = 0;
 
   int64_t bytes_requested() const { return requested_sum; }
+  ALLOCSIM_HOT
   void handed(int64_t nbytes, int64_t requested) {
     bytes_in_use += nbytes;
     if (bytes_in_use > peak_bytes_in_use) peak_bytes_in_use = bytes_in_use;
     requested_sum += requested;
     ++num_allocs;
   }
+  ALLOCSIM_HOT
   void returned(int64_t nbytes, int64_t requested) {
     bytes_in_use -= nbytes;
     requested_sum -= requested;

@@ -22,8 +22,11 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <unordered_map>
 #include <vector>
+
+#include "hot_path.hpp"
 
 namespace allocsim {
 
@@ -35,21 +38,58 @@ class SortedBins {
     bool operator<(const Key& o) const { return size < o.size || (size == o.size && tie < o.tie); }
   };
 
+  // The key goes where the descending order puts it. In a small bin (the common case) the
+  // keys smaller than it, at the bin's back, move up one place each as they are passed — the
+  // moves an insert makes anyway, so no search first; a larger bin is searched and moved in
+  // one memmove.
+  ALLOCSIM_HOT
   void add(int64_t size, int64_t tie, int32_t chunk) {
     int number = bin(size);
-    std::vector<Key>& keys = bins_[number];
+    Bin& keys = bins_[number];
+    if (keys.count == 0) set(number);
+    if (keys.count == keys.capacity) keys.grow();
     Key key{size, tie, chunk};
-    if (keys.empty()) set(number);
-    if (keys.empty() || key < keys.back()) keys.push_back(key);
-    else keys.insert(first_not_above(keys, key), key);
+    Key* data = keys.slots.data();
+    int64_t at = keys.count++;
+    if (at > kWalk) {
+      int64_t end = at;
+      at = first_not_above(data, end, key);
+      std::memmove(data + at + 1, data + at, static_cast<size_t>(end - at) * sizeof(Key));
+    } else {
+      while (at > 0 && data[at - 1] < key) {
+        copy(data[at - 1], &data[at]);
+        --at;
+      }
+    }
+    Key& slot = data[at];  // field by field (hot_path.hpp)
+    slot.size = size;
+    slot.tie = tie;
+    slot.chunk = chunk;
     ++count_;
   }
 
+  // The key (present) out. In a small bin it is found from the back, the smaller keys behind
+  // it moving down one place each as they are passed; a larger bin is searched.
+  ALLOCSIM_HOT
   void remove(int64_t size, int64_t tie) {
     int number = bin(size);
-    std::vector<Key>& keys = bins_[number];
-    keys.erase(first_not_above(keys, Key{size, tie, 0}));
-    if (keys.empty()) clear(number);
+    Bin& keys = bins_[number];
+    Key key{size, tie, 0};
+    Key* data = keys.slots.data();
+    int64_t last = keys.count - 1;
+    if (last > kWalk) {
+      int64_t at = first_not_above(data, keys.count, key);
+      std::memmove(data + at, data + at + 1, static_cast<size_t>(last - at) * sizeof(Key));
+    } else {
+      Key moving = data[last];
+      for (int64_t at = last; moving < key;) {
+        Key above = data[--at];
+        copy(moving, &data[at]);
+        moving = above;
+      }
+    }
+    keys.count = last;
+    if (last == 0) clear(number);
     --count_;
   }
 
@@ -62,33 +102,46 @@ class SortedBins {
 
   // The smallest key with size >= size into *out and where it lies into *at (false: none).
   // O(log k) plus an O(1) jump; nothing moves.
+  ALLOCSIM_HOT
   bool find(int64_t size, Key* out, Position* at) const {
     int number = bin(size);
-    const std::vector<Key>& keys = bins_[number];
-    if (!keys.empty() && keys.front().size >= size) {
+    const Bin& keys = bins_[number];
+    const Key* data = keys.slots.data();
+    if (keys.count > 0 && data[0].size >= size) {
       // The keys >= (size, minimum) are a prefix; the smallest of them is its last.
-      auto it = std::lower_bound(keys.begin(), keys.end(), Key{size, INT64_MIN, 0},
-                                 [](const Key& a, const Key& b) { return b < a; }) - 1;
-      *out = *it;
-      *at = Position{number, it - keys.begin()};
+      int64_t end = first_not_above(data, keys.count, Key{size, INT64_MIN, 0});
+      copy(data[end - 1], out);
+      *at = Position{number, end - 1};
       return true;
     }
     int next = next_nonempty(number + 1);
     if (next < 0) return false;
-    const std::vector<Key>& above = bins_[next];
-    *out = above.back();
-    *at = Position{next, static_cast<int64_t>(above.size()) - 1};
+    const Bin& above = bins_[next];
+    copy(above.slots[above.count - 1], out);
+    *at = Position{next, above.count - 1};
     return true;
   }
 
   // The key find() found at `at` out of the index (the smallest of a bin, the common case,
   // moves nothing).
+  ALLOCSIM_HOT
   void erase_at(Position at) {
-    std::vector<Key>& keys = bins_[at.number];
-    erase(at.number, keys.begin() + at.index);
+    Bin& keys = bins_[at.number];
+    Key* data = keys.slots.data();
+    int64_t behind = keys.count - at.index - 1;  // keys to move down one place
+    if (behind > kWalk) {
+      std::memmove(data + at.index, data + at.index + 1, static_cast<size_t>(behind) * sizeof(Key));
+    } else {
+      for (int64_t index = at.index + 1; index < keys.count; ++index) {
+        copy(data[index], &data[index - 1]);
+      }
+    }
+    if (--keys.count == 0) clear(at.number);
+    --count_;
   }
 
   // The smallest key with size >= size into *out (false: none); with pop, it leaves the index.
+  ALLOCSIM_HOT
   bool lower_bound(int64_t size, bool pop, Key* out) {
     Position at;
     if (!find(size, out, &at)) return false;
@@ -99,16 +152,15 @@ class SortedBins {
   // The smallest key above `key` into *out (false: none). O(log k) plus an O(1) jump.
   bool after(const Key& key, Key* out) const {
     int number = bin(key.size);
-    const std::vector<Key>& keys = bins_[number];
-    auto it = std::lower_bound(keys.begin(), keys.end(), key,
-                               [](const Key& a, const Key& b) { return b < a; });
-    if (it != keys.begin()) {  // the keys above `key` are a prefix; its last is the smallest
-      *out = *(it - 1);
+    const Bin& keys = bins_[number];
+    int64_t end = first_not_above(keys.slots.data(), keys.count, key);
+    if (end > 0) {  // the keys above `key` are a prefix; its last is the smallest
+      *out = keys.slots[end - 1];
       return true;
     }
     int next = next_nonempty(number + 1);
     if (next < 0) return false;
-    *out = bins_[next].back();
+    *out = bins_[next].slots[bins_[next].count - 1];
     return true;
   }
 
@@ -116,48 +168,80 @@ class SortedBins {
   std::vector<Key> ascending() const {
     std::vector<Key> keys;
     keys.reserve(static_cast<size_t>(count_));
-    for (const std::vector<Key>& bin : bins_) keys.insert(keys.end(), bin.rbegin(), bin.rend());
+    for (const Bin& bin : bins_) {
+      for (int64_t index = bin.count - 1; index >= 0; --index) keys.push_back(bin.slots[index]);
+    }
     return keys;
   }
 
   // Every key out; the bins keep their memory.
   void clear() {
-    for (std::vector<Key>& keys : bins_) keys.clear();
+    for (Bin& keys : bins_) keys.count = 0;
     for (uint64_t& word : mask_) word = 0;
     count_ = 0;
   }
 
   int64_t largest() const {
     int top = top_nonempty();
-    return top < 0 ? 0 : bins_[top].front().size;
+    return top < 0 ? 0 : bins_[top].slots[0].size;
   }
   int64_t size() const { return count_; }
 
  private:
   static constexpr int kBins = 256;
   static constexpr int kWords = kBins / 64;
+  // A bin of up to this many keys is walked from its back; a larger one binary-searched and
+  // moved by memmove.
+  static constexpr int64_t kWalk = 8;
+
+  // A bin: its keys, descending, are slots[0, count); the slots past them are spare room, so
+  // adding a key writes a slot rather than calling into std::vector.
+  struct Bin {
+    std::vector<Key> slots;
+    int64_t count = 0;
+    int64_t capacity = 0;  // slots.size(), held: computing it divides by sizeof(Key)
+    void grow() {
+      slots.resize(slots.empty() ? 4 : 2 * slots.size());
+      capacity = static_cast<int64_t>(slots.size());
+    }
+  };
+
+  // A key copied field by field (hot_path.hpp).
+  ALLOCSIM_HOT
+  static void copy(const Key& from, Key* to) {
+    to->size = from.size;
+    to->tie = from.tie;
+    to->chunk = from.chunk;
+  }
 
   // Four classes per power of two: sizes below 4 are their own class; above, the bit length
   // and the two bits below the top one. Monotone in size; at most 247 for sizes below 2**62.
+  ALLOCSIM_HOT
   static int bin(int64_t size) {
     if (size < 4) return size > 0 ? static_cast<int>(size) : 0;
     uint64_t value = static_cast<uint64_t>(size);
     int bits = 64 - __builtin_clzll(value);
     return (bits - 2) * 4 + static_cast<int>((value >> (bits - 3)) & 3);
   }
-  // The first key of a descending bin that is not above `key` (where `key` is or would go).
-  static std::vector<Key>::iterator first_not_above(std::vector<Key>& keys, const Key& key) {
-    return std::lower_bound(keys.begin(), keys.end(), key,
-                            [](const Key& a, const Key& b) { return b < a; });
-  }
-  void erase(int number, std::vector<Key>::iterator it) {
-    std::vector<Key>& keys = bins_[number];
-    keys.erase(it);
-    if (keys.empty()) clear(number);
-    --count_;
+  // How many keys of a descending bin are above `key` (where `key` is or would go): a binary
+  // search, written out so that it stays in the per-event loop.
+  ALLOCSIM_HOT
+  static int64_t first_not_above(const Key* data, int64_t count, const Key& key) {
+    int64_t low = 0;
+    while (count > 0) {
+      int64_t half = count / 2;
+      if (key < data[low + half]) {
+        low += half + 1;
+        count -= half + 1;
+      } else {
+        count = half;
+      }
+    }
+    return low;
   }
   void set(int number) { mask_[number >> 6] |= uint64_t{1} << (number & 63); }
   void clear(int number) { mask_[number >> 6] &= ~(uint64_t{1} << (number & 63)); }
+  ALLOCSIM_HOT
   int next_nonempty(int from) const {
     for (int word = from >> 6; word < kWords; ++word) {
       uint64_t bits = mask_[word];
@@ -173,7 +257,7 @@ class SortedBins {
     return -1;
   }
 
-  std::vector<Key> bins_[kBins];
+  Bin bins_[kBins];
   uint64_t mask_[kWords] = {};
   int64_t count_ = 0;
 };
