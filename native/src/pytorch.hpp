@@ -53,7 +53,12 @@ struct PyTorchConfig {
 
 class PyTorchPolicy {
  public:
-  PyTorchPolicy(PyTorchConfig config, Device& device) : c_(config), device_(&device) {}
+  PyTorchPolicy(PyTorchConfig config, Device& device) : c_(config), device_(&device) {
+    // round_size rounds to min_block_size by mask (kMinBlockSize, 512: a power of two).
+    if (c_.min_block_size <= 0 || (c_.min_block_size & (c_.min_block_size - 1)) != 0) {
+      throw std::invalid_argument("pytorch: min_block_size must be a power of two");
+    }
+  }
 
   // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
   // the saved policy, on the resumed run's device, with that run's constants (its limit
@@ -112,7 +117,7 @@ class PyTorchPolicy {
       remove_free(before);
       blocks_[before].next = after;
       if (after >= 0) blocks_[after].prev = before;
-      spare_.push_back(at);
+      recycle(at);
       size += blocks_[before].size;
       at = before;
       block = &blocks_[at];
@@ -122,7 +127,7 @@ class PyTorchPolicy {
       int32_t beyond = blocks_[after].next;
       block->next = beyond;
       if (beyond >= 0) blocks_[beyond].prev = at;
-      spare_.push_back(after);
+      recycle(after);
       size += blocks_[after].size;
     }
     block->size = size;
@@ -153,7 +158,8 @@ class PyTorchPolicy {
  private:
   struct Block {
     int64_t size, address, req;  // req: the caller's request while allocated, 0 while free
-    int32_t prev, next;          // neighbours in the segment; -1 at its ends
+    int32_t prev, next;          // neighbours in the segment; -1 at its ends (a spare record's
+                                 // next: the next spare, recycle())
     int32_t pool;                // its pool's number: pools_ and pool_keys_ (looked up once)
     int64_t gc_base;             // the pool's search count when it became free (GC's age)
   };
@@ -162,10 +168,9 @@ class PyTorchPolicy {
   ALLOCSIM_HOT
   // A free block of pool number `pool`, its fields written one by one (hot_path.hpp).
   int32_t new_block(int64_t address, int64_t size, int32_t pool) {
-    int32_t at;
-    if (!spare_.empty()) {
-      at = spare_.back();
-      spare_.pop_back();
+    int32_t at = spare_;
+    if (at >= 0) {
+      spare_ = blocks_[at].next;
     } else {
       at = static_cast<int32_t>(blocks_.size());
       blocks_.push_back(Block{});
@@ -179,6 +184,14 @@ class PyTorchPolicy {
     block.pool = pool;
     block.gc_base = 0;
     return at;
+  }
+
+  // A record no block holds any more: it heads the spare records, linked through their `next`
+  // (pooled nodes: no vector of spare indexes to grow and call into).
+  ALLOCSIM_HOT
+  void recycle(int32_t at) {
+    blocks_[at].next = spare_;
+    spare_ = at;
   }
 
   ALLOCSIM_HOT
@@ -205,7 +218,7 @@ class PyTorchPolicy {
       int64_t d = c_.divisions[index];
       if (d > 1 && size > c_.min_block_size * d) return roundup_power2_next_division(size, d);
     }
-    return round_up(size, c_.min_block_size);
+    return (size + c_.min_block_size - 1) & -c_.min_block_size;  // a power of two: a mask
   }
 
 
@@ -313,7 +326,7 @@ class PyTorchPolicy {
     const Block& block = blocks_[at];
     device_->release(block.address);
     pool_bytes_ -= block.size;
-    spare_.push_back(at);
+    recycle(at);
   }
 
   // garbage_collect_cached_blocks: above threshold × allowed bytes, release unsplit
@@ -441,7 +454,7 @@ class PyTorchPolicy {
           keys.remove(key.size, key.tie);
           device_->release(block.address);
           pool_bytes_ -= block.size;
-          spare_.push_back(key.chunk);
+          recycle(key.chunk);
         }
       }
     }
@@ -513,7 +526,7 @@ class PyTorchPolicy {
     blocks_[low].size += blocks_[high].size;
     blocks_[low].next = beyond;
     if (beyond >= 0) blocks_[beyond].prev = low;
-    spare_.push_back(high);
+    recycle(high);
     return low;
   }
 
@@ -641,14 +654,14 @@ class PyTorchPolicy {
     int64_t base = blocks_[at].address;
     drop_unmapped(at);
     range_bases_.erase(std::lower_bound(range_bases_.begin(), range_bases_.end(), base));
-    spare_.push_back(at);
+    recycle(at);
   }
 
 
   PyTorchConfig c_;
   Device* device_;  // a pointer: a run resumed from a saved state points it at its own device
   std::vector<Block> blocks_;
-  std::vector<int32_t> spare_;
+  int32_t spare_ = -1;  // the first spare record (recycle()), -1: none
   std::vector<int64_t> pool_keys_;  // pool keys (stream << 1 | small), in the order first used
   int64_t last_stream_ = 0;            // stream_pool's: the last stream asked
   int32_t last_pools_[2] = {-1, -1};   // and its large and small pools' numbers (-1: not yet)

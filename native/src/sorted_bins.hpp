@@ -127,16 +127,20 @@ class SortedBins {
   ALLOCSIM_HOT
   void erase_at(Position at) {
     Bin& keys = bins_[at.number];
-    Key* data = keys.slots.data();
-    int64_t behind = keys.count - at.index - 1;  // keys to move down one place
-    if (behind > kWalk) {
-      std::memmove(data + at.index, data + at.index + 1, static_cast<size_t>(behind) * sizeof(Key));
-    } else {
-      for (int64_t index = at.index + 1; index < keys.count; ++index) {
-        copy(data[index], &data[index - 1]);
+    int64_t last = --keys.count;
+    if (at.index != last) {  // keys behind it move down one place
+      Key* data = keys.slots.data();
+      int64_t behind = last - at.index;
+      if (behind > kWalk) {
+        std::memmove(data + at.index, data + at.index + 1,
+                     static_cast<size_t>(behind) * sizeof(Key));
+      } else {
+        for (int64_t index = at.index + 1; index <= last; ++index) {
+          copy(data[index], &data[index - 1]);
+        }
       }
     }
-    if (--keys.count == 0) clear(at.number);
+    if (last == 0) clear(at.number);
     --count_;
   }
 
@@ -214,12 +218,12 @@ class SortedBins {
     to->chunk = from.chunk;
   }
 
-  // Four classes per power of two: sizes below 4 are their own class; above, the bit length
-  // and the two bits below the top one. Monotone in size; at most 247 for sizes below 2**62.
+  // Four classes per power of two of size + 4: the bit length and the two bits below the top
+  // one (the 4 added spares a branch for the sizes below 4, which have no two bits below).
+  // Monotone in size; from 4 (size 0) to at most 247 for sizes below 2**62 - 4.
   ALLOCSIM_HOT
   static int bin(int64_t size) {
-    if (size < 4) return size > 0 ? static_cast<int>(size) : 0;
-    uint64_t value = static_cast<uint64_t>(size);
+    uint64_t value = static_cast<uint64_t>(size) + 4;
     int bits = 64 - __builtin_clzll(value);
     return (bits - 2) * 4 + static_cast<int>((value >> (bits - 3)) & 3);
   }
