@@ -255,7 +255,7 @@ class CudaAsyncPolicy : public Counters {
   // in (size, address) order), then the release threshold.
   void synchronize() {
     for (int32_t owner = 1; owner < indexes_.count(); ++owner) {
-      if (!indexes_[owner].size()) continue;
+      if (indexes_[owner].empty()) continue;
       for (const SortedBins::Key& key : indexes_[owner].ascending()) {
         indexes_[owner].remove(key.size, key.tie);
         give_back(key.chunk, kShared);

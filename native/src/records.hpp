@@ -23,22 +23,24 @@ class Records {
   // (field by field: hot_path.hpp). Invalidates references.
   ALLOCSIM_HOT
   int32_t make() {
-    if (spare_.empty()) {
+    if (spares_ == 0) {
       items_.emplace_back();
+      spare_.emplace_back();  // the room it takes once recycled
       return static_cast<int32_t>(items_.size() - 1);
     }
-    int32_t at = spare_.back();
-    spare_.pop_back();
-    return at;
+    return spare_[--spares_];
   }
+  // Spares never outnumber the records, and make() gave each record a slot: no check, no
+  // call into std::vector (an out-of-line push_back was 2% of CuPy's instructions).
   ALLOCSIM_HOT
-  void recycle(int32_t at) { spare_.push_back(at); }
+  void recycle(int32_t at) { spare_[spares_++] = at; }
   Record& operator[](int32_t at) { return items_[at]; }
   const Record& operator[](int32_t at) const { return items_[at]; }
 
  private:
   std::vector<Record> items_;
-  std::vector<int32_t> spare_;
+  std::vector<int32_t> spare_;  // one slot per record; the spare indexes are [0, spares_)
+  size_t spares_ = 0;
 };
 
 // Join the record after `at` (by address, in `at`'s segment) into it; its record recycled.
