@@ -70,18 +70,20 @@ class PyTorchPolicy {
     int64_t rounded = round_size(size);
     bool small = rounded <= c_.small_size;
     int64_t pool_key = static_cast<int64_t>(static_cast<uint64_t>(stream) << 1) | (small ? 1 : 0);
-    SortedBins& keys = pools_[stream_pool(stream, pool_key)];
+    SortedBins* keys = &pools_[stream_pool(stream, pool_key)];
     if (c_.gc_on) ++gc_calls_[small ? 1 : 0];
-    int32_t at = get_free_block(keys, rounded);
+    int32_t at = get_free_block(*keys, rounded);
     if (at < 0) {
       at = malloc_miss(rounded, small, stream, pool_key);
       if (at < 0) return -1;
+      keys = &pools_[blocks_[at].pool];  // the miss may have made a pool (pools_ moved)
     }
     int64_t block_size = blocks_[at].size;
     int64_t remaining = block_size - rounded;
     // should_split, then alloc_found_block: the caller keeps the low end.
     if (should_split(remaining, rounded, small || c_.expandable)) {
-      int32_t rest = new_block(blocks_[at].address + rounded, remaining, blocks_[at].pool);
+      int64_t address = blocks_[at].address + rounded;
+      int32_t rest = new_block(address, remaining, blocks_[at].pool);
       Block& block = blocks_[at];
       Block& piece = blocks_[rest];
       piece.prev = at;
@@ -89,7 +91,7 @@ class PyTorchPolicy {
       if (block.next >= 0) blocks_[block.next].prev = rest;
       block.next = rest;
       block.size = rounded;
-      insert_free(rest);
+      keys->add(remaining, address, rest);  // insert_free: the block's own pool
       if (c_.gc_on) piece.gc_base = gc_calls_[small ? 1 : 0];
       block_size = rounded;
     }
@@ -113,8 +115,10 @@ class PyTorchPolicy {
     ++num_frees;
     block->req = 0;
     int32_t before = block->prev, after = block->next;
+    // remove_free and insert_free, the pool looked up once: a segment's blocks share it.
+    SortedBins& keys = pools_[block->pool];
     if (before >= 0 && blocks_[before].req == 0) {
-      remove_free(before);
+      keys.remove(blocks_[before].size, blocks_[before].address);
       blocks_[before].next = after;
       if (after >= 0) blocks_[after].prev = before;
       recycle(at);
@@ -123,7 +127,7 @@ class PyTorchPolicy {
       block = &blocks_[at];
     }
     if (after >= 0 && blocks_[after].req == 0) {
-      remove_free(after);
+      keys.remove(blocks_[after].size, blocks_[after].address);
       int32_t beyond = blocks_[after].next;
       block->next = beyond;
       if (beyond >= 0) blocks_[beyond].prev = at;
@@ -131,7 +135,7 @@ class PyTorchPolicy {
       size += blocks_[after].size;
     }
     block->size = size;
-    insert_free(at);
+    keys.add(size, block->address, at);
     if (c_.gc_on) block->gc_base = gc_calls_[pool_keys_[block->pool] & 1];
   }
 
@@ -156,7 +160,9 @@ class PyTorchPolicy {
   LimitWindow limit_window;
 
  private:
-  struct Block {
+  // A record is one cache line: its index becomes its offset by a shift (at 48 bytes, a
+  // multiply on every access: 0.7% of a replay's instructions) and no record straddles two lines.
+  struct alignas(64) Block {
     int64_t size, address, req;  // req: the caller's request while allocated, 0 while free
     int32_t prev, next;          // neighbours in the segment; -1 at its ends (a spare record's
                                  // next: the next spare, recycle())

@@ -250,8 +250,8 @@ class SortedBins {
   ALLOCSIM_HOT
   static int bin(int64_t size) {
     uint64_t value = static_cast<uint64_t>(size) + 4;
-    int bits = 64 - __builtin_clzll(value);
-    return (bits - 2) * 4 + static_cast<int>((value >> (bits - 3)) & 3);
+    int top = 63 ^ __builtin_clzll(value);  // the top bit's place (bsr; 64 - clz took four more)
+    return (top - 1) * 4 + static_cast<int>((value >> (top - 2)) & 3);
   }
   // How many keys of a descending bin are above `key` (where `key` is or would go): a binary
   // search, written out so that it stays in the per-event loop.
