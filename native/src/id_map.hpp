@@ -18,12 +18,12 @@ class IdMap {
  public:
   static constexpr int64_t kEmpty = std::numeric_limits<int64_t>::min();
 
-  IdMap() { slots_.assign(64, Slot{kEmpty, 0}); mask_ = 63; shift_ = 64 - 6; }
+  IdMap() { slots_.assign(64, Slot{kEmpty, 0}); mask_ = 63; shift_ = 64 - 6; limit_ = 32; }
 
   // Insert or replace (an alloc of a live id replaces it, as the Python dict does).
   ALLOCSIM_HOT
   void put(int64_t key, int64_t value) {
-    if (2 * (size_ + 1) > slots_.size()) grow();
+    if (size_ >= limit_) grow();
     size_t i = home(key);
     while (slots_[i].key != kEmpty) {
       if (slots_[i].key == key) { slots_[i].value = value; return; }
@@ -85,6 +85,7 @@ class IdMap {
     old.swap(slots_);
     slots_.assign(old.size() * 2, Slot{kEmpty, 0});
     mask_ = slots_.size() - 1;
+    limit_ = slots_.size() / 2;
     --shift_;  // one more bit of the product
     size_ = 0;
     for (const Slot& s : old) if (s.key != kEmpty) put(s.key, s.value);
@@ -93,6 +94,8 @@ class IdMap {
   size_t mask_ = 0;
   int shift_ = 64;  // 64 - log2(slots)
   size_t size_ = 0;
+  size_t limit_ = 0;  // half the slots: put() grows the table before it holds more (held, not
+                      // computed from the vector per put)
 };
 
 }  // namespace allocsim

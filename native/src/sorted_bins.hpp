@@ -23,6 +23,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -49,7 +50,7 @@ class SortedBins {
     if (keys.count == 0) set(number);
     if (keys.count == keys.capacity) keys.grow();
     Key key{size, tie, chunk};
-    Key* data = keys.slots.data();
+    Key* data = keys.slots.get();
     int64_t at = keys.count++;
     if (at > kWalk) {
       int64_t end = at;
@@ -65,7 +66,6 @@ class SortedBins {
     slot.size = size;
     slot.tie = tie;
     slot.chunk = chunk;
-    ++count_;
   }
 
   // The key (present) out. In a small bin it is found from the back, the smaller keys behind
@@ -75,7 +75,7 @@ class SortedBins {
     int number = bin(size);
     Bin& keys = bins_[number];
     Key key{size, tie, 0};
-    Key* data = keys.slots.data();
+    Key* data = keys.slots.get();
     int64_t last = keys.count - 1;
     if (last > kWalk) {
       int64_t at = first_not_above(data, keys.count, key);
@@ -90,7 +90,6 @@ class SortedBins {
     }
     keys.count = last;
     if (last == 0) clear(number);
-    --count_;
   }
 
   // Where a key found by find() lies: its bin and its index there, valid until the index
@@ -106,7 +105,7 @@ class SortedBins {
   bool find(int64_t size, Key* out, Position* at) const {
     int number = bin(size);
     const Bin& keys = bins_[number];
-    const Key* data = keys.slots.data();
+    const Key* data = keys.slots.get();
     if (keys.count > 0 && data[0].size >= size) {
       // The keys >= (size, minimum) are a prefix; the smallest of them is its last.
       int64_t end = first_not_above(data, keys.count, Key{size, INT64_MIN, 0});
@@ -127,17 +126,20 @@ class SortedBins {
   ALLOCSIM_HOT
   void erase_at(Position at) {
     Bin& keys = bins_[at.number];
-    Key* data = keys.slots.data();
-    int64_t behind = keys.count - at.index - 1;  // keys to move down one place
-    if (behind > kWalk) {
-      std::memmove(data + at.index, data + at.index + 1, static_cast<size_t>(behind) * sizeof(Key));
-    } else {
-      for (int64_t index = at.index + 1; index < keys.count; ++index) {
-        copy(data[index], &data[index - 1]);
+    int64_t last = --keys.count;
+    if (at.index != last) {  // keys behind it move down one place
+      Key* data = keys.slots.get();
+      int64_t behind = last - at.index;
+      if (behind > kWalk) {
+        std::memmove(data + at.index, data + at.index + 1,
+                     static_cast<size_t>(behind) * sizeof(Key));
+      } else {
+        for (int64_t index = at.index + 1; index <= last; ++index) {
+          copy(data[index], &data[index - 1]);
+        }
       }
     }
-    if (--keys.count == 0) clear(at.number);
-    --count_;
+    if (last == 0) clear(at.number);
   }
 
   // The smallest key with size >= size into *out (false: none); with pop, it leaves the index.
@@ -153,7 +155,7 @@ class SortedBins {
   bool after(const Key& key, Key* out) const {
     int number = bin(key.size);
     const Bin& keys = bins_[number];
-    int64_t end = first_not_above(keys.slots.data(), keys.count, key);
+    int64_t end = first_not_above(keys.slots.get(), keys.count, key);
     if (end > 0) {  // the keys above `key` are a prefix; its last is the smallest
       *out = keys.slots[end - 1];
       return true;
@@ -167,7 +169,7 @@ class SortedBins {
   // Every key, in ascending order (for the rare passes over all of them).
   std::vector<Key> ascending() const {
     std::vector<Key> keys;
-    keys.reserve(static_cast<size_t>(count_));
+    keys.reserve(static_cast<size_t>(size()));
     for (const Bin& bin : bins_) {
       for (int64_t index = bin.count - 1; index >= 0; --index) keys.push_back(bin.slots[index]);
     }
@@ -178,14 +180,25 @@ class SortedBins {
   void clear() {
     for (Bin& keys : bins_) keys.count = 0;
     for (uint64_t& word : mask_) word = 0;
-    count_ = 0;
   }
 
   int64_t largest() const {
     int top = top_nonempty();
     return top < 0 ? 0 : bins_[top].slots[0].size;
   }
-  int64_t size() const { return count_; }
+  // How many keys: counted when asked (for stats and the rare passes), not kept per add and
+  // remove.
+  int64_t size() const {
+    int64_t count = 0;
+    for (const Bin& keys : bins_) count += keys.count;
+    return count;
+  }
+  bool empty() const {
+    for (uint64_t word : mask_) {
+      if (word) return false;
+    }
+    return true;
+  }
 
  private:
   static constexpr int kBins = 256;
@@ -195,14 +208,31 @@ class SortedBins {
   static constexpr int64_t kWalk = 8;
 
   // A bin: its keys, descending, are slots[0, count); the slots past them are spare room, so
-  // adding a key writes a slot rather than calling into std::vector.
+  // adding a key writes a slot rather than calling into std::vector. Its slots are one pointer
+  // (a std::vector's three made a bin 40 bytes: 3% more instructions per replay); 32-bit
+  // counts cost more in widening than the 16-byte stride saved.
   struct Bin {
-    std::vector<Key> slots;
+    std::unique_ptr<Key[]> slots;
     int64_t count = 0;
-    int64_t capacity = 0;  // slots.size(), held: computing it divides by sizeof(Key)
+    int64_t capacity = 0;
+    Bin() = default;
+    Bin(Bin&&) noexcept = default;
+    Bin& operator=(Bin&&) noexcept = default;
+    Bin(const Bin& other)  // a policy's copy (a run resumed from a saved state) copies its keys
+        : slots(other.capacity ? new Key[other.capacity] : nullptr), count(other.count),
+          capacity(other.capacity) {
+      std::copy(other.slots.get(), other.slots.get() + other.count, slots.get());
+    }
+    Bin& operator=(const Bin& other) {
+      if (this != &other) *this = Bin(other);
+      return *this;
+    }
     void grow() {
-      slots.resize(slots.empty() ? 4 : 2 * slots.size());
-      capacity = static_cast<int64_t>(slots.size());
+      int64_t larger = capacity ? 2 * capacity : 4;
+      std::unique_ptr<Key[]> moved(new Key[larger]);
+      std::copy(slots.get(), slots.get() + count, moved.get());
+      slots = std::move(moved);
+      capacity = larger;
     }
   };
 
@@ -214,14 +244,14 @@ class SortedBins {
     to->chunk = from.chunk;
   }
 
-  // Four classes per power of two: sizes below 4 are their own class; above, the bit length
-  // and the two bits below the top one. Monotone in size; at most 247 for sizes below 2**62.
+  // Four classes per power of two of size + 4: the bit length and the two bits below the top
+  // one (the 4 added spares a branch for the sizes below 4, which have no two bits below).
+  // Monotone in size; from 4 (size 0) to at most 247 for sizes below 2**62 - 4.
   ALLOCSIM_HOT
   static int bin(int64_t size) {
-    if (size < 4) return size > 0 ? static_cast<int>(size) : 0;
-    uint64_t value = static_cast<uint64_t>(size);
-    int bits = 64 - __builtin_clzll(value);
-    return (bits - 2) * 4 + static_cast<int>((value >> (bits - 3)) & 3);
+    uint64_t value = static_cast<uint64_t>(size) + 4;
+    int top = 63 ^ __builtin_clzll(value);  // the top bit's place (bsr; 64 - clz took four more)
+    return (top - 1) * 4 + static_cast<int>((value >> (top - 2)) & 3);
   }
   // How many keys of a descending bin are above `key` (where `key` is or would go): a binary
   // search, written out so that it stays in the per-event loop.
@@ -259,7 +289,6 @@ class SortedBins {
 
   Bin bins_[kBins];
   uint64_t mask_[kWords] = {};
-  int64_t count_ = 0;
 };
 
 // One index per stream (CuPy's arenas, the pool's stream owners), each made on first use and
