@@ -97,3 +97,22 @@ def test_pytorch_is_set_against_the_measured_simulator_only_when_its_file_is_giv
     pytorch = rows[-1]
     assert pytorch["dynapipe_x"] == pytest.approx(measured["cpu_s"] / pytorch["cpu_s"])
     assert "DynaPipe's simulator, measured" in out and "estimate" not in out
+
+
+def test_the_replay_benchmark_measures_it_beside_its_floor_or_says_estimated(
+        stand_in: Path, capsys: pytest.CaptureFixture) -> None:
+    from allocsim.traces import synth
+    from benchmarks import replay as bench_replay
+
+    trace = synth.generate("random", seed=1, events=2000, live=40)
+    estimated = bench_replay.measure_speed(trace, ["pytorch"], "a100-80g", repeat=1)
+    out = capsys.readouterr().out
+    assert "estimated" in out and "measured" not in out
+    assert "dynapipe_x" not in estimated[-1] and "dynapipe_x_estimated" in estimated[-1]
+    rows = bench_replay.measure_speed(trace, ["pytorch"], "a100-80g", repeat=1,
+                                      dynapipe=str(stand_in))
+    out = capsys.readouterr().out
+    measured = next(row for row in rows if row["policy"] == "DynaPipe's simulator")
+    assert measured["events"] == len(trace) and measured["floor_ratio"] > 0
+    assert rows[-1]["dynapipe_x"] == pytest.approx(measured["seconds"] / rows[-1]["seconds"])
+    assert "DynaPipe's simulator, measured" in out and "estimated" not in out
