@@ -36,9 +36,7 @@ class CuPyPolicy : public Counters {
   CuPyPolicy(CuPyConfig config, Device& device)
       : c_(std::move(config)), device_(&device), arenas_(0) {
     // malloc's _round_size rounds by mask (ALLOCATION_UNIT_SIZE, 512: a power of two).
-    if (c_.unit <= 0 || (c_.unit & (c_.unit - 1)) != 0) {
-      throw std::invalid_argument("cupy: the allocation unit must be a power of two");
-    }
+    require_power_of_two(c_.unit, "cupy: the allocation unit must be a power of two");
   }
 
   // malloc: the smallest free chunk of this stream's arena that fits (split, the caller
@@ -52,7 +50,7 @@ class CuPyPolicy : public Counters {
 
   ALLOCSIM_HOT
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
-    int64_t rounded = (size + c_.unit - 1) & -c_.unit;  // _round_size (a power of two: a mask)
+    int64_t rounded = round_up_by_mask(size, c_.unit);  // _round_size
     int32_t arena = arenas_.of(stream);
     SortedBins::Key key;
     int32_t at;

@@ -55,9 +55,7 @@ class PyTorchPolicy {
  public:
   PyTorchPolicy(PyTorchConfig config, Device& device) : c_(config), device_(&device) {
     // round_size rounds to min_block_size by mask (kMinBlockSize, 512: a power of two).
-    if (c_.min_block_size <= 0 || (c_.min_block_size & (c_.min_block_size - 1)) != 0) {
-      throw std::invalid_argument("pytorch: min_block_size must be a power of two");
-    }
+    require_power_of_two(c_.min_block_size, "pytorch: min_block_size must be a power of two");
   }
 
   // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
@@ -121,7 +119,7 @@ class PyTorchPolicy {
       keys.remove(blocks_[before].size, blocks_[before].address);
       blocks_[before].next = after;
       if (after >= 0) blocks_[after].prev = before;
-      recycle(at);
+      blocks_.recycle(at);
       size += blocks_[before].size;
       at = before;
       block = &blocks_[at];
@@ -131,7 +129,7 @@ class PyTorchPolicy {
       int32_t beyond = blocks_[after].next;
       block->next = beyond;
       if (beyond >= 0) blocks_[beyond].prev = at;
-      recycle(after);
+      blocks_.recycle(after);
       size += blocks_[after].size;
     }
     block->size = size;
@@ -165,7 +163,7 @@ class PyTorchPolicy {
   struct alignas(64) Block {
     int64_t size, address, req;  // req: the caller's request while allocated, 0 while free
     int32_t prev, next;          // neighbours in the segment; -1 at its ends (a spare record's
-                                 // next: the next spare, recycle())
+                                 // next: the next spare, Records::recycle)
     int32_t pool;                // its pool's number: pools_ and pool_keys_ (looked up once)
     int64_t gc_base;             // the pool's search count when it became free (GC's age)
   };
@@ -174,13 +172,7 @@ class PyTorchPolicy {
   ALLOCSIM_HOT
   // A free block of pool number `pool`, its fields written one by one (hot_path.hpp).
   int32_t new_block(int64_t address, int64_t size, int32_t pool) {
-    int32_t at = spare_;
-    if (at >= 0) {
-      spare_ = blocks_[at].next;
-    } else {
-      at = static_cast<int32_t>(blocks_.size());
-      blocks_.push_back(Block{});
-    }
+    int32_t at = blocks_.make();
     Block& block = blocks_[at];
     block.size = size;
     block.address = address;
@@ -190,14 +182,6 @@ class PyTorchPolicy {
     block.pool = pool;
     block.gc_base = 0;
     return at;
-  }
-
-  // A record no block holds any more: it heads the spare records, linked through their `next`
-  // (pooled nodes: no vector of spare indexes to grow and call into).
-  ALLOCSIM_HOT
-  void recycle(int32_t at) {
-    blocks_[at].next = spare_;
-    spare_ = at;
   }
 
   ALLOCSIM_HOT
@@ -224,7 +208,7 @@ class PyTorchPolicy {
       int64_t d = c_.divisions[index];
       if (d > 1 && size > c_.min_block_size * d) return roundup_power2_next_division(size, d);
     }
-    return (size + c_.min_block_size - 1) & -c_.min_block_size;  // a power of two: a mask
+    return round_up_by_mask(size, c_.min_block_size);
   }
 
 
@@ -332,7 +316,7 @@ class PyTorchPolicy {
     const Block& block = blocks_[at];
     device_->release(block.address);
     pool_bytes_ -= block.size;
-    recycle(at);
+    blocks_.recycle(at);
   }
 
   // garbage_collect_cached_blocks: above threshold × allowed bytes, release unsplit
@@ -460,7 +444,7 @@ class PyTorchPolicy {
           keys.remove(key.size, key.tie);
           device_->release(block.address);
           pool_bytes_ -= block.size;
-          recycle(key.chunk);
+          blocks_.recycle(key.chunk);
         }
       }
     }
@@ -532,7 +516,7 @@ class PyTorchPolicy {
     blocks_[low].size += blocks_[high].size;
     blocks_[low].next = beyond;
     if (beyond >= 0) blocks_[beyond].prev = low;
-    recycle(high);
+    blocks_.recycle(high);
     return low;
   }
 
@@ -660,14 +644,13 @@ class PyTorchPolicy {
     int64_t base = blocks_[at].address;
     drop_unmapped(at);
     range_bases_.erase(std::lower_bound(range_bases_.begin(), range_bases_.end(), base));
-    recycle(at);
+    blocks_.recycle(at);
   }
 
 
   PyTorchConfig c_;
   Device* device_;  // a pointer: a run resumed from a saved state points it at its own device
-  std::vector<Block> blocks_;
-  int32_t spare_ = -1;  // the first spare record (recycle()), -1: none
+  Records<Block> blocks_;  // spare records linked through their next (records.hpp)
   std::vector<int64_t> pool_keys_;  // pool keys (stream << 1 | small), in the order first used
   int64_t last_stream_ = 0;            // stream_pool's: the last stream asked
   int32_t last_pools_[2] = {-1, -1};   // and its large and small pools' numbers (-1: not yet)

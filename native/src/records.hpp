@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "hot_path.hpp"
@@ -69,6 +70,17 @@ int64_t round_up(int64_t size, int64_t unit) {
   if ((unit & (unit - 1)) == 0) return (size + unit - 1) & ~(unit - 1);
   return (size + unit - 1) / unit * unit;
 }
+
+// A rounding unit fixed when a policy is built (PyTorch's kMinBlockSize, CuPy's allocation
+// unit: 512 B) that round_up_by_mask may take: a power of two, else std::invalid_argument.
+inline void require_power_of_two(int64_t unit, const char* what) {
+  if (unit <= 0 || (unit & (unit - 1)) != 0) throw std::invalid_argument(what);
+}
+
+// round_up for a unit require_power_of_two checked once: the mask alone, no test of the unit
+// on every malloc.
+ALLOCSIM_HOT
+int64_t round_up_by_mask(int64_t size, int64_t unit) { return (size + unit - 1) & -unit; }
 
 // PolicyStats' counters that malloc and free keep.
 struct Counters {
