@@ -129,3 +129,52 @@ def test_each_event_points_back_to_the_last_earlier_event_of_its_buffer(ids: lis
         last[buffer] = index
     found = period_module._previous_same_id(np.asarray(ids, dtype=np.int64))
     assert found.tolist() == expected
+
+
+def _steps(ids_per_step: list[list[int]]) -> Trace:
+    """Steps of alloc x (4 KiB), free x, alloc y (8 KiB), free y, with the ids given per
+    step: the events repeat whatever the ids, so the period is the step's."""
+    events: list[tuple[int, str, int, int | None]] = []
+    for first, second in ids_per_step:
+        for op, buffer, size in (("alloc", first, 4096), ("free", first, None),
+                                 ("alloc", second, 8192), ("free", second, None)):
+            events.append((len(events), op, buffer, size))
+    return Trace.from_events(events, name="steps")
+
+
+def test_a_step_of_fresh_buffers_every_time_repeats() -> None:
+    trace = _steps([[2 * k, 2 * k + 1] for k in range(16)])
+    period = find_period(trace)
+    assert period is not None and period.length == 4
+    assert all(period.repeats(b, {}, {}) for b in period.boundaries())
+
+
+def test_a_free_that_names_another_buffer_than_its_mirror_does_not_repeat() -> None:
+    """Steps of two 4 KiB buffers, allocated then freed; from step 12 on each step frees its
+    second buffer first: the events (op, size) repeat, but the first free names the step's
+    second allocation where its mirror named the first."""
+    steps = [[2 * k, 2 * k + 1] for k in range(16)]
+    events: list[tuple[int, str, int, int | None]] = []
+    for k, (first, second) in enumerate(steps):
+        order = ((first, second) if k < 12 else (second, first))
+        events += [(0, "alloc", first, 4096), (0, "alloc", second, 4096),
+                   (0, "free", order[0], None), (0, "free", order[1], None)]
+    trace = Trace.from_events([(t, op, b, s) for t, (_, op, b, s) in enumerate(events)],
+                              name="swapped")
+    period = find_period(trace)
+    assert period is not None and period.length == 4
+    # Boundaries well before the swap: each check reads every event from its boundary on.
+    assert [b for b in period.boundaries() if b + period.length <= 4 * 11]
+    assert not any(period.repeats(b, {}, {}) for b in period.boundaries())
+
+
+def test_a_fresh_buffer_whose_mirror_reuses_an_id_does_not_repeat() -> None:
+    """The last step allocates its second buffer under the id it just freed: that allocation
+    names a buffer of its own step where its mirror, a step earlier, named one never seen
+    before (the last step has no mirror of its own, so only this reference tells)."""
+    steps = [[2 * k, 2 * k + 1] for k in range(16)]
+    steps[15] = [30, 30]
+    trace = _steps(steps)
+    period = find_period(trace)
+    assert period is not None and period.length == 4
+    assert not any(period.repeats(b, {}, {}) for b in period.boundaries())

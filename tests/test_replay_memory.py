@@ -85,6 +85,24 @@ def test_results_do_not_depend_on_the_chunk_sizes(monkeypatch: pytest.MonkeyPatc
         assert got == expected, (chunk, pack_at, block)
 
 
+def test_a_run_converts_its_events_to_lists_in_chunks_that_double() -> None:
+    """A run that stops early (a min-capacity probe of a repeating trace stops once it
+    repeats) converts few events: the first chunk of Python lists is FIRST_CHUNK_EVENTS, each
+    next one twice the last, up to CHUNK_EVENTS."""
+    trace = synth.generate("random", seed=5, events=200_000, live=150)
+    run = ProcessReplay(trace, parse_policy("bfc"), SimulatedDevice(resolve_device("t4-16g")))
+    loaded = []
+    while run.next_index < len(trace):
+        run.advance(run.next_index + 1)
+        if not loaded or run._base != loaded[-1][0]:
+            loaded.append((run._base, len(run._lists[0])))
+    sizes = [size for _, size in loaded]
+    first = engine.FIRST_CHUNK_EVENTS
+    assert sizes[:6] == [first, 2 * first, 4 * first, 8 * first, 16 * first, 32 * first]
+    assert max(sizes) == engine.CHUNK_EVENTS == 32 * first
+    assert sum(sizes) == len(trace)
+
+
 # ---------------------------------------------------------------------- packed trace columns
 def test_pack_column_holds_a_column_in_the_least_memory() -> None:
     assert pack_column(np.full(5, 7, np.int64), np.int64) == 7

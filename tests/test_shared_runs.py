@@ -239,3 +239,45 @@ def test_tunes_fractions_on_one_card_resume_from_each_other() -> None:
     shared = made[0]
     assert shared.resumed >= 20
     assert shared.events_resumed > shared.resumed * len(trace) * 0.9   # each skips nearly all
+
+
+def test_the_runs_of_one_trace_check_its_columns_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a run checks the trace's columns (three passes over every event): the runs of a
+    search share one check, and a second trace gets its own."""
+    from allocsim.sim.questions import shared_runs
+
+    checked: list[int] = []
+    check = shared_runs.core_columns
+
+    def counted(trace: Trace) -> Any:
+        checked.append(len(trace))
+        return check(trace)
+
+    monkeypatch.setattr(shared_runs, "core_columns", counted)
+    trace, _ = traces()["training"]
+    runs = SharedRuns(trace, timeline_points=100)
+    for card in (GiB // 4, GiB // 2, GiB, 2 * GiB):
+        runs.run(parse_policy("pytorch"), DEVICE.device_with(card, 0), stop_on_oom=True)
+    assert checked == [len(trace)]
+    other, _ = traces()["random"]
+    SharedRuns(other, timeline_points=100).run(parse_policy("pytorch"), DEVICE,
+                                              stop_on_oom=True)
+    assert checked == [len(trace), len(other)]
+
+
+def test_a_run_given_another_trace_s_columns_reads_its_own() -> None:
+    """The checked columns travel with the trace they are of: handed another trace's, open_run
+    checks its own trace's, and the run is that trace's run."""
+    from allocsim.sim.kernel.native import core_columns
+
+    trace, _ = traces()["random"]
+    other, _ = traces()["training"]
+    spec = parse_policy("bfc")
+    given = open_native_run(trace, spec, DEVICE, stop_on_oom=False, timeline_points=100,
+                            columns=core_columns(other))
+    plain = open_native_run(trace, spec, DEVICE, stop_on_oom=False, timeline_points=100)
+    assert given is not None and plain is not None
+    given.advance(given.n)
+    plain.advance(plain.n)
+    assert given.n == len(trace)
+    assert _comparable(given.state()) == _comparable(plain.state())

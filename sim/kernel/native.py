@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -117,13 +118,27 @@ def device_config(profile: DeviceProfile, device: SimulatedDevice) -> dict[str, 
     }
 
 
-def _columns_fit(trace: Trace, sizes: np.ndarray) -> bool:
-    """Whether the core's int64 arithmetic holds the trace (sizes far below 2**63, no id equal
-    to its live map's empty marker); else the Python models, with their unbounded ints."""
-    if not len(trace):
-        return True
+@dataclass(frozen=True)
+class CoreColumns:
+    """A trace's columns as the core reads them — op, id, the sizes (a free's taken from its
+    alloc), stream — or None where its int64 arithmetic does not hold them (sizes far below
+    2**63, no id equal to its live map's empty marker; else the Python models run, with their
+    unbounded ints). Worked out once by a caller that opens many runs of one trace
+    (min-capacity's ~40, tune's ~70, sim/questions/shared_runs.py): the checks are three
+    passes over every event, ~5% of a 1M-event replay's time each time a run is opened."""
+
+    trace: Trace                                    # the trace (on the device) they are of
+    columns: tuple[np.ndarray, ...] | None
+
+
+def core_columns(trace: Trace) -> CoreColumns:
+    """``trace``'s columns as the core reads them (:class:`CoreColumns`)."""
+    sizes = trace.matched_sizes(packed=True)
     ids = trace.column("id")
-    return int(sizes.max()) < _SIZE_LIMIT and int(ids.min()) != _ID_EMPTY
+    fits = not len(trace) or (int(sizes.max()) < _SIZE_LIMIT and int(ids.min()) != _ID_EMPTY)
+    if not fits:
+        return CoreColumns(trace, None)
+    return CoreColumns(trace, (trace.column("op"), ids, sizes, trace.column("stream")))
 
 
 class NativeRun:
@@ -166,10 +181,13 @@ class NativeRun:
 
 def open_run(trace: Trace, spec: PolicySpec, profile: DeviceProfile, *, stop_on_oom: bool,
              timeline_points: int, events: int | None = None,
-             record_addresses: bool = False) -> NativeRun | None:
+             record_addresses: bool = False,
+             columns: CoreColumns | None = None) -> NativeRun | None:
     """The run in the core, ready to advance; None when the core cannot take it (see the
     module docstring). ``events`` replays only the first so many (the timeline's buckets are
-    of those: a run that stopped early is replayed again so)."""
+    of those: a run that stopped early is replayed again so). ``columns``: the trace's as
+    :func:`core_columns` worked them out before (for this trace on this device; else they
+    are worked out here)."""
     module = core()
     if module is None:
         return None
@@ -184,13 +202,15 @@ def open_run(trace: Trace, spec: PolicySpec, profile: DeviceProfile, *, stop_on_
     policy = resolved.build(device.view(0))
     config = policy.native_config()
     device_figures = device_config(profile, device)
-    sizes = trace.matched_sizes(packed=True)
-    if config is None or device_figures is None or not _columns_fit(trace, sizes):
+    if config is None or device_figures is None:
         return None
-    columns = (trace.column("op"), trace.column("id"), sizes, trace.column("stream"))
+    if columns is None or columns.trace is not trace:
+        columns = core_columns(trace)
+    if columns.columns is None:
+        return None
     n = len(trace)
     events = n if events is None else events
-    replay = module.replay(columns, events, max(1, -(-events // timeline_points)),
+    replay = module.replay(columns.columns, events, max(1, -(-events // timeline_points)),
                            max(1, n // timeline_points), stop_on_oom, record_addresses,
                            device_figures, config)
     return NativeRun(replay, events, config, device_figures)

@@ -46,8 +46,9 @@ from typing import Any
 
 from allocsim.policies import PolicySpec, parse_policy
 from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.kernel.device_buffers import buffers_on_device
 from allocsim.sim.kernel.engine import replay
-from allocsim.sim.kernel.native import NativeRun, result_of
+from allocsim.sim.kernel.native import CoreColumns, NativeRun, core_columns, result_of
 from allocsim.sim.kernel.native import open_run as open_native_run
 from allocsim.sim.kernel.results import RunResult
 from allocsim.traces.model import Trace
@@ -119,14 +120,18 @@ class SharedRuns:
         self.events_resumed = 0
         self._saved: dict[object, list[_Saved]] = {}
         self._count = 0
+        self._columns: CoreColumns | None = None    # the trace's, checked once (native.py)
 
     def run(self, spec: PolicySpec, profile: DeviceProfile, *, stop_on_oom: bool,
             until: int | None = None) -> dict[str, Any] | None:
         """The run of ``spec`` on ``profile`` to its end (or first OOM, with ``stop_on_oom``;
         or event ``until``, where given): the core's state, as a replay from event 0 leaves it;
         None where the core cannot take it."""
+        on_device = buffers_on_device(self.trace, profile)     # the same object each time
+        if self._columns is None or self._columns.trace is not on_device:
+            self._columns = core_columns(on_device)
         run = open_native_run(self.trace, spec, profile, stop_on_oom=stop_on_oom,
-                              timeline_points=self.timeline_points)
+                              timeline_points=self.timeline_points, columns=self._columns)
         if run is None:
             return None
         self.runs += 1

@@ -81,8 +81,10 @@ class Period:
             mirrored = self.previous[boundary + length:n]
             inside = before >= boundary
             outside = ~inside
-            if (np.array_equal(mirrored[inside], before[inside] + length)
-                    and not np.any(mirrored[outside] >= boundary + length)):
+            # Elementwise over whole arrays, not masked copies (compacting two 1M-element
+            # arrays took 20 ms of each boundary, a replay's worth over a search's runs).
+            if (not np.any(inside & (mirrored != before + length))
+                    and not np.any(outside & (mirrored >= boundary + length))):
                 # Events whose buffer predates the boundary: the same address (or none) in
                 # both. Buffers never seen before, in both, are nothing in both.
                 ask = np.flatnonzero(outside & ~((before < 0) & (mirrored < 0)))
