@@ -30,9 +30,19 @@ SIGNALS = {"SIGINT": (signal.SIGINT, 130), "SIGTERM": (signal.SIGTERM, 143)}
 
 
 def start(argv: list[str], cwd: Path) -> subprocess.Popen:
-    """The command in a process group of its own, as a shell runs a foreground job."""
-    return subprocess.Popen([*ALLOCSIM, *argv], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    """The command in a process group of its own, as a shell runs a foreground job: with
+    Ctrl-C at its default even where the tests themselves were started with it ignored (a
+    script's ``cmd &`` starts its job so, and an ignored signal stays ignored across exec:
+    every command here would then run through its SIGINT and exit 0)."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # SIG_DFL in the child
+    try:
+        return subprocess.Popen([*ALLOCSIM, *argv], cwd=cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def signal_group(process: subprocess.Popen, signum: int) -> tuple[int, str, str]:
