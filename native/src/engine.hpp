@@ -172,12 +172,14 @@ class Engine {
         ++i;
         if (!going) until = i;  // a stopping OOM ends the stretch there
       }
-      for (; i < until; ++i) {
-        if (!event<kRecord>(i, r)) {
-          ++i;
-          going = false;
-          break;
-        }
+      if (i < until) {
+        do {
+          if (!event<kRecord>(i, r)) {
+            ++i;
+            going = false;
+            break;
+          }
+        } while (++i != until);
       }
       allocated = r.allocated;
       peak_allocated = r.peak_allocated;
