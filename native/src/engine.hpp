@@ -46,10 +46,7 @@ class Engine {
       : c_(config), op_(op), id_(id), size_(size), stream_(stream), device_(device),
         policy_(policy) {
     last_event_ = std::min(c_.n, c_.bucket) - 1;
-    window_op_.resize(kWindow);
-    window_id_.resize(kWindow);
-    window_size_.resize(kWindow);
-    window_stream_.resize(kWindow);
+    window_.resize(kColumns * kWindow);
   }
 
   // Replay events up to `end` (exclusive), or to a stopping OOM. Returns the next index.
@@ -59,7 +56,7 @@ class Engine {
     while (i < end && !stopped_) {
       if (i < base_ || i >= base_ + loaded_) load(i);
       int64_t stop = std::min(end, base_ + loaded_);
-      i = run(i, stop);
+      i = c_.record_addresses ? run<true>(i, stop) : run<false>(i, stop);
     }
     next_index_ = i;
     return i;
@@ -88,6 +85,7 @@ class Engine {
     live_ = saved.live_;
     base_ = 0;
     loaded_ = 0;
+    held_constants_ = false;
     next_index_ = saved.next_index_;
     stopped_ = saved.stopped_;
     next_sample_ = saved.next_sample_;
@@ -101,12 +99,10 @@ class Engine {
 
   // A saved copy reads no events: its window of them goes (adopt reads them again).
   void drop_window() {
-    window_op_ = {};
-    window_id_ = {};
-    window_size_ = {};
-    window_stream_ = {};
+    window_ = {};
     base_ = 0;
     loaded_ = 0;
+    held_constants_ = false;
   }
 
   // -- state read back by the Python bridge ------------------------------------------
@@ -122,12 +118,23 @@ class Engine {
   std::vector<int64_t> addresses;
 
  private:
+  // The window holds the four columns one after another, kWindow events each: the loop reads
+  // them through one pointer at fixed offsets (four pointers were four stack slots, reloaded
+  // around every policy call). A column of one value throughout (stride 0: a trace's single
+  // stream) is written into the window once, not again with every window.
+  static constexpr int64_t kColumns = 4;
+  static constexpr int64_t kOp = 0, kId = kWindow, kSize = 2 * kWindow, kStream = 3 * kWindow;
+
   void load(int64_t start) {
     int64_t count = std::min(kWindow, c_.n - start);
-    op_.widen(start, count, window_op_.data());
-    id_.widen(start, count, window_id_.data());
-    size_.widen(start, count, window_size_.data());
-    stream_.widen(start, count, window_stream_.data());
+    const Column* columns[kColumns] = {&op_, &id_, &size_, &stream_};
+    for (int64_t k = 0; k < kColumns; ++k) {
+      const Column& column = *columns[k];
+      int64_t* out = window_.data() + k * kWindow;
+      if (column.stride != 0) column.widen(start, count, out);
+      else if (!held_constants_) column.widen(start, kWindow, out);  // every slot: any window
+    }
+    held_constants_ = true;
     base_ = start;
     loaded_ = count;
   }
@@ -136,35 +143,43 @@ class Engine {
   // stretches' ends): as members they were loaded and stored again around every policy call,
   // which may write any int64_t.
   struct Running {
-    const int64_t *ops, *ids, *sizes, *streams;
-    const int64_t* device_calls;
-    bool record_addresses;
+    const int64_t* events;  // the window, less base_: column k of event i at [k * kWindow + i]
     int64_t calls, allocated, peak_allocated, bucket_top_allocated;
+    // The lower of the two tops: an alloc that leaves the allocated bytes at or under it
+    // raises neither, one compare per alloc rather than two. (The bucket's most is mostly the
+    // lower, but not always: its first event counts whatever it is, and a free of a negative
+    // size, taken as the trace gives it, raises the allocated bytes.)
+    int64_t raise_above;
   };
 
   // Events [i, stop), in stretches that end where a sample is taken or a bucket closes
   // (after that event), so the per-event body checks neither.
+  // kRecord: whether every malloc's answer is kept (EngineConfig::record_addresses), a
+  // constant of each instance rather than a branch per alloc.
+  template <bool kRecord>
   int64_t run(int64_t i, int64_t stop) {
-    Running r{window_op_.data() - base_, window_id_.data() - base_,
-              window_size_.data() - base_, window_stream_.data() - base_,
-              &device_.calls, c_.record_addresses, device_.calls, allocated, peak_allocated,
-              bucket_top_allocated_};
+    Running r{window_.data() - base_, device_.calls, allocated, peak_allocated,
+              bucket_top_allocated_, std::min(peak_allocated, bucket_top_allocated_)};
     bool going = true;
     while (going && i < stop) {
       int64_t until = std::min(stop, std::min(next_sample_, last_event_) + 1);
       if (i == first_event_) {
         // A bucket's most allocated bytes count its first event whatever it is; after it only
         // an alloc can raise them (event() does).
-        going = event(i, r);
+        going = event<kRecord>(i, r);
         if (r.allocated > r.bucket_top_allocated) r.bucket_top_allocated = r.allocated;
+        r.raise_above = std::min(r.peak_allocated, r.bucket_top_allocated);
         ++i;
         if (!going) until = i;  // a stopping OOM ends the stretch there
       }
-      while (i < until) {
-        if (!event(i++, r)) {
-          going = false;
-          break;
-        }
+      if (i < until) {
+        do {
+          if (!event<kRecord>(i, r)) {
+            ++i;
+            going = false;
+            break;
+          }
+        } while (++i != until);
       }
       allocated = r.allocated;
       peak_allocated = r.peak_allocated;
@@ -178,6 +193,7 @@ class Engine {
       if (done == last_event_) {
         close_bucket();
         r.bucket_top_allocated = bucket_top_allocated_;
+        r.raise_above = std::min(r.peak_allocated, r.bucket_top_allocated);
       }
     }
     return i;
@@ -185,41 +201,61 @@ class Engine {
 
   // One event: at most one policy call, the live-buffer map, the allocated bytes, their peak
   // and the bucket's most, the device's call counter. False when an OOM stops the run.
+  template <bool kRecord>
   ALLOCSIM_HOT
   bool event(int64_t i, Running& r) {
-    bool going = true;
-    int64_t size = r.sizes[i];
-    if (r.ops[i] == kOpAlloc) {
+    int64_t size = r.events[kSize + i];
+    if (r.events[kOp + i] == kOpAlloc) {
       if (size > 0) {
         int64_t handle = 0;
-        int64_t address = policy_.malloc(size, r.streams[i], &handle);
-        if (r.record_addresses) addresses.push_back(address);
-        if (address < 0) {
-          allocated = r.allocated;  // the first OOM's record reads it
-          note_out_of_memory(i, size);
-          going = !stopped_;
-        } else {
-          live_.put(r.ids[i], handle);
-          r.allocated += size;
-          if (r.allocated > r.peak_allocated) {
-            r.peak_allocated = r.allocated;
-            peak_allocated_event = i;
-            in_use_at_peak_allocated = policy_.bytes_in_use;
-          }
-          if (r.allocated > r.bucket_top_allocated) r.bucket_top_allocated = r.allocated;
-        }
+        int64_t address = policy_.malloc(size, r.events[kStream + i], &handle);
+        if (kRecord) addresses.push_back(address);
+        if (address < 0) return out_of_memory(i, size, r);
+        live_.put(r.events[kId + i], handle);
+        r.allocated += size;
+        if (r.allocated > r.raise_above) raise_allocated_tops(i, r);
       }
     } else {
       int64_t handle;
-      if (live_.pop(r.ids[i], &handle)) {
+      if (live_.pop(r.events[kId + i], &handle)) {
         policy_.free(handle);
         r.allocated -= size;
       } else if (size) {
         skipped_events.push_back(i);
       }
     }
-    if (*r.device_calls != r.calls) {
-      r.calls = *r.device_calls;
+    note_device_calls(i, r);
+    return true;
+  }
+
+  // An alloc that took the allocated bytes above the run's peak or the bucket's most, or both.
+  ALLOCSIM_HOT
+  void raise_allocated_tops(int64_t i, Running& r) {
+    if (r.allocated > r.peak_allocated) {
+      r.peak_allocated = r.allocated;
+      peak_allocated_event = i;
+      in_use_at_peak_allocated = policy_.bytes_in_use;
+    }
+    if (r.allocated > r.bucket_top_allocated) r.bucket_top_allocated = r.allocated;
+    r.raise_above = std::min(r.peak_allocated, r.bucket_top_allocated);
+  }
+
+  // A malloc refused: the OOM noted, then the device's calls it made, as after any event.
+  // Its own return, so that the common path holds no flag of whether to go on (one kept
+  // through every event cost three instructions each).
+  bool out_of_memory(int64_t i, int64_t size, Running& r) {
+    allocated = r.allocated;  // the first OOM's record reads it
+    note_out_of_memory(i, size);
+    note_device_calls(i, r);
+    return !stopped_;
+  }
+
+  // A device call since the last event raises the bucket's most reserved bytes and maybe the
+  // run's peak.
+  ALLOCSIM_HOT
+  void note_device_calls(int64_t i, Running& r) {
+    if (device_.calls != r.calls) {
+      r.calls = device_.calls;
       int64_t reserved = device_.reserved;
       if (reserved > top_) {  // the bucket's most (-1: none yet)
         if (top_ < 0) first_call_ = i;
@@ -231,7 +267,6 @@ class Engine {
         }
       }
     }
-    return going;
   }
 
   void note_out_of_memory(int64_t i, int64_t size) {
@@ -263,8 +298,9 @@ class Engine {
   Device& device_;
   Policy& policy_;
   IdMap live_;
-  std::vector<int64_t> window_op_, window_id_, window_size_, window_stream_;
+  std::vector<int64_t> window_;  // kColumns x kWindow
   int64_t base_ = 0, loaded_ = 0, next_index_ = 0;
+  bool held_constants_ = false;  // the window holds the constant columns' values
   bool stopped_ = false;
   int64_t next_sample_ = 0;
   int64_t first_event_ = 0, last_event_ = -1, top_ = -1, first_call_ = -1, carried_ = 0;

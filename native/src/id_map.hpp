@@ -2,8 +2,9 @@
 //
 // Open addressing with linear probing and backward-shift deletion (no tombstones), grown at
 // half full: O(1) expected per insert, lookup and erase, one flat array, no allocation per
-// event. An id equal to kEmpty cannot be stored; the Python bridge sends such traces to the
-// Python models.
+// event. An id equal to kEmpty is neither stored nor looked up: the Python bridge sends such
+// traces to the Python models (sim/kernel/native.py's _ID_EMPTY), and the policies' own keys
+// (buddy's addresses) are never negative.
 #pragma once
 
 #include <cstdint>
@@ -18,52 +19,51 @@ class IdMap {
  public:
   static constexpr int64_t kEmpty = std::numeric_limits<int64_t>::min();
 
-  IdMap() { slots_.assign(64, Slot{kEmpty, 0}); mask_ = 63; shift_ = 64 - 6; limit_ = 32; }
+  IdMap() { slots_.assign(64, Slot{kFree, 0}); mask_ = 63; shift_ = 64 - 6; limit_ = 32; }
 
   // Insert or replace (an alloc of a live id replaces it, as the Python dict does).
   ALLOCSIM_HOT
   void put(int64_t key, int64_t value) {
     if (size_ >= limit_) grow();
-    size_t i = home(key);
-    while (slots_[i].key != kEmpty) {
-      if (slots_[i].key == key) { slots_[i].value = value; return; }
-      i = (i + 1) & mask_;
-    }
-    slots_[i] = Slot{key, value};
-    ++size_;
+    insert(held(key), value);
   }
 
-  // Remove key; returns whether it was there (its value into *value).
+  // Remove key; returns whether it was there (its value into *value). The probe tests the
+  // key first, as the floor's table does (tuned_best_fit.cpp): a buffer freed is almost always
+  // live and at or near its home slot, so the common probe is one compare that matches.
   ALLOCSIM_HOT
   bool pop(int64_t key, int64_t* value) {
-    size_t i = home(key);
-    while (true) {
-      const Slot& s = slots_[i];
-      if (s.key == kEmpty) return false;
-      if (s.key == key) break;
+    const uint64_t wanted = held(key);
+    Slot* slots = slots_.data();
+    size_t i = home(wanted);
+    while (slots[i].key != wanted) {
+      if (slots[i].key == kFree) return false;
       i = (i + 1) & mask_;
     }
-    *value = slots_[i].value;
+    *value = slots[i].value;
     // Backward shift: pull later entries of the probe run into the hole.
     size_t hole = i;
-    size_t j = (i + 1) & mask_;
-    while (slots_[j].key != kEmpty) {
-      size_t want = home(slots_[j].key);
+    for (size_t j = (i + 1) & mask_; slots[j].key != kFree; j = (j + 1) & mask_) {
+      size_t want = home(slots[j].key);
       // Move j into the hole unless its home lies cyclically in (hole, j].
       bool stays = hole <= j ? (hole < want && want <= j) : (hole < want || want <= j);
-      if (!stays) { slots_[hole] = slots_[j]; hole = j; }
-      j = (j + 1) & mask_;
+      if (!stays) {
+        slots[hole].key = slots[j].key;
+        slots[hole].value = slots[j].value;
+        hole = j;
+      }
     }
-    slots_[hole].key = kEmpty;
+    slots[hole].key = kFree;
     --size_;
     return true;
   }
 
   // Look key up without removing it.
   bool find(int64_t key, int64_t* value) const {
-    size_t i = home(key);
-    while (slots_[i].key != kEmpty) {
-      if (slots_[i].key == key) { *value = slots_[i].value; return true; }
+    const uint64_t wanted = held(key);
+    size_t i = home(wanted);
+    while (slots_[i].key != kFree) {
+      if (slots_[i].key == wanted) { *value = slots_[i].value; return true; }
       i = (i + 1) & mask_;
     }
     return false;
@@ -73,22 +73,44 @@ class IdMap {
   size_t bytes() const { return slots_.capacity() * sizeof(Slot); }
 
  private:
-  struct Slot { int64_t key; int64_t value; };
+  // A key is held with its sign bit flipped, so that kEmpty is held as 0 and an empty slot is
+  // a test against zero: the 10-byte constant INT64_MIN, compared on every probe, was loaded
+  // into a register again on each (the engine's loop has none to spare for it). (Holding the
+  // key's product below instead, one-to-one as the multiplier is odd, spares the backward
+  // shift its multiplies but measured 0.4% more instructions in all: the product is longer
+  // to reach than the key.)
+  static constexpr uint64_t kFree = 0;
+  static uint64_t held(int64_t key) {
+    return static_cast<uint64_t>(key) ^ (uint64_t{1} << 63);
+  }
+  struct Slot { uint64_t key; int64_t value; };
   // Fibonacci hashing: the product's top bits (its best mixed), as many as the table has.
   // Its low bits, which x ^ (x >> 29) kept, left a trace's sequential ids in longer probe runs.
-  size_t home(int64_t key) const {
-    uint64_t x = static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull;
-    return static_cast<size_t>(x >> shift_);
+  // (Of a held key: the flipped sign bit flips the product's top bit, the same table rotated
+  // by half.)
+  size_t home(uint64_t held_key) const {
+    return static_cast<size_t>((held_key * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+  ALLOCSIM_HOT
+  void insert(uint64_t held_key, int64_t value) {
+    size_t i = home(held_key);
+    while (slots_[i].key != kFree) {
+      if (slots_[i].key == held_key) { slots_[i].value = value; return; }
+      i = (i + 1) & mask_;
+    }
+    slots_[i].key = held_key;
+    slots_[i].value = value;
+    ++size_;
   }
   void grow() {
     std::vector<Slot> old;
     old.swap(slots_);
-    slots_.assign(old.size() * 2, Slot{kEmpty, 0});
+    slots_.assign(old.size() * 2, Slot{kFree, 0});
     mask_ = slots_.size() - 1;
     limit_ = slots_.size() / 2;
     --shift_;  // one more bit of the product
     size_ = 0;
-    for (const Slot& s : old) if (s.key != kEmpty) put(s.key, s.value);
+    for (const Slot& s : old) if (s.key != kFree) insert(s.key, s.value);
   }
   std::vector<Slot> slots_;
   size_t mask_ = 0;
