@@ -13,7 +13,8 @@
 //
 // Invariants (cuda_async.py's): a mapped region's chunks tile it, linked by address (-1 at
 // its ends, where the Python ring is); a chunk is free exactly when it is in its owner's
-// index (SHARED, or with sync=none a stream's), keyed (size, address); free_regions holds
+// index (SHARED, or with sync=none a stream's), keyed (size, address) — but for the whole
+// free region free() holds out of the index until its trim (unindexed_); free_regions holds
 // exactly the regions that are one shared free chunk. A chunk in use never moves: its index
 // is the engine's handle.
 #pragma once
@@ -99,9 +100,12 @@ class CudaAsyncPolicy : public Counters {
     int32_t at = static_cast<int32_t>(handle);
     returned(chunks_[at].size, chunks_[at].requested);
     if (c_.sync_on_free) {
-      give_back(at, kShared);
-      // The synchronisation after the free applies the release threshold.
+      // A chunk that becomes a whole region waits out of the index (unindexed_): the
+      // synchronisation after the free applies the release threshold, which most often
+      // releases it at once, and only what stays is indexed (an add and a remove saved).
+      give_back(at, kShared, true);
       if (!free_regions_.empty() && mapped_ > c_.threshold) trim(c_.threshold);
+      if (unindexed_ >= 0) index_unindexed();
     } else {
       give_back(at, indexes_.of(chunks_[at].stream));
     }
@@ -128,7 +132,10 @@ class CudaAsyncPolicy : public Counters {
   ALLOCSIM_HOT
   bool find(int64_t rounded, int64_t stream, SortedBins::Key* found, int32_t* owner,
             SortedBins::Position* where) {
-    bool any = indexes_[kShared].find(rounded, found, where);
+    // With sync=none the shared index is mostly empty: a search would scan its bitmask to
+    // the end, a test for empty reads it once.
+    bool any = (c_.sync_on_free || !indexes_[kShared].empty()) &&
+               indexes_[kShared].find(rounded, found, where);
     *owner = kShared;
     if (!c_.sync_on_free) {
       int32_t own = indexes_.find(stream);
@@ -193,7 +200,11 @@ class CudaAsyncPolicy : public Counters {
   ALLOCSIM_HOT
   void unindex(int32_t at) { indexes_[chunks_[at].owner].remove(chunks_[at].size, chunks_[at].address); }
 
-
+  // The whole free region free() left out of the index, which the threshold kept: indexed now.
+  void index_unindexed() {
+    indexes_[kShared].add(chunks_[unindexed_].size, chunks_[unindexed_].address, unindexed_);
+    unindexed_ = -1;
+  }
 
   // Whether free neighbour `n` merges into a chunk given back to `owner`: with per-stream
   // ownership only if it is shared or owner's.
@@ -204,9 +215,11 @@ class CudaAsyncPolicy : public Counters {
   }
 
   // _give_back: chunk `at` (in no index) becomes free memory of `owner`, merged with the
-  // next free neighbour, then the previous one.
+  // next free neighbour, then the previous one. With `defer_region`, a merged chunk that is a
+  // whole region is put in free_regions_ but left out of the index, as unindexed_ (free()'s
+  // trim releases it or indexes it).
   ALLOCSIM_HOT
-  void give_back(int32_t at, int32_t owner) {
+  void give_back(int32_t at, int32_t owner, bool defer_region = false) {
     if (joins(chunks_[at].next, owner)) {
       unindex(chunks_[at].next);
       absorb_next(chunks_, at);
@@ -220,8 +233,14 @@ class CudaAsyncPolicy : public Counters {
     Chunk& chunk = chunks_[at];
     chunk.free = true;
     chunk.owner = owner;
+    if (owner == kShared && chunk.prev < 0 && chunk.next < 0) {
+      free_regions_.put(chunk.address, at);
+      if (defer_region) {
+        unindexed_ = at;
+        return;
+      }
+    }
     indexes_[owner].add(chunk.size, chunk.address, at);
-    if (owner == kShared && chunk.prev < 0 && chunk.next < 0) free_regions_.put(chunk.address, at);
   }
 
   // _map_chunk: a new physical chunk of round_up(rounded, chunk) bytes in a virtual range of
@@ -275,7 +294,11 @@ class CudaAsyncPolicy : public Counters {
       int64_t nbytes = chunks_[at].size;
       if (mapped_ - nbytes < keep) continue;
       free_regions_.erase_at(index);
-      indexes_[kShared].remove(nbytes, base);
+      if (at == unindexed_) {
+        unindexed_ = -1;  // released before it was indexed
+      } else {
+        indexes_[kShared].remove(nbytes, base);
+      }
       chunks_.recycle(at);
       mapped_ -= nbytes;
       device_->unmap(base, nbytes);
@@ -305,6 +328,7 @@ class CudaAsyncPolicy : public Counters {
   // free at once (a release threshold of 0 trims them at each synchronisation); a std::map's
   // node per region was an allocation on most frees.
   FreeRegions free_regions_;
+  int32_t unindexed_ = -1;   // within free(): the whole free region not yet indexed; else -1
   int64_t mapped_ = 0, peak_mapped_ = 0;
 };
 
