@@ -13,7 +13,8 @@
 //
 // Invariants (cuda_async.py's): a mapped region's chunks tile it, linked by address (-1 at
 // its ends, where the Python ring is); a chunk is free exactly when it is in its owner's
-// index (SHARED, or with sync=none a stream's), keyed (size, address); free_regions holds
+// index (SHARED, or with sync=none a stream's), keyed (size, address) — but for the whole
+// free region free() holds out of the index until its trim (unindexed_); free_regions holds
 // exactly the regions that are one shared free chunk. A chunk in use never moves: its index
 // is the engine's handle.
 #pragma once
@@ -70,15 +71,36 @@ class CudaAsyncPolicy : public Counters {
   // may differ; the bridge resumes only where nothing else does).
   void resume_on(Device& device, const CudaAsyncConfig& config) { device_ = &device; c_ = config; }
 
+  // Each sync mode has its own copy of the per-event path, its tests of the mode folded away
+  // (with both in one body the engine's loop spilled more registers).
   ALLOCSIM_HOT
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
+    return c_.sync_on_free ? malloc_in<true>(size, stream, handle)
+                           : malloc_in<false>(size, stream, handle);
+  }
+
+  ALLOCSIM_HOT
+  void free(int64_t handle) {
+    if (c_.sync_on_free) free_in<true>(handle);
+    else free_in<false>(handle);
+  }
+
+  int64_t largest_free() const { return indexes_.largest(); }
+  int64_t free_blocks() const { return indexes_.size(); }
+  int64_t pool_bytes() const { return mapped_; }
+  int64_t peak_pool_bytes() const { return peak_mapped_; }
+
+ private:
+  template <bool kSyncOnFree>
+  ALLOCSIM_HOT
+  int64_t malloc_in(int64_t size, int64_t stream, int64_t* handle) {
     if (pending_) preallocate();
     int64_t rounded = round_up(size, c_.alignment);
     SortedBins::Key found;
     int32_t owner;
     int32_t at;
     SortedBins::Position where;
-    if (find(rounded, stream, &found, &owner, &where)) {
+    if (find<kSyncOnFree>(rounded, stream, &found, &owner, &where)) {
       at = take(found, owner, where, rounded);
     } else {
       at = grow(rounded, stream);
@@ -94,25 +116,23 @@ class CudaAsyncPolicy : public Counters {
     return chunks_[at].address;
   }
 
+  template <bool kSyncOnFree>
   ALLOCSIM_HOT
-  void free(int64_t handle) {
+  void free_in(int64_t handle) {
     int32_t at = static_cast<int32_t>(handle);
     returned(chunks_[at].size, chunks_[at].requested);
-    if (c_.sync_on_free) {
-      give_back(at, kShared);
-      // The synchronisation after the free applies the release threshold.
+    if (kSyncOnFree) {
+      // A chunk that becomes a whole region waits out of the index (unindexed_): the
+      // synchronisation after the free applies the release threshold, which most often
+      // releases it at once, and only what stays is indexed (an add and a remove saved).
+      give_back<true>(at, kShared, true);
       if (!free_regions_.empty() && mapped_ > c_.threshold) trim(c_.threshold);
+      if (unindexed_ >= 0) index_unindexed();
     } else {
-      give_back(at, indexes_.of(chunks_[at].stream));
+      give_back<false>(at, indexes_.of(chunks_[at].stream));
     }
   }
 
-  int64_t largest_free() const { return indexes_.largest(); }
-  int64_t free_blocks() const { return indexes_.size(); }
-  int64_t pool_bytes() const { return mapped_; }
-  int64_t peak_pool_bytes() const { return peak_mapped_; }
-
- private:
   static constexpr int32_t kShared = 0;  // the index (and owner) of shared free memory
   // A record is one cache line: its index becomes its offset by a shift (at 48 bytes, a
   // multiply on every access) and no record straddles two lines.
@@ -125,12 +145,21 @@ class CudaAsyncPolicy : public Counters {
 
   // _find: best fit by (size, address) among shared free memory and (sync=none) the stream's;
   // where it lies in its owner's index into *where (take() erases it there, no second search).
+  template <bool kSyncOnFree>
   ALLOCSIM_HOT
   bool find(int64_t rounded, int64_t stream, SortedBins::Key* found, int32_t* owner,
             SortedBins::Position* where) {
-    bool any = indexes_[kShared].find(rounded, found, where);
+    // With sync=none the shared index is mostly empty, and stays so between the rare paths
+    // that add to it (shared_empty_): a search would scan its bitmask to the end.
+    bool any = false;
+    if (kSyncOnFree) {
+      any = indexes_[kShared].find(rounded, found, where);
+    } else if (!shared_empty_) {
+      if (indexes_[kShared].empty()) shared_empty_ = true;
+      else any = indexes_[kShared].find(rounded, found, where);
+    }
     *owner = kShared;
-    if (!c_.sync_on_free) {
+    if (!kSyncOnFree) {
       int32_t own = indexes_.find(stream);
       SortedBins::Key mine;
       SortedBins::Position mine_at;
@@ -193,26 +222,35 @@ class CudaAsyncPolicy : public Counters {
   ALLOCSIM_HOT
   void unindex(int32_t at) { indexes_[chunks_[at].owner].remove(chunks_[at].size, chunks_[at].address); }
 
-
+  // The whole free region free() left out of the index, which the threshold kept: indexed now.
+  void index_unindexed() {
+    shared_empty_ = false;
+    indexes_[kShared].add(chunks_[unindexed_].size, chunks_[unindexed_].address, unindexed_);
+    unindexed_ = -1;
+  }
 
   // Whether free neighbour `n` merges into a chunk given back to `owner`: with per-stream
   // ownership only if it is shared or owner's.
+  template <bool kSyncOnFree>
   ALLOCSIM_HOT
   bool joins(int32_t n, int32_t owner) const {
     if (n < 0 || !chunks_[n].free) return false;
-    return c_.sync_on_free || chunks_[n].owner == owner || chunks_[n].owner == kShared;
+    return kSyncOnFree || chunks_[n].owner == owner || chunks_[n].owner == kShared;
   }
 
   // _give_back: chunk `at` (in no index) becomes free memory of `owner`, merged with the
-  // next free neighbour, then the previous one.
+  // next free neighbour, then the previous one. With `defer_region`, a merged chunk that is a
+  // whole region is put in free_regions_ but left out of the index, as unindexed_ (free()'s
+  // trim releases it or indexes it).
+  template <bool kSyncOnFree>
   ALLOCSIM_HOT
-  void give_back(int32_t at, int32_t owner) {
-    if (joins(chunks_[at].next, owner)) {
+  void give_back(int32_t at, int32_t owner, bool defer_region = false) {
+    if (joins<kSyncOnFree>(chunks_[at].next, owner)) {
       unindex(chunks_[at].next);
       absorb_next(chunks_, at);
     }
     int32_t before = chunks_[at].prev;
-    if (joins(before, owner)) {
+    if (joins<kSyncOnFree>(before, owner)) {
       unindex(before);
       absorb_next(chunks_, before);
       at = before;
@@ -220,8 +258,14 @@ class CudaAsyncPolicy : public Counters {
     Chunk& chunk = chunks_[at];
     chunk.free = true;
     chunk.owner = owner;
+    if (owner == kShared && chunk.prev < 0 && chunk.next < 0) {
+      free_regions_.put(chunk.address, at);
+      if (defer_region) {
+        unindexed_ = at;
+        return;
+      }
+    }
     indexes_[owner].add(chunk.size, chunk.address, at);
-    if (owner == kShared && chunk.prev < 0 && chunk.next < 0) free_regions_.put(chunk.address, at);
   }
 
   // _map_chunk: a new physical chunk of round_up(rounded, chunk) bytes in a virtual range of
@@ -244,11 +288,14 @@ class CudaAsyncPolicy : public Counters {
       SortedBins::Key found;
       int32_t owner;
       SortedBins::Position where;
-      if (find(rounded, stream, &found, &owner, &where)) return take(found, owner, where, rounded);
+      bool any = c_.sync_on_free ? find<true>(rounded, stream, &found, &owner, &where)
+                                 : find<false>(rounded, stream, &found, &owner, &where);
+      if (any) return take(found, owner, where, rounded);
       trim(0);
       at = map_chunk(rounded);
       if (at < 0) return -1;
     }
+    shared_empty_ = false;  // the rest is shared free memory
     split_off(at, rounded, kShared);
     return at;
   }
@@ -256,11 +303,12 @@ class CudaAsyncPolicy : public Counters {
   // synchronize: every stream's free memory becomes shared (indexes in the order made, each
   // in (size, address) order), then the release threshold.
   void synchronize() {
+    shared_empty_ = false;
     for (int32_t owner = 1; owner < indexes_.count(); ++owner) {
       if (indexes_[owner].empty()) continue;
       for (const SortedBins::Key& key : indexes_[owner].ascending()) {
         indexes_[owner].remove(key.size, key.tie);
-        give_back(key.chunk, kShared);
+        give_back<false>(key.chunk, kShared);  // stream-owned memory: sync=none
       }
     }
     if (!free_regions_.empty() && mapped_ > c_.threshold) trim(c_.threshold);
@@ -275,7 +323,11 @@ class CudaAsyncPolicy : public Counters {
       int64_t nbytes = chunks_[at].size;
       if (mapped_ - nbytes < keep) continue;
       free_regions_.erase_at(index);
-      indexes_[kShared].remove(nbytes, base);
+      if (at == unindexed_) {
+        unindexed_ = -1;  // released before it was indexed
+      } else {
+        indexes_[kShared].remove(nbytes, base);
+      }
       chunks_.recycle(at);
       mapped_ -= nbytes;
       device_->unmap(base, nbytes);
@@ -287,6 +339,7 @@ class CudaAsyncPolicy : public Counters {
   // freed into the pool at once, where they stay.
   void preallocate() {
     pending_ = false;
+    shared_empty_ = false;
     int32_t at = map_chunk(c_.threshold);
     if (at < 0) return;
     Chunk& chunk = chunks_[at];
@@ -305,6 +358,11 @@ class CudaAsyncPolicy : public Counters {
   // free at once (a release threshold of 0 trims them at each synchronisation); a std::map's
   // node per region was an allocation on most frees.
   FreeRegions free_regions_;
+  // Known to hold no key (set by find with sync=none): every path that can add to the shared
+  // index with sync=none (grow's rest, synchronize, preallocate; a take from it finds it
+  // non-empty) resets it first.
+  bool shared_empty_ = false;
+  int32_t unindexed_ = -1;   // within free(): the whole free region not yet indexed; else -1
   int64_t mapped_ = 0, peak_mapped_ = 0;
 };
 
