@@ -535,6 +535,7 @@ class PyTorchPolicy {
   }
 
   // A block's expandable size: its own plus the unmapped block right behind it.
+  ALLOCSIM_HOT
   int64_t expandable_size(int32_t at) const {
     int32_t after = blocks_[at].next;
     if (after >= 0 && blocks_[after].req == kUnmapped) return blocks_[at].size + blocks_[after].size;
