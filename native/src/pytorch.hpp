@@ -34,6 +34,13 @@
 #include "records.hpp"
 #include "sorted_bins.hpp"
 
+// A function kept out of the engine's loop (see malloc_in_any_pool).
+#if defined(__GNUC__) || defined(__clang__)
+#define ALLOCSIM_PYTORCH_OUT_OF_LINE __attribute__((noinline))
+#else
+#define ALLOCSIM_PYTORCH_OUT_OF_LINE
+#endif
+
 namespace allocsim {
 
 struct PyTorchConfig {
@@ -56,50 +63,40 @@ class PyTorchPolicy {
   PyTorchPolicy(PyTorchConfig config, Device& device) : c_(config), device_(&device) {
     // round_size rounds to min_block_size by mask (kMinBlockSize, 512: a power of two).
     require_power_of_two(c_.min_block_size, "pytorch: min_block_size must be a power of two");
+    settings_ = settings_of(c_);
   }
 
   // A run resumed from a saved state (sim/questions/shared_runs.py): this copy of
   // the saved policy, on the resumed run's device, with that run's constants (its limit
   // may differ; the bridge resumes only where nothing else does).
-  void resume_on(Device& device, const PyTorchConfig& config) { device_ = &device; c_ = config; }
+  void resume_on(Device& device, const PyTorchConfig& config) {
+    device_ = &device;
+    c_ = config;
+    settings_ = settings_of(c_);
+  }
 
+  // malloc's settings are resolved once, at open: the rest of it (malloc_in_pool) is compiled
+  // for each usual mix with that mix's settings constant, so their branches fold away (each
+  // tested on every malloc cost ~17 instructions at the defaults), and for any other mix
+  // reads them from the config.
   ALLOCSIM_HOT
   int64_t malloc(int64_t size, int64_t stream, int64_t* handle) {
     int64_t rounded = round_size(size);
     bool small = rounded <= c_.small_size;
-    int64_t pool_key = static_cast<int64_t>(static_cast<uint64_t>(stream) << 1) | (small ? 1 : 0);
-    SortedBins* keys = &pools_[stream_pool(stream, pool_key)];
-    if (c_.gc_on) ++gc_calls_[small ? 1 : 0];
-    int32_t at = get_free_block(*keys, rounded);
-    if (at < 0) {
-      at = malloc_miss(rounded, small, stream, pool_key);
-      if (at < 0) return -1;
-      keys = &pools_[blocks_[at].pool];  // the miss may have made a pool (pools_ moved)
+    // Tests rather than a switch: its jump table cost six instructions per malloc.
+    if (settings_ == Settings::kDefaults) {
+      return malloc_in_pool<Fixed<false, false, false>>(size, rounded, small, stream, handle);
     }
-    int64_t block_size = blocks_[at].size;
-    int64_t remaining = block_size - rounded;
-    // should_split, then alloc_found_block: the caller keeps the low end.
-    if (should_split(remaining, rounded, small || c_.expandable)) {
-      int64_t address = blocks_[at].address + rounded;
-      int32_t rest = new_block(address, remaining, blocks_[at].pool);
-      Block& block = blocks_[at];
-      Block& piece = blocks_[rest];
-      piece.prev = at;
-      piece.next = block.next;
-      if (block.next >= 0) blocks_[block.next].prev = rest;
-      block.next = rest;
-      block.size = rounded;
-      keys->add(remaining, address, rest);  // insert_free: the block's own pool
-      if (c_.gc_on) piece.gc_base = gc_calls_[small ? 1 : 0];
-      block_size = rounded;
+    if (settings_ == Settings::kExpandable) {
+      return malloc_in_pool<Fixed<true, false, false>>(size, rounded, small, stream, handle);
     }
-    blocks_[at].req = size;
-    bytes_in_use += block_size;
-    if (bytes_in_use > peak_bytes_in_use) peak_bytes_in_use = bytes_in_use;
-    requested += size;
-    ++num_allocs;
-    *handle = at;
-    return blocks_[at].address;
+    if (settings_ == Settings::kMaxSplitSize) {
+      return malloc_in_pool<Fixed<false, false, true>>(size, rounded, small, stream, handle);
+    }
+    if (settings_ == Settings::kGarbageCollection) {
+      return malloc_in_pool<Fixed<false, true, false>>(size, rounded, small, stream, handle);
+    }
+    return malloc_in_any_pool(size, rounded, small, stream, handle);
   }
 
   // free_block: merge with the previous block, then the next one, each when free.
@@ -158,6 +155,78 @@ class PyTorchPolicy {
   LimitWindow limit_window;
 
  private:
+  // The settings malloc_in_pool tests, as a type: expandable segments, garbage collection
+  // (its age counts), and whether max_split_size is set (unset it is no_limit, which no block
+  // reaches: get_free_block has nothing to reject).
+  template <bool kExpandable, bool kGarbageCollection, bool kMaxSplitSize>
+  struct Fixed {
+    static constexpr bool expandable(const PyTorchConfig&) { return kExpandable; }
+    static constexpr bool gc_on(const PyTorchConfig&) { return kGarbageCollection; }
+    static constexpr bool max_split_set(const PyTorchConfig&) { return kMaxSplitSize; }
+  };
+  struct FromConfig {  // any other mix: read from the config on every malloc
+    static bool expandable(const PyTorchConfig& c) { return c.expandable; }
+    static bool gc_on(const PyTorchConfig& c) { return c.gc_on; }
+    static bool max_split_set(const PyTorchConfig&) { return true; }  // its tests still hold
+  };
+  enum class Settings { kDefaults, kExpandable, kMaxSplitSize, kGarbageCollection, kOther };
+  static Settings settings_of(const PyTorchConfig& c) {
+    bool max_split_set = c.max_split_size != c.no_limit;
+    int set = int{c.expandable} + int{c.gc_on} + int{max_split_set};
+    if (set == 0) return Settings::kDefaults;
+    if (set > 1) return Settings::kOther;
+    if (c.expandable) return Settings::kExpandable;
+    return max_split_set ? Settings::kMaxSplitSize : Settings::kGarbageCollection;
+  }
+
+  // Any other mix, out of the engine's loop: a fifth copy inlined there pushed the compiler's
+  // inliner past its limits, which then left the bins' own steps out of line for every mix.
+  ALLOCSIM_PYTORCH_OUT_OF_LINE
+  int64_t malloc_in_any_pool(int64_t size, int64_t rounded, bool small, int64_t stream,
+                             int64_t* handle) {
+    return malloc_in_pool<FromConfig>(size, rounded, small, stream, handle);
+  }
+
+  // malloc past the rounding and the pool's kind: get_free_block, else the miss path; the
+  // split (should_split, alloc_found_block: the caller keeps the low end); the counts.
+  template <class S>
+  ALLOCSIM_HOT
+  int64_t malloc_in_pool(int64_t size, int64_t rounded, bool small, int64_t stream,
+                         int64_t* handle) {
+    int64_t pool_key = static_cast<int64_t>(static_cast<uint64_t>(stream) << 1) | (small ? 1 : 0);
+    SortedBins* keys = &pools_[stream_pool(stream, pool_key)];
+    if (S::gc_on(c_)) ++gc_calls_[small ? 1 : 0];
+    int32_t at = get_free_block<S>(*keys, rounded);
+    if (at < 0) {
+      at = malloc_miss(rounded, small, stream, pool_key);
+      if (at < 0) return -1;
+      keys = &pools_[blocks_[at].pool];  // the miss may have made a pool (pools_ moved)
+    }
+    int64_t block_size = blocks_[at].size;
+    int64_t remaining = block_size - rounded;
+    if (should_split(remaining, rounded, small || S::expandable(c_))) {
+      int64_t address = blocks_[at].address + rounded;
+      int32_t rest = new_block(address, remaining, blocks_[at].pool);
+      Block& block = blocks_[at];
+      Block& piece = blocks_[rest];
+      piece.prev = at;
+      piece.next = block.next;
+      if (block.next >= 0) blocks_[block.next].prev = rest;
+      block.next = rest;
+      block.size = rounded;
+      keys->add(remaining, address, rest);  // insert_free: the block's own pool
+      if (S::gc_on(c_)) piece.gc_base = gc_calls_[small ? 1 : 0];
+      block_size = rounded;
+    }
+    blocks_[at].req = size;
+    bytes_in_use += block_size;
+    if (bytes_in_use > peak_bytes_in_use) peak_bytes_in_use = bytes_in_use;
+    requested += size;
+    ++num_allocs;
+    *handle = at;
+    return blocks_[at].address;
+  }
+
   // A record is one cache line: its index becomes its offset by a shift (at 48 bytes, a
   // multiply on every access: 0.7% of a replay's instructions) and no record straddles two lines.
   struct alignas(64) Block {
@@ -226,22 +295,25 @@ class PyTorchPolicy {
   // _get_free_block: the smallest block of this stream and pool that fits (moved on by the
   // expandable walk), or -1 when there is none or max_split_size rejects it (no search
   // beyond it). The block found leaves the free list.
+  template <class S>
   ALLOCSIM_HOT
   int32_t get_free_block(SortedBins& keys, int64_t rounded) {
     Key found;
     SortedBins::Position at;
     if (!keys.find(rounded, &found, &at)) return -1;
     bool walked = false;
-    if (c_.expandable) {
+    if (S::expandable(c_)) {
       Key first = found;
       found = best_fit(keys, found);
       walked = found.chunk != first.chunk;
     }
     int64_t block_size = found.size;
-    if (rounded < c_.max_split_size) {
-      if (block_size >= c_.max_split_size) return -1;
-    } else if (block_size >= rounded + c_.max_non_split_rounding) {
-      return -1;
+    if (S::max_split_set(c_)) {
+      if (rounded < c_.max_split_size) {
+        if (block_size >= c_.max_split_size) return -1;
+      } else if (block_size >= rounded + c_.max_non_split_rounding) {
+        return -1;
+      }
     }
     // The block found first leaves by its position (no second search); one the walk moved
     // on to, by its key.
@@ -463,6 +535,7 @@ class PyTorchPolicy {
   }
 
   // A block's expandable size: its own plus the unmapped block right behind it.
+  ALLOCSIM_HOT
   int64_t expandable_size(int32_t at) const {
     int32_t after = blocks_[at].next;
     if (after >= 0 && blocks_[after].req == kUnmapped) return blocks_[at].size + blocks_[after].size;
@@ -472,6 +545,7 @@ class PyTorchPolicy {
   // ExpandableSegments.best_fit, get_free_block's walk with expandable segments: from the
   // first fitting block, move on to the next bigger block while its expandable size is
   // smaller (a tie stays).
+  ALLOCSIM_HOT
   Key best_fit(const SortedBins& keys, Key it) const {
     int32_t after = blocks_[it.chunk].next;
     if (after < 0 || blocks_[after].req != kUnmapped) return it;
@@ -649,6 +723,7 @@ class PyTorchPolicy {
 
 
   PyTorchConfig c_;
+  Settings settings_;  // which malloc_in_pool serves malloc (settings_of c_)
   Device* device_;  // a pointer: a run resumed from a saved state points it at its own device
   Records<Block> blocks_;  // spare records linked through their next (records.hpp)
   std::vector<int64_t> pool_keys_;  // pool keys (stream << 1 | small), in the order first used

@@ -152,6 +152,7 @@ class SortedBins {
   }
 
   // The smallest key above `key` into *out (false: none). O(log k) plus an O(1) jump.
+  ALLOCSIM_HOT
   bool after(const Key& key, Key* out) const {
     int number = bin(key.size);
     const Bin& keys = bins_[number];
@@ -269,7 +270,9 @@ class SortedBins {
     }
     return low;
   }
+  ALLOCSIM_HOT
   void set(int number) { mask_[number >> 6] |= uint64_t{1} << (number & 63); }
+  ALLOCSIM_HOT
   void clear(int number) { mask_[number >> 6] &= ~(uint64_t{1} << (number & 63)); }
   ALLOCSIM_HOT
   int next_nonempty(int from) const {
