@@ -149,14 +149,11 @@ class CudaAsyncPolicy : public Counters {
   ALLOCSIM_HOT
   bool find(int64_t rounded, int64_t stream, SortedBins::Key* found, int32_t* owner,
             SortedBins::Position* where) {
-    // With sync=none the shared index is mostly empty, and stays so between the rare paths
-    // that add to it (shared_empty_): a search would scan its bitmask to the end.
+    // With sync=none the shared index is mostly empty: a search would scan its bitmap to the
+    // end, where empty() reads it at once.
     bool any = false;
-    if (kSyncOnFree) {
+    if (kSyncOnFree || !indexes_[kShared].empty()) {
       any = indexes_[kShared].find(rounded, found, where);
-    } else if (!shared_empty_) {
-      if (indexes_[kShared].empty()) shared_empty_ = true;
-      else any = indexes_[kShared].find(rounded, found, where);
     }
     *owner = kShared;
     if (!kSyncOnFree) {
@@ -224,7 +221,6 @@ class CudaAsyncPolicy : public Counters {
 
   // The whole free region free() left out of the index, which the threshold kept: indexed now.
   void index_unindexed() {
-    shared_empty_ = false;
     indexes_[kShared].add(chunks_[unindexed_].size, chunks_[unindexed_].address, unindexed_);
     unindexed_ = -1;
   }
@@ -295,7 +291,6 @@ class CudaAsyncPolicy : public Counters {
       at = map_chunk(rounded);
       if (at < 0) return -1;
     }
-    shared_empty_ = false;  // the rest is shared free memory
     split_off(at, rounded, kShared);
     return at;
   }
@@ -303,7 +298,6 @@ class CudaAsyncPolicy : public Counters {
   // synchronize: every stream's free memory becomes shared (indexes in the order made, each
   // in (size, address) order), then the release threshold.
   void synchronize() {
-    shared_empty_ = false;
     for (int32_t owner = 1; owner < indexes_.count(); ++owner) {
       if (indexes_[owner].empty()) continue;
       for (const SortedBins::Key& key : indexes_[owner].ascending()) {
@@ -339,7 +333,6 @@ class CudaAsyncPolicy : public Counters {
   // freed into the pool at once, where they stay.
   void preallocate() {
     pending_ = false;
-    shared_empty_ = false;
     int32_t at = map_chunk(c_.threshold);
     if (at < 0) return;
     Chunk& chunk = chunks_[at];
@@ -358,10 +351,6 @@ class CudaAsyncPolicy : public Counters {
   // free at once (a release threshold of 0 trims them at each synchronisation); a std::map's
   // node per region was an allocation on most frees.
   FreeRegions free_regions_;
-  // Known to hold no key (set by find with sync=none): every path that can add to the shared
-  // index with sync=none (grow's rest, synchronize, preallocate; a take from it finds it
-  // non-empty) resets it first.
-  bool shared_empty_ = false;
   int32_t unindexed_ = -1;   // within free(): the whole free region not yet indexed; else -1
   int64_t mapped_ = 0, peak_mapped_ = 0;
 };

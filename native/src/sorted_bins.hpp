@@ -194,11 +194,12 @@ class SortedBins {
     for (const Bin& keys : bins_) count += keys.count;
     return count;
   }
+  // The bitmap's words at once, no branch per word (an empty index was four loads and four
+  // branches: the stream-ordered pool's sync=none asks of its mostly empty shared index on
+  // every malloc).
   bool empty() const {
-    for (uint64_t word : mask_) {
-      if (word) return false;
-    }
-    return true;
+    static_assert(kWords == 4, "empty() reads the bitmap's four words");
+    return (mask_[0] | mask_[1] | mask_[2] | mask_[3]) == 0;
   }
 
  private:
