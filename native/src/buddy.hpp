@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <unordered_map>
 #include <vector>
 
 #include "device.hpp"
@@ -155,7 +154,12 @@ class BuddyPolicy {
     --free_count_;
   }
 
-  int arena_root(int64_t base) const { return arena_roots_.at(base); }
+  // An arena's root order, asked by every free: the flat table, not a node-based map.
+  int arena_root(int64_t base) const {
+    int64_t root = 0;
+    arena_roots_.find(base, &root);  // a block's base is always an arena's
+    return static_cast<int>(root);
+  }
 
   int new_arena(int order) {
     int64_t block = c_.min_block << order;
@@ -168,7 +172,7 @@ class BuddyPolicy {
     }
     if (base < 0) return -1;
     int root = 63 - __builtin_clzll(static_cast<uint64_t>(nbytes)) - min_bits_;
-    arena_roots_[base] = root;
+    arena_roots_.put(base, root);
     arena_order_.push_back(base);
     insert(base, base, root);
     pool_bytes_ += nbytes;
@@ -177,8 +181,8 @@ class BuddyPolicy {
   }
 
   void drop_arena(int64_t base) {
-    int root = arena_roots_.at(base);
-    arena_roots_.erase(base);
+    int64_t root = 0;
+    arena_roots_.pop(base, &root);
     arena_order_.erase(std::find(arena_order_.begin(), arena_order_.end(), base));
     pool_bytes_ -= c_.min_block << root;
     device_->release(base);
@@ -188,7 +192,7 @@ class BuddyPolicy {
     bool released = false;
     std::vector<int64_t> bases(arena_order_);
     for (int64_t base : bases) {
-      int root = arena_roots_.at(base);
+      int root = arena_root(base);
       int64_t node;
       if (free_at_.find(base, &node) && nodes_[node].order == root) {
         remove(static_cast<int32_t>(node));
@@ -210,7 +214,7 @@ class BuddyPolicy {
   int64_t free_count_ = 0;
   std::vector<Slot> slots_;
   std::vector<int64_t> spare_slots_;
-  std::unordered_map<int64_t, int> arena_roots_;
+  IdMap arena_roots_;  // arena base -> its root order
   std::vector<int64_t> arena_order_;
   int64_t requested_ = 0, pool_bytes_ = 0, peak_pool_bytes_ = 0;
 };

@@ -1,8 +1,13 @@
 // Live buffers: trace buffer id -> the policy's handle for the block it holds.
 //
 // Open addressing with linear probing and backward-shift deletion (no tombstones), grown at
-// half full: O(1) expected per insert, lookup and erase, one flat array, no allocation per
-// event. An id equal to kEmpty is neither stored nor looked up: the Python bridge sends such
+// a quarter full: O(1) expected per insert, lookup and erase, one flat array, no allocation per
+// event. A quarter, not a half: a probe's loop ends where an empty slot or the key is, a branch
+// the processor cannot foresee, and at half full the runs were long enough to mispredict it
+// often — buddy's table of free blocks, asked mostly for addresses it does not hold, took
+// 1.40x the tuned floor's time on the training trace at half full and 1.05x at a quarter, and
+// every policy's live-buffer table gained 2-10% (docs/benchmarks.md). The price is twice the
+// table's memory: 64 bytes per live buffer at most, not per event. An id equal to kEmpty is neither stored nor looked up: the Python bridge sends such
 // traces to the Python models (sim/kernel/native.py's _ID_EMPTY), and the policies' own keys
 // (buddy's addresses) are never negative.
 #pragma once
@@ -19,7 +24,7 @@ class IdMap {
  public:
   static constexpr int64_t kEmpty = std::numeric_limits<int64_t>::min();
 
-  IdMap() { slots_.assign(64, Slot{kFree, 0}); mask_ = 63; shift_ = 64 - 6; limit_ = 32; }
+  IdMap() { slots_.assign(64, Slot{kFree, 0}); mask_ = 63; shift_ = 64 - 6; limit_ = 64 / kLoad; }
 
   // Insert or replace (an alloc of a live id replaces it, as the Python dict does).
   ALLOCSIM_HOT
@@ -80,6 +85,7 @@ class IdMap {
   // shift its multiplies but measured 0.4% more instructions in all: the product is longer
   // to reach than the key.)
   static constexpr uint64_t kFree = 0;
+  static constexpr size_t kLoad = 4;  // the table grows when a put would fill 1/kLoad of it
   static uint64_t held(int64_t key) {
     return static_cast<uint64_t>(key) ^ (uint64_t{1} << 63);
   }
@@ -107,7 +113,7 @@ class IdMap {
     old.swap(slots_);
     slots_.assign(old.size() * 2, Slot{kFree, 0});
     mask_ = slots_.size() - 1;
-    limit_ = slots_.size() / 2;
+    limit_ = slots_.size() / kLoad;
     --shift_;  // one more bit of the product
     size_ = 0;
     for (const Slot& s : old) if (s.key != kFree) insert(s.key, s.value);
@@ -116,7 +122,7 @@ class IdMap {
   size_t mask_ = 0;
   int shift_ = 64;  // 64 - log2(slots)
   size_t size_ = 0;
-  size_t limit_ = 0;  // half the slots: put() grows the table before it holds more (held, not
+  size_t limit_ = 0;  // slots / kLoad: put() grows the table before it holds more (held, not
                       // computed from the vector per put)
 };
 
