@@ -19,7 +19,10 @@ floor measured beside it:
 - the **read limit** (allocsim._native.read_columns): a loop that only reads the columns.
 
 Each policy's :func:`~allocsim.sim.kernel.engine.replay` is timed whole (the core's replay and
-the RunResult built from it); the machine's load (os.getloadavg) is printed at the start and
+the RunResult built from it); beside its time, the free blocks its index holds, averaged over
+64 points of the run (``free blk``, untimed: :func:`free_blocks_held`) — the work a policy does
+beyond best fit's, as every free and split searches and moves past the keys of its bin, and
+best fit's own row is the floor's; the machine's load (os.getloadavg) is printed at the start and
 the end. Policies the core lacks replay in Python here, and show it (``impl``). With
 ``--against-python`` each native policy's Python model (``ALLOCSIM_NATIVE=0``) is timed too,
 once, and the core's speed-up over it printed.
@@ -152,6 +155,24 @@ def runs_native(trace: Trace, policy: str, profile: DeviceProfile) -> bool:
                     events=0) is not None
 
 
+def free_blocks_held(trace: Trace, policy: str, profile: DeviceProfile,
+                     points: int = 64) -> float | None:
+    """The free blocks the policy's index holds, averaged over ``points`` even stops of a
+    native run (None where the core does not run it): what each of its frees and splits
+    searches and moves past, the work that parts policies of the same index."""
+    from allocsim.policies import parse_policy
+    from allocsim.sim.kernel.native import open_run
+
+    run = open_run(trace, parse_policy(policy), profile, stop_on_oom=False, timeline_points=1)
+    if run is None:
+        return None
+    held = []
+    for stop in range(1, points + 1):
+        run.advance(len(trace) * stop // points)  # to that event (an index, not a count)
+        held.append(run.state()["policy_stats"]["free_blocks"])
+    return sum(held) / len(held)
+
+
 def measure_speed(trace: Trace, policies: list[str], profile: DeviceProfile, repeat: int,
                   against_python: bool = False, dynapipe: str | None = None
                   ) -> list[dict[str, Any]]:
@@ -180,7 +201,7 @@ def measure_speed(trace: Trace, policies: list[str], profile: DeviceProfile, rep
     print(f"tuned C++ best fit: {n / tuned_s:,.0f} events/s; plain C++ best fit "
           f"{n / plain_s:,.0f}; read limit {n / read_s:,.0f} ({read_s / n * 1e9:.2f} ns/event)")
     print(f"{'policy':28s} {'impl':7s} {'events/s':>12s} {'ns/event':>9s} {'× tuned':>8s} "
-          f"{'× plain':>8s} {'× read':>7s} {'CPU s':>7s}")
+          f"{'× plain':>8s} {'× read':>7s} {'CPU s':>7s} {'free blk':>8s}")
     rows: list[dict[str, Any]] = [
         {"policy": "tuned C++ best fit", "events": n, "cpu_s": tuned_s,
          "events_per_s": n / tuned_s, "peak_bytes": tuned_peak,
@@ -204,7 +225,9 @@ def measure_speed(trace: Trace, policies: list[str], profile: DeviceProfile, rep
             "events_per_s": n / run_s, "tuned_ratio": run_s / beside_tuned,
             "tuned_events_per_s": n / beside_tuned, "floor_ratio": run_s / beside_plain,
             "floor_events_per_s": n / beside_plain, "read_ratio": run_s / beside_read,
-            "read_events_per_s": n / beside_read}
+            "read_events_per_s": n / beside_read,
+            "free_blocks_held": free_blocks_held(trace, policy, profile)}
+        held = row["free_blocks_held"]
         mark = "" if row["tuned_ratio"] <= TUNED_TARGET else "   (over the tuned floor)"
         if policy == "pytorch" and dynapipe_s is not None:
             row["dynapipe_x"] = dynapipe_s / run_s
@@ -217,7 +240,7 @@ def measure_speed(trace: Trace, policies: list[str], profile: DeviceProfile, rep
         rows.append(row)
         print(f"{policy:28s} {impl:7s} {n / run_s:12,.0f} {run_s / n * 1e9:9.1f} "
               f"{row['tuned_ratio']:8.2f} {row['floor_ratio']:8.2f} {row['read_ratio']:7.1f} "
-              f"{run_s:7.3f}{mark}")
+              f"{run_s:7.3f} {'—' if held is None else f'{held:.1f}':>8s}{mark}")
     print(f"at the end: {load_average()}")
     return rows
 

@@ -64,3 +64,15 @@ def test_each_policy_is_set_against_the_tuned_floor_and_the_read_limit(
         assert row["read_ratio"] == pytest.approx(row["cpu_s"] / read_s)
     printed = capsys.readouterr().out
     assert "load average" in printed and "× tuned" in printed and "× read" in printed
+
+
+def test_the_free_blocks_a_policy_holds_are_averaged_over_even_stops_of_its_run() -> None:
+    # Three 256-byte buffers, then the first freed. Best fit maps one 2 MiB page: after two
+    # events its blocks are a, b and the free rest (1 free block); after four, a's hole and
+    # the rest (2): mean 1.5. CuPy cudaMallocs each rounded request whole, so nothing is free
+    # until a is freed: 0, 0, 0, 1 at four stops, mean 0.25.
+    trace = Trace.from_events([(0, "alloc", 1, 256), (1, "alloc", 2, 256), (2, "alloc", 3, 256),
+                               (3, "free", 1, 256)])
+    profile = bench_native.bench_profile("a100-80g", None)
+    assert bench_native.free_blocks_held(trace, "best-fit", profile, points=2) == 1.5
+    assert bench_native.free_blocks_held(trace, "cupy", profile, points=4) == 0.25
