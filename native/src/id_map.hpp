@@ -1,16 +1,19 @@
-// Live buffers: trace buffer id -> the policy's handle for the block it holds.
+// Live buffers: trace buffer id -> the policy's handle for the block it holds; and the keyed
+// records of policies and the device (buddy's free blocks and arenas, the device's ranges).
 //
-// Open addressing with linear probing and backward-shift deletion (no tombstones), grown at
-// a quarter full: O(1) expected per insert, lookup and erase, one flat array, no allocation per
+// Open addressing with linear probing and backward-shift deletion (no tombstones), grown at a
+// quarter full: O(1) expected per insert, lookup and erase, one flat array, no allocation per
 // event. A quarter, not a half: a probe's loop ends where an empty slot or the key is, a branch
 // the processor cannot foresee, and at half full the runs were long enough to mispredict it
-// often — buddy's table of free blocks, asked mostly for addresses it does not hold, took
-// 1.41x the tuned floor's time on the training trace at half full and 1.06x at a quarter (the
-// floor's table a quarter full too, which made the floor 4-5% faster), and the other policies
-// gained about as much as the floor did (docs/benchmarks.md). The price is twice the
-// table's memory: 64 bytes per live buffer at most, not per event. An id equal to kEmpty is neither stored nor looked up: the Python bridge sends such
-// traces to the Python models (sim/kernel/native.py's _ID_EMPTY), and the policies' own keys
-// (buddy's addresses) are never negative.
+// often — buddy's table of free blocks, asked mostly for addresses it does not hold, took 1.41x
+// the tuned floor's time on the training trace at half full and 1.06x at a quarter (the floor's
+// table a quarter full too, which made the floor 4-5% faster), and the other policies gained
+// about as much as the floor did (docs/benchmarks.md). The price is twice the table's memory:
+// 64 to 128 bytes per live buffer (32 to 64 before), not per event.
+//
+// An id equal to kEmpty is neither stored nor looked up: the Python bridge sends such traces to
+// the Python models (sim/kernel/native.py's _ID_EMPTY), and the other keys (addresses) are
+// never negative.
 #pragma once
 
 #include <cstdint>
