@@ -20,12 +20,9 @@ from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 from allocsim.sim.kernel.engine import replay
-from allocsim.sim.questions.capacity.oracle import (
-    _DECISION_STATE,
-    _ORDER_ONLY_STATE,
-    CompletionOracle,
-)
+from allocsim.sim.questions.capacity.oracle import CompletionOracle
 from allocsim.sim.questions.capacity.period import find_period
+from allocsim.sim.questions.run_repeats import DECISION_STATE, ORDER_ONLY_STATE
 from allocsim.traces.model import Trace
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -51,7 +48,7 @@ SPECS = ["bfc", "preallocate:fraction=0.5", "cupy", "pytorch",
 
 
 def test_every_policy_whose_state_is_known_is_put_to_the_leak() -> None:
-    known = set(_DECISION_STATE) | set(_ORDER_ONLY_STATE)
+    known = set(DECISION_STATE) | set(ORDER_ONLY_STATE)
     assert {parse_policy(spec).resolved().policy_class for spec in SPECS} == known
 
 
@@ -86,14 +83,14 @@ def _pool_with_regions_at(gap: int) -> CudaAsyncAllocator:
 
 
 def test_the_pools_state_by_place_ignores_where_its_regions_lie() -> None:
-    places_of = _ORDER_ONLY_STATE[CudaAsyncAllocator]
+    places_of = ORDER_ONLY_STATE[CudaAsyncAllocator]
     near, far = _pool_with_regions_at(0), _pool_with_regions_at(5)
     assert sorted(near.regions) != sorted(far.regions)
     assert places_of(near)[0] == places_of(far)[0]
 
 
 def test_the_pools_state_by_place_tells_different_pools_apart() -> None:
-    places_of = _ORDER_ONLY_STATE[CudaAsyncAllocator]
+    places_of = ORDER_ONLY_STATE[CudaAsyncAllocator]
     pool, other = _pool_with_regions_at(0), _pool_with_regions_at(0)
     assert places_of(pool)[0] == places_of(other)[0]
     other.malloc(512)                                      # one more chunk in use
@@ -111,7 +108,7 @@ def test_pytorchs_state_holds_the_ages_garbage_collection_reads() -> None:
     """The same free blocks, one of them older in one allocator (a large-pool search since it
     entered, the other block taken and given back): garbage collection, which releases the
     blocks at least as old as the mean, would choose differently, so the states differ."""
-    state_of = _DECISION_STATE[PyTorchCachingAllocator]
+    state_of = DECISION_STATE[PyTorchCachingAllocator]
     settings = {"per_process_memory_fraction": 0.5, "garbage_collection_threshold": 0.5}
     young, old = _pytorch(**settings), _pytorch(**settings)
     for pool in (young, old):
@@ -128,7 +125,7 @@ def test_pytorchs_state_holds_the_ages_garbage_collection_reads() -> None:
 
 
 def test_pytorchs_state_tells_an_unmapped_block_from_a_free_one() -> None:
-    state_of = _DECISION_STATE[PyTorchCachingAllocator]
+    state_of = DECISION_STATE[PyTorchCachingAllocator]
     mapped, unmapped = _pytorch(expandable_segments=True), _pytorch(expandable_segments=True)
     for pool in (mapped, unmapped):
         address = pool.malloc(30 * MiB)

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include "columns.hpp"
@@ -96,6 +97,120 @@ class Engine {
     carried_ = saved.carried_;
     bucket_top_allocated_ = saved.bucket_top_allocated_;
   }
+
+  // -- a run that repeats itself (sim/questions/run_repeats.py) ---------------------------
+  // A training loop's trace repeats a step, and a run of it may settle into repeating its
+  // own: from some event b on, every event does what the event a period earlier did. The
+  // caller shows that (the Python twin's run, its decision state equal at b and b + length,
+  // no device call between); the core then records one period's outcomes (tape) and copies
+  // them to the end (repeat) instead of running the policy: the same figures, samples and
+  // buckets as running every event, at the cost of reading what each one did.
+
+  // Replay events up to `end` one at a time, recording what each did: the allocated bytes
+  // after it, whether it was an alloc that counts towards the tops (event() raises them on
+  // those only), whether it was skipped, the policy's bytes in use after it. Extends the
+  // tape that ends here, or starts one here.
+  int64_t tape(int64_t end) {
+    end = std::min(end, c_.n);
+    if (tape_.start < 0 || tape_.start + static_cast<int64_t>(tape_.allocated.size()) != next_index_) {
+      tape_ = Tape{};
+      tape_.start = next_index_;
+      tape_.calls = device_.calls;
+      tape_.ooms = ooms;
+      tape_.allocated_before = allocated;
+    }
+    while (next_index_ < end && !stopped_) {
+      int64_t i = next_index_, op = 0, size = 0;
+      size_t skipped = skipped_events.size();
+      op_.widen(i, 1, &op);
+      size_.widen(i, 1, &size);
+      advance(i + 1);
+      uint8_t flags = (op == kOpAlloc && size > 0) ? kTapeAlloc : 0;
+      if (skipped_events.size() != skipped) flags |= kTapeSkipped;
+      tape_.allocated.push_back(allocated);
+      tape_.flags.push_back(flags);
+      tape_.in_use.push_back(policy_.bytes_in_use);
+    }
+    return next_index_;
+  }
+
+  // The rest of the run copied from the tape, which must be one whole period ending here
+  // (`length` events from its start to the next index) with no device call and no OOM in it;
+  // false where it is not (nothing changes then). Sound only where the run from here repeats
+  // the run from the tape's start: the caller's argument. A period that does not leave the
+  // allocated bytes as it found them cannot be a repeat, and throws.
+  //
+  // Event i from here does what event start + (i - start) % length did, so each figure is
+  // read off the tape, not run: the allocated bytes after each event, each sample, each
+  // skipped event, and each bucket's most allocated bytes — the bucket's first event
+  // whatever it is, then the most after an alloc, which over a whole period or more is the
+  // period's most. The device makes no call, so the buckets' reserved bytes and costs are
+  // close_bucket's as they stand. O(buckets + samples + skipped events + length), not O(n).
+  bool repeat(int64_t length) {
+    if (length <= 0 || tape_.start < 0 || tape_.start + length != next_index_
+        || static_cast<int64_t>(tape_.allocated.size()) != length || device_.calls != tape_.calls
+        || ooms != tape_.ooms || stopped_) {
+      return false;
+    }
+    if (allocated != tape_.allocated_before) {
+      throw std::logic_error("repeat: the period does not leave the allocated bytes as it "
+                             "found them; the run does not repeat from the tape's start");
+    }
+    const int64_t start = tape_.start, end = c_.n;
+    const std::vector<int64_t>& after = tape_.allocated;
+    const std::vector<uint8_t>& flags = tape_.flags;
+    auto offset = [&](int64_t i) { return (i - start) % length; };
+    constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
+    int64_t period_most = kNone;  // the most allocated bytes after an alloc, over a period
+    std::vector<int64_t> skipped_at;
+    for (int64_t j = 0; j < length; ++j) {
+      if (flags[j] & kTapeAlloc) period_most = std::max(period_most, after[j]);
+      if (flags[j] & kTapeSkipped) skipped_at.push_back(j);
+    }
+    auto most_after_alloc = [&](int64_t from, int64_t to) {  // events [from, to]
+      if (to - from + 1 >= length) return period_most;
+      int64_t most = kNone;
+      for (int64_t i = from, j = offset(from); i <= to; ++i) {
+        if ((flags[j] & kTapeAlloc) && after[j] > most) most = after[j];
+        if (++j == length) j = 0;
+      }
+      return most;
+    };
+    if (!skipped_at.empty()) {
+      for (int64_t period = next_index_; period < end; period += length) {
+        for (int64_t j : skipped_at) {
+          if (period + j < end) skipped_events.push_back(period + j);
+        }
+      }
+    }
+    int64_t top = bucket_top_allocated_;
+    for (int64_t i = next_index_; i < end;) {
+      int64_t last = std::min(last_event_, end - 1), from = i;
+      if (i == first_event_) {  // a bucket's first event counts whatever it is
+        top = after[offset(i)];
+        from = i + 1;
+      }
+      if (from <= last) top = std::max(top, most_after_alloc(from, last));
+      for (; next_sample_ <= last; next_sample_ += c_.sample_every) {
+        sample_events.push_back(next_sample_);
+        sample_values.push_back(tape_.in_use[offset(next_sample_)]);
+      }
+      bucket_top_allocated_ = top;
+      if (last == last_event_) {
+        close_bucket();
+        top = bucket_top_allocated_;
+      }
+      i = last + 1;
+    }
+    if (end > next_index_) allocated = after[offset(end - 1)];
+    next_index_ = end;
+    repeated_ = true;
+    return true;
+  }
+
+  // Whether the run's end was copied by repeat(): its live buffers are those of the tape's
+  // end, not of the run's, so it is not a state to save.
+  bool repeated() const { return repeated_; }
 
   // A saved copy reads no events: its window of them goes (adopt reads them again).
   void drop_window() {
@@ -293,6 +408,14 @@ class Engine {
     last_event_ = std::min(c_.n, first_event_ + c_.bucket) - 1;
   }
 
+  static constexpr uint8_t kTapeAlloc = 1, kTapeSkipped = 2;
+  struct Tape {  // what each event of [start, start + allocated.size()) did (tape())
+    // Where it starts, and the device's calls, the OOMs and the allocated bytes then.
+    int64_t start = -1, calls = 0, ooms = 0, allocated_before = 0;
+    std::vector<int64_t> allocated, in_use;  // after each event
+    std::vector<uint8_t> flags;
+  };
+
   const EngineConfig c_;
   Column op_, id_, size_, stream_;
   Device& device_;
@@ -302,6 +425,8 @@ class Engine {
   int64_t base_ = 0, loaded_ = 0, next_index_ = 0;
   bool held_constants_ = false;  // the window holds the constant columns' values
   bool stopped_ = false;
+  bool repeated_ = false;
+  Tape tape_;
   int64_t next_sample_ = 0;
   int64_t first_event_ = 0, last_event_ = -1, top_ = -1, first_call_ = -1, carried_ = 0;
   int64_t bucket_top_allocated_ = std::numeric_limits<int64_t>::min();

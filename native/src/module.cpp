@@ -212,6 +212,8 @@ class Replay {
   virtual bool stopped() = 0;
   virtual std::unique_ptr<Snapshot> snapshot() const = 0;
   virtual void resume(const Snapshot& saved) = 0;
+  virtual int64_t tape(int64_t end) = 0;
+  virtual bool repeat(int64_t length) = 0;
 };
 
 template <class Policy, class Config>
@@ -230,7 +232,21 @@ class PolicyReplay final : public Replay {
 
   bool stopped() override { return engine_.stopped(); }
 
+  // Engine::tape and Engine::repeat: a run that repeats itself copied to its end.
+  int64_t tape(int64_t end) override {
+    nb::gil_scoped_release release;
+    return engine_.tape(end);
+  }
+
+  bool repeat(int64_t length) override {
+    nb::gil_scoped_release release;
+    return engine_.repeat(length);
+  }
+
   std::unique_ptr<Snapshot> snapshot() const override {
+    if (engine_.repeated()) {
+      throw std::logic_error("a run whose end was copied by repeat() is not a state to save");
+    }
     auto saved = std::make_unique<Saved>(device_, policy_, engine_);
     saved->engine.drop_window();
     saved->next_index = engine_.next_index();
@@ -378,7 +394,9 @@ NB_MODULE(_native, m) {
       .def("state", &Replay::state)
       .def("stopped", &Replay::stopped)
       .def("snapshot", &Replay::snapshot)
-      .def("resume", &Replay::resume, nb::arg("saved"));
+      .def("resume", &Replay::resume, nb::arg("saved"))
+      .def("tape", &Replay::tape, nb::arg("end"))
+      .def("repeat", &Replay::repeat, nb::arg("length"));
   m.def("replay", &make_replay, nb::arg("columns"), nb::arg("n"), nb::arg("bucket"),
         nb::arg("sample_every"), nb::arg("stop_on_oom"), nb::arg("record_addresses"),
         nb::arg("device"), nb::arg("policy"));

@@ -172,6 +172,18 @@ class NativeRun:
         ``limit_hi``)."""
         return self._replay.snapshot()
 
+    def tape(self, end: int) -> int:
+        """Advance to ``end`` one event at a time, recording what each did (the period that
+        :meth:`repeat` copies; native/src/engine.hpp's Engine::tape)."""
+        return int(self._replay.tape(end))
+
+    def repeat(self, length: int) -> bool:
+        """Copy the tape, one whole period of ``length`` events ending here with no device
+        call and no OOM in it, to the run's end; False where the tape is not such a period.
+        Sound only where the run from here repeats the run from the tape's start
+        (sim/questions/run_repeats.py shows it)."""
+        return bool(self._replay.repeat(length))
+
     def resume(self, saved: Any) -> None:
         """This fresh run continues from ``saved`` (a state of a run of the same policy family
         and trace). Sound only where the two runs decide alike up to there: the caller's

@@ -51,10 +51,14 @@ from allocsim.sim.kernel.engine import replay
 from allocsim.sim.kernel.native import CoreColumns, NativeRun, core_columns, result_of
 from allocsim.sim.kernel.native import open_run as open_native_run
 from allocsim.sim.kernel.results import RunResult
+from allocsim.sim.questions.capacity.period import Period, find_period
+from allocsim.sim.questions.run_repeats import repeated_state
 from allocsim.traces.model import Trace
 
 CHECKPOINTS = 64                # states saved per run, evenly spaced
 MAX_SAVED = 256                 # states kept in all
+REPEAT_SHARE = 64               # replay(): a Python run looks for a repeat this far (1/64)
+REPEAT_MIN_EVENTS = 1 << 16     # ... on traces at least this long
 
 # The constant that is the policy's limit, per family of the core: it may differ between runs
 # that share (each decision against it is in the policy's limit window). Families absent
@@ -110,10 +114,15 @@ class SharedRuns:
     at event 0, ``events_run`` the events replayed in all and ``events_resumed`` those the
     resumed runs did not replay. ``share=False``: every run from event 0, nothing saved."""
 
-    def __init__(self, trace: Trace, *, timeline_points: int, share: bool = True) -> None:
+    def __init__(self, trace: Trace, *, timeline_points: int, share: bool = True,
+                 repeats: bool = True) -> None:
         self.trace = trace
         self.timeline_points = timeline_points
         self.share = share
+        self.repeats = repeats              # replay() copies a repeating run's tail
+        self.repeated_runs = 0              # ... and this many were
+        self._period_of: tuple[Trace, Period | None] | None = None
+        self._ends: dict[object, list[tuple[_Saved, dict[str, Any]]]] = {}  # copied runs' ends
         self.runs = 0
         self.resumed = 0
         self.events_run = 0
@@ -165,14 +174,62 @@ class SharedRuns:
 
     def replay(self, policy: str | PolicySpec, profile: DeviceProfile) -> RunResult:
         """``replay(trace, policy, profile, stop_on_oom=True)``, the same result, its run
-        shared where the core takes it."""
+        shared where the core takes it, or its tail copied where the run repeats itself
+        (:meth:`repeated`)."""
         spec = parse_policy(policy)
         if len(self.trace.processes()) <= 1:
-            state = self.run(spec, profile, stop_on_oom=True)
+            state = self.repeated(spec, profile)
+            if state is None:
+                state = self.run(spec, profile, stop_on_oom=True)
             if state is not None:
                 return result_of(self.trace, spec, profile, state,
                                  timeline_points=self.timeline_points)
         return replay(self.trace, spec, profile, stop_on_oom=True)
+
+    def repeated(self, spec: PolicySpec, profile: DeviceProfile) -> dict[str, Any] | None:
+        """The core's state at the end of the whole run of ``spec`` on ``profile`` (to its
+        first OOM), its tail copied from a period where the trace repeats and the run settles
+        into repeating itself within 1/:data:`REPEAT_SHARE` of it
+        (sim/questions/run_repeats.py); None where not (the caller runs it whole; the Python
+        run that looked cost at most that share of the trace). Traces under
+        :data:`REPEAT_MIN_EVENTS` events are left to the core whole: a Python run through
+        the few thousand events a run takes to repeat costs more than the core's replay of
+        them all."""
+        if not self.repeats or len(self.trace) < REPEAT_MIN_EVENTS:
+            return None
+        on_device = buffers_on_device(self.trace, profile)
+        if self._period_of is None or self._period_of[0] is not on_device:
+            self._period_of = (on_device, find_period(on_device))
+        period = self._period_of[1]
+        if period is None:
+            return None
+        if self._columns is None or self._columns.trace is not on_device:
+            self._columns = core_columns(on_device)
+        run = open_native_run(self.trace, spec, profile, stop_on_oom=True,
+                              timeline_points=self.timeline_points, columns=self._columns)
+        if run is None:
+            return None
+        shape = _shape(run) if self.share else None
+        if shape is not None:
+            # An earlier copied run whose windows hold this one's capacity and limit decided
+            # every event as this one would: its end is this one's.
+            capacity = int(run.device["capacity"])
+            for windows, end in self._ends.get(shape[0], ()):
+                if windows.holds(capacity, shape[1]):
+                    self.runs += 1
+                    self.repeated_runs += 1
+                    return dict(end)
+        state = repeated_state(on_device, spec, profile, period, run,
+                               budget=len(on_device) // REPEAT_SHARE)
+        if state is None:
+            return None
+        self.runs += 1
+        self.repeated_runs += 1
+        if shape is not None:
+            device, (lo, hi) = state["device"], state["limit_window"]
+            windows = _Saved(run.n, device["granted_most"], device["refused_least"], lo, hi, None)
+            self._ends.setdefault(shape[0], []).append((windows, dict(state)))
+        return state
 
     def _save(self, run: NativeRun, index: int, saved: list[_Saved],
               own: _Saved | None) -> _Saved | None:
@@ -205,4 +262,4 @@ class SharedRuns:
         return False
 
 
-__all__ = ["CHECKPOINTS", "MAX_SAVED", "SharedRuns"]
+__all__ = ["CHECKPOINTS", "MAX_SAVED", "REPEAT_MIN_EVENTS", "REPEAT_SHARE", "SharedRuns"]

@@ -33,18 +33,17 @@ it); the device refuses a call exactly when ``used + bytes > C``.
   the replay did. Otherwise: a replay.
 
 Whatever the kind, a replay of a repeating trace stops as soon as it repeats itself
-(sim/questions/capacity/period.py), for the policies whose decision state is known here
-(:data:`_DECISION_STATE`: BFC, preallocate, CuPy, PyTorch, compared as they are, with no
-device call within the period; :data:`_ORDER_ONLY_STATE`: the stream-ordered pool, whose
-decisions read addresses only through their order, compared by place, so a period may map
-and unmap memory at fresh addresses as long as the device has handed out the same memory at
-both ends); it completes, as the whole replay would. tests/test_capacity_repeats.py holds each
+(sim/questions/capacity/period.py), for the policies whose decision state is known
+(sim/questions/run_repeats.py: BFC, preallocate, CuPy, PyTorch, compared as they are, with
+no device call within the period; the stream-ordered pool, whose decisions read addresses
+only through their order, compared by place, so a period may map and unmap memory at fresh
+addresses as long as the device has handed out the same memory at both ends); it completes,
+as the whole replay would. tests/test_capacity_repeats.py holds each
 state to a trace whose events repeat while its runs do not.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from allocsim.policies import PolicySpec
@@ -52,20 +51,15 @@ from allocsim.policies.base import (
     CAPACITY_BFC_REGIONS,
     CAPACITY_LIMIT,
     CAPACITY_LIMIT_FATAL,
-    Policy,
     capacity_use_of,
 )
-from allocsim.policies.bfc import BFCAllocator, PreallocateAllocator
-from allocsim.policies.cuda_async import CudaAsyncAllocator
-from allocsim.policies.cupy_pool import ADDRESS_MASK as CUPY_ADDRESS_MASK
-from allocsim.policies.cupy_pool import CuPyPoolAllocator
-from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
 from allocsim.sim.kernel.device import DeviceProfile, ProcessDevice, SimulatedDevice
 from allocsim.sim.kernel.device_buffers import buffers_on_device
 from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
 from allocsim.sim.kernel.native import core, is_native
 from allocsim.sim.questions.capacity.period import Period, find_period
-from allocsim.sim.questions.capacity.regions import RegionWatch, bfc_state
+from allocsim.sim.questions.capacity.regions import RegionWatch
+from allocsim.sim.questions.run_repeats import find_repeat, knows
 from allocsim.sim.questions.shared_runs import SharedRuns
 from allocsim.traces.model import Trace
 
@@ -331,9 +325,7 @@ class CompletionOracle:
         the core (or with ``native=False``) the watch runs, as before."""
         if not self.shortcuts or not self.native:
             return None
-        policy_class = self._resolved.policy_class
-        if (periodic and (policy_class in _DECISION_STATE or policy_class in _ORDER_ONLY_STATE)
-                and self._period() is not None):
+        if periodic and knows(self._resolved.policy_class) and self._period() is not None:
             return None
         profile = self._card(capacity)
         state = self.shared.run(self.spec, profile, stop_on_oom=stop_on_oom)
@@ -360,149 +352,28 @@ class CompletionOracle:
     def _run(self, run: ProcessReplay, *, give_up: bool = False) -> bool | None:
         """Run ``run`` to its end (or its first OOM, with ``stop_on_oom``); whether it
         completed. Where the trace repeats and the policy's decision state is known
-        (:data:`_DECISION_STATE`), stop as soon as the run repeats itself
+        (sim/questions/run_repeats.py), stop as soon as the run repeats itself
         (sim/questions/capacity/period.py): it completes, as a run to the end would. With
         ``give_up``, None where the run has not repeated (nor run out of memory) within
         1/:data:`PYTHON_SHARE` of the trace (:data:`PYTHON_EVENTS` at least): a run near the
         answer that releases and takes memory every step never repeats, and the core replays
         the whole trace in about the time Python takes for that share (the caller hands the
         run over to it)."""
-        kind = type(run.policy)
-        state_of = _DECISION_STATE.get(kind) if self.shortcuts else None
-        places_of = _ORDER_ONLY_STATE.get(kind) if self.shortcuts else None
-        known = state_of is not None or places_of is not None
-        period = self._period() if known else None
-        for boundary in period.boundaries() if period is not None else ():
-            assert period is not None
-            if give_up and boundary + period.length > self._python_budget():
-                return None
-            run.advance(boundary)
-            if run.report.ooms:
-                break
-            then = self._moment(run, state_of, places_of)
-            run.advance(boundary + period.length)
-            if run.report.ooms:
-                break
-            now = self._moment(run, state_of, places_of)
-            if then[:2] == now[:2] and period.repeats(boundary, then[2], now[2]):
+        period = self._period() if self.shortcuts and knows(type(run.policy)) else None
+        if period is not None:
+            budget = self._python_budget() if give_up else None
+            if find_repeat(run, period, budget=budget) is not None:
                 self.skipped += run.n - run.next_index
                 return True
-        if give_up and period is not None and not run.report.ooms:
-            return None
+            if give_up and not run.report.ooms:
+                return None
         run.advance(run.n)
         return run.report.ooms == 0 and not run.stopped
-
-    @staticmethod
-    def _moment(run: ProcessReplay, state_of: Callable[[Policy], object] | None,
-                places_of: Callable[[Policy], tuple[object, dict[int, object]]] | None,
-                ) -> tuple[object, object, dict[int, object]]:
-        """What must be equal at two boundaries for the run to repeat: the policy's decision
-        state, the device's side of it, and the live buffers' places. With an absolute state
-        (:data:`_DECISION_STATE`) the device's side is its call count (no call in between:
-        its memory and the next fresh address stay as they were) and a buffer's place its
-        address; with an order-only state (:data:`_ORDER_ONLY_STATE`) the device's side is
-        the memory it has handed out and a buffer's place the policy's order-only name for
-        its address, so a period that maps and unmaps memory at fresh addresses can repeat."""
-        if state_of is not None:
-            return state_of(run.policy), run.view.calls, dict(run.live)
-        assert places_of is not None
-        state, places = places_of(run.policy)
-        device = (run.view.device.used, run.view.reserved)
-        return state, device, {buffer: places[address] for buffer, address in run.live.items()}
 
     def _period(self) -> Period | None:
         if self._found_period is None:
             self._found_period = (find_period(self.trace),)
         return self._found_period[0]
-
-
-def _cupy_state(policy: Policy) -> object:
-    """Everything CuPy's pool decides from (policies/cupy_pool.py): chunk sizes and links, the
-    stream of each chunk's arena (free or in use), the cudaMalloc'd blocks, total bytes and the
-    limit, and the creation ids only as their order (ties go to the older chunk; a new chunk
-    is younger than all). Not: the statistics, the requested sizes."""
-    pool: CuPyPoolAllocator = policy                                # type: ignore[assignment]
-    stream_of = {id(arena): stream for stream, arena in pool.arenas.items()}
-    free = {tie & CUPY_ADDRESS_MASK: stream for stream, arena in pool.arenas.items()
-            for _, tie in arena.keys()}
-    in_use = {address: stream_of[id(arena)] for address, arena in pool.in_use.items()}
-    age = {address: rank for rank, (_, address) in
-           enumerate(sorted((cid, address) for address, cid in pool.cid_of.items()))}
-    return (dict(pool.size_of), dict(pool.prev_of), dict(pool.next_of), age, free, in_use,
-            dict(pool.held), pool.total_bytes(), pool.get_limit(), sorted(pool.arenas))
-
-
-def _pytorch_state(policy: Policy) -> object:
-    """Everything PyTorch's caching allocator decides from (policies/pytorch/*.py): each
-    block's size, pool key and state (allocated, free and mapped, unmapped; the links follow
-    from the addresses and sizes within the segments, the free and unmapped lists from the
-    states), the segments, the reserved bytes, the order of the free lists' pools (the release
-    and garbage-collection passes walk them in it) and, with garbage collection on, the age of
-    each free block (its pool's searches since it entered; an allocated block's old stamp is
-    never read). Not: the statistics, the requested sizes. The settings are the run's own."""
-    pool: PyTorchCachingAllocator = policy                          # type: ignore[assignment]
-    pools = pool.pools
-    blocks = {address: (block.size, block.pool_key, min(block.requested, 1))
-              for address, block in pools.record.items()}
-    segments = [(s.base, s.size, s.stream, s.small, s.expandable, s.page)
-                for s in pools.segment_map.values()]
-    ages: dict[int, int] = {}
-    if pools.gc_on:
-        searches = pools.gc_searches
-        ages = {address: searches[state[1] & 1] - pools.gc_stamps[address]
-                for address, state in blocks.items() if state[2] == 0}
-    return blocks, segments, pool.pool_bytes, tuple(pools.free_lists), ages
-
-
-def _cuda_async_places(policy: Policy) -> tuple[object, dict[int, object]]:
-    """Everything the stream-ordered pool decides from (policies/cuda_async.py), with every
-    address named by its place — (the rank of its region among the regions by address, its
-    offset there) — and that naming (chunk address → place). Its decisions read addresses only
-    through their order: best fit breaks ties by the lower address, a trim releases the highest
-    regions first, and a fresh mapping (the device's next virtual range) lies above every
-    region held; regions never overlap. So two states equal by place make the same decisions,
-    wherever the regions lie. The state: each chunk's size and whether it is in use (links and
-    the shared index follow within the regions), the regions' sizes in address order, the free
-    regions, with ``sync=none`` each free chunk's owner, each live chunk's stream and the order
-    of the owners' indexes (a synchronisation walks them in it), and whether preallocation is
-    still to come. The threshold is the run's own. Not: the statistics, the requested sizes."""
-    pool: CudaAsyncAllocator = policy                               # type: ignore[assignment]
-    regions = pool.regions
-    rank = {base: number for number, base in enumerate(sorted(regions))}
-    places: dict[int, object] = {}
-    chunks: dict[object, tuple[int, bool]] = {}
-    for base in rank:
-        place = rank[base]
-        chunk = pool.chunks.record[base]
-        ring = chunk.prev
-        while chunk is not ring:
-            address = chunk.address
-            places[address] = name = (place, address - base)
-            chunks[name] = (chunk.size, not chunk.key)
-            chunk = chunk.next
-    state = (chunks, [regions[base] for base in rank],
-             frozenset(rank[base] for base in pool.free_regions),
-             {places[address]: owner for address, owner in pool.owner_of.items()},
-             {places[address]: stream for address, stream in pool.stream_of.items()},
-             tuple(pool.indexes), pool.preallocate_pending)
-    return state, places
-
-
-# A policy's decision state, per class, for the periodic skip: two states equal here make the
-# same decisions on the same events. Classes absent here always run to the end.
-_DECISION_STATE: dict[type[Policy], Callable[[Policy], object]] = {
-    BFCAllocator: bfc_state,
-    PreallocateAllocator: bfc_state,
-    CuPyPoolAllocator: _cupy_state,
-    PyTorchCachingAllocator: _pytorch_state,
-}
-
-# The same, for a policy whose decisions read its addresses only through their order: its
-# state and a naming of its addresses by place (see _cuda_async_places), so that a run that
-# maps and unmaps memory at fresh addresses every period can still be seen to repeat.
-_ORDER_ONLY_STATE: dict[type[Policy], Callable[[Policy], tuple[object, dict[int, object]]]] = {
-    CudaAsyncAllocator: _cuda_async_places,
-}
 
 
 __all__ = ["PROBE_CAPACITY", "CompletionOracle", "Probe"]

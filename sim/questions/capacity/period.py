@@ -14,7 +14,7 @@ repeats the run from ``b`` event for event, OOMs included: a run with no OOM up 
 
 :func:`find_period` finds the period (numpy, O(n) once per trace);
 :meth:`Period.repeats` checks the buffer part of the argument at a boundary, the policy's part
-being the caller's (sim/questions/capacity/oracle.py, per policy).
+being the caller's (sim/questions/run_repeats.py, per policy).
 """
 
 from __future__ import annotations

@@ -71,10 +71,10 @@ def local_evaluator(trace: Trace, *, share: bool = True) -> Evaluator:
     (a setting that runs out of memory fails whatever follows; the rest of its replay would
     cost as much as a passing one's, and on a tight card most settings fail). A failing
     setting's figures are therefore those up to its first OOM. Settings that differ only in
-    their limit (the fractions on one card) share their runs' starts
-    (sim/questions/shared_runs.py; ``share=False``: each replay from event 0), with the same
-    results."""
-    shared = SharedRuns(trace, timeline_points=TIMELINE_POINTS, share=share)
+    their limit (the fractions on one card) share their runs' starts, and a run that repeats
+    itself has its tail copied (sim/questions/shared_runs.py; ``share=False``: each replay
+    from event 0 to its end), with the same results."""
+    shared = SharedRuns(trace, timeline_points=TIMELINE_POINTS, share=share, repeats=share)
 
     def evaluate(batch: Sequence[tuple[str, DeviceProfile]]) -> list[dict[str, Any]]:
         return [shared.replay(spec, device).to_json_dict() for spec, device in batch]

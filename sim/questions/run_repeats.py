@@ -1,0 +1,238 @@
+"""When a run repeats itself: the decision state that shows it, and a repeating run's whole
+result without running its tail.
+
+A training loop's trace repeats a step (sim/questions/capacity/period.py finds the period,
+``length`` events from ``start``). A run of it settles into repeating its own: if before event
+``b`` and before ``b + length`` it holds the same decision state (the policy's structures,
+without its statistics; no device call between — or, for a policy whose decisions read
+addresses only through their order, the state named by place and the same memory handed out)
+and the buffers the later events name sit at the same places, the run from ``b + length``
+repeats the run from ``b`` event for event, OOMs included (period.py's argument). Two uses:
+
+- min-capacity's probes stop there: a run that repeated completes
+  (sim/questions/capacity/oracle.py);
+- a whole result (:func:`repeated_state`; :class:`~allocsim.sim.questions.shared_runs.SharedRuns`'
+  ``replay``, tune's settings): the Python twin runs until it repeats (it alone knows the
+  decision state), the core runs through ``b + length`` recording what each event of the last
+  period did, and copies that period to the end (native/src/engine.hpp, ``Engine::repeat``)
+  instead of running the policy there. The samples, buckets, peaks, device figures and
+  allocated bytes are the whole replay's (they repeat with the run); the policy's statistics
+  at the end are read where the run stood a whole number of periods earlier, its counts
+  grown by one period's each period, its peaks those of ``b + length`` (a repeat reaches
+  nothing new). Only policies with an absolute state (:data:`DECISION_STATE`: no device call
+  in the period, so the device's figures stand still) are copied so.
+
+tests/test_capacity_repeats.py holds each state to a trace whose events repeat while its runs do
+not; tests/test_run_repeats.py holds a copied result to the replay of every event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from allocsim.policies import PolicySpec
+from allocsim.policies.base import Policy
+from allocsim.policies.bfc import BFCAllocator, PreallocateAllocator
+from allocsim.policies.cuda_async import CudaAsyncAllocator
+from allocsim.policies.cupy_pool import ADDRESS_MASK as CUPY_ADDRESS_MASK
+from allocsim.policies.cupy_pool import CuPyPoolAllocator
+from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
+from allocsim.sim.kernel.engine import ProcessReplay
+from allocsim.sim.kernel.native import NativeRun
+from allocsim.sim.questions.capacity.period import Period
+from allocsim.sim.questions.capacity.regions import bfc_state
+from allocsim.traces.model import Trace
+
+
+def _cupy_state(policy: Policy) -> object:
+    """Everything CuPy's pool decides from (policies/cupy_pool.py): chunk sizes and links, the
+    stream of each chunk's arena (free or in use), the cudaMalloc'd blocks, total bytes and the
+    limit, and the creation ids only as their order (ties go to the older chunk; a new chunk
+    is younger than all). Not: the statistics, the requested sizes."""
+    pool: CuPyPoolAllocator = policy                                # type: ignore[assignment]
+    stream_of = {id(arena): stream for stream, arena in pool.arenas.items()}
+    free = {tie & CUPY_ADDRESS_MASK: stream for stream, arena in pool.arenas.items()
+            for _, tie in arena.keys()}
+    in_use = {address: stream_of[id(arena)] for address, arena in pool.in_use.items()}
+    age = {address: rank for rank, (_, address) in
+           enumerate(sorted((cid, address) for address, cid in pool.cid_of.items()))}
+    return (dict(pool.size_of), dict(pool.prev_of), dict(pool.next_of), age, free, in_use,
+            dict(pool.held), pool.total_bytes(), pool.get_limit(), sorted(pool.arenas))
+
+
+def _pytorch_state(policy: Policy) -> object:
+    """Everything PyTorch's caching allocator decides from (policies/pytorch/*.py): each
+    block's size, pool key and state (allocated, free and mapped, unmapped; the links follow
+    from the addresses and sizes within the segments, the free and unmapped lists from the
+    states), the segments, the reserved bytes, the order of the free lists' pools (the release
+    and garbage-collection passes walk them in it) and, with garbage collection on, the age of
+    each free block (its pool's searches since it entered; an allocated block's old stamp is
+    never read). Not: the statistics, the requested sizes. The settings are the run's own."""
+    pool: PyTorchCachingAllocator = policy                          # type: ignore[assignment]
+    pools = pool.pools
+    blocks = {address: (block.size, block.pool_key, min(block.requested, 1))
+              for address, block in pools.record.items()}
+    segments = [(s.base, s.size, s.stream, s.small, s.expandable, s.page)
+                for s in pools.segment_map.values()]
+    ages: dict[int, int] = {}
+    if pools.gc_on:
+        searches = pools.gc_searches
+        ages = {address: searches[state[1] & 1] - pools.gc_stamps[address]
+                for address, state in blocks.items() if state[2] == 0}
+    return blocks, segments, pool.pool_bytes, tuple(pools.free_lists), ages
+
+
+def _cuda_async_places(policy: Policy) -> tuple[object, dict[int, object]]:
+    """Everything the stream-ordered pool decides from (policies/cuda_async.py), with every
+    address named by its place — (the rank of its region among the regions by address, its
+    offset there) — and that naming (chunk address → place). Its decisions read addresses only
+    through their order: best fit breaks ties by the lower address, a trim releases the highest
+    regions first, and a fresh mapping (the device's next virtual range) lies above every
+    region held; regions never overlap. So two states equal by place make the same decisions,
+    wherever the regions lie. The state: each chunk's size and whether it is in use (links and
+    the shared index follow within the regions), the regions' sizes in address order, the free
+    regions, with ``sync=none`` each free chunk's owner, each live chunk's stream and the order
+    of the owners' indexes (a synchronisation walks them in it), and whether preallocation is
+    still to come. The threshold is the run's own. Not: the statistics, the requested sizes."""
+    pool: CudaAsyncAllocator = policy                               # type: ignore[assignment]
+    regions = pool.regions
+    rank = {base: number for number, base in enumerate(sorted(regions))}
+    places: dict[int, object] = {}
+    chunks: dict[object, tuple[int, bool]] = {}
+    for base in rank:
+        place = rank[base]
+        chunk = pool.chunks.record[base]
+        ring = chunk.prev
+        while chunk is not ring:
+            address = chunk.address
+            places[address] = name = (place, address - base)
+            chunks[name] = (chunk.size, not chunk.key)
+            chunk = chunk.next
+    state = (chunks, [regions[base] for base in rank],
+             frozenset(rank[base] for base in pool.free_regions),
+             {places[address]: owner for address, owner in pool.owner_of.items()},
+             {places[address]: stream for address, stream in pool.stream_of.items()},
+             tuple(pool.indexes), pool.preallocate_pending)
+    return state, places
+
+
+# A policy's decision state, per class: two states equal here make the same decisions on the
+# same events. Classes absent here and from ORDER_ONLY_STATE are never seen to repeat.
+DECISION_STATE: dict[type[Policy], Callable[[Policy], object]] = {
+    BFCAllocator: bfc_state,
+    PreallocateAllocator: bfc_state,
+    CuPyPoolAllocator: _cupy_state,
+    PyTorchCachingAllocator: _pytorch_state,
+}
+
+# The same, for a policy whose decisions read its addresses only through their order: its
+# state and a naming of its addresses by place (see _cuda_async_places), so that a run that
+# maps and unmaps memory at fresh addresses every period can still be seen to repeat.
+ORDER_ONLY_STATE: dict[type[Policy], Callable[[Policy], tuple[object, dict[int, object]]]] = {
+    CudaAsyncAllocator: _cuda_async_places,
+}
+
+
+def moment(run: ProcessReplay) -> tuple[object, object, dict[int, object]]:
+    """What must be equal at two boundaries for ``run`` to repeat: the policy's decision
+    state, the device's side of it, and the live buffers' places. With an absolute state
+    (:data:`DECISION_STATE`) the device's side is its call count (no call in between: its
+    memory and the next fresh address stay as they were) and a buffer's place its address;
+    with an order-only state (:data:`ORDER_ONLY_STATE`) the device's side is the memory it has
+    handed out and a buffer's place the policy's order-only name for its address, so a period
+    that maps and unmaps memory at fresh addresses can repeat."""
+    state_of = DECISION_STATE.get(type(run.policy))
+    if state_of is not None:
+        return state_of(run.policy), run.view.calls, dict(run.live)
+    state, places = ORDER_ONLY_STATE[type(run.policy)](run.policy)
+    device = (run.view.device.used, run.view.reserved)
+    return state, device, {buffer: places[address] for buffer, address in run.live.items()}
+
+
+def knows(policy_class: type) -> bool:
+    """Whether a run of ``policy_class`` can be seen to repeat (its decision state is known)."""
+    return policy_class in DECISION_STATE or policy_class in ORDER_ONLY_STATE
+
+
+def find_repeat(run: ProcessReplay, period: Period, *, budget: int | None = None) -> int | None:
+    """Advance ``run`` (a Python run of a policy :func:`knows`) boundary by boundary
+    (``period.boundaries()``) until it repeats: the boundary ``b`` (the run then stands at
+    ``b + period.length``). None where it ran out of memory first (``run.report.ooms``), where
+    checking the next boundary would take it past ``budget`` events, or where no boundary
+    showed a repeat."""
+    for boundary in period.boundaries():
+        if budget is not None and boundary + period.length > budget:
+            return None
+        run.advance(boundary)
+        if run.report.ooms:
+            return None
+        then = moment(run)
+        run.advance(boundary + period.length)
+        if run.report.ooms:
+            return None
+        now = moment(run)
+        if then[:2] == now[:2] and period.repeats(boundary, then[2], now[2]):
+            return boundary
+    return None
+
+
+# The policy's statistics (PolicyStats' fields, as the core reports them) at a copied end:
+# counts grow by one period's each period; peaks were reached by the end of the first copied
+# period; the rest is the state's, read where the run stood a whole number of periods before
+# its end.
+_COUNTS = frozenset({"num_allocs", "num_frees", "num_ooms"})
+_PEAKS = frozenset({"peak_bytes_in_use", "peak_pool_bytes"})
+_NOW = frozenset({"bytes_in_use", "bytes_requested", "pool_bytes", "largest_free_block",
+                  "free_blocks"})
+
+
+def repeated_state(trace: Trace, spec: PolicySpec, profile: DeviceProfile, period: Period,
+                   run: NativeRun, *, budget: int) -> dict[str, Any] | None:
+    """The core's state at the end of a whole replay of ``trace`` (on ``profile``: its buffers
+    as the device holds them) through ``spec`` with ``stop_on_oom``, its tail copied from a
+    period (module docstring): :meth:`NativeRun.state`'s dict, as running every event leaves
+    it. ``run`` is that replay in the core, opened and not yet advanced. None where this does
+    not apply: a policy without an absolute decision state, or a run the Python twin does not
+    see repeat within ``budget`` events (or that runs out of memory first) — the caller
+    replays it whole."""
+    policy_class = spec.resolved().policy_class
+    if policy_class not in DECISION_STATE or run.n != len(trace):
+        return None
+    python = ProcessReplay(trace, spec, SimulatedDevice(profile), stop_on_oom=True,
+                           call_log=False)      # no timeline is read of it
+    boundary = find_repeat(python, period, budget=budget)
+    if boundary is None:
+        return None
+    length, n = period.length, run.n
+    mirror = boundary + (n - boundary) % length   # where the run stands as it will at the end
+    run.advance(boundary)
+    at_boundary = run.state()["policy_stats"]
+    run.tape(mirror)
+    at_mirror = run.state()["policy_stats"]
+    run.tape(boundary + length)
+    if set(at_mirror) != _COUNTS | _PEAKS | _NOW:
+        return None                             # statistics this module does not know how to copy
+    if not run.repeat(length):
+        raise RuntimeError(
+            f"{spec}: the Python run repeats from event {boundary:,} every {length:,} events, "
+            "but the core's run made a device call or ran out of memory in that period: the "
+            "twins disagree (a defect; tests/test_native_differential.py should catch it)")
+    at_end = run.state()
+    after = at_end["policy_stats"]
+    periods = (n - mirror) // length
+    stats = {}
+    for name in at_mirror:
+        if name in _COUNTS:
+            stats[name] = at_mirror[name] + periods * (after[name] - at_boundary[name])
+        elif name in _PEAKS:
+            stats[name] = after[name]
+        else:
+            stats[name] = at_mirror[name]
+    at_end["policy_stats"] = stats
+    return at_end
+
+
+__all__ = ["DECISION_STATE", "ORDER_ONLY_STATE", "find_repeat", "knows", "moment",
+           "repeated_state"]
