@@ -120,15 +120,33 @@ def test_a_candidate_that_holds_on_its_prefix_only_is_refused(
     assert found is not None and found.length == 200 and found.start == 0
 
 
-@pytest.mark.parametrize("ids", [[], [7], [3, 3, 1, 3, 1, 2, 9, 2, 3], list(range(50)) * 3])
-def test_each_event_points_back_to_the_last_earlier_event_of_its_buffer(ids: list[int]) -> None:
+INT64 = np.iinfo(np.int64)
+SPARSE = np.random.default_rng(5).integers(-(1 << 40), 1 << 40, size=300)
+
+
+@pytest.mark.parametrize("ids", [
+    [], [7], [3, 3, 1, 3, 1, 2, 9, 2, 3], list(range(50)) * 3,
+    [-5, 1 << 40, -5, 1 << 40, 0, -5],                              # too sparse for an array
+    [INT64.max, INT64.min + 1, INT64.max, 0, INT64.min + 1],         # the widest span
+    [INT64.min, 3, INT64.min, 3],                                   # the id table's empty key
+    np.random.default_rng(4).integers(0, 400, size=5000).tolist(),  # dense, many repeats
+    np.concatenate([SPARSE, SPARSE[::-1], SPARSE]).tolist(),
+])
+@pytest.mark.parametrize("way", ["as found", "by sorting"])
+def test_each_event_points_back_to_the_last_earlier_event_of_its_buffer(
+        ids: list[int], way: str) -> None:
+    """Either way (the native core's one pass where it is built, numpy's sort otherwise)."""
     last: dict[int, int] = {}
     expected = []
     for index, buffer in enumerate(ids):
         expected.append(last.get(buffer, -1))
         last[buffer] = index
-    found = period_module._previous_same_id(np.asarray(ids, dtype=np.int64))
+    find = (period_module._previous_same_id if way == "as found"
+            else period_module._previous_same_id_sorted)
+    found = find(np.asarray(ids, dtype=np.int64))
     assert found.tolist() == expected
+    if way == "as found" and ids and -(1 << 31) <= min(ids) and max(ids) < 1 << 31:
+        assert find(np.asarray(ids, dtype=np.int32)).tolist() == expected   # as held
 
 
 def _steps(ids_per_step: list[list[int]]) -> Trace:

@@ -27,6 +27,7 @@
 #include "engine.hpp"
 #include "limit_window.hpp"
 #include "on_demand.hpp"
+#include "previous_same_id.hpp"
 #include "pytorch.hpp"
 #include "tpu.hpp"
 
@@ -440,4 +441,19 @@ NB_MODULE(_native, m) {
       },
       nb::arg("columns"), nb::arg("n"),
       "The benchmark's read limit: the columns widened and summed, nothing else.");
+  m.def(
+      "previous_same_id",
+      [](Array ids) {
+        Column column = column_of(ids);
+        int64_t n = static_cast<int64_t>(ids.shape(0));
+        std::vector<int64_t> previous;
+        {
+          nb::gil_scoped_release release;
+          previous = previous_same_id(column, n);
+        }
+        return to_numpy(std::move(previous));
+      },
+      nb::arg("ids"),
+      "For each event, the last earlier event with the same id, or -1 (period.py's "
+      "_previous_same_id).");
 }

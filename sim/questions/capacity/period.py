@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from allocsim.sim.kernel.native import core
 from allocsim.traces.model import Trace
 
 MIN_PERIODS = 4          # a period must repeat at least this often to be worth finding
@@ -148,7 +149,17 @@ def _maps_onto_itself(op: np.ndarray, sizes: np.ndarray, stream: np.ndarray, beg
 
 
 def _previous_same_id(ids: np.ndarray) -> np.ndarray:
-    """For each event, the index of the last earlier event with the same buffer id, or -1."""
+    """For each event, the index of the last earlier event with the same buffer id, or -1:
+    in one pass of the native core where it is built (native/src/previous_same_id.hpp, ~5×
+    as fast), else by a stable sort of the ids. Its id table cannot hold the lowest int64."""
+    module = core()
+    if module is not None and len(ids) and int(ids.min()) != np.iinfo(np.int64).min:
+        return np.asarray(module.previous_same_id(ids))
+    return _previous_same_id_sorted(ids)
+
+
+def _previous_same_id_sorted(ids: np.ndarray) -> np.ndarray:
+    """:func:`_previous_same_id` by numpy: a stable argsort of the ids, then a scatter."""
     order = np.argsort(ids, kind="stable")
     if not len(order):
         return order
