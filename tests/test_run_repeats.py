@@ -21,11 +21,12 @@ import numpy as np
 import pytest
 
 from allocsim.policies import parse_policy
-from allocsim.sim.kernel.device import DeviceProfile
-from allocsim.sim.kernel.engine import TIMELINE_POINTS, replay
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
+from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
 from allocsim.sim.kernel.native import core
 from allocsim.sim.kernel.native import open_run as open_native_run
 from allocsim.sim.questions import shared_runs
+from allocsim.sim.questions.run_repeats import DECISION_STATE, PYTHON_ROWS, core_moment
 from allocsim.sim.questions.shared_runs import SharedRuns
 from allocsim.traces.model import Trace
 from allocsim.traces.synth import generate
@@ -145,8 +146,86 @@ def test_a_copied_runs_end_answers_a_later_run_whose_windows_hold_it() -> None:
             trace, spec, DEVICE, stop_on_oom=True).to_json_dict(timeline=True)
 
 
-def opened(trace: Trace, spec: str) -> Any:
-    run = open_native_run(trace, parse_policy(spec), DEVICE, stop_on_oom=True,
+ROW_SPECS = ["bfc", "bfc:garbage_collection=true", "preallocate", "cupy", "pytorch",
+             "pytorch:expandable_segments=true", "pytorch:max_split_size_mb=20",
+             "pytorch:per_process_memory_fraction=0.5,garbage_collection_threshold=0.5"]
+ROW_TRACES = {
+    "training": lambda: generate("training", events=1500),
+    "transformer": lambda: generate("transformer", events=1500),
+    "random, two streams": lambda: generate("random", events=1500, streams=2, live=120,
+                                            max_size=48 << 20, seed=7),
+}
+ROOMY, TIGHT = DeviceProfile("roomy", 80 * GiB), DeviceProfile("tight", 3 * GiB)
+
+
+def python_run(trace: Trace, spec: str, device: DeviceProfile) -> ProcessReplay:
+    return ProcessReplay(trace, parse_policy(spec), SimulatedDevice(device), stop_on_oom=True,
+                         call_log=False)
+
+
+@pytest.mark.parametrize("device", [ROOMY, TIGHT], ids=["roomy", "tight"])
+@pytest.mark.parametrize("kind", ROW_TRACES)
+@pytest.mark.parametrize("spec", ROW_SPECS)
+def test_the_cores_decision_rows_are_its_python_twins_after_every_event(
+        spec: str, kind: str, device: DeviceProfile) -> None:
+    """native/src's decision_rows against run_repeats.py's chunk_rows, pytorch_rows and
+    cupy_rows: the same rows (garbage collection's ages, unmapped blocks and a second stream's
+    pools and arenas included), and the same live buffers at the same addresses."""
+    trace = ROW_TRACES[kind]()
+    python = python_run(trace, spec, device)
+    run = opened(trace, spec, device)
+    rows_of = PYTHON_ROWS[type(python.policy)]
+    for event in range(1, len(trace) + 1):
+        python.advance(event)
+        run.advance(event)
+        if python.stopped:
+            break
+        moment = core_moment(run)
+        assert moment is not None
+        assert np.array_equal(moment[0], rows_of(python.policy)), event
+        assert moment[1] == python.view.calls and moment[2] == dict(python.live), event
+
+
+def frozen(value: Any) -> Any:
+    """A hashable form of a decision state in which equal states are equal (dicts and sets
+    by their sorted items; lists and tuples in their order, which may decide)."""
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((k, frozen(v)) for k, v in value.items())))
+    if isinstance(value, (set, frozenset)):
+        return ("set", tuple(sorted(value)))
+    if isinstance(value, (list, tuple)):
+        return tuple(frozen(v) for v in value)
+    return value
+
+
+@pytest.mark.parametrize("device", [ROOMY, TIGHT], ids=["roomy", "tight"])
+@pytest.mark.parametrize("kind", ROW_TRACES)
+@pytest.mark.parametrize("spec", ROW_SPECS)
+def test_between_device_calls_the_rows_change_exactly_when_the_decision_state_does(
+        spec: str, kind: str, device: DeviceProfile) -> None:
+    """The rows leave out what only a device call changes (regions, segments, the pool,
+    limits, the order of the pools): so between two events with no call between them, the
+    Python twin's whole decision state (DECISION_STATE's, what min-capacity's Python runs
+    compare) is the same exactly when its rows are."""
+    trace = ROW_TRACES[kind]()
+    python = python_run(trace, spec, device)
+    state_of = DECISION_STATE[type(python.policy)]
+    rows_of = PYTHON_ROWS[type(python.policy)]
+    stretch: dict[str, dict[Any, Any]] = {"state": {}, "rows": {}}
+    calls = -1
+    for event in range(1, len(trace) + 1):
+        python.advance(event)
+        if python.stopped:
+            break
+        if python.view.calls != calls:
+            calls, stretch = python.view.calls, {"state": {}, "rows": {}}
+        state, rows = frozen(state_of(python.policy)), rows_of(python.policy).tobytes()
+        assert stretch["state"].setdefault(state, rows) == rows, event
+        assert stretch["rows"].setdefault(rows, state) == state, event
+
+
+def opened(trace: Trace, spec: str, device: DeviceProfile = DEVICE) -> Any:
+    run = open_native_run(trace, parse_policy(spec), device, stop_on_oom=True,
                           timeline_points=TIMELINE_POINTS)
     assert run is not None
     return run

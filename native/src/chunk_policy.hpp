@@ -144,6 +144,22 @@ class ChunkPolicy {
   int64_t num_allocs = 0, num_frees = 0, num_ooms = 0;
   LimitWindow limit_window;  // BFC's decisions against memory_limit (bfc.py's limit_window)
 
+  // decision_rows (sim/questions/run_repeats.py's chunk_rows, its twin): a row of kRowWidth
+  // per chunk — address, size, in use (1) or free (0), two zeros — the free ones from the
+  // index, those in use from the live buffers' handles. What a stretch with no device call
+  // can change of bfc_state (the regions, the pool, the doubling size and the limit change
+  // only with one).
+  void decision_rows(const std::vector<int64_t>& live, std::vector<int64_t>& rows) const {
+    for (const SortedBins::Key& key : free_.ascending()) {
+      rows.insert(rows.end(), {chunks_[key.chunk].address, key.size, 0, 0, 0});
+    }
+    for (int64_t handle : live) {
+      const Chunk& chunk = chunks_[static_cast<int32_t>(handle)];
+      rows.insert(rows.end(), {chunk.address, chunk.size, 1, 0, 0});
+    }
+  }
+  int64_t address_of(int64_t handle) const { return chunks_[static_cast<int32_t>(handle)].address; }
+
  private:
   struct Chunk {
     int64_t size, address, requested;

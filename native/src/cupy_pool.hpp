@@ -108,6 +108,29 @@ class CuPyPolicy : public Counters {
   int64_t pool_bytes() const { return total_bytes_; }
   int64_t peak_pool_bytes() const { return peak_total_bytes_; }
 
+  // decision_rows (sim/questions/run_repeats.py's cupy_rows, its twin): a row of kRowWidth
+  // per chunk — address, size, in use (1) or free (0), its arena's stream, its creation id
+  // (the caller ranks them: only their order decides) — the free ones from the arenas,
+  // those in use from the live buffers' handles. What a stretch with no device call can
+  // change of _cupy_state (the blocks held, the total, the limit and the arenas change only
+  // with one; the links follow from the addresses within the blocks).
+  void decision_rows(const std::vector<int64_t>& live, std::vector<int64_t>& rows) const {
+    const std::vector<SortedBins>& arenas = arenas_.all();
+    for (int32_t arena = 0; arena < static_cast<int32_t>(arenas.size()); ++arena) {
+      int64_t stream = arenas_.stream_at(arena);
+      for (const SortedBins::Key& key : arenas[arena].ascending()) {
+        const Chunk& chunk = chunks_[key.chunk];
+        rows.insert(rows.end(), {chunk.address, chunk.size, 0, stream, chunk.cid});
+      }
+    }
+    for (int64_t handle : live) {
+      const Chunk& chunk = chunks_[static_cast<int32_t>(handle)];
+      rows.insert(rows.end(),
+                  {chunk.address, chunk.size, 1, arenas_.stream_at(chunk.arena), chunk.cid});
+    }
+  }
+  int64_t address_of(int64_t handle) const { return chunks_[static_cast<int32_t>(handle)].address; }
+
  private:
   // A record is one cache line: its index becomes its offset by a shift (at 48 bytes, a
   // multiply on every access) and no record straddles two lines.

@@ -108,11 +108,12 @@ class Engine {
 
   // Replay events up to `end` one at a time, recording what each did: the allocated bytes
   // after it, whether it was an alloc that counts towards the tops (event() raises them on
-  // those only), whether it was skipped, the policy's bytes in use after it. Extends the
-  // tape that ends here, or starts one here.
-  int64_t tape(int64_t end) {
+  // those only), whether it was skipped, the policy's bytes in use after it. Starts a tape
+  // here with `restart` (or where none ends here), else extends the one that ends here.
+  int64_t tape(int64_t end, bool restart) {
     end = std::min(end, c_.n);
-    if (tape_.start < 0 || tape_.start + static_cast<int64_t>(tape_.allocated.size()) != next_index_) {
+    if (restart || tape_.start < 0
+        || tape_.start + static_cast<int64_t>(tape_.allocated.size()) != next_index_) {
       tape_ = Tape{};
       tape_.start = next_index_;
       tape_.calls = device_.calls;
@@ -207,6 +208,10 @@ class Engine {
     repeated_ = true;
     return true;
   }
+
+  // Every live buffer's id and the handle its policy gave it (run_repeats.py's places).
+  template <class F>
+  void each_live(F f) const { live_.each(f); }
 
   // Whether the run's end was copied by repeat(): its live buffers are those of the tape's
   // end, not of the run's, so it is not a state to save.

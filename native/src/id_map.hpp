@@ -67,6 +67,15 @@ class IdMap {
     return true;
   }
 
+  // Every entry as (key, value), in no particular order: for the rare passes over all of
+  // them (sim/questions/run_repeats.py's live buffers), never on the per-event path.
+  template <class F>
+  void each(F f) const {
+    for (const Slot& s : slots_) {
+      if (s.key != kFree) f(static_cast<int64_t>(s.key ^ (uint64_t{1} << 63)), s.value);
+    }
+  }
+
   // Look key up without removing it.
   bool find(int64_t key, int64_t* value) const {
     const uint64_t wanted = held(key);

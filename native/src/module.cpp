@@ -204,6 +204,17 @@ LimitWindow limit_window_of(const ChunkPolicy& policy) { return policy.limit_win
 LimitWindow limit_window_of(const PyTorchPolicy& policy) { return policy.limit_window; }
 LimitWindow limit_window_of(const CuPyPolicy& policy) { return policy.limit_window; }
 
+// The policies whose repeat the core checks itself (sim/questions/run_repeats.py): those with
+// decision_rows, BFC's family, PyTorch's and CuPy's.
+template <class Policy>
+constexpr bool kDecisionRows = false;
+template <>
+constexpr bool kDecisionRows<ChunkPolicy> = true;
+template <>
+constexpr bool kDecisionRows<PyTorchPolicy> = true;
+template <>
+constexpr bool kDecisionRows<CuPyPolicy> = true;
+
 // Type-erased over the policy: the bindings see one class.
 class Replay {
  public:
@@ -213,8 +224,11 @@ class Replay {
   virtual bool stopped() = 0;
   virtual std::unique_ptr<Snapshot> snapshot() const = 0;
   virtual void resume(const Snapshot& saved) = 0;
-  virtual int64_t tape(int64_t end) = 0;
+  virtual int64_t tape(int64_t end, bool restart) = 0;
   virtual bool repeat(int64_t length) = 0;
+  virtual nb::object decision_state() = 0;
+  virtual int64_t next_index() = 0;
+  virtual int64_t ooms() = 0;
 };
 
 template <class Policy, class Config>
@@ -232,16 +246,37 @@ class PolicyReplay final : public Replay {
   }
 
   bool stopped() override { return engine_.stopped(); }
+  int64_t next_index() override { return engine_.next_index(); }
+  int64_t ooms() override { return engine_.ooms; }
 
   // Engine::tape and Engine::repeat: a run that repeats itself copied to its end.
-  int64_t tape(int64_t end) override {
+  int64_t tape(int64_t end, bool restart) override {
     nb::gil_scoped_release release;
-    return engine_.tape(end);
+    return engine_.tape(end, restart);
   }
 
   bool repeat(int64_t length) override {
     nb::gil_scoped_release release;
     return engine_.repeat(length);
+  }
+
+  // What run_repeats.py compares at two period boundaries: the policy's decision rows (flat,
+  // kRowWidth a row), the device's call count, and each live buffer's id and address; None
+  // for a policy without decision rows.
+  nb::object decision_state() override {
+    if constexpr (!kDecisionRows<Policy>) {
+      return nb::none();
+    } else {
+      std::vector<int64_t> handles, ids, addresses, rows;
+      engine_.each_live([&](int64_t id, int64_t handle) {
+        ids.push_back(id);
+        handles.push_back(handle);
+        addresses.push_back(policy_.address_of(handle));
+      });
+      policy_.decision_rows(handles, rows);
+      return nb::make_tuple(to_numpy(std::move(rows)), device_.calls, to_numpy(std::move(ids)),
+                            to_numpy(std::move(addresses)));
+    }
   }
 
   std::unique_ptr<Snapshot> snapshot() const override {
@@ -396,8 +431,11 @@ NB_MODULE(_native, m) {
       .def("stopped", &Replay::stopped)
       .def("snapshot", &Replay::snapshot)
       .def("resume", &Replay::resume, nb::arg("saved"))
-      .def("tape", &Replay::tape, nb::arg("end"))
-      .def("repeat", &Replay::repeat, nb::arg("length"));
+      .def("tape", &Replay::tape, nb::arg("end"), nb::arg("restart") = false)
+      .def("repeat", &Replay::repeat, nb::arg("length"))
+      .def("decision_state", &Replay::decision_state)
+      .def("next_index", &Replay::next_index)
+      .def("ooms", &Replay::ooms);
   m.def("replay", &make_replay, nb::arg("columns"), nb::arg("n"), nb::arg("bucket"),
         nb::arg("sample_every"), nb::arg("stop_on_oom"), nb::arg("record_addresses"),
         nb::arg("device"), nb::arg("policy"));

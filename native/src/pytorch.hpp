@@ -148,6 +148,34 @@ class PyTorchPolicy {
   int64_t pool_bytes() const { return pool_bytes_; }
   int64_t peak_pool_bytes() const { return peak_pool_bytes_; }
 
+  // decision_rows (sim/questions/run_repeats.py's pytorch_rows, its twin): a row of
+  // kRowWidth per block — address, size, allocated (1), free (0) or unmapped (-1), its pool
+  // key, and with garbage collection on a free block's age (its pool kind's searches since it
+  // became free; else 0) — the free blocks from the pools, the unmapped ones from their
+  // lists, the allocated ones from the live buffers' handles. What a stretch with no device
+  // call can change of _pytorch_state (segments, reserved bytes and the pools change only
+  // with one).
+  void decision_rows(const std::vector<int64_t>& live, std::vector<int64_t>& rows) const {
+    for (const SortedBins& keys : pools_) {
+      for (const SortedBins::Key& key : keys.ascending()) {
+        const Block& block = blocks_[key.chunk];
+        int64_t pool_key = pool_keys_[block.pool];
+        int64_t age = c_.gc_on ? gc_calls_[pool_key & 1] - block.gc_base : 0;
+        rows.insert(rows.end(), {block.address, block.size, 0, pool_key, age});
+      }
+    }
+    for (const auto& [pool_key, list] : unmapped_) {
+      for (const auto& [address, at] : list) {
+        rows.insert(rows.end(), {address, blocks_[at].size, -1, pool_key, 0});
+      }
+    }
+    for (int64_t handle : live) {
+      const Block& block = blocks_[static_cast<int32_t>(handle)];
+      rows.insert(rows.end(), {block.address, block.size, 1, pool_keys_[block.pool], 0});
+    }
+  }
+  int64_t address_of(int64_t handle) const { return blocks_[static_cast<int32_t>(handle)].address; }
+
   int64_t bytes_in_use = 0, peak_bytes_in_use = 0, requested = 0;
   int64_t num_allocs = 0, num_frees = 0, num_ooms = 0;
   int64_t bytes_requested() const { return requested; }

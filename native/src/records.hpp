@@ -11,6 +11,10 @@
 
 namespace allocsim {
 
+// The width of a policy's decision rows (decision_rows: address, size, kind and two of the
+// policy's own), sim/questions/run_repeats.py's ROW_WIDTH.
+constexpr int kRowWidth = 5;
+
 // Record has a field `next` (an int32_t link to a neighbour, -1 at an end): a spare record's
 // links the spares, so recycling and reusing one touch no other memory (pooled nodes).
 template <class Record>

@@ -330,7 +330,16 @@ class StreamIndexes {
     return it == by_stream_.end() ? -1 : it->second;
   }
   SortedBins& operator[](int32_t index) { return all_[index]; }
+  const SortedBins& operator[](int32_t index) const { return all_[index]; }
   std::vector<SortedBins>& all() { return all_; }
+  const std::vector<SortedBins>& all() const { return all_; }
+  // The stream whose index this is (a pass over the few streams; not per event).
+  int64_t stream_at(int32_t index) const {
+    for (const auto& [stream, at] : by_stream_) {
+      if (at == index) return stream;
+    }
+    return -1;
+  }
   int32_t count() const { return static_cast<int32_t>(all_.size()); }
   // The largest free chunk and the number of free chunks of all of them.
   int64_t largest() const {

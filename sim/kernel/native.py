@@ -161,6 +161,14 @@ class NativeRun:
     def stopped(self) -> bool:
         return bool(self._replay.stopped())
 
+    @property
+    def next_index(self) -> int:
+        return int(self._replay.next_index())
+
+    @property
+    def ooms(self) -> int:
+        return int(self._replay.ooms())
+
     def state(self) -> dict[str, Any]:
         return dict(self._replay.state())
 
@@ -172,10 +180,11 @@ class NativeRun:
         ``limit_hi``)."""
         return self._replay.snapshot()
 
-    def tape(self, end: int) -> int:
+    def tape(self, end: int, *, restart: bool = False) -> int:
         """Advance to ``end`` one event at a time, recording what each did (the period that
-        :meth:`repeat` copies; native/src/engine.hpp's Engine::tape)."""
-        return int(self._replay.tape(end))
+        :meth:`repeat` copies; native/src/engine.hpp's Engine::tape): a tape started here
+        with ``restart``, else the one that ends here extended."""
+        return int(self._replay.tape(end, restart))
 
     def repeat(self, length: int) -> bool:
         """Copy the tape, one whole period of ``length`` events ending here with no device
@@ -183,6 +192,13 @@ class NativeRun:
         Sound only where the run from here repeats the run from the tape's start
         (sim/questions/run_repeats.py shows it)."""
         return bool(self._replay.repeat(length))
+
+    def decision_state(self) -> tuple[np.ndarray, int, np.ndarray, np.ndarray] | None:
+        """The policy's decision rows (flat), the device's call count, the live buffers' ids
+        and addresses — what sim/questions/run_repeats.py compares at two period boundaries;
+        None for a policy without rows."""
+        got = self._replay.decision_state()
+        return None if got is None else tuple(got)
 
     def resume(self, saved: Any) -> None:
         """This fresh run continues from ``saved`` (a state of a run of the same policy family

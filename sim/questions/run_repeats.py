@@ -12,24 +12,27 @@ repeats the run from ``b`` event for event, OOMs included (period.py's argument)
 - min-capacity's probes stop there: a run that repeated completes
   (sim/questions/capacity/oracle.py);
 - a whole result (:func:`repeated_state`; :class:`~allocsim.sim.questions.shared_runs.SharedRuns`'
-  ``replay``, tune's settings): the Python twin runs until it repeats (it alone knows the
-  decision state), the core runs through ``b + length`` recording what each event of the last
-  period did, and copies that period to the end (native/src/engine.hpp, ``Engine::repeat``)
-  instead of running the policy there. The samples, buckets, peaks, device figures and
-  allocated bytes are the whole replay's (they repeat with the run); the policy's statistics
-  at the end are read where the run stood a whole number of periods earlier, its counts
-  grown by one period's each period, its peaks those of ``b + length`` (a repeat reaches
-  nothing new). Only policies with an absolute state (:data:`DECISION_STATE`: no device call
-  in the period, so the device's figures stand still) are copied so.
+  ``replay``, tune's settings): the core runs until it repeats, sees that by itself (its
+  decision rows, below), records what each event of the last period did and copies that
+  period to the end (native/src/engine.hpp, ``Engine::tape`` and ``Engine::repeat``) instead
+  of running the policy there. The samples, buckets, peaks, device figures and allocated
+  bytes are the whole replay's (they repeat with the run); the policy's statistics at the
+  end are read where the run stood a whole number of periods earlier, its counts grown by one
+  period's each period, its peaks those of ``b + length`` (a repeat reaches nothing new).
+  Only policies with an absolute state and rows (:data:`PYTHON_ROWS`: no device call in the
+  period, so the device's figures stand still) are copied so.
 
 tests/test_capacity_repeats.py holds each state to a trace whose events repeat while its runs do
-not; tests/test_run_repeats.py holds a copied result to the replay of every event.
+not; tests/test_run_repeats.py holds the core's rows to the Python twin's and to its whole
+decision state, and a copied result to the replay of every event.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from allocsim.policies import PolicySpec
 from allocsim.policies.base import Policy
@@ -38,12 +41,10 @@ from allocsim.policies.cuda_async import CudaAsyncAllocator
 from allocsim.policies.cupy_pool import ADDRESS_MASK as CUPY_ADDRESS_MASK
 from allocsim.policies.cupy_pool import CuPyPoolAllocator
 from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
-from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 from allocsim.sim.kernel.engine import ProcessReplay
 from allocsim.sim.kernel.native import NativeRun
 from allocsim.sim.questions.capacity.period import Period
 from allocsim.sim.questions.capacity.regions import bfc_state
-from allocsim.traces.model import Trace
 
 
 def _cupy_state(policy: Policy) -> object:
@@ -156,6 +157,107 @@ def knows(policy_class: type) -> bool:
     return policy_class in DECISION_STATE or policy_class in ORDER_ONLY_STATE
 
 
+# -- the core's own check -------------------------------------------------------------------
+# A run in the core shows its decision state as rows (native/src: each policy's
+# decision_rows), one per chunk or block: address, size, kind (1 in use, 0 free, -1 unmapped)
+# and two of the policy's own. Only what a stretch with no device call can change is in them:
+# the regions, segments, blocks held, pool and limits stay as they are without a call (each
+# is made, grown or dropped by one), and a repeat is looked for only where the device made no
+# call in between (an absolute state's condition). So two boundaries a period apart with the
+# same calls and the same rows hold the same decision state (DECISION_STATE's), which
+# tests/test_run_repeats.py holds rule for rule: the core's rows equal the Python twin's
+# (chunk_rows, pytorch_rows, cupy_rows) after every event, and over every stretch without a
+# call the Python state changes exactly when its rows do. A chunk in use whose buffer's id
+# was taken again while it was live (the trace's leak) is in no row of the core's: it is never
+# freed, so nothing it holds is ever decided on.
+ROW_WIDTH = 5
+
+
+def chunk_rows(policy: Policy) -> np.ndarray:
+    """BFC's and preallocate's rows (ChunkPolicy::decision_rows' twin): each chunk's address,
+    size and whether it is in use."""
+    chunks = policy.chunks                                         # type: ignore[attr-defined]
+    in_use = chunks.in_use
+    return _rows([(address, size, int(address in in_use), 0, 0)
+                  for address, size in chunks.size.items()])
+
+
+def pytorch_rows(policy: Policy) -> np.ndarray:
+    """PyTorch's rows (PyTorchPolicy::decision_rows' twin): each block's address, size, state
+    (1 allocated, 0 free, -1 unmapped), pool key and, with garbage collection on, a free
+    block's age (its pool kind's searches since it became free)."""
+    pools = policy.pools                                           # type: ignore[attr-defined]
+    rows = []
+    for address, block in pools.record.items():
+        kind = min(block.requested, 1)
+        age = 0
+        if pools.gc_on and kind == 0:
+            age = pools.gc_searches[block.pool_key & 1] - pools.gc_stamps[address]
+        rows.append((address, block.size, kind, block.pool_key, age))
+    return _rows(rows)
+
+
+def cupy_rows(policy: Policy) -> np.ndarray:
+    """CuPy's rows (CuPyPolicy::decision_rows' twin): each chunk's address, size, whether it
+    is in use, its arena's stream and its age (the rank of its creation id: ties go to the
+    older chunk)."""
+    pool: CuPyPoolAllocator = policy                                # type: ignore[assignment]
+    stream_of = {id(arena): stream for stream, arena in pool.arenas.items()}
+    free = {tie & CUPY_ADDRESS_MASK: stream for stream, arena in pool.arenas.items()
+            for _, tie in arena.keys()}
+    in_use = {address: stream_of[id(arena)] for address, arena in pool.in_use.items()}
+    rows = [(address, size, int(address in in_use),
+             in_use[address] if address in in_use else free[address], pool.cid_of[address])
+            for address, size in pool.size_of.items()]
+    return _ranked_ages(_rows(rows))
+
+
+def _rows(rows: list[tuple[int, int, int, int, int]]) -> np.ndarray:
+    """Rows as an array, by address."""
+    array = np.array(rows, dtype=np.int64).reshape(-1, ROW_WIDTH)
+    return array[np.argsort(array[:, 0], kind="stable")]
+
+
+def _ranked_ages(rows: np.ndarray) -> np.ndarray:
+    """The last column's creation ids as their ranks (only their order decides)."""
+    ranked = rows.copy()
+    ranked[np.argsort(rows[:, 4], kind="stable"), 4] = np.arange(len(rows))
+    return ranked
+
+
+# The Python twin of each policy's rows, per class (the policies whose repeat the core checks).
+PYTHON_ROWS: dict[type[Policy], Callable[[Policy], np.ndarray]] = {
+    BFCAllocator: chunk_rows,
+    PreallocateAllocator: chunk_rows,
+    CuPyPoolAllocator: cupy_rows,
+    PyTorchCachingAllocator: pytorch_rows,
+}
+
+
+def core_rows(run: NativeRun) -> np.ndarray | None:
+    """The core's run's rows as its twin in :data:`PYTHON_ROWS` gives them; None for a policy
+    without rows."""
+    return None if (moment := core_moment(run)) is None else moment[0]
+
+
+def core_moment(run: NativeRun) -> tuple[np.ndarray, int, dict[int, int]] | None:
+    """:func:`moment` of a run in the core: its rows, the device's call count, each live
+    buffer's address; None for a policy without rows."""
+    got = run.decision_state()
+    if got is None:
+        return None
+    flat, calls, ids, addresses = got
+    rows = _rows(np.asarray(flat).reshape(-1, ROW_WIDTH))      # type: ignore[arg-type]
+    if run.config["family"] == "cupy":
+        rows = _ranked_ages(rows)
+    return rows, int(calls), dict(zip(ids.tolist(), addresses.tolist()))
+
+
+def core_checks(policy_class: type) -> bool:
+    """Whether a run of ``policy_class`` in the core can be seen to repeat by the core alone."""
+    return policy_class in PYTHON_ROWS
+
+
 def find_repeat(run: ProcessReplay, period: Period, *, budget: int | None = None) -> int | None:
     """Advance ``run`` (a Python run of a policy :func:`knows`) boundary by boundary
     (``period.boundaries()``) until it repeats: the boundary ``b`` (the run then stands at
@@ -188,51 +290,86 @@ _NOW = frozenset({"bytes_in_use", "bytes_requested", "pool_bytes", "largest_free
                   "free_blocks"})
 
 
-def repeated_state(trace: Trace, spec: PolicySpec, profile: DeviceProfile, period: Period,
-                   run: NativeRun, *, budget: int) -> dict[str, Any] | None:
-    """The core's state at the end of a whole replay of ``trace`` (on ``profile``: its buffers
-    as the device holds them) through ``spec`` with ``stop_on_oom``, its tail copied from a
-    period (module docstring): :meth:`NativeRun.state`'s dict, as running every event leaves
-    it. ``run`` is that replay in the core, opened and not yet advanced. None where this does
-    not apply: a policy without an absolute decision state, or a run the Python twin does not
-    see repeat within ``budget`` events (or that runs out of memory first) — the caller
-    replays it whole."""
-    policy_class = spec.resolved().policy_class
-    if policy_class not in DECISION_STATE or run.n != len(trace):
-        return None
-    python = ProcessReplay(trace, spec, SimulatedDevice(profile), stop_on_oom=True,
-                           call_log=False)      # no timeline is read of it
-    boundary = find_repeat(python, period, budget=budget)
-    if boundary is None:
+def find_repeat_in_core(run: NativeRun, period: Period, *, budget: int | None = None,
+                        on_boundary: Callable[[int], None] | None = None) -> int | None:
+    """:func:`find_repeat` for a run in the core of a policy with rows (:func:`core_checks`),
+    by the core alone: the boundary ``b`` it repeats from (the run then stands at ``b +
+    period.length``), or None where it ran out of memory first, where checking the next
+    boundary would take it past ``budget`` events, or where no boundary showed a repeat.
+    ``on_boundary(b)``, where given, runs the period from ``b`` instead of ``run.advance``
+    (a caller that records it, :func:`repeated_state`), the run standing at ``b``."""
+    for boundary in period.boundaries():
+        if boundary < run.next_index:
+            continue                    # a run resumed past it (shared_runs.py)
+        if budget is not None and boundary + period.length > budget:
+            return None
+        run.advance(boundary)
+        if run.ooms:
+            return None
+        then = core_moment(run)
+        if then is None:
+            return None
+        if on_boundary is not None:
+            on_boundary(boundary)
+        else:
+            run.advance(boundary + period.length)
+        if run.ooms:
+            return None
+        now = core_moment(run)
+        assert now is not None
+        if (then[1] == now[1] and np.array_equal(then[0], now[0])
+                and period.repeats(boundary, then[2], now[2])):
+            return boundary
+    return None
+
+
+def repeated_state(spec: PolicySpec, period: Period, run: NativeRun, *,
+                   budget: int) -> dict[str, Any] | None:
+    """The core's state at the end of a whole replay of a trace through ``spec`` with
+    ``stop_on_oom``, its tail copied from a period (module docstring):
+    :meth:`NativeRun.state`'s dict, as running every event leaves it. ``run`` is that replay
+    in the core, opened and not yet advanced; the core alone sees it repeat. None where this
+    does not apply: a policy without an absolute decision state, or a run that does not repeat
+    within ``budget`` events or runs out of memory first — the caller replays it whole."""
+    if spec.resolved().policy_class not in PYTHON_ROWS:
         return None
     length, n = period.length, run.n
-    mirror = boundary + (n - boundary) % length   # where the run stands as it will at the end
-    run.advance(boundary)
-    at_boundary = run.state()["policy_stats"]
-    run.tape(mirror)
-    at_mirror = run.state()["policy_stats"]
-    run.tape(boundary + length)
+    stats: dict[int, tuple[dict[str, int], dict[str, int]]] = {}
+
+    def record(boundary: int) -> None:
+        """Tape the period from ``boundary``, noting the statistics at its start and where
+        the run will stand, a whole number of periods before its end, as at the end."""
+        at_boundary = run.state()["policy_stats"]
+        run.tape(boundary + (n - boundary) % length, restart=True)
+        stats[boundary] = at_boundary, run.state()["policy_stats"]
+        run.tape(boundary + length)
+
+    boundary = find_repeat_in_core(run, period, budget=budget, on_boundary=record)
+    if boundary is None:
+        return None
+    at_boundary, at_mirror = stats[boundary]
     if set(at_mirror) != _COUNTS | _PEAKS | _NOW:
         return None                             # statistics this module does not know how to copy
     if not run.repeat(length):
         raise RuntimeError(
-            f"{spec}: the Python run repeats from event {boundary:,} every {length:,} events, "
-            "but the core's run made a device call or ran out of memory in that period: the "
-            "twins disagree (a defect; tests/test_native_differential.py should catch it)")
+            f"{spec}: the run repeats from event {boundary:,} every {length:,} events, but "
+            "its tape is not that period (a defect)")
     at_end = run.state()
     after = at_end["policy_stats"]
+    mirror = boundary + (n - boundary) % length
     periods = (n - mirror) // length
-    stats = {}
+    merged = {}
     for name in at_mirror:
         if name in _COUNTS:
-            stats[name] = at_mirror[name] + periods * (after[name] - at_boundary[name])
+            merged[name] = at_mirror[name] + periods * (after[name] - at_boundary[name])
         elif name in _PEAKS:
-            stats[name] = after[name]
+            merged[name] = after[name]
         else:
-            stats[name] = at_mirror[name]
-    at_end["policy_stats"] = stats
+            merged[name] = at_mirror[name]
+    at_end["policy_stats"] = merged
     return at_end
 
 
-__all__ = ["DECISION_STATE", "ORDER_ONLY_STATE", "find_repeat", "knows", "moment",
-           "repeated_state"]
+__all__ = ["DECISION_STATE", "ORDER_ONLY_STATE", "PYTHON_ROWS", "ROW_WIDTH", "chunk_rows",
+           "core_checks", "core_moment", "core_rows", "cupy_rows", "find_repeat",
+           "find_repeat_in_core", "knows", "moment", "pytorch_rows", "repeated_state"]

@@ -57,8 +57,8 @@ from allocsim.traces.model import Trace
 
 CHECKPOINTS = 64                # states saved per run, evenly spaced
 MAX_SAVED = 256                 # states kept in all
-REPEAT_SHARE = 64               # replay(): a Python run looks for a repeat this far (1/64)
-REPEAT_MIN_EVENTS = 1 << 16     # ... on traces at least this long
+REPEAT_SHARE = 8                # replay(): a run looks for a repeat this far (1/8 of it)
+REPEAT_MIN_EVENTS = 1 << 14     # ... on traces at least this long
 
 # The constant that is the policy's limit, per family of the core: it may differ between runs
 # that share (each decision against it is in the policy's limit window). Families absent
@@ -188,13 +188,11 @@ class SharedRuns:
 
     def repeated(self, spec: PolicySpec, profile: DeviceProfile) -> dict[str, Any] | None:
         """The core's state at the end of the whole run of ``spec`` on ``profile`` (to its
-        first OOM), its tail copied from a period where the trace repeats and the run settles
-        into repeating itself within 1/:data:`REPEAT_SHARE` of it
-        (sim/questions/run_repeats.py); None where not (the caller runs it whole; the Python
-        run that looked cost at most that share of the trace). Traces under
-        :data:`REPEAT_MIN_EVENTS` events are left to the core whole: a Python run through
-        the few thousand events a run takes to repeat costs more than the core's replay of
-        them all."""
+        first OOM), its tail copied from a period where the trace repeats and the run, seen by
+        the core alone, settles into repeating itself within 1/:data:`REPEAT_SHARE` of it
+        (sim/questions/run_repeats.py); None where not (the caller runs it whole, having lost
+        at most that share of a replay). Traces under :data:`REPEAT_MIN_EVENTS` events are
+        left to the core whole: the period search costs more than their replay."""
         if not self.repeats or len(self.trace) < REPEAT_MIN_EVENTS:
             return None
         on_device = buffers_on_device(self.trace, profile)
@@ -219,8 +217,7 @@ class SharedRuns:
                     self.runs += 1
                     self.repeated_runs += 1
                     return dict(end)
-        state = repeated_state(on_device, spec, profile, period, run,
-                               budget=len(on_device) // REPEAT_SHARE)
+        state = repeated_state(spec, period, run, budget=len(on_device) // REPEAT_SHARE)
         if state is None:
             return None
         self.runs += 1
