@@ -66,7 +66,22 @@ def steps(count: int, *, tail: int = 0) -> Trace:
     return Trace.from_events(events, name=f"steps-{count}-{tail}")
 
 
+def two_streams_with_strays(count: int) -> Trace:
+    """A step on stream 0 and one on stream 1, each taking and freeing two buffers, and a
+    free of a buffer never taken (skipped, as the engine skips it: its size is given, as
+    every free's is here, so none is taken from a matching alloc)."""
+    events: list[tuple[int, str, int, int | None, int]] = []
+    for step in range(count):
+        stream, base = step % 2, 3 * step
+        for kind, buffer, size in (("alloc", base, 96 * KiB), ("alloc", base + 1, 12 * MiB),
+                                   ("free", base, 96 * KiB), ("free", 10**9 + step, 4096),
+                                   ("free", base + 1, 12 * MiB)):
+            events.append((len(events), kind, buffer, size, stream))
+    return Trace.from_events(events, name="two-streams-with-strays")
+
+
 TRACES = {
+    "two streams, stray frees": lambda: two_streams_with_strays(4001),
     "training": lambda: generate("training", events=30_011),
     "training-longer": lambda: generate("training", events=41_357, seed=2),
     "steps, the last whole": lambda: steps(3000),
@@ -77,7 +92,7 @@ TRACES = {
 def whole_state(trace: Trace, spec: str, device: DeviceProfile) -> dict[str, Any]:
     runs = SharedRuns(trace, timeline_points=TIMELINE_POINTS, share=False, repeats=False)
     state = runs.run(parse_policy(spec), device, stop_on_oom=True)
-    assert state is not None
+    assert state is not None and state.pop("repeated_from") is None
     return state
 
 
@@ -245,6 +260,16 @@ def test_the_core_copies_only_a_whole_period_ending_where_the_run_stands() -> No
     assert run.state()["next_index"] == len(trace)
     with pytest.raises(RuntimeError, match="not a state to save"):
         run.snapshot()
+
+
+def test_the_core_refuses_to_copy_a_run_that_keeps_every_mallocs_answer() -> None:
+    trace = steps(100)
+    run = open_native_run(trace, parse_policy("pytorch"), DEVICE, stop_on_oom=True,
+                          timeline_points=TIMELINE_POINTS, record_addresses=True)
+    assert run is not None
+    run.advance(40)
+    run.tape(44)
+    assert not run.repeat(4)
 
 
 def test_the_core_refuses_a_period_with_a_device_call() -> None:

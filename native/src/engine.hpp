@@ -136,8 +136,9 @@ class Engine {
   }
 
   // The rest of the run copied from the tape, which must be one whole period ending here
-  // (`length` events from its start to the next index) with no device call and no OOM in it;
-  // false where it is not (nothing changes then). Sound only where the run from here repeats
+  // (`length` events from its start to the next index) with no device call and no OOM in it,
+  // in a run that keeps no malloc's answers (the copy has none); false where it is not
+  // (nothing changes then). Sound only where the run from here repeats
   // the run from the tape's start: the caller's argument. A period that does not leave the
   // allocated bytes as it found them cannot be a repeat, and throws.
   //
@@ -150,7 +151,7 @@ class Engine {
   bool repeat(int64_t length) {
     if (length <= 0 || tape_.start < 0 || tape_.start + length != next_index_
         || static_cast<int64_t>(tape_.allocated.size()) != length || device_.calls != tape_.calls
-        || ooms != tape_.ooms || stopped_) {
+        || ooms != tape_.ooms || stopped_ || c_.record_addresses) {
       return false;
     }
     if (allocated != tape_.allocated_before) {

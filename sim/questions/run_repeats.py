@@ -234,12 +234,6 @@ PYTHON_ROWS: dict[type[Policy], Callable[[Policy], np.ndarray]] = {
 }
 
 
-def core_rows(run: NativeRun) -> np.ndarray | None:
-    """The core's run's rows as its twin in :data:`PYTHON_ROWS` gives them; None for a policy
-    without rows."""
-    return None if (moment := core_moment(run)) is None else moment[0]
-
-
 def core_moment(run: NativeRun) -> tuple[np.ndarray, int, dict[int, int]] | None:
     """:func:`moment` of a run in the core: its rows, the device's call count, each live
     buffer's address; None for a policy without rows."""
@@ -251,6 +245,16 @@ def core_moment(run: NativeRun) -> tuple[np.ndarray, int, dict[int, int]] | None
     if run.config["family"] == "cupy":
         rows = _ranked_ages(rows)
     return rows, int(calls), dict(zip(ids.tolist(), addresses.tolist()))
+
+
+def core_repeats(period: Period, boundary: int,
+                 then: tuple[np.ndarray, int, dict[int, int]] | None,
+                 now: tuple[np.ndarray, int, dict[int, int]] | None) -> bool:
+    """Whether a run in the core repeats from ``boundary``: its :func:`core_moment` there
+    (``then``) and a period later (``now``) hold the same rows with no device call between,
+    and the later events name their mirrors' buffers at the same addresses."""
+    return (then is not None and now is not None and then[1] == now[1]
+            and np.array_equal(then[0], now[0]) and period.repeats(boundary, then[2], now[2]))
 
 
 def core_checks(policy_class: type) -> bool:
@@ -315,10 +319,7 @@ def find_repeat_in_core(run: NativeRun, period: Period, *, budget: int | None = 
             run.advance(boundary + period.length)
         if run.ooms:
             return None
-        now = core_moment(run)
-        assert now is not None
-        if (then[1] == now[1] and np.array_equal(then[0], now[0])
-                and period.repeats(boundary, then[2], now[2])):
+        if core_repeats(period, boundary, then, core_moment(run)):
             return boundary
     return None
 
@@ -371,5 +372,5 @@ def repeated_state(spec: PolicySpec, period: Period, run: NativeRun, *,
 
 
 __all__ = ["DECISION_STATE", "ORDER_ONLY_STATE", "PYTHON_ROWS", "ROW_WIDTH", "chunk_rows",
-           "core_checks", "core_moment", "core_rows", "cupy_rows", "find_repeat",
+           "core_checks", "core_moment", "core_repeats", "cupy_rows", "find_repeat",
            "find_repeat_in_core", "knows", "moment", "pytorch_rows", "repeated_state"]

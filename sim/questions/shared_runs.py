@@ -52,7 +52,7 @@ from allocsim.sim.kernel.native import CoreColumns, NativeRun, core_columns, res
 from allocsim.sim.kernel.native import open_run as open_native_run
 from allocsim.sim.kernel.results import RunResult
 from allocsim.sim.questions.capacity.period import Period, find_period
-from allocsim.sim.questions.run_repeats import repeated_state
+from allocsim.sim.questions.run_repeats import core_moment, core_repeats, repeated_state
 from allocsim.traces.model import Trace
 
 CHECKPOINTS = 64                # states saved per run, evenly spaced
@@ -132,10 +132,13 @@ class SharedRuns:
         self._columns: CoreColumns | None = None    # the trace's, checked once (native.py)
 
     def run(self, spec: PolicySpec, profile: DeviceProfile, *, stop_on_oom: bool,
-            until: int | None = None) -> dict[str, Any] | None:
+            until: int | None = None, period: Period | None = None) -> dict[str, Any] | None:
         """The run of ``spec`` on ``profile`` to its end (or first OOM, with ``stop_on_oom``;
         or event ``until``, where given): the core's state, as a replay from event 0 leaves it;
-        None where the core cannot take it."""
+        None where the core cannot take it. With the trace's ``period`` (a policy the core sees
+        repeat itself: run_repeats.py's core_checks), the run stops once it repeats, its state
+        then under ``repeated_from`` (the boundary; None where it did not): it completes as
+        the run to the end would, with the same device and limit windows."""
         on_device = buffers_on_device(self.trace, profile)     # the same object each time
         if self._columns is None or self._columns.trace is not on_device:
             self._columns = core_columns(on_device)
@@ -164,13 +167,36 @@ class SharedRuns:
         done = start
         mark = (start // spacing + 1) * spacing
         own: _Saved | None = None       # this run's latest saved state
-        while done < end and not run.stopped:
-            done = run.advance(min(end, mark) if saved is not None else end)
+        # Each boundary a period is checked from, then its end (boundaries lie a period or
+        # more apart: in order).
+        checks = [] if period is None else [
+            (at, boundary) for boundary in period.boundaries()
+            if boundary >= start and boundary + period.length <= end
+            for at in (boundary, boundary + period.length)]
+        then: tuple[Any, ...] | None = None
+        repeated_from = None
+        while done < end and not run.stopped and repeated_from is None:
+            target = min(end, mark) if saved is not None else end
+            if checks:
+                target = min(target, checks[0][0])
+            done = run.advance(target)
             if saved is not None and done == mark < run.n:
                 own = self._save(run, done, saved, own)
-            mark += spacing
+            if done == mark:
+                mark += spacing
+            if checks and done == checks[0][0]:
+                at, boundary = checks.pop(0)
+                if run.ooms:            # a repeat is a period without an OOM from a state without
+                    checks = []
+                elif at == boundary:
+                    then = core_moment(run)
+                elif period is not None and core_repeats(period, boundary, then,
+                                                         core_moment(run)):
+                    repeated_from = boundary
         self.events_run += done - start
-        return run.state()
+        state = run.state()
+        state["repeated_from"] = repeated_from
+        return state
 
     def replay(self, policy: str | PolicySpec, profile: DeviceProfile) -> RunResult:
         """``replay(trace, policy, profile, stop_on_oom=True)``, the same result, its run

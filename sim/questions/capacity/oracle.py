@@ -59,7 +59,7 @@ from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
 from allocsim.sim.kernel.native import core, is_native
 from allocsim.sim.questions.capacity.period import Period, find_period
 from allocsim.sim.questions.capacity.regions import RegionWatch
-from allocsim.sim.questions.run_repeats import find_repeat, knows
+from allocsim.sim.questions.run_repeats import core_checks, find_repeat, knows
 from allocsim.sim.questions.shared_runs import SharedRuns
 from allocsim.traces.model import Trace
 
@@ -315,9 +315,12 @@ class CompletionOracle:
                        ) -> tuple[bool, dict[str, int]] | None:
         """The replay at ``capacity`` in the native core (sim/kernel/native.py), with its
         interval kept as :meth:`_keep` keeps a Python replay's: whether it completed and the
-        core's device figures. None where the Python replay is needed: a repeating trace the
-        Python run stops early on (its policy's decision state known), the reference search
-        (no shortcuts), ``native=False``, or a run the core does not take. Either way the
+        core's device figures; on a repeating trace, for a policy whose repeat the core sees
+        by itself (sim/questions/run_repeats.py's core_checks: BFC, preallocate, CuPy,
+        PyTorch), the run stops once it repeats and completes. None where the Python replay is
+        needed: a repeating trace the Python run stops early on (the stream-ordered pool,
+        whose state only the Python twin names by place), the reference search (no
+        shortcuts), ``native=False``, or a run the core does not take. Either way the
         answer is the replay's (tests/test_native_differential.py holds the two to the same
         runs, device calls included). A BFC run in the core keeps no region watch: a Python
         replay costs ~20 of the core's, more than the watch saves unless it answers nearly
@@ -325,12 +328,17 @@ class CompletionOracle:
         the core (or with ``native=False``) the watch runs, as before."""
         if not self.shortcuts or not self.native:
             return None
+        period = None
         if periodic and knows(self._resolved.policy_class) and self._period() is not None:
-            return None
+            if not core_checks(self._resolved.policy_class):
+                return None
+            period = self._period()         # the core sees the run repeat by itself
         profile = self._card(capacity)
-        state = self.shared.run(self.spec, profile, stop_on_oom=stop_on_oom)
+        state = self.shared.run(self.spec, profile, stop_on_oom=stop_on_oom, period=period)
         if state is None:
             return None
+        if state["repeated_from"] is not None:
+            self.skipped += len(self.trace) - state["next_index"]
         device: dict[str, int] = state["device"]
         completed = state["ooms"] == 0 and not state["stopped"]
         self.replays += 1
