@@ -139,11 +139,7 @@ class SharedRuns:
         repeat itself: run_repeats.py's core_checks), the run stops once it repeats, its state
         then under ``repeated_from`` (the boundary; None where it did not): it completes as
         the run to the end would, with the same device and limit windows."""
-        on_device = buffers_on_device(self.trace, profile)     # the same object each time
-        if self._columns is None or self._columns.trace is not on_device:
-            self._columns = core_columns(on_device)
-        run = open_native_run(self.trace, spec, profile, stop_on_oom=stop_on_oom,
-                              timeline_points=self.timeline_points, columns=self._columns)
+        run = self._open(spec, profile, stop_on_oom=stop_on_oom)
         if run is None:
             return None
         self.runs += 1
@@ -227,10 +223,7 @@ class SharedRuns:
         period = self._period_of[1]
         if period is None:
             return None
-        if self._columns is None or self._columns.trace is not on_device:
-            self._columns = core_columns(on_device)
-        run = open_native_run(self.trace, spec, profile, stop_on_oom=True,
-                              timeline_points=self.timeline_points, columns=self._columns)
+        run = self._open(spec, profile, stop_on_oom=True)
         if run is None:
             return None
         shape = _shape(run) if self.share else None
@@ -253,6 +246,15 @@ class SharedRuns:
             windows = _Saved(run.n, device["granted_most"], device["refused_least"], lo, hi, None)
             self._ends.setdefault(shape[0], []).append((windows, dict(state)))
         return state
+
+    def _open(self, spec: PolicySpec, profile: DeviceProfile, *,
+              stop_on_oom: bool) -> NativeRun | None:
+        """The run in the core, on the trace's columns as checked once for this device."""
+        on_device = buffers_on_device(self.trace, profile)     # the same object each time
+        if self._columns is None or self._columns.trace is not on_device:
+            self._columns = core_columns(on_device)
+        return open_native_run(self.trace, spec, profile, stop_on_oom=stop_on_oom,
+                               timeline_points=self.timeline_points, columns=self._columns)
 
     def _save(self, run: NativeRun, index: int, saved: list[_Saved],
               own: _Saved | None) -> _Saved | None:
