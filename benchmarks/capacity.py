@@ -11,8 +11,10 @@ a shared machine wall time counts the neighbours, and CPU time still varies ±15
 saved state of an earlier run it shares (sim/questions/shared_runs.py, what
 :func:`min_capacity` does). It prints both as multiples of the replay (target ≤ 4), the replays
 the search ran (``evaluations``, the same for both), how many of the shared search's probes
-resumed and the share of all its probes' events that resumes skipped, its replays that
-completed and those that ran out of memory (each stops at its first), and the share of its
+resumed and the share of all its probes' events that resumes skipped, how many of its probes
+in the core stopped once they repeated themselves (a repeating trace:
+sim/questions/run_repeats.py; both searches stop so), its replays that completed and those
+that ran out of memory (each stops at its first), and the share of its
 time spent on the capacities checked just above the answer; the two searches' answers must
 agree. The machine's load (os.getloadavg) is printed at the start and the end. By default
 every policy and the settings that change how a policy depends on the capacity (fractions,
@@ -153,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         trace = _trace(kind, args.events, args.seed)
         print(f"\n{kind}, {len(trace):,} events")
         print(f"{'policy':<{width}}{'replay s':>9}{'plain ×':>9}{'shared ×':>10}{'runs':>6}"
-              f"{'resumed':>9}{'skipped':>9}{'passed':>8}{'failed':>8}{'checks above':>14}"
-              "  answer")
+              f"{'resumed':>9}{'skipped':>9}{'repeated':>10}{'passed':>8}{'failed':>8}"
+              f"{'checks above':>14}  answer")
         for policy in args.policies:
             one = min(_replay_seconds(trace, policy, device) for _ in range(args.repeat))
             plain, plain_s, _, _ = min((_search(trace, policy, device, share=False)
@@ -177,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
             kept = sum(runs.events_resumed for runs in made)
             run_events = sum(runs.events_run for runs in made)
             skipped = f"{kept / (kept + run_events):.0%}" if kept + run_events else "-"
+            repeated = sum(runs.repeat_stops for runs in made)
             print(f"{policy:<{width}}{one:>9.3f}{plain_s / one:>9.2f}{ratio:>10.2f}"
-                  f"{answer.evaluations:>6}{resumed:>9}{skipped:>9}{passed:>8}"
+                  f"{answer.evaluations:>6}{resumed:>9}{skipped:>9}{repeated:>10}{passed:>8}"
                   f"{len(replays) - passed:>8}{share:>14}  "
                   f"{answer.min_capacity} monotone={answer.monotone}", flush=True)
     print(f"\nworst shared ratio {worst:.2f} (target ≤ {TARGET:g})")

@@ -121,6 +121,7 @@ class SharedRuns:
         self.share = share
         self.repeats = repeats              # replay() copies a repeating run's tail
         self.repeated_runs = 0              # ... and this many were
+        self.repeat_stops = 0               # run(period=): runs that stopped at a repeat
         self._period_of: tuple[Trace, Period | None] | None = None
         self._ends: dict[object, list[tuple[_Saved, dict[str, Any]]]] = {}  # copied runs' ends
         self.runs = 0
@@ -190,6 +191,7 @@ class SharedRuns:
                                                          core_moment(run)):
                     repeated_from = boundary
         self.events_run += done - start
+        self.repeat_stops += repeated_from is not None
         state = run.state()
         state["repeated_from"] = repeated_from
         return state
