@@ -47,16 +47,22 @@ from allocsim.sim.questions.capacity.period import Period
 from allocsim.sim.questions.capacity.regions import bfc_state
 
 
+def _cupy_streams(pool: CuPyPoolAllocator) -> tuple[dict[int, int], dict[int, int]]:
+    """Each free chunk's and each chunk in use's arena, as its stream (address → stream)."""
+    stream_of = {id(arena): stream for stream, arena in pool.arenas.items()}
+    free = {tie & CUPY_ADDRESS_MASK: stream for stream, arena in pool.arenas.items()
+            for _, tie in arena.keys()}
+    in_use = {address: stream_of[id(arena)] for address, arena in pool.in_use.items()}
+    return free, in_use
+
+
 def _cupy_state(policy: Policy) -> object:
     """Everything CuPy's pool decides from (policies/cupy_pool.py): chunk sizes and links, the
     stream of each chunk's arena (free or in use), the cudaMalloc'd blocks, total bytes and the
     limit, and the creation ids only as their order (ties go to the older chunk; a new chunk
     is younger than all). Not: the statistics, the requested sizes."""
     pool: CuPyPoolAllocator = policy                                # type: ignore[assignment]
-    stream_of = {id(arena): stream for stream, arena in pool.arenas.items()}
-    free = {tie & CUPY_ADDRESS_MASK: stream for stream, arena in pool.arenas.items()
-            for _, tie in arena.keys()}
-    in_use = {address: stream_of[id(arena)] for address, arena in pool.in_use.items()}
+    free, in_use = _cupy_streams(pool)
     age = {address: rank for rank, (_, address) in
            enumerate(sorted((cid, address) for address, cid in pool.cid_of.items()))}
     return (dict(pool.size_of), dict(pool.prev_of), dict(pool.next_of), age, free, in_use,
@@ -202,10 +208,7 @@ def cupy_rows(policy: Policy) -> np.ndarray:
     is in use, its arena's stream and its age (the rank of its creation id: ties go to the
     older chunk)."""
     pool: CuPyPoolAllocator = policy                                # type: ignore[assignment]
-    stream_of = {id(arena): stream for stream, arena in pool.arenas.items()}
-    free = {tie & CUPY_ADDRESS_MASK: stream for stream, arena in pool.arenas.items()
-            for _, tie in arena.keys()}
-    in_use = {address: stream_of[id(arena)] for address, arena in pool.in_use.items()}
+    free, in_use = _cupy_streams(pool)
     rows = [(address, size, int(address in in_use),
              in_use[address] if address in in_use else free[address], pool.cid_of[address])
             for address, size in pool.size_of.items()]
@@ -294,36 +297,6 @@ _NOW = frozenset({"bytes_in_use", "bytes_requested", "pool_bytes", "largest_free
                   "free_blocks"})
 
 
-def find_repeat_in_core(run: NativeRun, period: Period, *, budget: int | None = None,
-                        on_boundary: Callable[[int], None] | None = None) -> int | None:
-    """:func:`find_repeat` for a run in the core of a policy with rows (:func:`core_checks`),
-    by the core alone: the boundary ``b`` it repeats from (the run then stands at ``b +
-    period.length``), or None where it ran out of memory first, where checking the next
-    boundary would take it past ``budget`` events, or where no boundary showed a repeat.
-    ``on_boundary(b)``, where given, runs the period from ``b`` instead of ``run.advance``
-    (a caller that records it, :func:`repeated_state`), the run standing at ``b``."""
-    for boundary in period.boundaries():
-        if boundary < run.next_index:
-            continue                    # a run resumed past it (shared_runs.py)
-        if budget is not None and boundary + period.length > budget:
-            return None
-        run.advance(boundary)
-        if run.ooms:
-            return None
-        then = core_moment(run)
-        if then is None:
-            return None
-        if on_boundary is not None:
-            on_boundary(boundary)
-        else:
-            run.advance(boundary + period.length)
-        if run.ooms:
-            return None
-        if core_repeats(period, boundary, then, core_moment(run)):
-            return boundary
-    return None
-
-
 def repeated_state(spec: PolicySpec, period: Period, run: NativeRun, *,
                    budget: int) -> dict[str, Any] | None:
     """The core's state at the end of a whole replay of a trace through ``spec`` with
@@ -332,23 +305,28 @@ def repeated_state(spec: PolicySpec, period: Period, run: NativeRun, *,
     in the core, opened and not yet advanced; the core alone sees it repeat. None where this
     does not apply: a policy without an absolute decision state, or a run that does not repeat
     within ``budget`` events or runs out of memory first — the caller replays it whole."""
-    if spec.resolved().policy_class not in PYTHON_ROWS:
+    if not core_checks(spec.resolved().policy_class):
         return None
     length, n = period.length, run.n
-    stats: dict[int, tuple[dict[str, int], dict[str, int]]] = {}
-
-    def record(boundary: int) -> None:
-        """Tape the period from ``boundary``, noting the statistics at its start and where
-        the run will stand, a whole number of periods before its end, as at the end."""
+    for boundary in period.boundaries():
+        if boundary + length > budget:
+            return None
+        run.advance(boundary)
+        then = core_moment(run) if not run.ooms else None
+        if then is None:
+            return None
+        # Tape the period from here, noting the statistics at its start and where the run
+        # will stand, a whole number of periods before its end, as at the end.
         at_boundary = run.state()["policy_stats"]
         run.tape(boundary + (n - boundary) % length, restart=True)
-        stats[boundary] = at_boundary, run.state()["policy_stats"]
+        at_mirror = run.state()["policy_stats"]
         run.tape(boundary + length)
-
-    boundary = find_repeat_in_core(run, period, budget=budget, on_boundary=record)
-    if boundary is None:
+        if run.ooms:
+            return None
+        if core_repeats(period, boundary, then, core_moment(run)):
+            break
+    else:
         return None
-    at_boundary, at_mirror = stats[boundary]
     if set(at_mirror) != _COUNTS | _PEAKS | _NOW:
         return None                             # statistics this module does not know how to copy
     if not run.repeat(length):
@@ -372,5 +350,5 @@ def repeated_state(spec: PolicySpec, period: Period, run: NativeRun, *,
 
 
 __all__ = ["DECISION_STATE", "ORDER_ONLY_STATE", "PYTHON_ROWS", "ROW_WIDTH", "chunk_rows",
-           "core_checks", "core_moment", "core_repeats", "cupy_rows", "find_repeat",
-           "find_repeat_in_core", "knows", "moment", "pytorch_rows", "repeated_state"]
+           "core_checks", "core_moment", "core_repeats", "cupy_rows", "find_repeat", "knows",
+           "moment", "pytorch_rows", "repeated_state"]

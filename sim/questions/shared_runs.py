@@ -52,7 +52,12 @@ from allocsim.sim.kernel.native import CoreColumns, NativeRun, core_columns, res
 from allocsim.sim.kernel.native import open_run as open_native_run
 from allocsim.sim.kernel.results import RunResult
 from allocsim.sim.questions.capacity.period import Period, find_period
-from allocsim.sim.questions.run_repeats import core_moment, core_repeats, repeated_state
+from allocsim.sim.questions.run_repeats import (
+    core_checks,
+    core_moment,
+    core_repeats,
+    repeated_state,
+)
 from allocsim.traces.model import Trace
 
 CHECKPOINTS = 64                # states saved per run, evenly spaced
@@ -217,7 +222,8 @@ class SharedRuns:
         (sim/questions/run_repeats.py); None where not (the caller runs it whole, having lost
         at most that share of a replay). Traces under :data:`REPEAT_MIN_EVENTS` events are
         left to the core whole: the period search costs more than their replay."""
-        if not self.repeats or len(self.trace) < REPEAT_MIN_EVENTS:
+        if (not self.repeats or len(self.trace) < REPEAT_MIN_EVENTS
+                or not core_checks(spec.resolved().policy_class)):
             return None
         on_device = buffers_on_device(self.trace, profile)
         if self._period_of is None or self._period_of[0] is not on_device:
