@@ -143,12 +143,15 @@ def test_the_native_core_replays_the_probes_with_the_python_intervals(
 
 
 @pytest.mark.parametrize("policy", ["bfc", "pytorch", "cupy", "preallocate",
-                                    "pytorch:expandable_segments=true"])
+                                    "pytorch:expandable_segments=true", "cuda-async",
+                                    "cuda-async:sync=none", "cuda-async:fraction=0.75",
+                                    "jax:allocator=cuda_async"])
 def test_probes_of_a_repeating_trace_whose_repeat_the_core_sees_run_in_the_core(
         policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Where the core sees a run repeat by itself (run_repeats.py's decision rows), no probe
-    # runs in Python: each runs in the core and stops once it repeats, with the plain
-    # search's answers.
+    # Where the core sees a run repeat by itself (run_repeats.py's decision rows; the
+    # stream-ordered pool's by place, so its periods may trim and map), no probe runs in
+    # Python: each runs in the core and stops once it repeats, with the plain search's
+    # answers.
     from allocsim.sim.kernel import native
     from allocsim.sim.questions.capacity import oracle as capacity_oracle
 
@@ -170,68 +173,3 @@ def test_probes_of_a_repeating_trace_whose_repeat_the_core_sees_run_in_the_core(
     plain = _plain(trace, policy, DEVICE, 4 * MiB)
     assert (fast.min_capacity, fast.monotone, fast.exceptions) == (
         plain.min_capacity, plain.monotone, plain.exceptions)
-
-
-# The stream-ordered pool's repeat only its Python twin sees (its state named by place), so
-# its probes of a repeating trace run in Python first: the two tests below.
-@pytest.mark.parametrize("policy", ["cuda-async", "cuda-async:sync=none"])
-def test_a_run_of_a_repeating_trace_that_does_not_repeat_soon_hands_over_to_the_core(
-        policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A Python run that has not repeated within its share of the trace is replayed by the
-    # core instead: with a share of a few events every run hands over, and the answers are
-    # the plain search's.
-    from allocsim.sim.kernel import native
-    from allocsim.sim.questions import shared_runs
-    from allocsim.sim.questions.capacity import oracle as capacity_oracle
-
-    if native.core() is None:
-        pytest.skip(f"the native core is not in use here: {native.implementation()}")
-    trace = traces()["training"]
-    monkeypatch.setattr(capacity_oracle, "PYTHON_EVENTS", 0)
-    monkeypatch.setattr(capacity_oracle, "PYTHON_SHARE", len(trace))
-    in_core: list[int] = []
-    run = shared_runs.SharedRuns.run
-
-    def counting(self, spec, profile, *, stop_on_oom: bool, until=None, **given):  # type: ignore[no-untyped-def]
-        if until is None:       # a whole run, not the core's prefix of a probe
-            in_core.append(profile.capacity)
-        return run(self, spec, profile, stop_on_oom=stop_on_oom, until=until, **given)
-
-    monkeypatch.setattr(shared_runs.SharedRuns, "run", counting)
-    fast = minimum.min_capacity(trace, policy, DEVICE, resolution=4 * MiB)
-    plain = _plain(trace, policy, DEVICE, 4 * MiB)
-    assert (fast.min_capacity, fast.monotone, fast.exceptions) == (
-        plain.min_capacity, plain.monotone, plain.exceptions)
-    assert len(in_core) == fast.evaluations
-
-
-@pytest.mark.parametrize("policy", ["cuda-async:sync=none"])
-def test_probes_of_a_long_repeating_trace_run_out_of_memory_in_the_core(
-        policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A probe a Python run would take first runs in the core through the Python run's share
-    # of the trace (here half): the probes that run out of memory there are answered by
-    # it, the others go on in Python; the answers are the plain search's.
-    from allocsim.sim.kernel import native
-    from allocsim.sim.questions import shared_runs
-    from allocsim.sim.questions.capacity import oracle as capacity_oracle
-
-    if native.core() is None:
-        pytest.skip(f"the native core is not in use here: {native.implementation()}")
-    trace = traces()["training"]
-    monkeypatch.setattr(capacity_oracle, "PYTHON_EVENTS", 0)
-    monkeypatch.setattr(capacity_oracle, "PYTHON_SHARE", 2)
-    prefixes: list[bool] = []
-    run = shared_runs.SharedRuns.run
-
-    def noting(self, spec, profile, *, stop_on_oom: bool, until=None, **given):  # type: ignore[no-untyped-def]
-        state = run(self, spec, profile, stop_on_oom=stop_on_oom, until=until, **given)
-        if until is not None:
-            prefixes.append(bool(state["ooms"]))
-        return state
-
-    monkeypatch.setattr(shared_runs.SharedRuns, "run", noting)
-    fast = minimum.min_capacity(trace, policy, DEVICE, resolution=4 * MiB)
-    plain = _plain(trace, policy, DEVICE, 4 * MiB)
-    assert (fast.min_capacity, fast.monotone, fast.exceptions) == (
-        plain.min_capacity, plain.monotone, plain.exceptions)
-    assert sum(prefixes) >= 3            # probes answered by the core's prefix

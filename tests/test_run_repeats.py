@@ -26,7 +26,13 @@ from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
 from allocsim.sim.kernel.native import core
 from allocsim.sim.kernel.native import open_run as open_native_run
 from allocsim.sim.questions import shared_runs
-from allocsim.sim.questions.run_repeats import DECISION_STATE, PYTHON_ROWS, core_moment
+from allocsim.sim.questions.run_repeats import (
+    DECISION_STATE,
+    ORDER_ONLY_STATE,
+    PYTHON_ROWS,
+    core_moment,
+    moment,
+)
 from allocsim.sim.questions.shared_runs import SharedRuns
 from allocsim.traces.model import Trace
 from allocsim.traces.synth import generate
@@ -40,8 +46,13 @@ COPIED = ["bfc", "bfc:garbage_collection=true", "bfc:allow_growth=false", "preal
           "jax", "jax:preallocate=false", "cupy", "cupy:limit=64GiB", "pytorch",
           "pytorch:expandable_segments=true", "pytorch:max_split_size_mb=20",
           "pytorch:roundup_power2_divisions=4", "pytorch:per_process_memory_fraction=0.9",
-          "pytorch:per_process_memory_fraction=0.9,garbage_collection_threshold=0.5"]
-NEVER_COPIED = ["cuda-async", "buddy", "on-demand", "best-fit"]   # no absolute decision state
+          "pytorch:per_process_memory_fraction=0.9,garbage_collection_threshold=0.5",
+          # the stream-ordered pool where its threshold keeps its memory: no call in a period
+          "cuda-async:sync=none", "cuda-async:fraction=0.75", "jax:allocator=cuda_async"]
+# No decision state known (buddy, on-demand, best-fit), or a run that repeats with a device
+# call every period: the stream-ordered pool's default threshold of 0 releases each region
+# freed whole, and the copy keeps the device still.
+NEVER_COPIED = ["cuda-async", "buddy", "on-demand", "best-fit"]
 
 
 @pytest.fixture(autouse=True)
@@ -148,6 +159,27 @@ def test_a_run_that_does_not_repeat_is_run_whole(spec: str) -> None:
     assert runs.repeated_runs == 0
 
 
+def test_a_run_that_repeats_with_device_calls_is_seen_to_repeat_and_run_whole() -> None:
+    """The stream-ordered pool with its default threshold unmaps and maps a region every
+    step: its run repeats by place (a probe stops there) but is not copied."""
+    trace = TRACES["training"]()
+    runs = SharedRuns(trace, timeline_points=TIMELINE_POINTS)
+    spec = parse_policy("cuda-async")
+    assert runs.repeated(spec, DEVICE) is None
+    period = shared_runs.find_period(trace)
+    assert period is not None
+    probe = runs.run(spec, DEVICE, stop_on_oom=True, period=period)
+    assert probe is not None and probe["repeated_from"] is not None
+    whole = whole_state(trace, "cuda-async", DEVICE)
+    assert probe["device"]["calls"] < whole["device"]["calls"], "calls in every period"
+
+
+def test_every_policy_whose_state_is_known_is_checked_by_the_core() -> None:
+    """min-capacity's probes of a repeating trace run in the core for every policy whose
+    decision state is known (sim/questions/capacity/oracle.py keeps no Python hand-over)."""
+    assert set(PYTHON_ROWS) == set(DECISION_STATE) | set(ORDER_ONLY_STATE)
+
+
 def test_a_copied_runs_end_answers_a_later_run_whose_windows_hold_it() -> None:
     trace = TRACES["training"]()
     runs = SharedRuns(trace, timeline_points=TIMELINE_POINTS)
@@ -164,6 +196,9 @@ def test_a_copied_runs_end_answers_a_later_run_whose_windows_hold_it() -> None:
 ROW_SPECS = ["bfc", "bfc:garbage_collection=true", "preallocate", "cupy", "pytorch",
              "pytorch:expandable_segments=true", "pytorch:max_split_size_mb=20",
              "pytorch:per_process_memory_fraction=0.5,garbage_collection_threshold=0.5"]
+# The stream-ordered pool's rows are by place, its whole state (regions included).
+PLACE_SPECS = ["cuda-async", "cuda-async:sync=none", "cuda-async:fraction=0.3",
+               "jax:allocator=cuda_async", "cuda-async:fraction=0.3,sync=none,preallocate=true"]
 ROW_TRACES = {
     "training": lambda: generate("training", events=1500),
     "transformer": lambda: generate("transformer", events=1500),
@@ -180,12 +215,14 @@ def python_run(trace: Trace, spec: str, device: DeviceProfile) -> ProcessReplay:
 
 @pytest.mark.parametrize("device", [ROOMY, TIGHT], ids=["roomy", "tight"])
 @pytest.mark.parametrize("kind", ROW_TRACES)
-@pytest.mark.parametrize("spec", ROW_SPECS)
+@pytest.mark.parametrize("spec", ROW_SPECS + PLACE_SPECS)
 def test_the_cores_decision_rows_are_its_python_twins_after_every_event(
         spec: str, kind: str, device: DeviceProfile) -> None:
-    """native/src's decision_rows against run_repeats.py's chunk_rows, pytorch_rows and
-    cupy_rows: the same rows (garbage collection's ages, unmapped blocks and a second stream's
-    pools and arenas included), and the same live buffers at the same addresses."""
+    """native/src's decision_rows and place_rows against run_repeats.py's chunk_rows,
+    pytorch_rows, cupy_rows and cuda_async_rows: the same rows (garbage collection's ages,
+    unmapped blocks, a second stream's pools, arenas and owners included), the same device
+    side (calls; by place, the memory handed out) and the same live buffers at the same
+    addresses or places (the Python twin's moment)."""
     trace = ROW_TRACES[kind]()
     python = python_run(trace, spec, device)
     run = opened(trace, spec, device)
@@ -195,10 +232,12 @@ def test_the_cores_decision_rows_are_its_python_twins_after_every_event(
         run.advance(event)
         if python.stopped:
             break
-        moment = core_moment(run)
-        assert moment is not None
-        assert np.array_equal(moment[0], rows_of(python.policy)), event
-        assert moment[1] == python.view.calls and moment[2] == dict(python.live), event
+        in_core = core_moment(run)
+        assert in_core is not None
+        assert np.array_equal(in_core.rows, rows_of(python.policy)), event
+        _, device_side, live = moment(python)
+        assert in_core.device == device_side and in_core.live == live, event
+        assert in_core.calls == python.view.calls, event
 
 
 def frozen(value: Any) -> Any:
@@ -237,6 +276,29 @@ def test_between_device_calls_the_rows_change_exactly_when_the_decision_state_do
         state, rows = frozen(state_of(python.policy)), rows_of(python.policy).tobytes()
         assert stretch["state"].setdefault(state, rows) == rows, event
         assert stretch["rows"].setdefault(rows, state) == state, event
+
+
+@pytest.mark.parametrize("device", [ROOMY, TIGHT], ids=["roomy", "tight"])
+@pytest.mark.parametrize("kind", ROW_TRACES)
+@pytest.mark.parametrize("spec", PLACE_SPECS)
+def test_rows_by_place_change_exactly_when_the_order_only_state_does(
+        spec: str, kind: str, device: DeviceProfile) -> None:
+    """The stream-ordered pool's rows hold its whole order-only state (ORDER_ONLY_STATE's,
+    what its Python runs compare: chunks, regions, owners, streams, the indexes' order, the
+    pending preallocation), device calls or not: over the whole run the state is the same
+    exactly when its rows are."""
+    trace = ROW_TRACES[kind]()
+    python = python_run(trace, spec, device)
+    places_of = ORDER_ONLY_STATE[type(python.policy)]
+    rows_of = PYTHON_ROWS[type(python.policy)]
+    seen: dict[str, dict[Any, Any]] = {"state": {}, "rows": {}}
+    for event in range(1, len(trace) + 1):
+        python.advance(event)
+        if python.stopped:
+            break
+        state, rows = frozen(places_of(python.policy)[0]), rows_of(python.policy).tobytes()
+        assert seen["state"].setdefault(state, rows) == rows, event
+        assert seen["rows"].setdefault(rows, state) == state, event
 
 
 def opened(trace: Trace, spec: str, device: DeviceProfile = DEVICE) -> Any:

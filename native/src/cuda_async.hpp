@@ -85,6 +85,72 @@ class CudaAsyncPolicy : public Counters {
     else free_in<false>(handle);
   }
 
+  // place_rows (sim/questions/run_repeats.py's cuda_async_rows, its twin): the decision state
+  // named by place, as the pool's decisions read addresses only through their order. A row
+  // of kRowWidth per chunk, by place — its region's rank among the regions by address, its
+  // offset there, its size, in use (1) or free (0), and with sync=none a free chunk's owner
+  // (kSharedStream: shared memory) or a chunk in use's stream — then, after the shared index,
+  // a row per stream's index in the order made (-1, its number, its stream, 2, 0), and
+  // (-2, 0, 0, 3, 0) while preallocation is to come; `places` gets each live handle's rank
+  // and offset. The regions named are those holding a free chunk or a live buffer: a region
+  // wholly held by buffers whose ids were taken again while live (a trace's leak) is never
+  // freed, so nothing in it is decided on.
+  void place_rows(const std::vector<int64_t>& live, std::vector<int64_t>& rows,
+                  std::vector<int64_t>& places) const {
+    std::vector<int32_t> start(chunks_.size(), -1);  // each chunk's region's first chunk
+    std::vector<int32_t> path;
+    auto region_of = [&](int32_t at) {
+      path.clear();
+      while (start[static_cast<size_t>(at)] < 0 && chunks_[at].prev >= 0) {
+        path.push_back(at);
+        at = chunks_[at].prev;
+      }
+      int32_t first = start[static_cast<size_t>(at)] >= 0 ? start[static_cast<size_t>(at)] : at;
+      start[static_cast<size_t>(at)] = first;
+      for (int32_t on : path) start[static_cast<size_t>(on)] = first;
+      return first;
+    };
+    std::vector<std::pair<int64_t, int32_t>> regions;  // (base, first chunk)
+    std::vector<char> seen(chunks_.size(), 0);
+    auto see = [&](int32_t at) {
+      int32_t first = region_of(at);
+      if (!seen[static_cast<size_t>(first)]) {
+        seen[static_cast<size_t>(first)] = 1;
+        regions.emplace_back(chunks_[first].address, first);
+      }
+    };
+    for (int32_t owner = 0; owner < indexes_.count(); ++owner) {
+      for (const SortedBins::Key& key : indexes_[owner].ascending()) see(key.chunk);
+    }
+    for (int64_t handle : live) see(static_cast<int32_t>(handle));
+    std::sort(regions.begin(), regions.end());
+    std::vector<int64_t> rank(chunks_.size(), -1);  // a first chunk's region's rank
+    bool streams = !c_.sync_on_free;
+    for (size_t number = 0; number < regions.size(); ++number) {
+      auto [base, first] = regions[number];
+      rank[static_cast<size_t>(first)] = static_cast<int64_t>(number);
+      for (int32_t at = first; at >= 0; at = chunks_[at].next) {
+        const Chunk& chunk = chunks_[at];
+        int64_t extra = 0;
+        if (streams) {
+          extra = !chunk.free ? chunk.stream
+                  : chunk.owner == kShared ? kSharedStream : indexes_.stream_at(chunk.owner);
+        }
+        rows.insert(rows.end(), {static_cast<int64_t>(number), chunk.address - base, chunk.size,
+                                 chunk.free ? 0 : 1, extra});
+      }
+    }
+    for (int32_t owner = 1; owner < indexes_.count(); ++owner) {
+      rows.insert(rows.end(), {-1, owner, indexes_.stream_at(owner), 2, 0});
+    }
+    if (pending_) rows.insert(rows.end(), {-2, 0, 0, 3, 0});
+    for (int64_t handle : live) {
+      int32_t first = start[static_cast<size_t>(handle)];
+      places.push_back(rank[static_cast<size_t>(first)]);
+      places.push_back(chunks_[static_cast<int32_t>(handle)].address - chunks_[first].address);
+    }
+  }
+
   int64_t largest_free() const { return indexes_.largest(); }
   int64_t free_blocks() const { return indexes_.size(); }
   int64_t pool_bytes() const { return mapped_; }
@@ -134,6 +200,8 @@ class CudaAsyncPolicy : public Counters {
   }
 
   static constexpr int32_t kShared = 0;  // the index (and owner) of shared free memory
+  // Shared memory's owner as cuda_async.py names it (SHARED), in place_rows.
+  static constexpr int64_t kSharedStream = -(int64_t{1} << 62);
   // A record is one cache line: its index becomes its offset by a shift (at 48 bytes, a
   // multiply on every access) and no record straddles two lines.
   struct alignas(64) Chunk {

@@ -214,6 +214,11 @@ template <>
 constexpr bool kDecisionRows<PyTorchPolicy> = true;
 template <>
 constexpr bool kDecisionRows<CuPyPolicy> = true;
+// ... and the stream-ordered pool, whose rows name addresses by place (place_rows).
+template <class Policy>
+constexpr bool kPlaceRows = false;
+template <>
+constexpr bool kPlaceRows<CudaAsyncPolicy> = true;
 
 // Type-erased over the policy: the bindings see one class.
 class Replay {
@@ -261,21 +266,26 @@ class PolicyReplay final : public Replay {
   }
 
   // What run_repeats.py compares at two period boundaries: the policy's decision rows (flat,
-  // kRowWidth a row), the device's call count, and each live buffer's id and address; None
-  // for a policy without decision rows.
+  // kRowWidth a row), the device's call count, each live buffer's id and address (by place,
+  // its region's rank and offset, a pair each, for a policy with place_rows), and the
+  // device's used and reserved bytes; None for a policy without decision rows.
   nb::object decision_state() override {
-    if constexpr (!kDecisionRows<Policy>) {
+    if constexpr (!kDecisionRows<Policy> && !kPlaceRows<Policy>) {
       return nb::none();
     } else {
       std::vector<int64_t> handles, ids, addresses, rows;
       engine_.each_live([&](int64_t id, int64_t handle) {
         ids.push_back(id);
         handles.push_back(handle);
-        addresses.push_back(policy_.address_of(handle));
       });
-      policy_.decision_rows(handles, rows);
+      if constexpr (kPlaceRows<Policy>) {
+        policy_.place_rows(handles, rows, addresses);
+      } else {
+        for (int64_t handle : handles) addresses.push_back(policy_.address_of(handle));
+        policy_.decision_rows(handles, rows);
+      }
       return nb::make_tuple(to_numpy(std::move(rows)), device_.calls, to_numpy(std::move(ids)),
-                            to_numpy(std::move(addresses)));
+                            to_numpy(std::move(addresses)), device_.used, device_.reserved);
     }
   }
 

@@ -47,6 +47,8 @@ class Records {
   }
   Record& operator[](int32_t at) { return items_[at]; }
   const Record& operator[](int32_t at) const { return items_[at]; }
+  // Every index ever made (spares included): a bound for arrays by index.
+  size_t size() const { return items_.size(); }
 
  private:
   std::vector<Record> items_;

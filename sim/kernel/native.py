@@ -193,10 +193,11 @@ class NativeRun:
         (sim/questions/run_repeats.py shows it)."""
         return bool(self._replay.repeat(length))
 
-    def decision_state(self) -> tuple[np.ndarray, int, np.ndarray, np.ndarray] | None:
+    def decision_state(self) -> tuple[np.ndarray, int, np.ndarray, np.ndarray, int, int] | None:
         """The policy's decision rows (flat), the device's call count, the live buffers' ids
-        and addresses — what sim/questions/run_repeats.py compares at two period boundaries;
-        None for a policy without rows."""
+        and addresses (by place, a region rank and offset each, for the stream-ordered pool),
+        the device's used and reserved bytes — what sim/questions/run_repeats.py compares at
+        two period boundaries; None for a policy without rows."""
         got = self._replay.decision_state()
         return None if got is None else tuple(got)
 

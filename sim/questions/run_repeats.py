@@ -30,7 +30,7 @@ decision state, and a copied result to the replay of every event.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -176,6 +176,9 @@ def knows(policy_class: type) -> bool:
 # call the Python state changes exactly when its rows do. A chunk in use whose buffer's id
 # was taken again while it was live (the trace's leak) is in no row of the core's: it is never
 # freed, so nothing it holds is ever decided on.
+# The stream-ordered pool's rows (place_rows, cuda_async_rows) are its whole order-only state
+# by place (ORDER_ONLY_STATE's), regions included, and its repeat is checked as moment()
+# checks it: the same rows and the same memory handed out, device calls or not.
 ROW_WIDTH = 5
 
 
@@ -215,6 +218,38 @@ def cupy_rows(policy: Policy) -> np.ndarray:
     return _ranked_ages(_rows(rows))
 
 
+def cuda_async_rows(policy: Policy) -> np.ndarray:
+    """The stream-ordered pool's rows (CudaAsyncPolicy::place_rows' twin), its whole decision
+    state named by place (:func:`_cuda_async_places`): per chunk its region's rank among the
+    regions by address, its offset there, its size, in use (1) or free (0) and, with
+    ``sync=none``, a free chunk's owner (SHARED or a stream) or a chunk in use's stream; then
+    a row per stream's own index, in the order made (-1, its number, its stream, 2, 0); and
+    (-2, 0, 0, 3, 0) while preallocation is to come. The regions' sizes and which are wholly
+    free follow from the chunks."""
+    pool: CudaAsyncAllocator = policy                               # type: ignore[assignment]
+    streams = not pool.sync_on_free
+    rows = []
+    for rank, base in enumerate(sorted(pool.regions)):
+        chunk = pool.chunks.record[base]
+        ring = chunk.prev
+        while chunk is not ring:
+            address, in_use = chunk.address, not chunk.key
+            extra = 0
+            if streams:
+                extra = pool.stream_of[address] if in_use else pool.owner_of[address]
+            rows.append((rank, address - base, chunk.size, int(in_use), extra))
+            chunk = chunk.next
+    rows += [(-1, number, stream, 2, 0) for number, stream in enumerate(pool.indexes) if number]
+    if pool.preallocate_pending:
+        rows.append((-2, 0, 0, 3, 0))
+    return _by_place(np.array(rows, dtype=np.int64).reshape(-1, ROW_WIDTH))
+
+
+def _by_place(rows: np.ndarray) -> np.ndarray:
+    """Place rows in order: by rank, then offset."""
+    return rows[np.lexsort((rows[:, 1], rows[:, 0]))]
+
+
 def _rows(rows: list[tuple[int, int, int, int, int]]) -> np.ndarray:
     """Rows as an array, by address."""
     array = np.array(rows, dtype=np.int64).reshape(-1, ROW_WIDTH)
@@ -234,30 +269,52 @@ PYTHON_ROWS: dict[type[Policy], Callable[[Policy], np.ndarray]] = {
     PreallocateAllocator: chunk_rows,
     CuPyPoolAllocator: cupy_rows,
     PyTorchCachingAllocator: pytorch_rows,
+    CudaAsyncAllocator: cuda_async_rows,
 }
 
+# The policies whose rows name their addresses by place (ORDER_ONLY_STATE's, above).
+PLACE_ROWS = frozenset({CudaAsyncAllocator})
 
-def core_moment(run: NativeRun) -> tuple[np.ndarray, int, dict[int, int]] | None:
-    """:func:`moment` of a run in the core: its rows, the device's call count, each live
-    buffer's address; None for a policy without rows."""
+
+class CoreMoment(NamedTuple):
+    """:func:`moment` of a run in the core (:func:`core_moment`), and its device calls."""
+
+    rows: np.ndarray
+    device: object                  # the call count; by place, the memory handed out
+    live: dict[int, object]         # each live buffer's address; by place, (rank, offset)
+    calls: int
+
+
+def core_moment(run: NativeRun) -> CoreMoment | None:
+    """:func:`moment` of a run in the core: its rows, the device's side (its call count, or
+    for a policy whose rows are by place the memory it has handed out), each live buffer's
+    address or place; with the device's call count. None for a policy without rows."""
     got = run.decision_state()
     if got is None:
         return None
-    flat, calls, ids, addresses = got
-    rows = _rows(np.asarray(flat).reshape(-1, ROW_WIDTH))      # type: ignore[arg-type]
-    if run.config["family"] == "cupy":
+    flat, calls, ids, addresses, used, reserved = got
+    rows = np.asarray(flat).reshape(-1, ROW_WIDTH)
+    family = run.config["family"]
+    if family == "cuda-async":
+        pairs = np.asarray(addresses).reshape(-1, 2).tolist()
+        return CoreMoment(_by_place(rows), (int(used), int(reserved)),
+                          dict(zip(ids.tolist(), map(tuple, pairs))), int(calls))
+    rows = _rows(rows)                                              # type: ignore[arg-type]
+    if family == "cupy":
         rows = _ranked_ages(rows)
-    return rows, int(calls), dict(zip(ids.tolist(), addresses.tolist()))
+    return CoreMoment(rows, int(calls), dict(zip(ids.tolist(), addresses.tolist())),
+                      int(calls))
 
 
-def core_repeats(period: Period, boundary: int,
-                 then: tuple[np.ndarray, int, dict[int, int]] | None,
-                 now: tuple[np.ndarray, int, dict[int, int]] | None) -> bool:
+def core_repeats(period: Period, boundary: int, then: CoreMoment | None,
+                 now: CoreMoment | None) -> bool:
     """Whether a run in the core repeats from ``boundary``: its :func:`core_moment` there
-    (``then``) and a period later (``now``) hold the same rows with no device call between,
-    and the later events name their mirrors' buffers at the same addresses."""
-    return (then is not None and now is not None and then[1] == now[1]
-            and np.array_equal(then[0], now[0]) and period.repeats(boundary, then[2], now[2]))
+    (``then``) and a period later (``now``) hold the same rows and the same device side (no
+    call between; by place, the same memory handed out), and the later events name their
+    mirrors' buffers at the same addresses or places."""
+    return (then is not None and now is not None and then.device == now.device
+            and np.array_equal(then.rows, now.rows)
+            and period.repeats(boundary, then.live, now.live))
 
 
 def core_checks(policy_class: type) -> bool:
@@ -265,15 +322,12 @@ def core_checks(policy_class: type) -> bool:
     return policy_class in PYTHON_ROWS
 
 
-def find_repeat(run: ProcessReplay, period: Period, *, budget: int | None = None) -> int | None:
+def find_repeat(run: ProcessReplay, period: Period) -> int | None:
     """Advance ``run`` (a Python run of a policy :func:`knows`) boundary by boundary
     (``period.boundaries()``) until it repeats: the boundary ``b`` (the run then stands at
-    ``b + period.length``). None where it ran out of memory first (``run.report.ooms``), where
-    checking the next boundary would take it past ``budget`` events, or where no boundary
-    showed a repeat."""
+    ``b + period.length``). None where it ran out of memory first (``run.report.ooms``) or
+    where no boundary showed a repeat."""
     for boundary in period.boundaries():
-        if budget is not None and boundary + period.length > budget:
-            return None
         run.advance(boundary)
         if run.report.ooms:
             return None
@@ -303,8 +357,9 @@ def repeated_state(spec: PolicySpec, period: Period, run: NativeRun, *,
     ``stop_on_oom``, its tail copied from a period (module docstring):
     :meth:`NativeRun.state`'s dict, as running every event leaves it. ``run`` is that replay
     in the core, opened and not yet advanced; the core alone sees it repeat. None where this
-    does not apply: a policy without an absolute decision state, or a run that does not repeat
-    within ``budget`` events or runs out of memory first — the caller replays it whole."""
+    does not apply: a policy without rows, a run that repeats with a device call in its period
+    (by place), or a run that does not repeat within ``budget`` events or runs out of memory
+    first — the caller replays it whole."""
     if not core_checks(spec.resolved().policy_class):
         return None
     length, n = period.length, run.n
@@ -323,9 +378,16 @@ def repeated_state(spec: PolicySpec, period: Period, run: NativeRun, *,
         run.tape(boundary + length)
         if run.ooms:
             return None
-        if core_repeats(period, boundary, then, core_moment(run)):
+        now = core_moment(run)
+        if core_repeats(period, boundary, then, now):
             break
     else:
+        return None
+    assert now is not None
+    if now.calls != then.calls:
+        # A run by place that repeats with device calls in its period (the stream-ordered
+        # pool's trims and maps) makes them every period: the copy, which keeps the device's
+        # figures still, never applies.
         return None
     if set(at_mirror) != _COUNTS | _PEAKS | _NOW:
         return None                             # statistics this module does not know how to copy
@@ -349,6 +411,7 @@ def repeated_state(spec: PolicySpec, period: Period, run: NativeRun, *,
     return at_end
 
 
-__all__ = ["DECISION_STATE", "ORDER_ONLY_STATE", "PYTHON_ROWS", "ROW_WIDTH", "chunk_rows",
-           "core_checks", "core_moment", "core_repeats", "cupy_rows", "find_repeat", "knows",
-           "moment", "pytorch_rows", "repeated_state"]
+__all__ = ["DECISION_STATE", "ORDER_ONLY_STATE", "PLACE_ROWS", "PYTHON_ROWS", "ROW_WIDTH",
+           "CoreMoment", "chunk_rows", "core_checks", "core_moment", "core_repeats",
+           "cuda_async_rows", "cupy_rows", "find_repeat", "knows", "moment", "pytorch_rows",
+           "repeated_state"]

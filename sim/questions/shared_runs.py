@@ -53,6 +53,7 @@ from allocsim.sim.kernel.native import open_run as open_native_run
 from allocsim.sim.kernel.results import RunResult
 from allocsim.sim.questions.capacity.period import Period, find_period
 from allocsim.sim.questions.run_repeats import (
+    CoreMoment,
     core_checks,
     core_moment,
     core_repeats,
@@ -175,7 +176,7 @@ class SharedRuns:
             (at, boundary) for boundary in period.boundaries()
             if boundary >= start and boundary + period.length <= end
             for at in (boundary, boundary + period.length)]
-        then: tuple[Any, ...] | None = None
+        then: CoreMoment | None = None
         repeated_from = None
         while done < end and not run.stopped and repeated_from is None:
             target = min(end, mark) if saved is not None else end

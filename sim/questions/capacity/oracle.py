@@ -38,8 +38,10 @@ Whatever the kind, a replay of a repeating trace stops as soon as it repeats its
 no device call within the period; the stream-ordered pool, whose decisions read addresses
 only through their order, compared by place, so a period may map and unmap memory at fresh
 addresses as long as the device has handed out the same memory at both ends); it completes,
-as the whole replay would. tests/test_capacity_repeats.py holds each
-state to a trace whose events repeat while its runs do not.
+as the whole replay would. The core sees each of these repeats by itself (its decision
+rows), so such replays run there; the Python twin's run checks the same states where the
+core is not built. tests/test_capacity_repeats.py holds each state to a trace whose events
+repeat while its runs do not.
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ from allocsim.policies.base import (
 from allocsim.sim.kernel.device import DeviceProfile, ProcessDevice, SimulatedDevice
 from allocsim.sim.kernel.device_buffers import buffers_on_device
 from allocsim.sim.kernel.engine import TIMELINE_POINTS, ProcessReplay, replay
-from allocsim.sim.kernel.native import core, is_native
 from allocsim.sim.questions.capacity.period import Period, find_period
 from allocsim.sim.questions.capacity.regions import RegionWatch
 from allocsim.sim.questions.run_repeats import core_checks, find_repeat, knows
@@ -64,11 +65,6 @@ from allocsim.sim.questions.shared_runs import SharedRuns
 from allocsim.traces.model import Trace
 
 PROBE_CAPACITY = 1 << 50          # "unlimited" for the first run (1 PiB)
-# A Python run of a repeating trace that the core could take goes on only through this
-# fraction of the trace (or PYTHON_EVENTS, if more) before it hands over (the core runs
-# ~20-40× as fast: see _run); below PYTHON_EVENTS a run costs milliseconds either way.
-PYTHON_SHARE = 32
-PYTHON_EVENTS = 1 << 15
 _NEVER = 1 << 62                  # an interval's open end
 
 
@@ -176,16 +172,6 @@ class CompletionOracle:
     def _probe(self) -> Probe:
         """The replay at :data:`PROBE_CAPACITY` (to the end, OOMs or not), watched."""
         native = self._native_replay(PROBE_CAPACITY, stop_on_oom=False)
-        python: tuple[_RecordingDevice, RegionWatch | None, bool] | None = None
-        if native is None:
-            simulated = _RecordingDevice(self._card(PROBE_CAPACITY))
-            run = ProcessReplay(self.trace, self.spec, simulated)
-            watch = self._watch(run, simulated)
-            completed = self._run(run, give_up=self._core_takes(PROBE_CAPACITY))
-            if completed is None:
-                native = self._native_replay(PROBE_CAPACITY, stop_on_oom=False, periodic=False)
-            else:
-                python = simulated, watch, completed
         if native is not None:
             device = native[1]
             # The core's policy reads nothing of the device but its answers: what the
@@ -195,8 +181,10 @@ class CompletionOracle:
             assert isinstance(watched, _WatchedView)
             return Probe(native[0], device["peak_reserved"], device["peak_used"],
                          watched.capacity_read)
-        assert python is not None
-        simulated, watch, completed = python
+        simulated = _RecordingDevice(self._card(PROBE_CAPACITY))
+        run = ProcessReplay(self.trace, self.spec, simulated)
+        watch = self._watch(run, simulated)
+        completed = self._run(run)
         self.replays += 1
         view = simulated.view(0)
         assert isinstance(view, _WatchedView)
@@ -265,73 +253,33 @@ class CompletionOracle:
         native = self._native_replay(capacity, stop_on_oom=True)
         if native is not None:
             return native[0]
-        ran_out = self._native_prefix(capacity)
-        if ran_out is not None:
-            return ran_out
         simulated = _RecordingDevice(self._card(capacity))
         run = ProcessReplay(self.trace, self.spec, simulated, stop_on_oom=True,
                             call_log=False)         # no timeline is read of a probe
         watch = self._watch(run, simulated)
-        completed = self._run(run, give_up=self._core_takes(capacity))
-        if completed is None:
-            native = self._native_replay(capacity, stop_on_oom=True, periodic=False)
-            assert native is not None
-            return native[0]
+        completed = self._run(run)
         self.replays += 1
         self._keep(simulated, watch, completed)
         return completed
 
-    def _python_budget(self) -> int:
-        """The events a Python run of a repeating trace goes through before it hands over to
-        the core (:meth:`_run`), and the core's prefix of a probe (:meth:`_native_prefix`)."""
-        return max(len(self.trace) // PYTHON_SHARE, PYTHON_EVENTS)
-
-    def _native_prefix(self, capacity: int) -> bool | None:
-        """A probe of a long repeating trace that a Python run would take (to stop it once it
-        repeats) first runs in the core through the events a Python run may take
-        (:meth:`_python_budget`): the probes below the answer run out of memory there, in a
-        tenth of a Python run's time. False for such a probe (its replay, kept as the core's
-        are); None where it got through without an OOM (the Python run takes it from event 0;
-        if that hands over, the core's run resumes from this one's saved states) or the core
-        cannot take it."""
-        budget = self._python_budget()
-        if budget >= len(self.trace) or not self._core_takes(capacity):
-            return None
-        profile = self._card(capacity)
-        state = self.shared.run(self.spec, profile, stop_on_oom=True, until=budget)
-        if state is None or not state["ooms"]:
-            return None
-        self.replays += 1
-        self._keep_native(profile, state, completed=False)
-        return False
-
-    def _core_takes(self, capacity: int) -> bool:
-        """Whether the core can replay the run at ``capacity`` (a Python run of a repeating
-        trace that does not repeat soon may hand over to it)."""
-        return (self.shortcuts and self.native and core() is not None
-                and is_native(self.spec, self._card(capacity)))
-
-    def _native_replay(self, capacity: int, *, stop_on_oom: bool, periodic: bool = True
+    def _native_replay(self, capacity: int, *, stop_on_oom: bool
                        ) -> tuple[bool, dict[str, int]] | None:
         """The replay at ``capacity`` in the native core (sim/kernel/native.py), with its
         interval kept as :meth:`_keep` keeps a Python replay's: whether it completed and the
         core's device figures; on a repeating trace, for a policy whose repeat the core sees
-        by itself (sim/questions/run_repeats.py's core_checks: BFC, preallocate, CuPy,
-        PyTorch), the run stops once it repeats and completes. None where the Python replay is
-        needed: a repeating trace the Python run stops early on (the stream-ordered pool,
-        whose state only the Python twin names by place), the reference search (no
-        shortcuts), ``native=False``, or a run the core does not take. Either way the
-        answer is the replay's (tests/test_native_differential.py holds the two to the same
-        runs, device calls included). A BFC run in the core keeps no region watch: a Python
-        replay costs ~20 of the core's, more than the watch saves unless it answers nearly
-        every capacity (on the 1M-event transformer trace it answered none of 31); without
-        the core (or with ``native=False``) the watch runs, as before."""
+        by itself (sim/questions/run_repeats.py's core_checks: every policy whose decision
+        state is known), the run stops once it repeats and completes. None where the Python
+        replay is needed: the reference search (no shortcuts), ``native=False``, or a run the
+        core does not take. Either way the answer is the replay's
+        (tests/test_native_differential.py holds the two to the same runs, device calls
+        included). A BFC run in the core keeps no region watch: a Python replay costs ~20 of
+        the core's, more than the watch saves unless it answers nearly every capacity (on the
+        1M-event transformer trace it answered none of 31); without the core (or with
+        ``native=False``) the watch runs, as before."""
         if not self.shortcuts or not self.native:
             return None
         period = None
-        if periodic and knows(self._resolved.policy_class) and self._period() is not None:
-            if not core_checks(self._resolved.policy_class):
-                return None
+        if core_checks(self._resolved.policy_class):
             period = self._period()         # the core sees the run repeat by itself
         profile = self._card(capacity)
         state = self.shared.run(self.spec, profile, stop_on_oom=stop_on_oom, period=period)
@@ -357,24 +305,15 @@ class CompletionOracle:
                                              refused - 1 if refused >= 0 else _NEVER,
                                              completed))
 
-    def _run(self, run: ProcessReplay, *, give_up: bool = False) -> bool | None:
+    def _run(self, run: ProcessReplay) -> bool:
         """Run ``run`` to its end (or its first OOM, with ``stop_on_oom``); whether it
         completed. Where the trace repeats and the policy's decision state is known
         (sim/questions/run_repeats.py), stop as soon as the run repeats itself
-        (sim/questions/capacity/period.py): it completes, as a run to the end would. With
-        ``give_up``, None where the run has not repeated (nor run out of memory) within
-        1/:data:`PYTHON_SHARE` of the trace (:data:`PYTHON_EVENTS` at least): a run near the
-        answer that releases and takes memory every step never repeats, and the core replays
-        the whole trace in about the time Python takes for that share (the caller hands the
-        run over to it)."""
+        (sim/questions/capacity/period.py): it completes, as a run to the end would."""
         period = self._period() if self.shortcuts and knows(type(run.policy)) else None
-        if period is not None:
-            budget = self._python_budget() if give_up else None
-            if find_repeat(run, period, budget=budget) is not None:
-                self.skipped += run.n - run.next_index
-                return True
-            if give_up and not run.report.ooms:
-                return None
+        if period is not None and find_repeat(run, period) is not None:
+            self.skipped += run.n - run.next_index
+            return True
         run.advance(run.n)
         return run.report.ooms == 0 and not run.stopped
 
