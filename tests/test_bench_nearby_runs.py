@@ -1,0 +1,51 @@
+"""The nearby-runs measure (benchmarks/nearby_runs.py): when two runs' states count as the same
+but the last chunk, and that a run compared with itself is alike at every checkpoint."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.kernel.native import core
+from allocsim.sim.questions.run_repeats import CoreMoment
+from allocsim.traces import synth
+from benchmarks.nearby_runs import nearby, same_but_the_last_chunk
+
+MiB = 1 << 20
+
+
+def moment(rows: list[tuple[int, int, int]], live: dict[int, object] | None = None) -> CoreMoment:
+    array = np.array([(*row, 0, 0) for row in rows], dtype=np.int64).reshape(-1, 5)
+    return CoreMoment(array, 0, live or {}, 0)
+
+
+ANSWER = [(0, 4 * MiB, 1), (4 * MiB, 2 * MiB, 0), (6 * MiB, 10 * MiB, 0)]
+
+
+def test_states_alike_but_the_last_chunks_size_count_as_alike() -> None:
+    assert same_but_the_last_chunk(moment(ANSWER), moment(ANSWER))
+    larger_tail = [*ANSWER[:2], (6 * MiB, 11 * MiB, 0)]
+    assert same_but_the_last_chunk(moment(ANSWER), moment(larger_tail))
+
+
+@pytest.mark.parametrize("other", [
+    [(0, 4 * MiB, 1), (4 * MiB, 3 * MiB, 0), (7 * MiB, 9 * MiB, 0)],     # a chunk before it
+    [*ANSWER[:2], (6 * MiB, 10 * MiB, 1)],                                # the last one in use
+    ANSWER[:2],                                                           # a chunk fewer
+], ids=["an earlier chunk", "in use", "fewer chunks"])
+def test_any_other_difference_does_not(other: list[tuple[int, int, int]]) -> None:
+    assert not same_but_the_last_chunk(moment(ANSWER), moment(other))
+
+
+def test_a_live_buffer_elsewhere_does_not() -> None:
+    assert not same_but_the_last_chunk(moment(ANSWER, {7: 0}), moment(ANSWER, {7: 4 * MiB}))
+
+
+@pytest.mark.skipif(core() is None, reason="the native core is not built")
+def test_a_run_against_itself_is_alike_at_every_checkpoint() -> None:
+    trace = synth.generate("transformer", events=4000, seed=1)
+    device = DeviceProfile("test", 80 << 30)
+    [row] = nearby(trace, "bfc", device, 16 << 30, [0], every=100)
+    assert row.checkpoints == len(trace) // 100
+    assert row.alike == row.checkpoints and row.stretches == row.longest == 0
