@@ -19,8 +19,9 @@ repeats the run from ``b`` event for event, OOMs included (period.py's argument)
   bytes are the whole replay's (they repeat with the run); the policy's statistics at the
   end are read where the run stood a whole number of periods earlier, its counts grown by one
   period's each period, its peaks those of ``b + length`` (a repeat reaches nothing new).
-  Only policies with an absolute state and rows (:data:`PYTHON_ROWS`: no device call in the
-  period, so the device's figures stand still) are copied so.
+  Only runs whose period makes no device call are copied so (the device's figures stand
+  still); a run of the stream-ordered pool may repeat by place with a trim and a map every
+  period, and is run whole.
 
 tests/test_capacity_repeats.py holds each state to a trace whose events repeat while its runs do
 not; tests/test_run_repeats.py holds the core's rows to the Python twin's and to its whole
@@ -272,9 +273,6 @@ PYTHON_ROWS: dict[type[Policy], Callable[[Policy], np.ndarray]] = {
     CudaAsyncAllocator: cuda_async_rows,
 }
 
-# The policies whose rows name their addresses by place (ORDER_ONLY_STATE's, above).
-PLACE_ROWS = frozenset({CudaAsyncAllocator})
-
 
 class CoreMoment(NamedTuple):
     """:func:`moment` of a run in the core (:func:`core_moment`), and its device calls."""
@@ -411,7 +409,7 @@ def repeated_state(spec: PolicySpec, period: Period, run: NativeRun, *,
     return at_end
 
 
-__all__ = ["DECISION_STATE", "ORDER_ONLY_STATE", "PLACE_ROWS", "PYTHON_ROWS", "ROW_WIDTH",
+__all__ = ["DECISION_STATE", "ORDER_ONLY_STATE", "PYTHON_ROWS", "ROW_WIDTH",
            "CoreMoment", "chunk_rows", "core_checks", "core_moment", "core_repeats",
            "cuda_async_rows", "cupy_rows", "find_repeat", "knows", "moment", "pytorch_rows",
            "repeated_state"]
