@@ -140,9 +140,11 @@ def _min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile,
         return CapacityAnswer(str(spec), None, peak_live, resolution, True, oracle.replays,
                               context_bytes=context)
     # What the policy reserved with no limit is what most policies need at most; what the
-    # device handed out (its own share too) may be shown to work without a replay.
+    # device handed out (its own share too), where its declared capacity use shows the run
+    # there is the generous one (known without a replay, with shortcuts). The choice reads
+    # the probe alone, so the search with shortcuts and without asks the same capacities.
     guess = probe.peak_reserved
-    if oracle.shown(round_up(max(probe.peak_used, 1), resolution)):
+    if oracle.runs_as_the_probe(round_up(max(probe.peak_used, 1), resolution)):
         guess = probe.peak_used
     low, high = _bracket(works, lower, resolution, guess)
     if high is None:

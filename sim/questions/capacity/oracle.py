@@ -53,6 +53,7 @@ from allocsim.policies.base import (
     CAPACITY_BFC_REGIONS,
     CAPACITY_LIMIT,
     CAPACITY_LIMIT_FATAL,
+    CAPACITY_UNKNOWN,
     capacity_use_of,
 )
 from allocsim.sim.kernel.device import DeviceProfile, ProcessDevice, SimulatedDevice
@@ -214,12 +215,21 @@ class CompletionOracle:
             self._known[capacity] = self._replay(capacity) if known is None else known
         return self._known[capacity]
 
-    def shown(self, capacity: int) -> bool | None:
-        """The answer at ``capacity`` if it is known without a replay (asked before, or shown by
-        the replays run so far), else None."""
-        if capacity in self._known:
-            return self._known[capacity]
-        return self._shown(capacity) if self.shortcuts else None
+    def runs_as_the_probe(self, capacity: int) -> bool:
+        """Whether the policy's declared capacity use alone shows that the run at ``capacity``
+        is the generous run (module docstring: ``limit`` and ``limit-fatal`` at a device
+        capacity from the most it handed out; ``unknown`` there too if the policy never read
+        the capacity; ``bfc-regions``, which needs a watch, never). It reads only the probe,
+        with shortcuts or without, so a search asks the same capacities either way
+        (min-capacity's first guess: a search that chose its points from the replays it had
+        kept would choose others without them, and where the policy is not monotone find
+        another answer)."""
+        probe = self.probe
+        if capacity > PROBE_CAPACITY or self._effective(capacity) < probe.peak_used:
+            return False
+        if self.kind in (CAPACITY_LIMIT, CAPACITY_LIMIT_FATAL):
+            return True
+        return self.kind == CAPACITY_UNKNOWN and not probe.capacity_read
 
     def _shown(self, capacity: int) -> bool | None:
         """The answer at ``capacity`` if the replays run so far show it (module docstring)."""
