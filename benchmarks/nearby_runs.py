@@ -18,6 +18,13 @@ regions are otherwise alike (sim/questions/capacity/regions.py's argument). It p
 capacity above, the share of checkpoints at which the two runs hold the same state but the last
 chunk, and the stretches of checkpoints at which they do not (how many, and the longest).
 
+With ``--forks`` (BFC's family, whose capacity use is ``bfc-regions``), also how often a run
+above would have to leave the answer's: the Python twin's run at the answer, its region watch
+(sim/questions/capacity/regions.py) noting each best-fit search's own interval of ``d`` (the
+last region ``d`` bytes larger) that keeps that one decision, and, per capacity above, the
+searches after the last Extend whose interval excludes its ``d``: the most times a run that
+follows the answer's would have to fork from it.
+
 Addresses are absolute: where the region whose size follows the capacity is not the last
 (preallocate and JAX's default preallocate one region of a fraction of the card, then grow),
 every later region lies elsewhere above the answer and the runs compare as different from
@@ -32,13 +39,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from allocsim.policies import parse_policy
-from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, DeviceProfile
+from allocsim.policies import Policy, parse_policy
+from allocsim.policies.base import CAPACITY_BFC_REGIONS, capacity_use_of
+from allocsim.sim.kernel.device import DEFAULT_PROFILE, PROFILES, DeviceProfile, SimulatedDevice
+from allocsim.sim.kernel.engine import ProcessReplay
 from allocsim.sim.kernel.native import open_run
 from allocsim.sim.questions.capacity.minimum import MiB, min_capacity
+from allocsim.sim.questions.capacity.regions import RegionWatch
 from allocsim.sim.questions.run_repeats import CoreMoment, core_moment
 from allocsim.traces.model import Trace
 from benchmarks.capacity import _trace
+
+
+def capacity_use_of_spec(policy: str) -> str:
+    """The capacity use a setting declares (policies/base.py)."""
+    resolved = parse_policy(policy).resolved()
+    return capacity_use_of(resolved.policy_class, dict(resolved.params))
+
 
 SETTINGS = ["bfc", "bfc:allow_growth=false", "bfc:garbage_collection=true",
             "jax:preallocate=false", "preallocate", "jax"]
@@ -109,6 +126,36 @@ def nearby(trace: Trace, policy: str, device: DeviceProfile, answer: int, steps:
     return found
 
 
+class _Decisions(RegionWatch):
+    """The region watch, noting each search's own interval of ``d`` with the Extends made
+    before it."""
+
+    def __init__(self, policy: Policy, device: SimulatedDevice) -> None:
+        super().__init__(policy, device)
+        self.intervals: list[tuple[int, int, int]] = []     # (extends before, lo, hi)
+
+    def on_best_fit(self, rounded: int, key: int) -> None:
+        if self._window is not None:
+            kept = self.decision_interval(rounded, key)
+            if kept is not None:
+                self.intervals.append((len(self.extends), *kept))
+        super().on_best_fit(rounded, key)
+
+
+def forks(trace: Trace, policy: str, device: DeviceProfile, answer: int, steps: list[int], *,
+          resolution: int = MiB) -> tuple[int, list[int]]:
+    """The searches after the last Extend of the Python run at ``answer`` that the watch saw
+    (the last chunk free), and per step above how many of them exclude its ``d``."""
+    simulated = SimulatedDevice(device.device_with(answer, device.context_bytes))
+    run = ProcessReplay(trace, parse_policy(policy), simulated, stop_on_oom=True,
+                        call_log=False)
+    watch = _Decisions(run.policy, simulated)
+    run.advance(run.n)
+    after = [(lo, hi) for extends, lo, hi in watch.intervals if extends == len(watch.extends)]
+    return len(after), [sum(1 for lo, hi in after if not lo <= step * resolution <= hi)
+                        for step in steps]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -117,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", nargs="+", default=SETTINGS)
     parser.add_argument("--above", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--every", type=int, default=512)
+    parser.add_argument("--forks", action="store_true",
+                        help="also count the searches whose interval excludes each d")
     args = parser.parse_args(argv)
     print("load average", *(f"{x:.2f}" for x in os.getloadavg()))
     trace = _trace(args.kind, args.events, args.seed)
@@ -125,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.every} events")
     print(f"{'policy':<28} {'answer':>14} {'above':>6} {'alike':>8} {'stretches':>10} "
           f"{'longest':>8}")
+    answers = {}
     for policy in args.policies:
-        answer = min_capacity(trace, policy, device).min_capacity
+        answer = answers[policy] = min_capacity(trace, policy, device).min_capacity
         if answer is None:
             print(f"{policy:<28} {'none':>14}")
             continue
@@ -134,6 +184,14 @@ def main(argv: list[str] | None = None) -> int:
             share = row.alike / row.checkpoints if row.checkpoints else 0.0
             print(f"{policy:<28} {answer:>14,} {f'+{row.above}':>6} {share:>8.1%} "
                   f"{row.stretches:>10} {row.longest:>8}")
+    if args.forks:
+        print("\nsearches after the last Extend (the last chunk free) whose interval excludes d:")
+        print(f"{'policy':<28} {'searches':>10} " + " ".join(f"{f'+{s}':>8}" for s in args.above))
+        for policy, answer in answers.items():
+            if answer is None or capacity_use_of_spec(policy) != CAPACITY_BFC_REGIONS:
+                continue
+            watched, excluding = forks(trace, policy, device, answer, args.above)
+            print(f"{policy:<28} {watched:>10,} " + " ".join(f"{n:>8,}" for n in excluding))
     print("load average", *(f"{x:.2f}" for x in os.getloadavg()))
     return 0
 

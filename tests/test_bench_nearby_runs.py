@@ -49,3 +49,19 @@ def test_a_run_against_itself_is_alike_at_every_checkpoint() -> None:
     [row] = nearby(trace, "bfc", device, 16 << 30, [0], every=100)
     assert row.checkpoints == len(trace) // 100
     assert row.alike == row.checkpoints and row.stretches == row.longest == 0
+
+
+def test_each_search_keeps_its_own_decision_and_excludes_some_larger_region() -> None:
+    """Every search's interval holds d = 0 (the run itself decides so); a larger region is
+    excluded by more of them (each interval holds 0, so a larger d leaves more), and near the
+    answer some exclude one 8 MiB larger (the last chunk chosen, or passed over)."""
+    from allocsim.sim.questions.capacity.minimum import min_capacity
+    from benchmarks.nearby_runs import forks
+
+    trace = synth.generate("transformer", events=6000, seed=1)
+    device = DeviceProfile("test", 80 << 30)
+    answer = min_capacity(trace, "bfc", device).min_capacity
+    assert answer is not None
+    watched, excluding = forks(trace, "bfc", device, answer, [0, 1, 2, 4, 8])
+    assert watched > 0 and excluding[0] == 0
+    assert excluding == sorted(excluding) and 0 < excluding[-1] <= watched

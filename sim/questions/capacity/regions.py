@@ -83,14 +83,28 @@ class RegionWatch:
         window = self._window
         if window is None:
             return
+        kept = self.decision_interval(rounded, key)
+        if kept is None:
+            return
+        lo, hi = kept
+        if lo > window.lo:
+            window.lo = lo
+        if hi < window.hi:
+            window.hi = hi
+
+    def decision_interval(self, rounded: int, key: int) -> tuple[int, int] | None:
+        """The ``d`` for which this one search (its request ``rounded`` and the chunk of
+        free-index ``key`` it took, 0: none) takes the same chunk and splits it alike, the
+        open region ``d`` bytes larger; None where its last chunk is in use (its size decides
+        nothing)."""
         found = (key & ADDRESS_MASK, key >> KEY_SHIFT) if key else None
         last, x, in_use = self.chunks.last_chunk(self._base)
-        if in_use:                          # no free last chunk: its size decides nothing
-            return
+        if in_use:
+            return None
         lo = -x                             # the last chunk never shrinks below nothing
-        hi = window.hi
+        hi = _NEVER
         if found is None or (found[0] != last and x < rounded):
-            hi = min(hi, rounded - x - 1)               # it still must not fit
+            hi = rounded - x - 1                        # it still must not fit
         elif found[0] != last:
             lo = max(lo, found[1] - x)                  # it must stay no better than the choice
         else:                                           # it was chosen and must stay chosen
@@ -103,9 +117,7 @@ class RegionWatch:
                 lo = max(lo, split_from - x)
             else:
                 hi = min(hi, split_from - 1 - x)
-        if lo > window.lo:
-            window.lo = lo
-        window.hi = hi
+        return lo, hi
 
     def on_extend_start(self, rounded: int) -> None:
         policy = self.policy
