@@ -134,12 +134,11 @@ class _Decisions(RegionWatch):
         super().__init__(policy, device)
         self.intervals: list[tuple[int, int, int]] = []     # (extends before, lo, hi)
 
-    def on_best_fit(self, rounded: int, key: int) -> None:
-        if self._window is not None:
-            kept = self.decision_interval(rounded, key)
-            if kept is not None:
-                self.intervals.append((len(self.extends), *kept))
-        super().on_best_fit(rounded, key)
+    def decision_interval(self, rounded: int, key: int) -> tuple[int, int] | None:
+        kept = super().decision_interval(rounded, key)      # asked once per watched search
+        if kept is not None:
+            self.intervals.append((len(self.extends), *kept))
+        return kept
 
 
 def forks(trace: Trace, policy: str, device: DeviceProfile, answer: int, steps: list[int], *,

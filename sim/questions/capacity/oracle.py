@@ -254,9 +254,8 @@ class CompletionOracle:
                 if shown is not None:
                     return shown
             return None
-        if not probe.capacity_read and probe.peak_used <= effective and capacity <= PROBE_CAPACITY:
-            return probe.completed
-        return None
+        # ``unknown``: the generous run's answer where it is that run (one rule for both uses).
+        return probe.completed if self.runs_as_the_probe(capacity) else None
 
     def _replay(self, capacity: int) -> bool:
         """The replay at ``capacity``, to its first OOM."""
