@@ -96,6 +96,7 @@ from allocsim.policies.base import (
 )
 from allocsim.policies.chunk_records import ADDRESS_MASK, Chunk, ring_of
 from allocsim.policies.chunks import KEY_SHIFT, ChunkMap, FreeIndex
+from allocsim.policies.limit_window import LimitWindow
 
 SHARED = -(1 << 62)        # owner of free memory any stream may reuse (after a sync)
 SYNC_MODES = ("free", "none")
@@ -126,7 +127,14 @@ class CudaAsyncAllocator(Policy):
             raise ValueError(f"alignment must be positive, got {alignment}")
         self.alignment = int(alignment)
         self.sync_on_free = sync == "free"
+        # Whether there is a threshold at all is a decision of its own, taken here once:
+        # min-capacity shares runs only between thresholds both 0 or both not
+        # (sim/questions/shared_runs.py's "has limit"), so the window need not note it.
         self._preallocate_pending = preallocate and self.threshold > 0
+        # The thresholds under which every decision against it so far went alike (a fraction
+        # makes it a share of the capacity): min-capacity resumes a run at another capacity
+        # from a saved state of this one while its threshold is inside.
+        self.limit_window = LimitWindow()
         self.chunks = ChunkMap()                 # the chunks; each mapped physical chunk a region
         self.regions: dict[int, int] = self.chunks.regions   # region base -> bytes
         self.shared: FreeIndex = self.chunks.free_index      # free memory every stream may take
@@ -292,8 +300,8 @@ class CudaAsyncAllocator(Policy):
         if self.sync_on_free:
             self._give_back(chunk, SHARED)
             # The synchronisation after the free applies the release threshold.
-            if self.free_regions and self.mapped > self.threshold:
-                self._trim(self.threshold)
+            if self._release_due():
+                self._trim(self.threshold, self.limit_window)
         else:
             self._give_back(chunk, self.stream_of.pop(address))
 
@@ -360,18 +368,35 @@ class CudaAsyncAllocator(Policy):
                 index.remove(size, address)
                 del self.owner_of[address]
                 self._give_back(self._record[address], SHARED)
-        if self.free_regions and self.mapped > self.threshold:
-            self._trim(self.threshold)
+        if self._release_due():
+            self._trim(self.threshold, self.limit_window)
 
-    def _trim(self, keep: int) -> bool:
-        """cuMemPoolTrimTo(keep): release wholly free chunks, newest first, never taking the pool
-        below ``keep`` bytes. Returns whether anything was released."""
-        if self.mapped <= keep:
+    def _release_due(self) -> bool:
+        """Whether a synchronisation releases memory: a wholly free chunk exists and the pool
+        holds more than the release threshold (a decision against the threshold, noted)."""
+        if not self.free_regions:
             return False
+        kept = self.threshold >= self.mapped
+        self.limit_window.at_least(self.mapped, kept)
+        return not kept
+
+    def _trim(self, keep: int, window: LimitWindow | None = None) -> bool:
+        """cuMemPoolTrimTo(keep): release wholly free chunks, newest first, never taking the pool
+        below ``keep`` bytes. Returns whether anything was released. ``window``: where ``keep``
+        is the release threshold, its limit window, which notes each comparison with it."""
+        if self.mapped <= keep:
+            if window is not None:
+                window.at_least(self.mapped, True)
+            return False
+        if window is not None:
+            window.at_least(self.mapped, False)
         released = False
         for base in sorted(self.free_regions, reverse=True):
             nbytes = self.regions[base]
-            if self.mapped - nbytes < keep:
+            stays = self.mapped - nbytes < keep
+            if window is not None:
+                window.at_least(self.mapped - nbytes + 1, stays)
+            if stays:
                 continue
             self.free_regions.discard(base)
             self.chunks.remove_region(base)         # and out of the shared index
@@ -380,7 +405,10 @@ class CudaAsyncAllocator(Policy):
             self.mapped -= nbytes
             self.device.unmap(base, nbytes)
             released = True
-            if self.mapped <= keep:
+            done = self.mapped <= keep
+            if window is not None:
+                window.at_least(self.mapped, done)
+            if done:
                 break
         return released
 
@@ -397,6 +425,10 @@ class CudaAsyncAllocator(Policy):
         """XLA's SetStreamAndPreallocateMemory: AllocateRaw(threshold) then DeallocateRaw; the
         chunk stays as shared free memory (it is not above the threshold)."""
         self._preallocate_pending = False
+        # The chunk is the threshold rounded up to whole chunks: alike for every threshold
+        # that rounds to it.
+        nbytes = -(-self.threshold // self.chunk) * self.chunk
+        self.limit_window.within(nbytes - self.chunk + 1, nbytes)
         chunk = self._map_chunk(self.threshold)
         if chunk is not None:
             base, nbytes = chunk.address, chunk.size

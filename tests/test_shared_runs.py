@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from allocsim.policies import PolicySpec, parse_policy
+from allocsim.policies.limit_window import NO_LOWER, NO_UPPER
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 from allocsim.sim.kernel.engine import ProcessReplay
 from allocsim.sim.kernel.native import core
@@ -155,7 +156,8 @@ def _outcome(state: dict[str, Any]) -> tuple[Any, ...]:
 
 @pytest.mark.parametrize("policy", ["bfc", "bfc:fraction=0.6", "pytorch",
                                     "pytorch:per_process_memory_fraction=0.8", "cupy",
-                                    "cupy:fraction=0.9", "cuda-async"])
+                                    "cupy:fraction=0.9", "cuda-async", "cuda-async:fraction=0.75",
+                                    "cuda-async:fraction=0.75,sync=none"])
 def test_probes_near_a_late_peak_resume_from_saved_states(policy: str) -> None:
     """Where nothing near the answer is decided before the trace's last events, every probe
     after the first resumes, and the search's few to forty probes replay the events of less
@@ -196,8 +198,11 @@ def _windows_alike(policy: str, capacity_bytes: int, trace: Trace) -> None:
 @pytest.mark.parametrize("policy", ["bfc:fraction=0.6", "bfc:fraction=0.7,garbage_collection=true",
                                     "pytorch:per_process_memory_fraction=0.8",
                                     "pytorch:per_process_memory_fraction=0.9,"
-                                    "garbage_collection_threshold=0.5", "cupy:fraction=0.9"])
-@pytest.mark.parametrize("trace_name", ["random", "late-peak"])
+                                    "garbage_collection_threshold=0.5", "cupy:fraction=0.9",
+                                    "cuda-async:fraction=0.75", "cuda-async:fraction=0.5,sync=none",
+                                    "cuda-async:fraction=0.75,preallocate=true",
+                                    "jax:allocator=cuda_async"])
+@pytest.mark.parametrize("trace_name", ["random", "random-2-streams", "late-peak"])
 def test_the_python_models_and_the_core_keep_the_same_limit_window(policy: str,
                                                                    trace_name: str) -> None:
     """The twins' limit windows, noted by the same rules, agree through a run that meets its
@@ -206,6 +211,51 @@ def test_the_python_models_and_the_core_keep_the_same_limit_window(policy: str,
     peak = trace.peak_live()[0]
     for over in (1.05, 1.2, 1.4, 1.7, 2.0):
         _windows_alike(policy, int(peak * over), trace)
+
+
+def _decisions(policy: str, profile: DeviceProfile, trace: Trace) -> list[object]:
+    """The core's whole decision state (rows, device calls, live buffers' places) at eight
+    points of a run: two runs that decided alike have the same."""
+    run = open_native_run(trace, parse_policy(policy), profile, stop_on_oom=False,
+                          timeline_points=100)
+    assert run is not None
+    seen = []
+    for end in np.linspace(0, len(trace), 9).astype(int)[1:].tolist():
+        run.advance(end)
+        seen.append(_comparable(list(run.decision_state())))
+    return seen
+
+
+@pytest.mark.parametrize("setting", ["fraction=0.75", "fraction=0.5,sync=none",
+                                     "fraction=0.75,preallocate=true"])
+@pytest.mark.parametrize("trace_name", ["random", "random-2-streams", "late-peak"])
+def test_a_pool_run_under_a_threshold_at_its_window_s_edge_decides_alike(
+        setting: str, trace_name: str) -> None:
+    """The window is no wider than the decisions allow: a run of the stream-ordered pool
+    whose release threshold is set to either end of the window its fraction's run noted
+    (the threshold most likely to decide otherwise) makes that run's every decision, on cards
+    from a little over the trace's peak live bytes to twice it."""
+    trace, _ = traces()[trace_name]
+    peak = trace.peak_live()[0]
+    edges_tried = 0
+    for over in (1.05, 1.2, 1.4, 1.7, 2.0):
+        profile = DEVICE.device_with(int(peak * over))
+        run = open_native_run(trace, parse_policy(f"cuda-async:{setting}"), profile,
+                              stop_on_oom=False, timeline_points=100)
+        assert run is not None
+        run.advance(len(trace))
+        lo, hi = run.state()["limit_window"]
+        threshold = int(run.config["threshold"])
+        assert lo <= threshold <= hi
+        rest = ",".join(part for part in setting.split(",") if not part.startswith("fraction"))
+        expected = _decisions(f"cuda-async:{setting}", profile, trace)
+        for edge in {lo, hi} - {threshold, NO_LOWER, NO_UPPER}:
+            if edge < 1:                # 0 is no threshold: a decision of its own
+                continue
+            edges_tried += 1
+            given = f"cuda-async:release_threshold={edge}" + (f",{rest}" if rest else "")
+            assert _decisions(given, profile, trace) == expected, (over, edge)
+    assert edges_tried         # the trace reached the threshold somewhere
 
 
 def test_a_limit_decision_narrows_the_window_where_it_is_made() -> None:
@@ -217,6 +267,48 @@ def test_a_limit_decision_narrows_the_window_where_it_is_made() -> None:
     run.advance(run.n)
     lo, hi = run.policy.limit_window.as_tuple()         # type: ignore[attr-defined]
     assert run.report.ooms and lo <= 40 * MiB <= hi and hi < 1 << 40
+
+
+def test_the_pools_release_threshold_is_noted_where_a_trim_reads_it() -> None:
+    """The stream-ordered pool with three 2 MiB chunks mapped under a 5 MiB threshold: a free
+    that leaves one wholly free is a synchronisation over the threshold (6 MiB > t), and the
+    trim keeps that chunk (6 − 2 < t): every threshold in (4, 6) MiB decides alike, and 4 MiB
+    would have released it, 6 MiB not trimmed at all."""
+    device = SimulatedDevice(DEVICE.device_with(64 * MiB))
+    policy = parse_policy("cuda-async:release_threshold=5MiB").build(device.view(0))
+    a, _, _ = (policy.malloc(2 * MiB) for _ in range(3))
+    assert policy.limit_window.as_tuple() == (NO_LOWER, NO_UPPER)   # no sync yet
+    policy.free(a)
+    assert policy.mapped == 6 * MiB                                  # kept
+    assert policy.limit_window.as_tuple() == (4 * MiB + 1, 6 * MiB - 1)
+
+
+def test_a_pool_sync_at_or_under_its_threshold_notes_that_it_kept_everything() -> None:
+    """Under an 8 MiB threshold the same free keeps the 6 MiB mapped without a trim: every
+    threshold from 6 MiB up decides alike; a free that leaves no chunk wholly free reads no
+    threshold at all."""
+    device = SimulatedDevice(DEVICE.device_with(64 * MiB))
+    policy = parse_policy("cuda-async:release_threshold=8MiB").build(device.view(0))
+    a, b, _, _ = policy.malloc(2 * MiB), policy.malloc(MiB), policy.malloc(MiB), \
+        policy.malloc(2 * MiB)                  # b and the next share the second chunk
+    policy.free(b)
+    assert policy.mapped == 6 * MiB
+    assert policy.limit_window.as_tuple() == (NO_LOWER, NO_UPPER)
+    policy.free(a)
+    assert policy.mapped == 6 * MiB
+    assert policy.limit_window.as_tuple() == (6 * MiB, NO_UPPER)
+
+
+def test_a_pool_threshold_under_what_is_mapped_narrows_the_window_from_above() -> None:
+    """Under a 3 MiB threshold the same free releases the chunk (6 − 2 ≥ 3) and, 4 MiB left
+    and still over 3, looks on for another: every threshold under 4 MiB decides alike (at
+    4 MiB the trim would have stopped there)."""
+    device = SimulatedDevice(DEVICE.device_with(64 * MiB))
+    policy = parse_policy("cuda-async:release_threshold=3MiB").build(device.view(0))
+    a, _, _ = (policy.malloc(2 * MiB) for _ in range(3))
+    policy.free(a)
+    assert policy.mapped == 4 * MiB
+    assert policy.limit_window.as_tuple() == (NO_LOWER, 4 * MiB - 1)
 
 
 # ====================================================================== tune's shared runs

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "device.hpp"
+#include "limit_window.hpp"
 #include "records.hpp"
 #include "sorted_bins.hpp"
 
@@ -70,6 +71,8 @@ class CudaAsyncPolicy : public Counters {
   // the saved policy, on the resumed run's device, with that run's constants (its limit
   // may differ; the bridge resumes only where nothing else does).
   void resume_on(Device& device, const CudaAsyncConfig& config) { device_ = &device; c_ = config; }
+
+  LimitWindow limit_window;  // the threshold's decisions (cuda_async.py's limit_window)
 
   // Each sync mode has its own copy of the per-event path, its tests of the mode folded away
   // (with both in one body the engine's loop spilled more registers).
@@ -192,7 +195,7 @@ class CudaAsyncPolicy : public Counters {
       // synchronisation after the free applies the release threshold, which most often
       // releases it at once, and only what stays is indexed (an add and a remove saved).
       give_back<true>(at, kShared, true);
-      if (!free_regions_.empty() && mapped_ > c_.threshold) trim(c_.threshold);
+      if (release_due()) trim(c_.threshold, &limit_window);
       if (unindexed_ >= 0) index_unindexed();
     } else {
       give_back<false>(at, indexes_.of(chunks_[at].stream));
@@ -373,17 +376,32 @@ class CudaAsyncPolicy : public Counters {
         give_back<false>(key.chunk, kShared);  // stream-owned memory: sync=none
       }
     }
-    if (!free_regions_.empty() && mapped_ > c_.threshold) trim(c_.threshold);
+    if (release_due()) trim(c_.threshold, &limit_window);
+  }
+
+  // _release_due: a wholly free chunk exists and the pool holds more than the release
+  // threshold (a decision against the threshold, noted).
+  bool release_due() {
+    if (free_regions_.empty()) return false;
+    bool kept = c_.threshold >= mapped_;
+    limit_window.at_least(mapped_, kept);
+    return !kept;
   }
 
   // _trim (cuMemPoolTrimTo): release wholly free chunks, newest (highest address) first,
-  // never below `keep` bytes.
-  void trim(int64_t keep) {
-    if (mapped_ <= keep) return;
+  // never below `keep` bytes; `window`, where `keep` is the threshold, notes each comparison.
+  void trim(int64_t keep, LimitWindow* window = nullptr) {
+    if (mapped_ <= keep) {
+      if (window) window->at_least(mapped_, true);
+      return;
+    }
+    if (window) window->at_least(mapped_, false);
     for (size_t index = free_regions_.size(); index-- > 0;) {  // erasing leaves those below
       auto [base, at] = free_regions_.at(index);
       int64_t nbytes = chunks_[at].size;
-      if (mapped_ - nbytes < keep) continue;
+      bool stays = mapped_ - nbytes < keep;
+      if (window) window->at_least(mapped_ - nbytes + 1, stays);
+      if (stays) continue;
       free_regions_.erase_at(index);
       if (at == unindexed_) {
         unindexed_ = -1;  // released before it was indexed
@@ -393,7 +411,9 @@ class CudaAsyncPolicy : public Counters {
       chunks_.recycle(at);
       mapped_ -= nbytes;
       device_->unmap(base, nbytes);
-      if (mapped_ <= keep) break;
+      bool done = mapped_ <= keep;
+      if (window) window->at_least(mapped_, done);
+      if (done) break;
     }
   }
 
@@ -401,6 +421,10 @@ class CudaAsyncPolicy : public Counters {
   // freed into the pool at once, where they stay.
   void preallocate() {
     pending_ = false;
+    // The chunk is the threshold rounded up to whole chunks: alike for every threshold that
+    // rounds to it.
+    int64_t nbytes = (c_.threshold + c_.chunk - 1) / c_.chunk * c_.chunk;
+    limit_window.within(nbytes - c_.chunk + 1, nbytes);
     int32_t at = map_chunk(c_.threshold);
     if (at < 0) return;
     Chunk& chunk = chunks_[at];

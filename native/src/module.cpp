@@ -197,12 +197,14 @@ class Snapshot {
   int64_t granted_most = 0, refused_least = -1, limit_lo = kNoLower, limit_hi = kNoUpper;
 };
 
-// The limit window of a policy that keeps one (limit_window.hpp): BFC's, PyTorch's, CuPy's.
+// The limit window of a policy that keeps one (limit_window.hpp): BFC's, PyTorch's, CuPy's,
+// the stream-ordered pool's (its release threshold).
 template <class Policy>
 LimitWindow limit_window_of(const Policy& /*policy*/) { return LimitWindow{}; }
 LimitWindow limit_window_of(const ChunkPolicy& policy) { return policy.limit_window; }
 LimitWindow limit_window_of(const PyTorchPolicy& policy) { return policy.limit_window; }
 LimitWindow limit_window_of(const CuPyPolicy& policy) { return policy.limit_window; }
+LimitWindow limit_window_of(const CudaAsyncPolicy& policy) { return policy.limit_window; }
 
 // The policies whose repeat the core checks itself (sim/questions/run_repeats.py): those with
 // decision_rows, BFC's family, PyTorch's and CuPy's.

@@ -11,7 +11,9 @@ to the first decision the capacity changes. A run reads its capacity in two plac
 - the policy's own limit, where it has one derived from the capacity (BFC's memory_limit =
   fraction × capacity, read by Extend's ``available``, its region size ``min(curr, limit −
   pool)`` and DeallocateFreeRegions; PyTorch's allowed_memory_maximum, read by the fraction's
-  cap and its garbage-collection threshold; CuPy's pool limit): each such decision narrows
+  cap and its garbage-collection threshold; CuPy's pool limit; the stream-ordered pool's
+  release threshold, fraction × capacity with a fraction, read at each synchronisation and
+  trim and by the preallocation's size): each such decision narrows
   the policy's :class:`~allocsim.policies.limit_window.LimitWindow`, the limits under which
   all of them go the same way.
 
@@ -28,9 +30,9 @@ The same holds between settings that differ only in the limit (tune's fractions 
 :meth:`SharedRuns.replay`, tune/search.py's local_evaluator). A policy whose constants differ with
 the capacity beyond its limit shares nothing and restarts: JAX's preallocation
 (``allow_growth=false``: the first region is the limit, taken at event 0), BFC's
-``fragmentation_fraction`` (its split threshold follows the limit), the stream-ordered pool's
-fraction threshold, best-fit's address range (the device's next address follows the
-capacity). The TPU runtime reads the capacity itself (its heap), so its runs never share.
+``fragmentation_fraction`` (its split threshold follows the limit), best-fit's address range
+(the device's next address follows the capacity). The TPU runtime reads the capacity itself
+(its heap), so its runs never share.
 
 States are saved every ``n / CHECKPOINTS`` events of each run (a resumed run's loss is at most
 one spacing), only while no OOM has happened (a probe stops at its first); a run's state whose
@@ -69,7 +71,8 @@ REPEAT_MIN_EVENTS = 1 << 14     # ... on traces at least this long
 # The constant that is the policy's limit, per family of the core: it may differ between runs
 # that share (each decision against it is in the policy's limit window). Families absent
 # from _SHARING never share.
-_LIMIT_KEY = {"chunk": "memory_limit", "pytorch": "allowed_memory_maximum", "cupy": "limit"}
+_LIMIT_KEY = {"chunk": "memory_limit", "pytorch": "allowed_memory_maximum", "cupy": "limit",
+              "cuda-async": "threshold"}
 _SHARING = {"chunk", "pytorch", "on-demand", "buddy", "cupy", "cuda-async"}
 
 
@@ -108,7 +111,8 @@ def _shape(run: NativeRun) -> tuple[object, int] | None:
     config = {k: v for k, v in run.config.items() if k != limit_key}
     limit = int(run.config[limit_key]) if limit_key else 0
     if limit_key:
-        # Whether there is a limit at all is a decision of its own (CuPy's 0 = none).
+        # Whether there is a limit at all is a decision of its own (CuPy's 0 = none; the
+        # stream-ordered pool's threshold of 0 keeps nothing and preallocates nothing).
         config["has limit"] = limit != 0
     device = {k: v for k, v in run.device.items() if k != "capacity"}
     return repr((sorted(config.items()), sorted(device.items()))), limit
