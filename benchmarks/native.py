@@ -61,8 +61,8 @@ if TYPE_CHECKING:
 
 POLICIES = ("preallocate", "best-fit", "best-fit:trim=true", "bfc", "bfc:allow_growth=false",
             "jax", "jax:preallocate=false", "pytorch", "pytorch:expandable_segments=true",
-            "on-demand", "cupy", "cuda-async", "cuda-async:sync=none", "jax:allocator=cuda_async",
-            "buddy")
+            "on-demand", "cupy", "cupy:fraction=0.5", "cuda-async", "cuda-async:sync=none",
+            "cuda-async:fraction=0.75", "jax:allocator=cuda_async", "buddy")
 TUNED_TARGET = 1.0          # every policy at or under the tuned C++ best fit's time (issue 39)
 DYNAPIPE_TARGET = 20.0      # pytorch ≥ 20× DynaPipe's simulator
 BYTES_TARGET = 24.0         # peak bytes/event, loading included

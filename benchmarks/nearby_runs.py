@@ -23,7 +23,10 @@ above would have to leave the answer's: the Python twin's run at the answer, its
 (sim/questions/capacity/regions.py) noting each best-fit search's own interval of ``d`` (the
 last region ``d`` bytes larger) that keeps that one decision, and, per capacity above, the
 searches after the last Extend whose interval excludes its ``d``: the most times a run that
-follows the answer's would have to fork from it.
+follows the answer's would have to fork from it; and the ``--segment``-event stretches of the
+trace (4,096 by default) that hold at least one of them: a fork-and-join that saves the
+answer's state at each stretch's start forks at least once per such stretch and replays at
+least that stretch, so their count times the stretch is a floor on the events it replays.
 
 Addresses are absolute: where the region whose size follows the capacity is not the last
 (preallocate and JAX's default preallocate one region of a fraction of the card, then grow),
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +51,7 @@ from allocsim.sim.kernel.native import open_run
 from allocsim.sim.questions.capacity.minimum import MiB, min_capacity
 from allocsim.sim.questions.capacity.regions import RegionWatch
 from allocsim.sim.questions.run_repeats import CoreMoment, core_moment
-from allocsim.traces.model import Trace
+from allocsim.traces.model import OP_ALLOC, Trace
 from benchmarks.capacity import _trace
 
 
@@ -128,31 +132,60 @@ def nearby(trace: Trace, policy: str, device: DeviceProfile, answer: int, steps:
 
 class _Decisions(RegionWatch):
     """The region watch, noting each search's own interval of ``d`` with the Extends made
-    before it."""
+    before it and the mallocs asked so far (the search serves the last of them)."""
 
     def __init__(self, policy: Policy, device: SimulatedDevice) -> None:
         super().__init__(policy, device)
-        self.intervals: list[tuple[int, int, int]] = []     # (extends before, lo, hi)
+        self.intervals: list[tuple[int, int, int, int]] = []    # (extends, mallocs, lo, hi)
+        self.mallocs = 0
+        malloc = policy.malloc
+
+        def counted(*args: Any, **kwargs: Any) -> int | None:
+            self.mallocs += 1
+            return malloc(*args, **kwargs)
+
+        policy.malloc = counted                             # type: ignore[method-assign]
 
     def decision_interval(self, rounded: int, key: int) -> tuple[int, int] | None:
         kept = super().decision_interval(rounded, key)      # asked once per watched search
         if kept is not None:
-            self.intervals.append((len(self.extends), *kept))
+            self.intervals.append((len(self.extends), self.mallocs, *kept))
         return kept
 
 
+@dataclass(frozen=True)
+class Forks:
+    """Per step above the answer: the searches after the last Extend whose interval excludes
+    its ``d``, and the stretches of ``segment`` events holding one or more of them."""
+
+    watched: int
+    excluding: list[int]
+    segments: list[int]
+
+
 def forks(trace: Trace, policy: str, device: DeviceProfile, answer: int, steps: list[int], *,
-          resolution: int = MiB) -> tuple[int, list[int]]:
+          resolution: int = MiB, segment: int = 4096) -> Forks:
     """The searches after the last Extend of the Python run at ``answer`` that the watch saw
-    (the last chunk free), and per step above how many of them exclude its ``d``."""
+    (the last chunk free), and per step above how many of them exclude its ``d`` and in how
+    many ``segment``-event stretches of the trace they lie (the run completes, so its k-th
+    malloc is the trace's k-th allocation)."""
     simulated = SimulatedDevice(device.device_with(answer, device.context_bytes))
     run = ProcessReplay(trace, parse_policy(policy), simulated, stop_on_oom=True,
                         call_log=False)
     watch = _Decisions(run.policy, simulated)
     run.advance(run.n)
-    after = [(lo, hi) for extends, lo, hi in watch.intervals if extends == len(watch.extends)]
-    return len(after), [sum(1 for lo, hi in after if not lo <= step * resolution <= hi)
-                        for step in steps]
+    allocations = np.flatnonzero(np.asarray(trace.op) == OP_ALLOC)
+    if watch.mallocs != len(allocations):       # each malloc must name its allocation
+        raise SystemExit(f"{policy}: {watch.mallocs:,} mallocs for {len(allocations):,} "
+                         "allocations; the stretches cannot be placed")
+    after = [(int(allocations[mallocs - 1]), lo, hi)
+             for extends, mallocs, lo, hi in watch.intervals if extends == len(watch.extends)]
+    excluding, segments = [], []
+    for step in steps:
+        at = [event for event, lo, hi in after if not lo <= step * resolution <= hi]
+        excluding.append(len(at))
+        segments.append(len({event // segment for event in at}))
+    return Forks(len(after), excluding, segments)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=512)
     parser.add_argument("--forks", action="store_true",
                         help="also count the searches whose interval excludes each d")
+    parser.add_argument("--segment", type=int, default=4096,
+                        help="--forks: also count the stretches of this many events "
+                             "holding such a search")
     args = parser.parse_args(argv)
     print("load average", *(f"{x:.2f}" for x in os.getloadavg()))
     trace = _trace(args.kind, args.events, args.seed)
@@ -184,13 +220,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{policy:<28} {answer:>14,} {f'+{row.above}':>6} {share:>8.1%} "
                   f"{row.stretches:>10} {row.longest:>8}")
     if args.forks:
-        print("\nsearches after the last Extend (the last chunk free) whose interval excludes d:")
-        print(f"{'policy':<28} {'searches':>10} " + " ".join(f"{f'+{s}':>8}" for s in args.above))
+        print("\nsearches after the last Extend (the last chunk free) whose interval excludes "
+              f"d, and (in brackets) the {args.segment}-event stretches holding them:")
+        print(f"{'policy':<28} {'searches':>10} "
+              + " ".join(f"{f'+{s}':>15}" for s in args.above))
         for policy, answer in answers.items():
             if answer is None or capacity_use_of_spec(policy) != CAPACITY_BFC_REGIONS:
                 continue
-            watched, excluding = forks(trace, policy, device, answer, args.above)
-            print(f"{policy:<28} {watched:>10,} " + " ".join(f"{n:>8,}" for n in excluding))
+            found = forks(trace, policy, device, answer, args.above, segment=args.segment)
+            print(f"{policy:<28} {found.watched:>10,} " + " ".join(
+                f"{f'{n:,} ({k:,})':>15}" for n, k in zip(found.excluding, found.segments,
+                                                          strict=True)))
     print("load average", *(f"{x:.2f}" for x in os.getloadavg()))
     return 0
 

@@ -427,8 +427,8 @@ class CudaAsyncAllocator(Policy):
         self._preallocate_pending = False
         # The chunk is the threshold rounded up to whole chunks: alike for every threshold
         # that rounds to it.
-        nbytes = -(-self.threshold // self.chunk) * self.chunk
-        self.limit_window.within(nbytes - self.chunk + 1, nbytes)
+        whole_chunks = -(-self.threshold // self.chunk) * self.chunk
+        self.limit_window.within(whole_chunks - self.chunk + 1, whole_chunks)
         chunk = self._map_chunk(self.threshold)
         if chunk is not None:
             base, nbytes = chunk.address, chunk.size

@@ -62,6 +62,27 @@ def test_each_search_keeps_its_own_decision_and_excludes_some_larger_region() ->
     device = DeviceProfile("test", 80 << 30)
     answer = min_capacity(trace, "bfc", device).min_capacity
     assert answer is not None
-    watched, excluding = forks(trace, "bfc", device, answer, [0, 1, 2, 4, 8])
-    assert watched > 0 and excluding[0] == 0
-    assert excluding == sorted(excluding) and 0 < excluding[-1] <= watched
+    found = forks(trace, "bfc", device, answer, [0, 1, 2, 4, 8])
+    assert found.watched > 0 and found.excluding[0] == 0
+    assert found.excluding == sorted(found.excluding)
+    assert 0 < found.excluding[-1] <= found.watched
+
+
+def test_the_stretches_holding_the_excluding_searches_are_counted_once_each() -> None:
+    """A stretch holding several excluding searches counts once: no more stretches than
+    searches, at least one where there is a search, and one stretch as long as the trace
+    holds them all."""
+    from allocsim.sim.questions.capacity.minimum import min_capacity
+    from benchmarks.nearby_runs import forks
+
+    trace = synth.generate("transformer", events=6000, seed=1)
+    device = DeviceProfile("test", 80 << 30)
+    answer = min_capacity(trace, "bfc", device).min_capacity
+    assert answer is not None
+    steps = [0, 1, 2, 4, 8]
+    fine = forks(trace, "bfc", device, answer, steps, segment=64)
+    whole = forks(trace, "bfc", device, answer, steps, segment=len(trace))
+    assert fine.excluding == whole.excluding
+    assert all(k <= n for k, n in zip(fine.segments, fine.excluding, strict=True))
+    assert whole.segments == [min(n, 1) for n in whole.excluding]
+    assert fine.segments[-1] > whole.segments[-1]

@@ -37,28 +37,50 @@ struct CudaAsyncConfig {
   bool sync_on_free, preallocate;  // preallocate: CudaAsyncAllocator's pending preallocation
 };
 
-// The wholly free regions by base, ascending: a sorted vector (O(k) put and erase, k small).
+// The wholly free regions, each by its one chunk: an unordered bag whose members' places are
+// kept by chunk, so a put and an erase are O(1) whatever their number (a threshold that keeps
+// memory holds tens of wholly free regions, and a sorted vector moved them on every take and
+// every free). Trim, which wants them newest (highest base) first, sorts a copy: with a
+// threshold of 0, where it runs at each free, a region is released as soon as it is wholly
+// free and the bag holds one or two.
 class FreeRegions {
  public:
+  using Entry = std::pair<int64_t, int32_t>;  // base, chunk
+
+  // Region `base`, wholly chunk `at`, is free (it was not: a region turns wholly free once
+  // until it is taken from or released).
   void put(int64_t base, int32_t at) {
-    auto it = std::lower_bound(entries_.begin(), entries_.end(), base,
-                               [](const Entry& e, int64_t b) { return e.first < b; });
-    if (it != entries_.end() && it->first == base) it->second = at;
-    else entries_.insert(it, Entry{base, at});
+    size_t chunk = static_cast<size_t>(at);
+    if (chunk >= place_.size()) place_.resize(chunk + 1, -1);
+    place_[chunk] = static_cast<int32_t>(entries_.size());
+    entries_.push_back(Entry{base, at});
   }
-  void erase(int64_t base) {
-    auto it = std::lower_bound(entries_.begin(), entries_.end(), base,
-                               [](const Entry& e, int64_t b) { return e.first < b; });
-    if (it != entries_.end() && it->first == base) entries_.erase(it);
+  // Chunk `at`'s region is no longer wholly free (or never was: a no-op).
+  void erase(int32_t at) {
+    size_t chunk = static_cast<size_t>(at);
+    if (chunk >= place_.size() || place_[chunk] < 0) return;
+    int32_t place = place_[chunk];
+    Entry last = entries_.back();
+    entries_[static_cast<size_t>(place)] = last;
+    place_[static_cast<size_t>(last.second)] = place;
+    entries_.pop_back();
+    place_[chunk] = -1;
   }
-  void erase_at(size_t index) { entries_.erase(entries_.begin() + static_cast<ptrdiff_t>(index)); }
-  std::pair<int64_t, int32_t> at(size_t index) const { return entries_[index]; }
+  // The members, newest (highest base) first: a copy, so the caller may erase as it goes.
+  const std::vector<Entry>& newest_first() {
+    sorted_ = entries_;
+    std::sort(sorted_.begin(), sorted_.end(),
+              [](const Entry& a, const Entry& b) { return a.first > b.first; });
+    return sorted_;
+  }
   size_t size() const { return entries_.size(); }
   bool empty() const { return entries_.empty(); }
+  int32_t only() const { return entries_.front().second; }  // the one member's chunk
 
  private:
-  using Entry = std::pair<int64_t, int32_t>;
   std::vector<Entry> entries_;
+  std::vector<int32_t> place_;  // by chunk: its place in entries_, -1 if not a member
+  std::vector<Entry> sorted_;   // newest_first's copy, kept for its capacity
 };
 
 class CudaAsyncPolicy : public Counters {
@@ -248,7 +270,7 @@ class CudaAsyncPolicy : public Counters {
                int64_t rounded) {
     int32_t at = found.chunk;
     indexes_[owner].erase_at(where);
-    if (chunks_[at].prev < 0 && chunks_[at].next < 0) free_regions_.erase(chunks_[at].address);
+    if (chunks_[at].prev < 0 && chunks_[at].next < 0) free_regions_.erase(at);
     chunks_[at].free = false;
     split_off(at, rounded, owner);
     return at;
@@ -396,25 +418,35 @@ class CudaAsyncPolicy : public Counters {
       return;
     }
     if (window) window->at_least(mapped_, false);
-    for (size_t index = free_regions_.size(); index-- > 0;) {  // erasing leaves those below
-      auto [base, at] = free_regions_.at(index);
-      int64_t nbytes = chunks_[at].size;
-      bool stays = mapped_ - nbytes < keep;
-      if (window) window->at_least(mapped_ - nbytes + 1, stays);
-      if (stays) continue;
-      free_regions_.erase_at(index);
-      if (at == unindexed_) {
-        unindexed_ = -1;  // released before it was indexed
-      } else {
-        indexes_[kShared].remove(nbytes, base);
-      }
-      chunks_.recycle(at);
-      mapped_ -= nbytes;
-      device_->unmap(base, nbytes);
-      bool done = mapped_ <= keep;
-      if (window) window->at_least(mapped_, done);
-      if (done) break;
+    if (free_regions_.size() == 1) {  // a threshold of 0's every trim: no order to find
+      trim_region(free_regions_.only(), keep, window);
+      return;
     }
+    for (const FreeRegions::Entry& member : free_regions_.newest_first()) {
+      if (trim_region(member.second, keep, window)) break;
+    }
+  }
+
+  // One step of _trim's loop: release wholly free chunk `at` unless that takes the pool below
+  // `keep`; whether the pool is then down to `keep` (the trim stops).
+  bool trim_region(int32_t at, int64_t keep, LimitWindow* window) {
+    int64_t nbytes = chunks_[at].size;
+    int64_t base = chunks_[at].address;
+    bool stays = mapped_ - nbytes < keep;
+    if (window) window->at_least(mapped_ - nbytes + 1, stays);
+    if (stays) return false;
+    free_regions_.erase(at);
+    if (at == unindexed_) {
+      unindexed_ = -1;  // released before it was indexed
+    } else {
+      indexes_[kShared].remove(nbytes, base);
+    }
+    chunks_.recycle(at);
+    mapped_ -= nbytes;
+    device_->unmap(base, nbytes);
+    bool done = mapped_ <= keep;
+    if (window) window->at_least(mapped_, done);
+    return done;
   }
 
   // _preallocate (XLA's SetStreamAndPreallocateMemory): the threshold's bytes mapped and
@@ -423,8 +455,8 @@ class CudaAsyncPolicy : public Counters {
     pending_ = false;
     // The chunk is the threshold rounded up to whole chunks: alike for every threshold that
     // rounds to it.
-    int64_t nbytes = (c_.threshold + c_.chunk - 1) / c_.chunk * c_.chunk;
-    limit_window.within(nbytes - c_.chunk + 1, nbytes);
+    int64_t whole_chunks = (c_.threshold + c_.chunk - 1) / c_.chunk * c_.chunk;
+    limit_window.within(whole_chunks - c_.chunk + 1, whole_chunks);
     int32_t at = map_chunk(c_.threshold);
     if (at < 0) return;
     Chunk& chunk = chunks_[at];
