@@ -380,37 +380,40 @@ class CudaAsyncAllocator(Policy):
         self.limit_window.at_least(self.mapped, kept)
         return not kept
 
-    def _trim(self, keep: int, window: LimitWindow | None = None) -> bool:
+    def _trim(self, keep: int, window: LimitWindow | None = None) -> None:
         """cuMemPoolTrimTo(keep): release wholly free chunks, newest first, never taking the pool
-        below ``keep`` bytes. Returns whether anything was released. ``window``: where ``keep``
-        is the release threshold, its limit window, which notes each comparison with it."""
+        below ``keep`` bytes. ``window``: where ``keep`` is the release threshold, its limit
+        window, which notes each comparison with it."""
         if self.mapped <= keep:
             if window is not None:
                 window.at_least(self.mapped, True)
-            return False
+            return
         if window is not None:
             window.at_least(self.mapped, False)
-        released = False
         for base in sorted(self.free_regions, reverse=True):
-            nbytes = self.regions[base]
-            stays = self.mapped - nbytes < keep
-            if window is not None:
-                window.at_least(self.mapped - nbytes + 1, stays)
-            if stays:
-                continue
-            self.free_regions.discard(base)
-            self.chunks.remove_region(base)         # and out of the shared index
-            if not self.sync_on_free:
-                del self.owner_of[base]
-            self.mapped -= nbytes
-            self.device.unmap(base, nbytes)
-            released = True
-            done = self.mapped <= keep
-            if window is not None:
-                window.at_least(self.mapped, done)
-            if done:
+            if self._trim_region(base, keep, window):
                 break
-        return released
+
+    def _trim_region(self, base: int, keep: int, window: LimitWindow | None) -> bool:
+        """One step of :meth:`_trim`'s loop: release wholly free region ``base`` unless that
+        takes the pool below ``keep``; whether the pool is then down to ``keep`` (the trim
+        stops)."""
+        nbytes = self.regions[base]
+        stays = self.mapped - nbytes < keep
+        if window is not None:
+            window.at_least(self.mapped - nbytes + 1, stays)
+        if stays:
+            return False
+        self.free_regions.discard(base)
+        self.chunks.remove_region(base)         # and out of the shared index
+        if not self.sync_on_free:
+            del self.owner_of[base]
+        self.mapped -= nbytes
+        self.device.unmap(base, nbytes)
+        done = self.mapped <= keep
+        if window is not None:
+            window.at_least(self.mapped, done)
+        return done
 
     def trim_to(self, min_bytes_to_keep: int) -> None:
         """cudaMemPoolTrimTo after a synchronisation."""

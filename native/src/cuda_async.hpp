@@ -427,8 +427,8 @@ class CudaAsyncPolicy : public Counters {
     }
   }
 
-  // One step of _trim's loop: release wholly free chunk `at` unless that takes the pool below
-  // `keep`; whether the pool is then down to `keep` (the trim stops).
+  // _trim_region, one step of _trim's loop: release wholly free chunk `at` unless that takes
+  // the pool below `keep`; whether the pool is then down to `keep` (the trim stops).
   bool trim_region(int32_t at, int64_t keep, LimitWindow* window) {
     int64_t nbytes = chunks_[at].size;
     int64_t base = chunks_[at].address;
