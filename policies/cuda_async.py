@@ -238,11 +238,15 @@ class CudaAsyncAllocator(Policy):
         self._split_off(chunk, rounded, SHARED)
         return chunk
 
+    def _chunk_bytes(self, rounded: int) -> int:
+        """The physical chunk a miss of ``rounded`` bytes maps: round_up(rounded, chunk)."""
+        return -(-rounded // self.chunk) * self.chunk
+
     def _map_chunk(self, rounded: int) -> Chunk | None:
         """Map a new physical chunk of round_up(rounded, chunk) bytes in a virtual range of its
         own: a region of one chunk, in use (``key`` 0) and in no index yet. Returns that chunk
         or None if refused."""
-        nbytes = -(-rounded // self.chunk) * self.chunk
+        nbytes = self._chunk_bytes(rounded)
         base = self.device.address_range(nbytes)
         if not self.device.map(base, nbytes):
             return None
@@ -430,7 +434,7 @@ class CudaAsyncAllocator(Policy):
         self._preallocate_pending = False
         # The chunk is the threshold rounded up to whole chunks: alike for every threshold
         # that rounds to it.
-        whole_chunks = -(-self.threshold // self.chunk) * self.chunk
+        whole_chunks = self._chunk_bytes(self.threshold)
         self.limit_window.within(whole_chunks - self.chunk + 1, whole_chunks)
         chunk = self._map_chunk(self.threshold)
         if chunk is not None:

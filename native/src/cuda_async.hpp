@@ -357,10 +357,15 @@ class CudaAsyncPolicy : public Counters {
     indexes_[owner].add(chunk.size, chunk.address, at);
   }
 
+  // _chunk_bytes: the physical chunk a miss of `rounded` bytes maps, round_up(rounded, chunk).
+  int64_t chunk_bytes(int64_t rounded) const {
+    return (rounded + c_.chunk - 1) / c_.chunk * c_.chunk;
+  }
+
   // _map_chunk: a new physical chunk of round_up(rounded, chunk) bytes in a virtual range of
   // its own, one chunk in use; -1 when the device refused.
   int32_t map_chunk(int64_t rounded) {
-    int64_t nbytes = (rounded + c_.chunk - 1) / c_.chunk * c_.chunk;
+    int64_t nbytes = chunk_bytes(rounded);
     int64_t base = device_->address_range(nbytes);
     if (!device_->map(base, nbytes)) return -1;
     mapped_ += nbytes;
@@ -455,7 +460,7 @@ class CudaAsyncPolicy : public Counters {
     pending_ = false;
     // The chunk is the threshold rounded up to whole chunks: alike for every threshold that
     // rounds to it.
-    int64_t whole_chunks = (c_.threshold + c_.chunk - 1) / c_.chunk * c_.chunk;
+    int64_t whole_chunks = chunk_bytes(c_.threshold);
     limit_window.within(whole_chunks - c_.chunk + 1, whole_chunks);
     int32_t at = map_chunk(c_.threshold);
     if (at < 0) return;
