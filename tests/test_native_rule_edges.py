@@ -128,6 +128,13 @@ EDGES = {
         "pytorch:max_split_size_mb=20", 1 << 30,
         [("alloc", 1, 40 * MiB), ("free", 1, 0), ("alloc", 2, 20 * MiB)],
         lambda result, addresses: result.device_mallocs == 2),
+    # garbage_collect_cached_blocks collects only while total_allocated_memory is over
+    # gc_threshold x allowed_memory_maximum: 50 MiB held at exactly half of a 100 MiB card
+    # keeps its cached 30 MiB block, and 40 MiB more is a new segment (90 MiB reserved).
+    "pytorch-collects-only-over-its-threshold": Edge(
+        "pytorch:per_process_memory_fraction=1.0,garbage_collection_threshold=0.5", 100 * MiB,
+        [("alloc", 1, 30 * MiB), ("alloc", 2, 20 * MiB), ("free", 1, 0), ("alloc", 3, 40 * MiB)],
+        lambda result, addresses: result.device_frees == 0 and result.peak_reserved == 90 * MiB),
     # Buddy: a request takes the smallest power of two at least its size: 1024 a block of
     # 1024, 1025 one of 2048 (1023 bytes beyond the requests at peak live).
     "buddy-gives-a-power-of-two-a-block-of-its-own-size": Edge(

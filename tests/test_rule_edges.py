@@ -163,6 +163,31 @@ def test_pytorch_rejects_a_block_exactly_max_non_split_rounding_too_big() -> Non
     assert view.mallocs == 2
 
 
+def test_pytorch_collects_nothing_at_exactly_its_garbage_collection_threshold() -> None:
+    # garbage_collect_cached_blocks: total_allocated_memory <= gc_threshold x allowed returns.
+    # 50 MiB held at half of a 100 MiB card: the cached 30 MiB block stays.
+    torch, view = built("pytorch:per_process_memory_fraction=1.0,"
+                        "garbage_collection_threshold=0.5", 100 * MiB)
+    a = malloc(torch, 30 * MiB)
+    malloc(torch, 20 * MiB)
+    torch.free(a)
+    malloc(torch, 40 * MiB)
+    assert view.reserved == 90 * MiB
+
+
+def test_pytorch_collects_one_byte_over_its_garbage_collection_threshold() -> None:
+    # Allowed 100 MiB - 2 B: the threshold is 1 B under the 50 MiB held, and the cached block
+    # (the only one, so at least the mean age) goes before the new segment.
+    torch, view = built("pytorch:per_process_memory_fraction=1.0,"
+                        "garbage_collection_threshold=0.5", 100 * MiB)
+    torch.release.allowed_memory_maximum = 100 * MiB - 2
+    a = malloc(torch, 30 * MiB)
+    malloc(torch, 20 * MiB)
+    torch.free(a)
+    malloc(torch, 40 * MiB)
+    assert view.reserved == 60 * MiB
+
+
 def test_pytorchs_expandable_walk_stays_on_a_tie() -> None:
     """get_free_block's expandable walk moves to the next bigger block only while its
     expandable size is smaller. On a 64 MiB device a large pool's range is 4 pages of 20 MiB.

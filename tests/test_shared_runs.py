@@ -311,6 +311,104 @@ def test_a_pool_threshold_under_what_is_mapped_narrows_the_window_from_above() -
     assert policy.limit_window.as_tuple() == (NO_LOWER, 4 * MiB - 1)
 
 
+def _pytorch_gc(capacity: int) -> Any:
+    """PyTorch's allocator with its whole card allowed (a fraction of 1.0) and garbage
+    collection at half of it."""
+    device = SimulatedDevice(DEVICE.device_with(capacity))
+    return parse_policy("pytorch:per_process_memory_fraction=1.0,"
+                        "garbage_collection_threshold=0.5").build(device.view(0))
+
+
+def test_pytorch_garbage_collection_notes_its_threshold_as_a_decision_on_the_maximum() -> None:
+    """100 MiB allowed, collection over 50 MiB. a (12 MiB) and b (40 MiB) are made while the
+    pool is under the threshold; a freed, c (20 MiB) misses with 52 MiB held: over 50 (a
+    maximum of 104 MiB would not have collected), collection releases a, and 40 MiB held is
+    enough (under a maximum of 80 MiB it would not have been). Every maximum in
+    [80, 104) MiB decides alike."""
+    policy = _pytorch_gc(100 * MiB)
+    a = policy.malloc(12 * MiB)
+    window = policy.release.limit_window
+    assert window.as_tuple() == (12 * MiB, NO_UPPER)     # 0 held (no collection), 12 fits
+    policy.malloc(40 * MiB)
+    assert window.as_tuple() == (52 * MiB, NO_UPPER)     # 12 held under 24/2; 52 fits
+    policy.free(a)
+    policy.malloc(20 * MiB)
+    assert policy.memory_stats()["num_device_free"] == 1                 # a went
+    assert window.as_tuple() == (80 * MiB, 104 * MiB - 1)
+
+
+def test_pytorch_garbage_collection_under_its_threshold_narrows_the_window_from_below() -> None:
+    """With 200 MiB allowed the same miss finds 52 MiB held under the threshold (100 MiB) and
+    collects nothing: every maximum from 104 MiB up decides alike."""
+    policy = _pytorch_gc(200 * MiB)
+    a = policy.malloc(12 * MiB)
+    policy.malloc(40 * MiB)
+    policy.free(a)
+    policy.malloc(20 * MiB)
+    assert policy.memory_stats()["num_device_free"] == 0
+    assert policy.release.limit_window.as_tuple() == (104 * MiB, NO_UPPER)
+
+
+@pytest.mark.parametrize("share", [0.5, 0.3, 0.6, 0.7, 0.123456789, 0.999])
+def test_the_least_maximum_reaching_a_held_size_is_exact(share: float) -> None:
+    """For every held size, the least allowed_memory_maximum whose threshold, computed as
+    PyTorch computes it (the float product, truncated), reaches it: the one below does not."""
+    policy = parse_policy(f"pytorch:per_process_memory_fraction=1.0,"
+                          f"garbage_collection_threshold={share}").build(
+        SimulatedDevice(DEVICE).view(0))
+    release = policy.release
+
+    def threshold(maximum: int) -> int:
+        return int(share * maximum)
+
+    helds = [*range(1, 2000), *(MiB * k + d for k in (1, 3, 1000, 70_000) for d in (-1, 0, 1))]
+    for held in helds:
+        least = release._least_maximum_reaching(held)
+        assert threshold(least) >= held > threshold(least - 1), held
+    assert release._least_maximum_reaching(0) == 0
+
+
+@pytest.mark.parametrize("setting", [
+    "per_process_memory_fraction=0.9,garbage_collection_threshold=0.5",
+    "per_process_memory_fraction=0.6,garbage_collection_threshold=0.3",
+    "per_process_memory_fraction=0.8,garbage_collection_threshold=0.7,max_split_size_mb=20"])
+@pytest.mark.parametrize("trace_name", ["random", "random-2-streams", "late-peak"])
+def test_a_pytorch_run_under_a_maximum_at_its_window_s_edge_decides_alike(
+        setting: str, trace_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window is no wider than the decisions allow: a run of PyTorch's allocator with
+    garbage collection whose allowed_memory_maximum is set to either end of the window its
+    fraction's run noted makes that run's every decision, on cards from a little over the
+    trace's peak live bytes to twice it."""
+    from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
+
+    trace, _ = traces()[trace_name]
+    peak = trace.peak_live()[0]
+    numbers = PyTorchCachingAllocator.native_numbers
+    edges_tried = 0
+    for over in (1.05, 1.2, 1.4, 1.7, 2.0):
+        profile = DEVICE.device_with(int(peak * over))
+        policy = f"pytorch:{setting}"
+        run = open_native_run(trace, parse_policy(policy), profile, stop_on_oom=False,
+                              timeline_points=100)
+        assert run is not None
+        run.advance(len(trace))
+        lo, hi = run.state()["limit_window"]
+        maximum = int(run.config["allowed_memory_maximum"])
+        assert lo <= maximum <= hi
+        expected = _decisions(policy, profile, trace)
+        for edge in {lo, hi} - {maximum, NO_LOWER, NO_UPPER}:
+            edges_tried += 1
+            with monkeypatch.context() as patch:
+                patch.setattr(PyTorchCachingAllocator, "native_numbers",
+                              lambda self, edge=edge: {**numbers(self),
+                                                       "allowed_memory_maximum": edge})
+                at_edge = open_native_run(trace, parse_policy(policy), profile,
+                                          stop_on_oom=False, timeline_points=100)
+                assert at_edge is not None and at_edge.config["allowed_memory_maximum"] == edge
+                assert _decisions(policy, profile, trace) == expected, (over, edge)
+    assert edges_tried         # the trace reached the limit somewhere
+
+
 # ====================================================================== tune's shared runs
 @pytest.mark.parametrize("framework_name", ["pytorch", "jax", "tensorflow", "cupy"])
 @pytest.mark.parametrize("trace_name", ["late-peak", "random"])

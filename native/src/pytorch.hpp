@@ -425,12 +425,11 @@ class PyTorchPolicy {
   // nothing. Candidates in the order the Python model walks them: pools in the order they
   // were first used, each in (size, address) order.
   void garbage_collect_cached_blocks() {
+    if (c_.expandable) return;
     int64_t threshold = static_cast<int64_t>(c_.gc_threshold *
                                              static_cast<double>(c_.allowed_memory_maximum));
-    // The threshold, and what it leaves to reclaim, follow the limit's very value.
-    limit_window.within(c_.allowed_memory_maximum, c_.allowed_memory_maximum);
-    if (pool_bytes_ <= threshold || c_.expandable) return;
-    int64_t target = pool_bytes_ - threshold;
+    int64_t pool_bytes = pool_bytes_;
+    if (!above_gc_threshold(pool_bytes, threshold)) return;
     int64_t now = gc_calls_[0];
     std::vector<int32_t> candidates;
     for (size_t number = 0; number < pool_keys_.size(); ++number) {
@@ -445,7 +444,7 @@ class PyTorchPolicy {
     int64_t count = static_cast<int64_t>(candidates.size());
     int64_t reclaimed = 0;
     bool freed = true;
-    while (reclaimed < target && freed && count > 0) {
+    while (above_gc_threshold(pool_bytes - reclaimed, threshold) && freed && count > 0) {
       double age_threshold = static_cast<double>(total_age) / static_cast<double>(count);
       freed = false;
       std::vector<int32_t> kept;
@@ -463,6 +462,30 @@ class PyTorchPolicy {
       }
       candidates.swap(kept);
     }
+  }
+
+  // Whether `held` bytes are over garbage collection's threshold, int(gc_threshold x
+  // allowed_memory_maximum): collection's every decision against the limit (whether to start;
+  // whether what it has reclaimed is enough), noted as the decision on allowed_memory_maximum
+  // it is (pytorch/oom.py's _above_gc_threshold).
+  bool above_gc_threshold(int64_t held, int64_t threshold) {
+    bool above = held > threshold;
+    limit_window.at_least(least_maximum_reaching(held), !above);
+    return above;
+  }
+
+  // The least allowed_memory_maximum whose threshold int(gc_threshold x maximum) is at least
+  // `held`, from the quotient stepped to the exact integer (pytorch/oom.py's
+  // _least_maximum_reaching); kNoUpper past 2**53.
+  int64_t least_maximum_reaching(int64_t held) const {
+    if (held <= 0) return 0;
+    double share = c_.gc_threshold;
+    double estimate = static_cast<double>(held) / share;
+    if (estimate >= static_cast<double>(int64_t{1} << 53)) return kNoUpper;
+    int64_t maximum = static_cast<int64_t>(estimate);
+    while (static_cast<int64_t>(share * static_cast<double>(maximum)) >= held) --maximum;
+    while (static_cast<int64_t>(share * static_cast<double>(maximum)) < held) ++maximum;
+    return maximum;
   }
 
   // The free list of a pool, made on first use (the Python dict's insertion order kept). A

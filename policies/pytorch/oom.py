@@ -19,12 +19,14 @@ from __future__ import annotations
 from bisect import bisect_left
 
 from allocsim.policies.base import DeviceMemory
-from allocsim.policies.limit_window import LimitWindow
+from allocsim.policies.limit_window import NO_UPPER, LimitWindow
 from allocsim.policies.pytorch.blocks import MASK, SHIFT, BlockPools, Segment
 from allocsim.policies.pytorch.expandable import ExpandableSegments
 from allocsim.policies.pytorch.records import Block
 from allocsim.policies.pytorch.settings import NO_LIMIT, get_allocation_size
 from allocsim.policies.pytorch.stats import DeviceStats
+
+EXACT_FLOATS = 1 << 53            # below it a float holds every integer
 
 
 class ReleasePath:
@@ -141,13 +143,12 @@ class ReleasePath:
         """garbage_collect_cached_blocks: above garbage_collection_threshold × allowed memory,
         release unsplit large-pool blocks whose age ≥ the mean age of such blocks, again with
         the new mean, until the excess is reclaimed or a pass frees nothing."""
-        threshold = int(self.gc_threshold * self.allowed_memory_maximum)
-        # The threshold, and what it leaves to reclaim, follow the limit's very value.
-        self.limit_window.within(self.allowed_memory_maximum, self.allowed_memory_maximum)
-        pool_bytes = self.stats.pool_bytes
-        if pool_bytes <= threshold or self.expandable is not None:
+        if self.expandable is not None:
             return
-        target = pool_bytes - threshold
+        threshold = int(self.gc_threshold * self.allowed_memory_maximum)
+        pool_bytes = self.stats.pool_bytes
+        if not self._above_gc_threshold(pool_bytes, threshold):
+            return
         pools = self.pools
         now = pools.gc_searches[0]
         record = pools.record
@@ -159,7 +160,7 @@ class ReleasePath:
         count = len(candidates)
         reclaimed = 0
         freed = True
-        while reclaimed < target and freed and count > 0:
+        while self._above_gc_threshold(pool_bytes - reclaimed, threshold) and freed and count > 0:
             age_threshold = total_age / count
             freed = False
             kept = []
@@ -174,3 +175,32 @@ class ReleasePath:
                 else:
                     kept.append(address)
             candidates = kept
+
+    def _above_gc_threshold(self, held: int, threshold: int) -> bool:
+        """Whether ``held`` bytes are over garbage collection's threshold, int(gc_threshold ×
+        allowed_memory_maximum): collection's every decision against the limit (whether to
+        start; whether what it has reclaimed is enough), noted as the decision on
+        allowed_memory_maximum it is. The threshold grows with the maximum, so ``held`` is
+        over it exactly below the least maximum whose threshold reaches ``held``."""
+        above = held > threshold
+        self.limit_window.at_least(self._least_maximum_reaching(held), not above)
+        return above
+
+    def _least_maximum_reaching(self, held: int) -> int:
+        """The least allowed_memory_maximum whose threshold int(gc_threshold × maximum) is at
+        least ``held``: found from the quotient and stepped to the exact integer, as the
+        threshold is computed (its float product, truncated), which never falls as the maximum
+        rises. Past 2**53 (petabytes), where a float no longer holds every integer, NO_UPPER:
+        no run's maximum is there."""
+        if held <= 0:
+            return 0
+        share = self.gc_threshold
+        estimate = held / share
+        if estimate >= EXACT_FLOATS:
+            return NO_UPPER
+        maximum = int(estimate)
+        while int(share * maximum) >= held:
+            maximum -= 1
+        while int(share * maximum) < held:
+            maximum += 1
+        return maximum
