@@ -163,29 +163,30 @@ def test_pytorch_rejects_a_block_exactly_max_non_split_rounding_too_big() -> Non
     assert view.mallocs == 2
 
 
-def test_pytorch_collects_nothing_at_exactly_its_garbage_collection_threshold() -> None:
-    # garbage_collect_cached_blocks: total_allocated_memory <= gc_threshold x allowed returns.
-    # 50 MiB held at half of a 100 MiB card: the cached 30 MiB block stays.
+def _reserved_after_a_miss_holding_50_mib(allowed: int) -> int:
+    """PyTorch collecting over half of ``allowed``: 30 and 20 MiB made, the 30 MiB freed (the
+    only cached block, so at least the mean age), then 40 MiB misses with 50 MiB held; the
+    bytes reserved after it."""
     torch, view = built("pytorch:per_process_memory_fraction=1.0,"
                         "garbage_collection_threshold=0.5", 100 * MiB)
+    torch.release.allowed_memory_maximum = allowed
     a = malloc(torch, 30 * MiB)
     malloc(torch, 20 * MiB)
     torch.free(a)
     malloc(torch, 40 * MiB)
-    assert view.reserved == 90 * MiB
+    return int(view.reserved)
+
+
+def test_pytorch_collects_nothing_at_exactly_its_garbage_collection_threshold() -> None:
+    # garbage_collect_cached_blocks: total_allocated_memory <= gc_threshold x allowed returns.
+    # 50 MiB held at half of 100 MiB allowed: the cached 30 MiB block stays.
+    assert _reserved_after_a_miss_holding_50_mib(100 * MiB) == 90 * MiB
 
 
 def test_pytorch_collects_one_byte_over_its_garbage_collection_threshold() -> None:
-    # Allowed 100 MiB - 2 B: the threshold is 1 B under the 50 MiB held, and the cached block
-    # (the only one, so at least the mean age) goes before the new segment.
-    torch, view = built("pytorch:per_process_memory_fraction=1.0,"
-                        "garbage_collection_threshold=0.5", 100 * MiB)
-    torch.release.allowed_memory_maximum = 100 * MiB - 2
-    a = malloc(torch, 30 * MiB)
-    malloc(torch, 20 * MiB)
-    torch.free(a)
-    malloc(torch, 40 * MiB)
-    assert view.reserved == 60 * MiB
+    # 100 MiB - 2 B allowed: the threshold is 1 B under the 50 MiB held, and the cached block
+    # goes before the new segment.
+    assert _reserved_after_a_miss_holding_50_mib(100 * MiB - 2) == 60 * MiB
 
 
 def test_pytorchs_expandable_walk_stays_on_a_tie() -> None:
