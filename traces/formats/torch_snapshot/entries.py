@@ -22,6 +22,7 @@ What it does, in order
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any
 
 from allocsim.traces.formats.torch_snapshot.shape import (
@@ -157,9 +158,10 @@ def times_ns(raw: list[Any], device: int, source: str) -> tuple[list[int], dict[
         return [1000 * i for i in range(len(stamps))], {"synthetic_times": bool(stamps)}
     clock: list[int | float] = []
     for i, s in enumerate(stamps):
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or s != s:
+        # Finite: an infinite stamp leaves no interval to measure (inf - inf is NaN).
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s):
             raise TraceError(f"device {device} entry {i}: 'time_us' is {s!r}, expected a "
-                             "number", source=source)
+                             "finite number", source=source)
         clock.append(s)
     origin = clock[0]
     times: list[int] = []
