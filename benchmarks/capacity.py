@@ -171,14 +171,12 @@ def main(argv: list[str] | None = None) -> int:
             if answer.to_json_dict() != plain.to_json_dict():
                 raise SystemExit(f"{kind} {policy}: the shared search answered differently")
             ratio = search / one if one else float("inf")
-            at_answer = "-"
+            worst = max(worst, ratio)
+            at_answer, above = "-", set()
             if answer.min_capacity is not None:
                 card = device.device_with(answer.min_capacity, device.context_bytes)
                 tight = min(_replay_seconds(trace, policy, card) for _ in range(args.repeat))
                 at_answer = f"{search / tight:.2f}" if tight else "-"
-            worst = max(worst, ratio)
-            above = set()
-            if answer.min_capacity is not None:
                 above = {answer.min_capacity + step * answer.resolution
                          for step in range(1, VERIFY_ABOVE + 1)}
             passed = sum(1 for _, completed, _ in replays if completed)
@@ -190,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             skipped = f"{kept / (kept + run_events):.0%}" if kept + run_events else "-"
             repeated = sum(runs.repeat_stops for runs in made)
             print(f"{policy:<{width}}{one:>9.3f}{plain_s / one:>9.2f}{ratio:>10.2f}"
-                  f"{at_answer:>13}{answer.evaluations:>6}{resumed:>9}{skipped:>9}{repeated:>10}{passed:>8}"
+                  f"{at_answer:>13}{answer.evaluations:>6}{resumed:>9}{skipped:>9}"
+                  f"{repeated:>10}{passed:>8}"
                   f"{len(replays) - passed:>8}{share:>14}  "
                   f"{answer.min_capacity} monotone={answer.monotone}", flush=True)
     print(f"\nworst shared ratio {worst:.2f} (target ≤ {TARGET:g})")

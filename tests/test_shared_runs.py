@@ -25,6 +25,7 @@ import pytest
 
 from allocsim.policies import PolicySpec, parse_policy
 from allocsim.policies.limit_window import NO_LOWER, NO_UPPER
+from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
 from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice
 from allocsim.sim.kernel.engine import ProcessReplay
 from allocsim.sim.kernel.native import core
@@ -379,8 +380,6 @@ def test_a_pytorch_run_under_a_maximum_at_its_window_s_edge_decides_alike(
     garbage collection whose allowed_memory_maximum is set to either end of the window its
     fraction's run noted makes that run's every decision, on cards from a little over the
     trace's peak live bytes to twice it."""
-    from allocsim.policies.pytorch.caching import PyTorchCachingAllocator
-
     trace, _ = traces()[trace_name]
     peak = trace.peak_live()[0]
     numbers = PyTorchCachingAllocator.native_numbers
