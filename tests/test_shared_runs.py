@@ -181,6 +181,89 @@ def test_probes_near_a_late_peak_resume_from_saved_states(policy: str) -> None:
     assert shared.events_run < 1.5 * len(trace)
 
 
+def _resumes(trace: Trace, policy: str, resolution: int, grid: bool
+             ) -> tuple[list[tuple[int, int]], int]:
+    """Each run of the search (its capacity and the event it resumed at) and the states its
+    runs saved; ``grid=False``: the runs save as though any capacity might come."""
+    runs: list[tuple[int, int]] = []
+    saves: list[int] = []
+    run, save, init = SharedRuns.run, SharedRuns._save, SharedRuns.__init__
+
+    def noted(self: SharedRuns, spec: PolicySpec, profile: DeviceProfile, **given: Any) -> Any:
+        before = self.events_resumed
+        state = run(self, spec, profile, **given)
+        runs.append((profile.capacity, self.events_resumed - before))
+        return state
+
+    def counted(self: SharedRuns, *args: Any) -> Any:
+        saves.append(1)
+        return save(self, *args)
+
+    def made(self: SharedRuns, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if not grid:
+            self.grid = None
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SharedRuns, "run", noted)
+        patch.setattr(SharedRuns, "_save", counted)
+        patch.setattr(SharedRuns, "__init__", made)
+        capacity._min_capacity(trace, policy, DEVICE, resolution, shortcuts=True)
+    return runs, len(saves)
+
+
+@pytest.mark.parametrize("trace_name", ["random", "late-peak", "training"])
+@pytest.mark.parametrize("policy", [
+    "bfc", "bfc:allow_growth=false", "bfc:fragmentation_fraction=0.05", "preallocate",
+    "pytorch", "pytorch:per_process_memory_fraction=0.8", "pytorch:expandable_segments=true",
+    "cupy:fraction=0.9", "cuda-async:fraction=0.75,preallocate=true", "jax"])
+def test_a_search_saves_only_states_another_of_its_capacities_could_resume_from(
+        policy: str, trace_name: str) -> None:
+    """min-capacity asks each capacity of its resolution's grid once, so a run stops saving
+    once its windows hold neither grid capacity next to its own: every run of the search
+    still resumes where it resumed when every state was saved."""
+    trace, resolution = traces()[trace_name]
+    on_grid, saved = _resumes(trace, policy, resolution, grid=True)
+    every, saved_before = _resumes(trace, policy, resolution, grid=False)
+    assert on_grid == every
+    assert saved <= saved_before
+
+
+def test_a_run_whose_first_region_follows_the_capacity_saves_nothing() -> None:
+    """A preallocating BFC takes a region of its limit at the first malloc: a run at any other
+    capacity differs in a constant and never resumes from its states, so none is saved (every
+    one was, before the search knew its grid)."""
+    trace, resolution = traces()["late-peak"]
+    runs, saved = _resumes(trace, "preallocate", resolution, grid=True)
+    _, saved_before = _resumes(trace, "preallocate", resolution, grid=False)
+    assert all(start == 0 for _, start in runs)
+    assert saved == 0 < saved_before
+
+
+@pytest.mark.parametrize("policy", [name for name in SETTINGS if name != "tpu"])
+def test_what_a_run_takes_from_the_capacity_never_falls_as_the_capacity_rises(
+        policy: str) -> None:
+    """The grid rule's premise (shared_runs.py, ``_neighbours``): each constant of a run that
+    follows the capacity — the limit, a first region, a split threshold, whether there is a
+    limit, the device's own share where the card is smaller than it — is a number that never
+    falls as the capacity rises, so windows that hold neither grid neighbour of a run hold no
+    capacity beyond them."""
+    trace, _ = traces()["random"]
+    device = DEVICE.device_with(None, 3 * GiB // 2)     # a share larger than the small cards
+    cards = [card * MiB for card in (256, 1024, 1536, 1537, 4096, 4097, 65536, 65537)]
+    runs = [open_native_run(trace, parse_policy(policy), device.device_with(card, 3 * GiB // 2),
+                            stop_on_oom=True, timeline_points=100) for card in cards]
+    assert all(run is not None for run in runs)
+    for part in ("config", "device"):
+        values = [getattr(run, part) for run in runs if run is not None]
+        for key in values[0]:
+            seen = [value[key] for value in values]
+            if key == "capacity" or len({repr(value) for value in seen}) == 1:
+                continue
+            assert all(isinstance(value, int | float) for value in seen), (part, key, seen)
+            assert seen == sorted(seen), (part, key, seen)
+
+
 def _windows_alike(policy: str, capacity_bytes: int, trace: Trace) -> None:
     profile = DEVICE.device_with(capacity_bytes)
     python = ProcessReplay(trace, parse_policy(policy), SimulatedDevice(profile),

@@ -230,6 +230,7 @@ class Replay {
   virtual nb::dict state() = 0;
   virtual bool stopped() = 0;
   virtual std::unique_ptr<Snapshot> snapshot() const = 0;
+  virtual nb::tuple windows() const = 0;
   virtual void resume(const Snapshot& saved) = 0;
   virtual int64_t tape(int64_t end, bool restart) = 0;
   virtual bool repeat(int64_t length) = 0;
@@ -289,6 +290,14 @@ class PolicyReplay final : public Replay {
       return nb::make_tuple(to_numpy(std::move(rows)), device_.calls, to_numpy(std::move(ids)),
                             to_numpy(std::move(addresses)), device_.used, device_.reserved);
     }
+  }
+
+  // The windows a snapshot now would hold (granted_most, refused_least, limit_lo, limit_hi),
+  // without copying the state: shared_runs.py asks before saving whether any run it may
+  // still be asked for could resume from it.
+  nb::tuple windows() const override {
+    LimitWindow window = limit_window_of(policy_);
+    return nb::make_tuple(device_.granted_most, device_.refused_least, window.lo, window.hi);
   }
 
   std::unique_ptr<Snapshot> snapshot() const override {
@@ -442,6 +451,7 @@ NB_MODULE(_native, m) {
       .def("state", &Replay::state)
       .def("stopped", &Replay::stopped)
       .def("snapshot", &Replay::snapshot)
+      .def("windows", &Replay::windows)
       .def("resume", &Replay::resume, nb::arg("saved"))
       .def("tape", &Replay::tape, nb::arg("end"), nb::arg("restart") = false)
       .def("repeat", &Replay::repeat, nb::arg("length"))

@@ -180,6 +180,12 @@ class NativeRun:
         ``limit_hi``)."""
         return self._replay.snapshot()
 
+    def windows(self) -> tuple[int, int, int, int]:
+        """The windows a :meth:`snapshot` now would hold (``granted_most``,
+        ``refused_least``, ``limit_lo``, ``limit_hi``), read without copying the state."""
+        granted_most, refused_least, limit_lo, limit_hi = self._replay.windows()
+        return int(granted_most), int(refused_least), int(limit_lo), int(limit_hi)
+
     def tape(self, end: int, *, restart: bool = False) -> int:
         """Advance to ``end`` one event at a time, recording what each did (the period that
         :meth:`repeat` copies; native/src/engine.hpp's Engine::tape): a tape started here

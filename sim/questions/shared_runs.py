@@ -37,7 +37,14 @@ the capacity beyond its limit shares nothing and restarts: JAX's preallocation
 States are saved every ``n / CHECKPOINTS`` events of each run (a resumed run's loss is at most
 one spacing), only while no OOM has happened (a probe stops at its first); a run's state whose
 windows are those of its previous one replaces it, and at most :data:`MAX_SAVED` are kept
-(past that, those of the shape used longest ago go).
+(past that, those of the shape used longest ago go). With a ``grid`` (min-capacity's
+resolution: its oracle asks each capacity on that grid once), a run saves only while its
+windows hold one of the two grid capacities next to its own: the device window and the limit
+window are intervals, and the limit never falls as the capacity rises, so a window that holds
+neither neighbour holds no other capacity of the grid, and, as windows only shrink, neither
+does any later state of that run. Which state a run resumes from never changes its result;
+this spares the copies no run could resume from (BFC's family, whose limit window closes to
+256 bytes at its first region that the limit sizes: every state a copy for nothing).
 tests/test_shared_runs.py holds the shared search to the plain one, probe for probe.
 """
 
@@ -94,9 +101,16 @@ class _Saved:
     def holds(self, capacity: int, limit: int) -> bool:
         """Whether a run at device capacity ``capacity`` (whole granules) under ``limit``
         decides as this run did up to here."""
-        return (self.granted_most <= capacity
-                and (self.refused_least < 0 or capacity < self.refused_least)
-                and self.limit_lo <= limit <= self.limit_hi)
+        return _windows_hold(self.windows, capacity, limit)
+
+
+def _windows_hold(windows: tuple[int, int, int, int], capacity: int, limit: int) -> bool:
+    """Whether a run at device capacity ``capacity`` (whole granules) under ``limit`` lies in
+    ``windows`` (granted_most, refused_least, limit_lo, limit_hi): it would have decided as
+    the run they are of did."""
+    granted_most, refused_least, limit_lo, limit_hi = windows
+    return (granted_most <= capacity and (refused_least < 0 or capacity < refused_least)
+            and limit_lo <= limit <= limit_hi)
 
 
 def _shape(run: NativeRun) -> tuple[object, int] | None:
@@ -125,10 +139,15 @@ class SharedRuns:
     resumed runs did not replay. ``share=False``: every run from event 0, nothing saved."""
 
     def __init__(self, trace: Trace, *, timeline_points: int, share: bool = True,
-                 repeats: bool = True) -> None:
+                 repeats: bool = True, grid: int | None = None) -> None:
         self.trace = trace
         self.timeline_points = timeline_points
         self.share = share
+        # The capacities runs are asked at, multiples of this, each once (min-capacity's
+        # oracle): a run saves only while another of them could resume from it (module
+        # docstring). None: runs at any capacity may come (tune's), every state is saved.
+        self.grid = grid
+        self.unsaved_runs = 0               # runs that stopped saving so
         self.repeats = repeats              # replay() copies a repeating run's tail
         self.repeated_runs = 0              # ... and this many were
         self.repeat_stops = 0               # run(period=): runs that stopped at a repeat
@@ -174,6 +193,10 @@ class SharedRuns:
         done = start
         mark = (start // spacing + 1) * spacing
         own: _Saved | None = None       # this run's latest saved state
+        # The grid capacities next to this run's and their limits, found at its first save
+        # (None: no grid, or not found; every state is saved).
+        neighbours: list[tuple[int, int]] | None = None
+        looked = not self.grid or shape is None
         # Each boundary a period is checked from, then its end (boundaries lie a period or
         # more apart: in order).
         checks = [] if period is None else [
@@ -187,6 +210,16 @@ class SharedRuns:
             if checks:
                 target = min(target, checks[0][0])
             done = run.advance(target)
+            if saved is not None and done == mark < run.n:
+                if not looked:
+                    looked = True
+                    assert shape is not None
+                    neighbours = self._neighbours(spec, profile, shape[0])
+                if neighbours is not None and not any(
+                        _windows_hold(run.windows(), capacity, limit)
+                        for capacity, limit in neighbours):
+                    saved = None            # ... nor will any later state of this run
+                    self.unsaved_runs += 1
             if saved is not None and done == mark < run.n:
                 own = self._save(run, done, saved, own)
             if done == mark:
@@ -268,6 +301,32 @@ class SharedRuns:
             self._columns = core_columns(on_device)
         return open_native_run(self.trace, spec, profile, stop_on_oom=stop_on_oom,
                                timeline_points=self.timeline_points, columns=self._columns)
+
+    def _neighbours(self, spec: PolicySpec, profile: DeviceProfile,
+                    shape: object) -> list[tuple[int, int]] | None:
+        """The device capacity and limit of the runs at the two capacities of the grid next
+        to ``profile``'s that share this run's shape: those that could resume from a state of
+        this run. A neighbour of another shape is left out, and with it every capacity beyond
+        it: each constant the shape holds that follows the capacity (BFC's first region and
+        split threshold, a preallocation's size, whether there is a limit at all) never falls
+        as the capacity rises (tests/test_shared_runs.py checks it for every family that
+        shares), so one that differs from this run's at the neighbour differs beyond it too.
+        None where the core cannot take a neighbour's run: every state is saved."""
+        assert self.grid
+        below = (profile.capacity - 1) // self.grid * self.grid
+        above = profile.capacity // self.grid * self.grid + self.grid
+        found = []
+        for capacity in (below, above):
+            if capacity <= 0:
+                continue
+            other = self._open(spec, profile.device_with(capacity, profile.context_bytes),
+                               stop_on_oom=True)
+            other_shape = None if other is None else _shape(other)
+            if other is None or other_shape is None:
+                return None
+            if other_shape[0] == shape:
+                found.append((int(other.device["capacity"]), other_shape[1]))
+        return found
 
     def _save(self, run: NativeRun, index: int, saved: list[_Saved],
               own: _Saved | None) -> _Saved | None:

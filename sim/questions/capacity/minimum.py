@@ -127,7 +127,8 @@ def _min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile,
                               peak_live, resolution, True, 1, context_bytes=context)
     spec = normalized
 
-    oracle = CompletionOracle(trace, spec, device, shortcuts=shortcuts, share=share)
+    oracle = CompletionOracle(trace, spec, device, shortcuts=shortcuts, share=share,
+                              grid=resolution)
     probe = oracle.probe
     if asked is None:
         asked = {}                  # every capacity the search asked about, and the answer

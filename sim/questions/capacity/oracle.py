@@ -139,7 +139,8 @@ class CompletionOracle:
     generous probe included). With ``shortcuts=False`` every capacity is replayed."""
 
     def __init__(self, trace: Trace, spec: PolicySpec, device: DeviceProfile, *,
-                 shortcuts: bool = True, native: bool = True, share: bool = True) -> None:
+                 shortcuts: bool = True, native: bool = True, share: bool = True,
+                 grid: int | None = None) -> None:
         if len(trace.processes()) > 1:
             replay(trace, spec, device)     # raises replay's UserInputError for this trace
         self.trace = buffers_on_device(trace, device)   # a TPU holds u8[n] buffers
@@ -148,8 +149,11 @@ class CompletionOracle:
         self.shortcuts = shortcuts
         self.native = native            # replays in the core where it can (_native_replay)
         # ... each resumed from the latest saved state of an earlier run it shares
-        # (sim/questions/shared_runs.py); share=False: each from event 0.
-        self.shared = SharedRuns(self.trace, timeline_points=TIMELINE_POINTS, share=share)
+        # (sim/questions/shared_runs.py); share=False: each from event 0. ``grid``: the
+        # search asks only multiples of it (min-capacity's resolution), so a run saves only
+        # the states a run at another of them could resume from.
+        self.shared = SharedRuns(self.trace, timeline_points=TIMELINE_POINTS, share=share,
+                                 grid=grid)
         resolved = spec.resolved()
         self.kind = capacity_use_of(resolved.policy_class, dict(resolved.params))
         self._resolved = resolved
