@@ -5,8 +5,9 @@ issue 39, part 2).
                                   [--policies ...] [--repeat 3]
 
 Generates each trace once, then per policy times one :func:`replay` on the default device and
-the search two ways, each the least of ``--repeat`` timings, in this one process (CPU time: on
-a shared machine wall time counts the neighbours, and CPU time still varies ±15% under load):
+the search two ways, each the least of ``--repeat`` timings taken in turn (the replay, then each
+search, ``--repeat`` times), in this one process (CPU time: on a shared machine wall time counts
+the neighbours, and CPU time still varies ±15% under load):
 *plain*, every probe replayed from event 0, and *shared*, each probe resumed from the latest
 saved state of an earlier run it shares (sim/questions/shared_runs.py, what
 :func:`min_capacity` does). It prints both as multiples of the replay (target ≤ 4), the replays
@@ -162,12 +163,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{'resumed':>9}{'skipped':>9}{'repeated':>10}{'passed':>8}{'failed':>8}"
               f"{'checks above':>14}  answer")
         for policy in args.policies:
-            one = min(_replay_seconds(trace, policy, device) for _ in range(args.repeat))
-            plain, plain_s, _, _ = min((_search(trace, policy, device, share=False)
-                                        for _ in range(args.repeat)), key=lambda r: r[1])
-            answer, search, replays, made = min((_search(trace, policy, device, share=True)
-                                                 for _ in range(args.repeat)),
-                                                key=lambda r: r[1])
+            # The replay and the two searches in turn, each repetition: a neighbour's load
+            # that comes and goes weighs on all three alike, not on one of them.
+            ones, plains, shareds = [], [], []
+            for _ in range(args.repeat):
+                ones.append(_replay_seconds(trace, policy, device))
+                plains.append(_search(trace, policy, device, share=False))
+                shareds.append(_search(trace, policy, device, share=True))
+            one = min(ones)
+            plain, plain_s, _, _ = min(plains, key=lambda r: r[1])
+            answer, search, replays, made = min(shareds, key=lambda r: r[1])
             if answer.to_json_dict() != plain.to_json_dict():
                 raise SystemExit(f"{kind} {policy}: the shared search answered differently")
             ratio = search / one if one else float("inf")
