@@ -110,7 +110,9 @@ def grid_failures(trace: Trace, policy: str, device: DeviceProfile,
         return []
     step = max(answer.resolution,
                -(-int(answer.lower_bound * GRID) // answer.resolution) * answer.resolution)
-    oracle = CompletionOracle(trace, spec, device)
+    # Every capacity asked is a multiple of the resolution, each once: a run saves only the
+    # states a run at another could resume from.
+    oracle = CompletionOracle(trace, spec, device, grid=answer.resolution)
     return [capacity for k in range(1, GRID_POINTS + 1)
             if not oracle.completes(capacity := answer.min_capacity + k * step)]
 
