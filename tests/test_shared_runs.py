@@ -229,6 +229,23 @@ def test_a_search_saves_only_states_another_of_its_capacities_could_resume_from(
     assert saved <= saved_before
 
 
+@pytest.mark.parametrize("policy", ["bfc:fraction=0.6", "pytorch:per_process_memory_fraction=0.8",
+                                    "cupy:fraction=0.9", "cuda-async:fraction=0.75", "best-fit"])
+def test_a_run_s_windows_read_without_a_copy_are_those_its_snapshot_holds(policy: str) -> None:
+    trace, _ = traces()["late-peak"]
+    run = open_native_run(trace, parse_policy(policy), DEVICE.device_with(160 * MiB),
+                          stop_on_oom=True, timeline_points=100)
+    assert run is not None
+    seen = set()
+    for end in np.linspace(0, len(trace), 9).astype(int)[1:].tolist():
+        run.advance(end)
+        state = run.snapshot()
+        windows = (state.granted_most, state.refused_least, state.limit_lo, state.limit_hi)
+        assert run.windows() == windows, f"after {end}"
+        seen.add(windows)
+    assert len(seen) > 1                    # the windows moved as the run went on
+
+
 def test_a_run_whose_first_region_follows_the_capacity_saves_nothing() -> None:
     """A preallocating BFC takes a region of its limit at the first malloc: a run at any other
     capacity differs in a constant and never resumes from its states, so none is saved (every

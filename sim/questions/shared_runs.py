@@ -39,10 +39,11 @@ one spacing), only while no OOM has happened (a probe stops at its first); a run
 windows are those of its previous one replaces it, and at most :data:`MAX_SAVED` are kept
 (past that, those of the shape used longest ago go). With a ``grid`` (min-capacity's
 resolution: its oracle asks each capacity on that grid once), a run saves only while its
-windows hold one of the two grid capacities next to its own: the device window and the limit
-window are intervals, and the limit never falls as the capacity rises, so a window that holds
-neither neighbour holds no other capacity of the grid, and, as windows only shrink, neither
-does any later state of that run. Which state a run resumes from never changes its result;
+windows hold one of the two grid capacities next to its own whose runs are of its shape: the
+device window and the limit window are intervals, and the limit (as every other constant a
+run takes from the capacity) never falls as the capacity rises, so windows that hold neither
+neighbour hold no other capacity of the grid, and, as windows only shrink, neither do those
+of any later state of that run. Which state a run resumes from never changes its result;
 this spares the copies no run could resume from (BFC's family, whose limit window closes to
 256 bytes at its first region that the limit sizes: every state a copy for nothing).
 tests/test_shared_runs.py holds the shared search to the plain one, probe for probe.
@@ -147,7 +148,6 @@ class SharedRuns:
         # oracle): a run saves only while another of them could resume from it (module
         # docstring). None: runs at any capacity may come (tune's), every state is saved.
         self.grid = grid
-        self.unsaved_runs = 0               # runs that stopped saving so
         self.repeats = repeats              # replay() copies a repeating run's tail
         self.repeated_runs = 0              # ... and this many were
         self.repeat_stops = 0               # run(period=): runs that stopped at a repeat
@@ -219,7 +219,6 @@ class SharedRuns:
                         _windows_hold(run.windows(), capacity, limit)
                         for capacity, limit in neighbours):
                     saved = None            # ... nor will any later state of this run
-                    self.unsaved_runs += 1
             if saved is not None and done == mark < run.n:
                 own = self._save(run, done, saved, own)
             if done == mark:
