@@ -215,12 +215,12 @@ class SharedRuns:
                     looked = True
                     assert shape is not None
                     neighbours = self._neighbours(spec, profile, shape[0])
-                if neighbours is not None and not any(
-                        _windows_hold(run.windows(), capacity, limit)
-                        for capacity, limit in neighbours):
+                windows = None if neighbours is None else run.windows()
+                if windows is None or any(_windows_hold(windows, capacity, limit)
+                                          for capacity, limit in neighbours or ()):
+                    own = self._save(run, done, saved, own)
+                else:
                     saved = None            # ... nor will any later state of this run
-            if saved is not None and done == mark < run.n:
-                own = self._save(run, done, saved, own)
             if done == mark:
                 mark += spacing
             if checks and done == checks[0][0]:
