@@ -36,12 +36,14 @@ import os
 import re
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from allocsim.errors import UserInputError
-from allocsim.traces.formats.xla.runtime import Executable, replay_steps
+from allocsim.traces.formats.xla.dump_files import parse_assignment
+from allocsim.traces.formats.xla.entry_outputs import entry_outputs
+from allocsim.traces.formats.xla.runtime import Executable
 from allocsim.traces.model import Trace
 from allocsim.traces.record.compiled_dump import executable_from_dump
 
@@ -80,26 +82,66 @@ def hbm_temp_bytes(assignment_text: str) -> int:
     return sum(int(size) for size in _HBM_TEMP.findall(assignment_text))
 
 
+@dataclass(frozen=True)
+class OutputLeaf:
+    """One output array of a compiled step, in the order of JAX's flattened outputs: its
+    bytes on the device and, when a donated parameter's buffer becomes it, that parameter."""
+
+    size: int
+    label: str
+    donated_parameter: int | None = None
+
+
 class TpuStep:
-    """One step compiled for a TPU: its executable, argument leaves and memory analysis."""
+    """One step compiled for a TPU: its executable, argument leaves and memory analysis, and
+    each output leaf as the runtime hands it to the program (``outputs``; ``tuple_bytes``: the
+    output tuple's address table, allocated for the call and let go when it returns)."""
 
     def __init__(self, executable: Executable, leaves: list[Any], memory: dict[str, int],
-                 code_bytes: int, hbm_temp: int = 0) -> None:
+                 code_bytes: int, hbm_temp: int = 0, outputs: tuple[OutputLeaf, ...] = (),
+                 tuple_bytes: int = 0, out_info: Any = None) -> None:
         self.executable = executable
         self.leaves = leaves
         self.memory = memory
         self.code_bytes = code_bytes
         self.hbm_temp = hbm_temp
+        self.outputs = outputs
+        self.tuple_bytes = tuple_bytes
+        self.out_info = out_info
+
+    @property
+    def name(self) -> str:
+        return self.executable.name
 
     @property
     def scratch_bytes(self) -> int:
         return runtime_scratch_bytes(self.hbm_temp, self.memory["temp"])
 
 
+# libtpu's environment for a compile on a machine without a TPU: without the first two it
+# asks a TPU VM's metadata server for the slice's shape and waits about three minutes,
+# printing warnings, before it compiles (read here, libtpu 0.0.42.1; ../shared/reference/
+# tpu.md). The accelerator type only silences "could not determine TPU accelerator type":
+# a compile for v6e:1x1 gave the same memory analysis with and without it. Set only where no
+# TPU's device files exist, so a real TPU VM keeps its own.
+NO_TPU_ENVIRONMENT = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost",
+                      "TPU_ACCELERATOR_TYPE": "v5litepod-1"}
+_TPU_DEVICE_FILES = ("/dev/accel0", "/dev/vfio/0")
+
+
+def libtpu_environment() -> dict[str, str]:
+    """The variables :func:`_jax` sets (where the process has not set them itself)."""
+    if any(os.path.exists(path) for path in _TPU_DEVICE_FILES):
+        return {}
+    return dict(NO_TPU_ENVIRONMENT)
+
+
 def _jax() -> Any:
     # A compile needs no chip: libtpu's lock (/tmp/libtpu_lockfile) is for processes that own
     # one, and a second compiling process, or a lock left by a killed one, must not stop it.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    for key, value in libtpu_environment().items():
+        os.environ.setdefault(key, value)
     try:
         import jax
         from jax.experimental import topologies  # noqa: F401
@@ -173,46 +215,109 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
             lambda m: "buffer-assignment" in m.paths and "live-range" in m.paths)
         assignments = sorted(folder.glob("*after_optimizations-buffer-assignment.txt"))
         assignments = [a for a in assignments if f".jit_{name}." in a.name] or assignments
-        hbm_temp = hbm_temp_bytes(assignments[-1].read_text()) if assignments else 0
+        text = assignments[-1].read_text() if assignments else ""
+        hbm_temp = hbm_temp_bytes(text)
+        outputs, tuple_bytes = _output_leaves(executable, assignments[-1] if assignments
+                                              else None, text)
     # On a TPU the temp is scratch held as bytes_reserved, not an allocation.
     return TpuStep(replace(executable, temps=()), leaves, stats, stats["generated_code"],
-                   hbm_temp)
+                   hbm_temp, outputs, tuple_bytes, compiled.out_info)
+
+
+def _output_leaves(executable: Executable, assignment_path: Path | None,
+                   text: str) -> tuple[tuple[OutputLeaf, ...], int]:
+    """Each output leaf's bytes and aliasing (the optimized HLO's root, beside the assignment:
+    :mod:`allocsim.traces.formats.xla.entry_outputs`), and the output tuple's table."""
+    if assignment_path is None:
+        return (), 0
+    hlo_path = assignment_path.with_name(
+        assignment_path.name.removesuffix("-buffer-assignment.txt") + ".txt")
+    if not hlo_path.exists():
+        raise UserInputError(f"{executable.name}: XLA wrote no optimized HLO beside its buffer "
+                             f"assignment ({hlo_path.name})")
+    found = entry_outputs(hlo_path.read_text(), parse_assignment(text, assignment_path))
+    blocks = {b.allocation: b for b in (*executable.parameters, *executable.outputs)}
+    leaves = []
+    for position, allocation in enumerate(found.allocations):
+        block = blocks.get(allocation) if allocation is not None else None
+        if block is None:
+            raise UserInputError(f"{executable.name}: output {position} is in no allocation "
+                                 "the runtime hands out (an output XLA did not place)")
+        donated = block.parameter if block.parameter is not None and block.donated else None
+        if block.parameter is not None and donated is None:
+            raise UserInputError(f"{executable.name}: output {position} is parameter "
+                                 f"{block.parameter}, which is not donated")
+        leaves.append(OutputLeaf(block.size, block.label, donated))
+    table = blocks.get(found.tuple_allocation) if found.tuple_allocation is not None else None
+    return tuple(leaves), table.size if table is not None else 0
+
+
+LOOPS = ("rebind", "keep")
 
 
 def compile_for(step: Callable[..., Any], args: Sequence[Any], *,
                 donate_argnums: int | Sequence[int] = (), target: str = "tpu-v5e",
-                topology: str | None = None, steps: int = 1,
+                topology: str | None = None, steps: int = 1, loop: str = "rebind",
+                carry: dict[int, int] | None = None,
                 keep_dump: str | Path | None = None,
                 output: str | Path | None = None) -> Trace:
     """The trace of ``steps`` calls of ``step`` compiled for ``target``, as the TPU runtime
-    holds them (module docstring); ``output``: also save it there."""
+    holds them (:mod:`allocsim.traces.record.tpu_program`); ``output``: also save it there.
+
+    The arguments are placed from the host first. ``loop`` says how the calls follow each
+    other, as the caller's Python loop does:
+
+    - ``"rebind"`` (the default): ``state, loss = step(state, batch)`` — an output becomes the
+      next call's argument (``carry``: argument position -> output position; by default every
+      leading argument but the last whose output in the same position has its structure,
+      shapes and dtypes: ``step(params, opt_state, batch) -> (params, opt_state, loss)``
+      carries 0 and 1), and the argument it replaces is dropped once the call returns;
+    - ``"keep"``: every call takes the original arguments, which the caller keeps; each
+      call's outputs are dropped when the next returns.
+
+    The trace's ``xla_tpu.loop`` says which, and what was carried."""
     if steps < 1:
         raise UserInputError(f"steps must be at least 1, got {steps}")
-    _jax()
-    topo = _topology(target, topology)
-    compiled = compile_step(step, args, donate_argnums=donate_argnums, target=target,
-                            topology=topology, keep_dump=keep_dump, _topo=topo)
-    replay = replay_steps(compiled.executable, steps, code_bytes=compiled.code_bytes)
-    chips = list(topo.devices)
-    devices = len(chips)
-    kind = str(getattr(chips[0], "device_kind", "?"))
-    metadata = {
-        "name": f"{getattr(step, '__name__', 'step')}@{target}", "source": "compile_for",
-        "format": "xla-tpu-compile", "synthetic_times": True,
-        "sizes_on_device": "tpu: XLA:TPU's buffer assignment",
-        "xla_tpu": {"target": target, "topology": topology or TOPOLOGIES[target],
-                    "devices": devices, "device_kind": kind, "steps": steps,
-                    "libtpu": libtpu_version(), "jax": _jax().__version__,
-                    "memory_analysis": compiled.memory,
-                    "scratch_bytes": compiled.scratch_bytes,
-                    "scratch_rule": "HBM preallocated temp rounded up to 16 KiB "
-                                    "(runtime_scratch_bytes; exact on 12 chip steps)",
-                    "code_bytes": compiled.code_bytes,
-                    "not_modelled": "scratch (temp) is held as bytes_reserved, not allocated: "
-                                    "it is in scratch_bytes, not in the events"},
-    }
-    trace = replay.trace(**metadata)
+    if loop not in LOOPS:
+        raise UserInputError(f"loop must be one of {', '.join(LOOPS)}, got {loop!r}")
+    from allocsim.traces.record.tpu_program import Program
+    program = Program(target, topology)
+    if keep_dump is not None:
+        compile_step(step, args, donate_argnums=donate_argnums, target=target,
+                     topology=topology, keep_dump=keep_dump, _topo=program._topo)
+    current = list(program.put(list(args), tag="argument (from the host)"))
+    carried: dict[int, int] = {}
+    held: Any = None
+    for _ in range(steps):
+        outputs = program.call(step, *current, donate_argnums=donate_argnums)
+        if loop == "rebind":
+            carried = _carried(current, outputs) if carry is None else dict(carry)
+            for position, out in carried.items():
+                current[position] = outputs[out] if isinstance(outputs, tuple | list) \
+                    else outputs
+        held = outputs          # the previous call's outputs are dropped here
+    del current, held, outputs
+    name = getattr(step, "__name__", "step")
+    trace = program.trace(name=f"{name}@{target}", source="compile_for", xla_tpu={
+        "steps": steps, "loop": {"mode": loop, "carried": {str(k): v for k, v in
+                                                            sorted(carried.items())}}})
     if output is not None:
         from allocsim.traces.formats import save
         save(trace, output)
     return trace
+
+
+def _carried(args: list[Any], outputs: Any) -> dict[int, int]:
+    """compile_for's default carry: argument ``i`` <- output ``i`` for each leading argument
+    but the last (the batch, in every training loop) whose output has its structure."""
+    import jax
+    outs = list(outputs) if isinstance(outputs, tuple | list) else [outputs]
+    carried: dict[int, int] = {}
+    for position in range(min(len(outs), max(len(args) - 1, 1))):
+        a_leaves, a_tree = jax.tree.flatten(args[position])
+        o_leaves, o_tree = jax.tree.flatten(outs[position])
+        if a_tree != o_tree or [(x.shape, x.dtype) for x in a_leaves] != \
+                [(y.shape, y.dtype) for y in o_leaves]:
+            break
+        carried[position] = position
+    return carried
