@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED=1
 here="$(dirname "$0")"
 work="$OUT/programs"
 mkdir -p "$work"
-predicted="$here/../../tests/data/tpu/programs/predicted.json"
+predicted="$here/../../tests/data/tpu/programs/${PREDICTED:-predicted.json}"
 programs=${PROGRAMS:-"lstm-nodonate init-train-eval conv-adam moe-bf16 decoder-remat near-hbm"}
 for stage in "${@:-measure answer below}"; do
   for name in $programs; do

@@ -121,6 +121,7 @@ class Program:
     _replay: RuntimeReplay = field(default_factory=RuntimeReplay)
     _compiled: dict[Any, _Loaded] = field(default_factory=dict)
     _order: list[_Loaded] = field(default_factory=list)
+    _calls: list[tuple[int, int, int]] = field(default_factory=list)  # executable, events
     _topo: Any = None
 
     def __post_init__(self) -> None:
@@ -179,6 +180,7 @@ class Program:
         step = loaded.step
         replay = self._replay
         name = step.name
+        first_event = len(replay.op)
         if loaded.calls == 0 and step.code_bytes:
             loaded.code_buffer = replay.array(step.code_bytes, f"{name}: generated code")
         loaded.calls += 1
@@ -226,6 +228,7 @@ class Program:
         for buffer in transfers:
             replay.release(buffer)
         replay.tick()
+        self._calls.append((self._order.index(loaded), first_event, len(replay.op)))
         return jax.tree.unflatten(out_tree, handles)
 
     # ------------------------------------------------------------------ results
@@ -238,7 +241,7 @@ class Program:
     def executables(self) -> list[dict[str, Any]]:
         """Each executable that ran: its name, memory analysis, code, scratch and calls."""
         return [{"name": loaded.step.name, "calls": loaded.calls,
-                 "code_bytes": loaded.step.code_bytes,
+                 "code_bytes": loaded.step.code_bytes, "code_buffer": loaded.code_buffer,
                  "scratch_bytes": loaded.step.scratch_bytes,
                  "memory_analysis": loaded.step.memory}
                 for loaded in self._order if loaded.calls]
@@ -248,6 +251,8 @@ class Program:
         from allocsim.traces.record.xla_tpu import TOPOLOGIES, _jax, libtpu_version
         chips = list(self._topo.devices)
         executables = self.executables()
+        # ``calls``: [executable index, first event, end event) of each call, for
+        # allocsim.traces.tpu_needed's view of what the runtime cannot give up.
         single = {"memory_analysis": executables[0]["memory_analysis"]} \
             if len(executables) == 1 else {}
         return {**single, "target": self.target, "topology": self.topology or TOPOLOGIES[self.target],
@@ -255,6 +260,7 @@ class Program:
                 "device_kind": str(getattr(chips[0], "device_kind", "?")),
                 "libtpu": libtpu_version(), "jax": _jax().__version__,
                 "executables": executables,
+                "calls": [list(call) for call in self._calls],
                 "code_bytes": sum(e["code_bytes"] for e in executables),
                 "scratch_bytes": self.scratch_bytes,
                 "scratch_rule": "the largest of the loaded executables' HBM preallocated "

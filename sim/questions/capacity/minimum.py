@@ -35,6 +35,7 @@ from allocsim.sim.questions.capacity.oracle import PROBE_CAPACITY, CompletionOra
 from allocsim.sim.questions.compare import normalize_spec
 from allocsim.sim.questions.offline import OFFLINE_NAME, offline_result
 from allocsim.traces.model import Trace
+from allocsim.traces.tpu_needed import has_needed_view, needed_view
 
 MiB = 1 << 20
 MIN_CAPACITY_KIND = "allocsim-min-capacity"   # the "kind" of min_capacity.json and --json
@@ -126,6 +127,12 @@ def _min_capacity(trace: Trace, policy: str | PolicySpec, device: DeviceProfile,
         return CapacityAnswer(OFFLINE_NAME, round_up(max(heap, 1) + context, resolution),
                               peak_live, resolution, True, 1, context_bytes=context)
     spec = normalized
+    if spec.name == "tpu" and has_needed_view(trace):
+        # The runtime gives an idle executable's code and scratch up when a buffer needs the
+        # room: what HBM must hold is the trace with them held through each call only.
+        trace = needed_view(trace)
+        peak_live, _ = trace.peak_live()
+        lower = max(resolution, peak_live // resolution * resolution)
 
     oracle = CompletionOracle(trace, spec, device, shortcuts=shortcuts, share=share,
                               grid=resolution)
