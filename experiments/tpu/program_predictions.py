@@ -34,6 +34,8 @@ def predict(name: str) -> dict[str, Any]:
     answer = api.min_capacity(trace, "tpu", v5e, resolution=512)
     facts = trace.metadata["xla_tpu"]
     runtime = answer.context_bytes
+    if answer.min_capacity is None:
+        raise RuntimeError(f"{name}: min-capacity found no capacity it runs in")
     return {"peak_bytes_in_use": int(result.peak_allocated) + runtime,
             "peak_bytes_reserved": facts["scratch_bytes"],
             "min_capacity": int(answer.min_capacity),
@@ -48,7 +50,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--program", action="append", choices=sorted(PROGRAMS))
     args = parser.parse_args()
-    found = {"about": "experiments/tpu/program_predictions.py: each program of "
+    found: dict[str, Any] = {"about": "experiments/tpu/program_predictions.py: each program of "
                       f"experiments/tpu/programs.py ({STEPS} steps) predicted for tpu-v5e "
                       "without a chip, written before the chip ran it",
              "predictions": {}}

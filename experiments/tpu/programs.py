@@ -28,6 +28,7 @@ Runs with JAX and numpy alone (the chip has no allocsim).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -155,7 +156,8 @@ def init_train_eval(rt: Any) -> None:
     batch, eval_batch = 256, 1024
 
     def init(key: Any) -> Any:
-        shapes = {f"w{i}": (a, b) for i, (a, b) in enumerate(zip(sizes, sizes[1:]))}
+        shapes: dict[str, tuple[int, ...]] = {
+            f"w{i}": (a, b) for i, (a, b) in enumerate(itertools.pairwise(sizes))}
         shapes.update({f"b{i}": (b,) for i, b in enumerate(sizes[1:])})
         return _normal(key, shapes, jnp.float32)
 
@@ -218,7 +220,8 @@ def conv_adam(rt: Any) -> None:
         params, opt = _adam(params, grads, opt)
         return (params, opt), loss
 
-    shapes = {f"k{i}": (3, 3, a, b) for i, (a, b) in enumerate(zip(channels, channels[1:]))}
+    shapes: dict[str, tuple[int, ...]] = {
+        f"k{i}": (3, 3, a, b) for i, (a, b) in enumerate(itertools.pairwise(channels))}
     shapes.update({f"c{i}": (b,) for i, b in enumerate(channels[1:])})
     shapes["head"] = (channels[-1], 100)
     params = {k: rt.host(s, np.float32) for k, s in shapes.items()}

@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         if written is not None:
             print_written([written], to_stderr=True)
         return 0
-    print(capacity_text(trace_facts(trace), device, resolution, answers))
+    print(capacity_text(trace_facts(trace), device, resolution, answers,
+                        xla_tpu=trace.metadata.get("xla_tpu")))
     if step is not None:
         print(f"\non {device.label}, " + "\n".join(step.lines()))
     if written is not None:

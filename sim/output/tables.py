@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from allocsim.errors import UserInputError
+from allocsim.policies.registry import parse_policy
 from allocsim.policies.units import format_size
 from allocsim.printable import printable
 from allocsim.sim.kernel.device import DeviceProfile
@@ -108,26 +110,91 @@ def _headroom_cell(size: int | None, peak_live: int) -> str:
     return f"{format_size(size)} ({size / peak_live:+.1%})"
 
 
+def _positive(facts: Mapping[str, Any], key: str) -> int:
+    value = facts.get(key, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _calls_held(facts: Mapping[str, Any]) -> bool:
+    """Whether min-capacity's ``tpu`` search held each executable's scratch and code as buffers
+    through its calls (allocsim.traces.tpu_needed: the trace lists its calls)."""
+    return (facts.get("view") != "needed" and isinstance(facts.get("calls"), list)
+            and isinstance(facts.get("executables"), list))
+
+
+def _scratch_beside(policy: str, facts: Mapping[str, Any]) -> int:
+    """The program's scratch the ``tpu`` policy held beside the buffers in this answer (so in
+    its gap over peak live): the spec's ``scratch_bytes``, else the trace's
+    (``xla_tpu.scratch_bytes``, sim/kernel/trace_scratch.py) unless the search held it through
+    each call as a buffer; none on another policy."""
+    try:
+        spec = parse_policy(policy)
+    except UserInputError:
+        return 0
+    if spec.name != "tpu":
+        return 0
+    own = dict(spec.params).get("scratch_bytes")
+    if isinstance(own, int):
+        return max(own, 0)
+    return 0 if _calls_held(facts) else _positive(facts, "scratch_bytes")
+
+
+def _tpu_program_note(facts: Mapping[str, Any], beside: int) -> str:
+    """What the note says of the program's own XLA:TPU bytes (scratch, generated code)."""
+    scratch, code = _positive(facts, "scratch_bytes"), _positive(facts, "code_bytes")
+    code_text = (f"the executables' generated code ({format_size(code)}, xla_tpu.code_bytes) "
+                 "is the program's too, a buffer of the trace in peak live" if code else "")
+    if beside:
+        said = (f"XLA:TPU's scratch {format_size(scratch)} (trace metadata "
+                "xla_tpu.scratch_bytes)" if scratch else "the spec's scratch_bytes")
+        text = (f"on tpu, 'of it program' is the program's, not the allocator's: {said}, "
+                "held beside the buffers; 'of it allocator' is what is left")
+        return text + ("; " + code_text if code_text else "")
+    if _calls_held(facts) and (scratch or code):
+        parts = " and ".join(f"{what} {format_size(n)}" for what, n in
+                             (("scratch", scratch), ("generated code", code)) if n)
+        return (f"on tpu, the lower bound holds the program's XLA:TPU {parts} (trace metadata "
+                "xla_tpu) through each executable's calls: they are the program's, not the "
+                "allocator's")
+    return f"on tpu, {code_text}" if code_text else ""
+
+
 def capacity_text(trace: dict[str, Any], device: DeviceProfile, resolution: int,
-                  answers: Sequence[CapacityAnswer]) -> str:
+                  answers: Sequence[CapacityAnswer], *,
+                  xla_tpu: Mapping[str, Any] | None = None) -> str:
     """The table ``allocsim min-capacity`` prints: each policy's smallest card, split into
     the device's own share (the context), peak live and what the allocator adds, with a note
-    saying so (a 103 MiB job's "+496.6%" is mostly the assumed 512 MiB context)."""
+    saying so (a 103 MiB job's "+496.6%" is mostly the assumed 512 MiB context).
+
+    ``xla_tpu``: the trace's ``xla_tpu`` metadata (a TPU program's). The scratch the ``tpu``
+    policy held beside the buffers is the program's, not the allocator's: a column of its own
+    ('of it program'), left out of 'of it allocator'; the note names the scratch and the
+    generated code as the program's."""
     peak = int(trace["peak_live"])
     context = answers[0].context_bytes if answers else 0
+    facts: Mapping[str, Any] = xla_tpu if isinstance(xla_tpu, Mapping) else {}
+    beside = [_scratch_beside(a.policy, facts) if facts and a.min_capacity is not None else 0
+              for a in answers]
     rows = []
-    for a in answers:
-        rows.append([shown(a.policy),
-                     "never" if a.min_capacity is None else format_size(a.min_capacity),
-                     format_size(a.lower_bound), format_size(context),
-                     _headroom_cell(a.headroom, a.lower_bound),
-                     _headroom_cell(a.allocator_headroom, a.lower_bound),
-                     "yes" if a.monotone else "NO: " + "; ".join(a.exceptions[:2]),
-                     str(a.evaluations)])
+    for a, scratch in zip(answers, beside):
+        allocator = a.allocator_headroom
+        row = [shown(a.policy),
+               "never" if a.min_capacity is None else format_size(a.min_capacity),
+               format_size(a.lower_bound), format_size(context),
+               _headroom_cell(a.headroom, a.lower_bound)]
+        if any(beside):
+            row.append(f"scratch {format_size(scratch)}" if scratch else "-")
+        row += [_headroom_cell(None if allocator is None else allocator - scratch,
+                               a.lower_bound),
+                "yes" if a.monotone else "NO: " + "; ".join(a.exceptions[:2]),
+                str(a.evaluations)]
+        rows.append(row)
     head = (f"trace {printable(shown(trace['name']))}: peak live {format_size(peak)}"
             f"{before_recording_note(trace)}; resolution {format_size(resolution)}")
+    program = ["of it program"] if any(beside) else []
     table = format_table(rows, ["policy", "min capacity", "lower bound", "context", "headroom",
-                                "of it allocator", "monotone", "runs"], left=(0, 6))
+                                *program, "of it allocator", "monotone", "runs"],
+                         left=(0, 6 + len(program)))
     if context:
         note = ("min capacity is the whole card = context + lower bound (peak live) + what the "
                 f"allocator adds; the context is the {format_size(context)} that "
@@ -137,6 +204,9 @@ def capacity_text(trace: dict[str, Any], device: DeviceProfile, resolution: int,
         note = ("min capacity is the allocator's memory: no context is assumed on this device "
                 "(--context SIZE adds one), so headroom is what the allocator adds over peak "
                 "live")
+    tpu_note = _tpu_program_note(facts, max(beside, default=0)) if facts else ""
+    if tpu_note:
+        note += f"\nnote: {tpu_note}"
     return f"{head}\n\n{table}\n\nnote: {note}"
 
 

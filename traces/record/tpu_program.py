@@ -156,6 +156,7 @@ class Program:
                  donate: tuple[int, ...]) -> _Loaded:
         import jax
         import numpy as np
+
         from allocsim.traces.record.xla_tpu import compile_step
         leaves, treedef = jax.tree.flatten(args)
         avals = tuple(_shape_dtype(leaf, np) for leaf in leaves)
@@ -255,7 +256,8 @@ class Program:
         # allocsim.traces.tpu_needed's view of what the runtime cannot give up.
         single = {"memory_analysis": executables[0]["memory_analysis"]} \
             if len(executables) == 1 else {}
-        return {**single, "target": self.target, "topology": self.topology or TOPOLOGIES[self.target],
+        return {**single, "target": self.target,
+                "topology": self.topology or TOPOLOGIES[self.target],
                 "devices": len(chips),
                 "device_kind": str(getattr(chips[0], "device_kind", "?")),
                 "libtpu": libtpu_version(), "jax": _jax().__version__,

@@ -316,7 +316,7 @@ def _carried(args: list[Any], outputs: Any) -> dict[int, int]:
     for position in range(min(len(outs), max(len(args) - 1, 1))):
         a_leaves, a_tree = jax.tree.flatten(args[position])
         o_leaves, o_tree = jax.tree.flatten(outs[position])
-        if a_tree != o_tree or [(x.shape, x.dtype) for x in a_leaves] != \
+        if str(a_tree) != str(o_tree) or [(x.shape, x.dtype) for x in a_leaves] != \
                 [(y.shape, y.dtype) for y in o_leaves]:
             break
         carried[position] = position

@@ -110,6 +110,9 @@ _FILE = re.compile(r"^module_(\d+)\.(.+?)\.((?:sm_\d+\.\d+a?_)?[a-z0-9_]*after_o
                    r"(live-range|buffer-assignment|buffer-assignment-values|"
                    r"memory-usage-report)\.txt$", re.A)
 _EXTENSIONS = tuple(f"-{kind}.txt" for kind in _KINDS)
+# XLA:TPU (libtpu) appends the compiler's changelist to the module's name and writes a bare
+# ``after_optimizations`` stage: ``module_0000.jit_step.cl_933746096.after_optimizations-...``.
+_CHANGELIST = re.compile(r"^(.+)\.cl_(\d+)$", re.A)
 _ALIGNMENT = {"cpu": 64, "gpu": 256}
 VIEWS = ("runtime", "buffers")
 OPTIONS = ("module", "view", "steps")
@@ -125,17 +128,32 @@ class ModuleFiles:
 
     key: str                    # "module_0000.jit_step"
     number: str                 # "0000"
-    name: str                   # "jit_step"
+    name: str                   # "jit_step" ("jit_step.cl_933746096" on XLA:TPU)
     stage: str                  # "cpu_after_optimizations"
     paths: dict[str, Path] = field(default_factory=dict)
     allocations: list[Allocation] = field(default_factory=list)
     problem: TraceError | None = None  # why the module cannot be read (a half-written dump)
 
     @property
+    def changelist(self) -> str | None:
+        """``933746096`` for XLA:TPU's name ``jit_step.cl_933746096``, else None."""
+        m = _CHANGELIST.match(self.name)
+        return m.group(2) if m else None
+
+    @property
+    def plain_name(self) -> str:
+        """The name as the program knows it: ``jit_step``, without XLA:TPU's changelist."""
+        m = _CHANGELIST.match(self.name)
+        return m.group(1) if m else self.name
+
+    @property
     def platform(self) -> str:
-        """``cpu``, ``gpu`` (an ``sm_X.Y_gpu_...`` stage) or what the stage starts with."""
+        """``cpu``, ``gpu`` (an ``sm_X.Y_gpu_...`` stage), ``tpu`` (a name with libtpu's
+        changelist and a bare ``after_optimizations`` stage) or what the stage starts with."""
         if self.stage.startswith("sm_") or "_gpu_" in self.stage:
             return "gpu"
+        if self.changelist is not None and self.stage == "after_optimizations":
+            return "tpu"
         return self.stage.split("_")[0] if "_" in self.stage else "unknown"
 
     @property
@@ -255,7 +273,9 @@ def _choose(modules: list[ModuleFiles], wanted: str | None, source: str) -> Modu
     text = str(wanted).strip()
     bare = text.removeprefix("module_")
     matches = [m for m in modules
-               if text in (m.key, m.name, m.name.removeprefix("jit_"))
+               if text in (m.key, m.name, m.name.removeprefix("jit_"),
+                           f"module_{m.number}.{m.plain_name}", m.plain_name,
+                           m.plain_name.removeprefix("jit_"))
                or (is_whole_number(bare) and int(bare) == int(m.number))]
     if not matches:
         raise TraceError(f"no module {text!r} in the dump (modules: {known})", source=source)
