@@ -52,7 +52,8 @@ __all__ = ["TOPOLOGIES", "TpuStep", "compile_for", "compile_step"]
 # A device profile's chip and its one-chip topology name in libtpu's notation.
 TOPOLOGIES = {"tpu-v5e": "v5e:1x1", "tpu-v4": "v4:1x1x1", "tpu-v5p": "v5p:1x1x1",
               "tpu-v6e": "v6e:1x1"}
-_HINT = 'pip install "jax[tpu]" (libtpu compiles for a TPU without one)'
+_HINT = ('pip install "jax[tpu]==0.10.2" (libtpu 0.0.42.1, the build the TPU rules were read '
+         'from; it compiles for a TPU without one)')
 
 
 # The runtime reserves scratch in 16 KiB units (runtime_scratch_bytes).
