@@ -5,8 +5,8 @@
 ``jax.experimental.topologies.get_topology_desc(topology_name="v5e:1x1", platform="tpu")``, as
 MaxText's train_compile.py does) on a machine with no TPU, and returns the trace of what the
 TPU runtime's allocator is asked over ``steps`` calls. Needs libtpu (``pip install
-"jax[tpu]==0.10.2"``: libtpu 0.0.42.1); the prediction names the libtpu it compiled with (another libtpu gives other
-numbers: 0.0.52 differs from the chip's 0.0.42.1).
+"jax[tpu]==0.10.2"``: libtpu 0.0.42.1); the prediction names the libtpu it compiled with
+(another libtpu gives other numbers: 0.0.52 differs from the chip's 0.0.42.1).
 
 How the TPU runtime holds a step (read off a v5e chip, tests/data/tpu/exec-*.json, JAX 0.10.2,
 libtpu 0.0.42.1):
