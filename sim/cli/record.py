@@ -60,7 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                               "imports; torch is taken for pytorch too)")
     p.add_argument("--target", metavar="DEVICE",
                    help="--framework pytorch: the GPU the recording stands for (allocsim "
-                        "devices; default a100-80g): its SDPA kernel and cuBLAS workspace")
+                        "devices; default a100-80g): its SDPA kernel and cuBLAS workspace. "
+                        "--framework jax: a TPU (tpu-v5e, ...): the script runs here on the "
+                        "CPU and every program it runs is compiled for that TPU with libtpu; "
+                        "the trace is what its runtime would hold")
     p.add_argument("--placeholder-values", action="store_true",
                    help="--framework pytorch: value reads (loss.item(), if x.any():) answer "
                         "zeros instead of stopping the program")
@@ -95,7 +98,14 @@ def run(args: argparse.Namespace) -> int:
     if note:
         print(f"allocsim: record: {note}", file=sys.stderr)
 
-    torch_only = [flag for flag, given in (("--target", args.target is not None),
+    if args.framework == "jax" and args.target is not None:
+        from allocsim.traces.record.xla_tpu import TOPOLOGIES
+        if args.target not in TOPOLOGIES:
+            raise UserError(f"record: --framework jax --target {args.target}: a TPU only "
+                            f"({', '.join(TOPOLOGIES)}); for a GPU compile the steps with "
+                            "allocsim.traces.record.xla_gpu.compile_for (docs/jax.md)")
+    torch_only = [flag for flag, given in (("--target", args.target is not None
+                                            and args.framework != "jax"),
                                            ("--placeholder-values", args.placeholder_values),
                                            ("--prefer-cudnn-attention",
                                             args.prefer_cudnn_attention)) if given]
@@ -108,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if args.framework == "jax":
         if args.log:
             raise UserError("record: --log is for --framework cupy (CuPy's hook calls)")
-        return _run_jax(command, output, args.output)
+        return _run_jax(command, output, args.output, args.target)
     from allocsim.traces.record import run_script  # imports the recorder only when recording
     trace = run_script(command, output, log=log, require_cupy=True)
     peak, _ = trace.peak_live()
@@ -117,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_jax(command: list[str], claim: OutputClaim, name: str) -> int:
+def _run_jax(command: list[str], claim: OutputClaim, name: str,
+             target: str | None = None) -> int:
     """Record a JAX script into ``claim`` (``name`` as the user gave it); its failure's exit
     status is returned, its partial trace kept (a Ctrl-C or SIGTERM: 130 or 143;
     ``os._exit(n)``: n, said before the process ends)."""
@@ -131,7 +142,7 @@ def _run_jax(command: list[str], claim: OutputClaim, name: str) -> int:
         print(f"allocsim: record: the script ended by {reason}; partial trace written to "
               f"{output} ({summary(trace)})", file=sys.stderr, flush=True)
 
-    result = record_script(command, claim, on_abrupt_end=on_abrupt_end)
+    result = record_script(command, claim, on_abrupt_end=on_abrupt_end, target=target)
     trace = result.trace
     if result.error is None:
         if not len(trace):

@@ -65,7 +65,11 @@ def xla_type(dtype: Any) -> str:
 
 
 def layout_bytes(shape: Sequence[int], dtype: Any) -> int:
-    """HBM bytes of an array placed from the host (the runtime's tiled layout)."""
+    """HBM bytes of an array placed from the host (the runtime's tiled layout); a typed PRNG
+    key (``key<fry>``) is its physical ``u32`` array, the key's shape appended."""
+    impl = getattr(dtype, "_impl", None)
+    if impl is not None and hasattr(impl, "key_shape"):
+        shape, dtype = (*shape, *impl.key_shape), "uint32"
     return tpu_layout(f"{xla_type(dtype)}[{','.join(str(int(d)) for d in shape)}]").bytes
 
 
@@ -153,13 +157,13 @@ class Program:
 
     # ------------------------------------------------------------------ calls
     def _compile(self, fn: Callable[..., Any], args: tuple[Any, ...],
-                 donate: tuple[int, ...]) -> _Loaded:
+                 donate: tuple[int, ...], types: Sequence[Any] | None = None) -> _Loaded:
         import jax
         import numpy as np
 
         from allocsim.traces.record.xla_tpu import compile_step
         leaves, treedef = jax.tree.flatten(args)
-        avals = tuple(_shape_dtype(leaf, np) for leaf in leaves)
+        avals = tuple(_shape_dtype(leaf, np) for leaf in (leaves if types is None else types))
         key = (fn, treedef, tuple((s, str(d)) for s, d in avals), donate)
         loaded = self._compiled.get(key)
         if loaded is None:
@@ -171,13 +175,15 @@ class Program:
         return loaded
 
     def call(self, fn: Callable[..., Any], *args: Any,
-             donate_argnums: int | Sequence[int] = ()) -> Any:
+             donate_argnums: int | Sequence[int] = (), types: Sequence[Any] | None = None) -> Any:
         """``jax.jit(fn, donate_argnums=...)(*args)``: returns the outputs as handles, in the
-        structure ``fn`` returns (module docstring for what each call holds)."""
+        structure ``fn`` returns (module docstring for what each call holds). ``types``: the
+        flat arguments' types to compile for, where they are not the handles' own (a typed
+        PRNG key over the ``u32`` array an execution made)."""
         import jax
         donate = (donate_argnums,) if isinstance(donate_argnums, int) else \
             tuple(sorted(donate_argnums))
-        loaded = self._compile(fn, args, donate)
+        loaded = self._compile(fn, args, donate, types)
         step = loaded.step
         replay = self._replay
         name = step.name
@@ -283,7 +289,10 @@ class Program:
 
 def _shape_dtype(leaf: Any, np: Any) -> tuple[tuple[int, ...], Any]:
     if isinstance(leaf, Handle) or (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
-        return tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype)
+        dtype = leaf.dtype
+        # JAX's extended types (typed PRNG keys) are not numpy's: kept as JAX has them.
+        return tuple(int(d) for d in leaf.shape), \
+            dtype if hasattr(dtype, "_impl") else np.dtype(dtype)
     if isinstance(leaf, bool | int | float):
         import jax.numpy as jnp
         return (), np.dtype(jnp.asarray(leaf).dtype)

@@ -40,8 +40,8 @@ from typing import Any
 
 from allocsim.errors import UserInputError
 
-__all__ = ["TESTED", "ExecutableInfo", "Hooks", "check_version", "executable_info",
-           "jax_version"]
+__all__ = ["TESTED", "ExecutableInfo", "Hooks", "TargetHooks", "check_version",
+           "executable_info", "jax_version"]
 
 TESTED = "0.10"  # the major.minor these hooks were written and tested against
 
@@ -129,6 +129,65 @@ class Hooks:
                 (pxla.ExecuteReplicated, "__call__", recorded_execute),
                 (pxla.InputsHandler, "__call__", recorded_inputs),
                 (pxla, "batched_device_put", recorded_assemble),
+                (pjit, "_get_fastpath_data", no_fastpath),
+                (pxla, "MeshExecutableFastpathData", no_fastpath),
+                (dispatch, "_batched_device_put_impl", recorded_device_put),
+                (xla_client.ArrayImpl, "delete", recorded_delete)):
+            self._saved.append((owner, name, owner.__dict__[name]))
+            setattr(owner, name, value)
+        clear_fastpath_caches()
+
+    def uninstall(self) -> None:
+        while self._saved:
+            owner, name, value = self._saved.pop()
+            setattr(owner, name, value)
+        clear_fastpath_caches()
+
+
+class TargetHooks:
+    """The patches ``record --target`` needs (:mod:`allocsim.traces.record.jax_recorder.target`):
+
+    - ``pjit._pjit_call_impl_python``: every execution of a jitted function or an eager op
+      (JAX jits each eager primitive) comes there with its jaxpr, donated inputs and name;
+      ``on_call(args, jaxpr, donated_invars, name, call)`` runs it with ``call()``;
+    - the fast path off, as for :class:`Hooks`, so every call takes that Python path;
+    - ``dispatch._batched_device_put_impl`` (``jax.device_put``) and ``ArrayImpl.delete``."""
+
+    def __init__(self, on_call: Callable[..., Any], on_device_put: DevicePutHook,
+                 on_delete: DeleteHook) -> None:
+        self.on_call = on_call
+        self.on_device_put = on_device_put
+        self.on_delete = on_delete
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def install(self) -> None:
+        from jax._src import dispatch, pjit
+        from jax._src.interpreters import pxla
+        from jax._src.lib import xla_client
+
+        if self._saved:
+            raise RuntimeError("JAX recording hooks are already installed")
+        on_call, on_device_put, on_delete = self.on_call, self.on_device_put, self.on_delete
+        impl = pjit._pjit_call_impl_python
+        device_put = dispatch._batched_device_put_impl
+        delete = xla_client.ArrayImpl.delete
+
+        def recorded_impl(*args: Any, **params: Any) -> Any:
+            return on_call(args, params["jaxpr"], params["donated_invars"], params["name"],
+                           lambda: impl(*args, **params))
+
+        def recorded_device_put(*xs: Any, **params: Any) -> Any:
+            return on_device_put(xs, lambda: device_put(*xs, **params))
+
+        def recorded_delete(array: Any) -> None:
+            delete(array)
+            on_delete(array)
+
+        def no_fastpath(*args: Any, **kwargs: Any) -> None:
+            return None
+
+        for owner, name, value in (
+                (pjit, "_pjit_call_impl_python", recorded_impl),
                 (pjit, "_get_fastpath_data", no_fastpath),
                 (pxla, "MeshExecutableFastpathData", no_fastpath),
                 (dispatch, "_batched_device_put_impl", recorded_device_put),

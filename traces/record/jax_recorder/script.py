@@ -22,6 +22,7 @@ from allocsim.traces.model import Trace
 from allocsim.traces.record.abrupt_end import partial_reason
 from allocsim.traces.record.jax_recorder import internals as jax_internals
 from allocsim.traces.record.jax_recorder.recorder import JaxRecorder
+from allocsim.traces.record.jax_recorder.target import TargetRecorder
 from allocsim.traces.record.recording_end import leave_if_forked
 from allocsim.traces.record.script_args import as_main, run_as_main, script_metadata, split_argv
 
@@ -41,7 +42,8 @@ class ScriptRun:
 
 def record_script(argv: list[str], output: str | os.PathLike[str], *, device: int = 0,
                   metadata: dict[str, Any] | None = None,
-                  on_abrupt_end: Callable[[Trace, str], None] | None = None) -> ScriptRun:
+                  on_abrupt_end: Callable[[Trace, str], None] | None = None,
+                  target: str | None = None) -> ScriptRun:
     """Run a Python script (``runpy``, as ``__main__``, with ``sys.argv`` set) under a
     :class:`JaxRecorder` and save its trace to ``output``, whether or not it finishes.
 
@@ -49,6 +51,10 @@ def record_script(argv: list[str], output: str | os.PathLike[str], *, device: in
     script, JAX not installed, a JAX version the hooks were not tested against. A Ctrl-C or
     SIGTERM ends the run with status 130 or 143 and its error; ``os._exit(n)`` ends the
     process after saving and calling ``on_abrupt_end(trace, reason)``.
+
+    ``target`` (a TPU, ``tpu-v5e``): the script runs here on the CPU and the trace is what
+    that TPU's runtime would hold (:class:`~allocsim.traces.record.jax_recorder.target.
+    TargetRecorder`; ``os._exit`` is not followed there).
     """
     recording_pid = os.getpid()
     script, module, args = split_argv(argv)
@@ -59,7 +65,12 @@ def record_script(argv: list[str], output: str | os.PathLike[str], *, device: in
     status: int = 0
     error: BaseException | None = None
     with as_main(script, module, args):
-        recorder = JaxRecorder(output, device=device, metadata=meta, on_abrupt_end=on_abrupt_end)
+        recorder: JaxRecorder | TargetRecorder
+        if target is None:
+            recorder = JaxRecorder(output, device=device, metadata=meta,
+                                   on_abrupt_end=on_abrupt_end)
+        else:
+            recorder = TargetRecorder(output, target, metadata=meta)
         with recorder:
             try:
                 run_as_main(script, module)
