@@ -37,6 +37,7 @@ def run(out: Path, name: str, capacity: int | None) -> None:
     try:
         if capacity is not None:
             held, record["ballast"] = ballast(device, capacity)
+            record["ballast_pieces"] = len(held)    # held to the end: the ballast stays
             stages["ballast"] = _stats(device)
         runpy.run_path(str(SCRIPTS / f"{name}.py"), run_name="__main__")
         record["ran"] = True

@@ -41,7 +41,7 @@ key = jax.random.key(42)
 key, sub = jax.random.split(key)
 params = jax.jit(init)(sub)
 state = (params, [jnp.zeros_like(p) for p in params], [jnp.zeros_like(p) for p in params])
-for i in range(STEPS):
+for _ in range(STEPS):
     key, kx, ky = jax.random.split(key, 3)
     x = jax.random.normal(kx, (BATCH, SIZES[0]))
     y = jax.random.randint(ky, (BATCH,), 0, SIZES[-1])
