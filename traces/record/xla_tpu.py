@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import re
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -44,43 +43,22 @@ from allocsim.errors import UserInputError
 from allocsim.traces.formats.xla.dump_files import parse_assignment
 from allocsim.traces.formats.xla.entry_outputs import entry_outputs
 from allocsim.traces.formats.xla.runtime import Executable
+from allocsim.traces.formats.xla.tpu_scratch import (
+    SCRATCH_ALIGNMENT,
+    hbm_temp_bytes,
+    runtime_scratch_bytes,
+)
 from allocsim.traces.model import Trace
 from allocsim.traces.record.compiled_dump import executable_from_dump
 
-__all__ = ["TOPOLOGIES", "TpuStep", "compile_for", "compile_step"]
+__all__ = ["SCRATCH_ALIGNMENT", "TOPOLOGIES", "TpuStep", "compile_for", "compile_step",
+           "hbm_temp_bytes", "runtime_scratch_bytes"]
 
 # A device profile's chip and its one-chip topology name in libtpu's notation.
 TOPOLOGIES = {"tpu-v5e": "v5e:1x1", "tpu-v4": "v4:1x1x1", "tpu-v5p": "v5p:1x1x1",
               "tpu-v6e": "v6e:1x1"}
 _HINT = ('pip install "jax[tpu]==0.10.2" (libtpu 0.0.42.1, the build the TPU rules were read '
          'from; it compiles for a TPU without one)')
-
-
-# The runtime reserves scratch in 16 KiB units (runtime_scratch_bytes).
-SCRATCH_ALIGNMENT = 16 * 1024
-_HBM_TEMP = re.compile(r"^allocation \d+: size (\d+), preallocated-temp:", re.M)
-
-
-def runtime_scratch_bytes(hbm_temp_bytes: int, analysed_temp_bytes: int) -> int:
-    """What the TPU runtime holds as ``bytes_reserved`` for a loaded executable, as the chip
-    shows it: XLA's preallocated temp in HBM (the buffer assignment's ``preallocated-temp``
-    allocation of memory space 0; VMEM's and SMEM's are other colours) rounded up to 16 KiB —
-    none when ``memory_analysis()`` counts no temp (``analysed_temp_bytes``), though the
-    assignment then still holds a 512 B HBM temp. Read from the chip: ``peak_bytes_reserved``
-    of all 12 jitted GPT steps of tests/data/tpu/steps (4 sizes, with and without donation and
-    remat) and of the matmul step (exec-matmul: 0) is exactly this, and it then predicted five
-    programs it was not read from (tests/data/tpu/scratch: three with a temp, two whose
-    assignment holds an HBM temp memory_analysis() does not count). On all of them the temp ends
-    512 B past a 16 KiB boundary, so "temp + 15,872 B" fits them too: these programs do not
-    tell the two roundings apart, and why an uncounted temp is not reserved is not known."""
-    if analysed_temp_bytes == 0:
-        return 0
-    return -(-hbm_temp_bytes // SCRATCH_ALIGNMENT) * SCRATCH_ALIGNMENT
-
-
-def hbm_temp_bytes(assignment_text: str) -> int:
-    """The HBM preallocated-temp allocation of a buffer-assignment file (0: none)."""
-    return sum(int(size) for size in _HBM_TEMP.findall(assignment_text))
 
 
 @dataclass(frozen=True)
