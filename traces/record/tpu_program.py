@@ -3,7 +3,7 @@
 ``Program(target="tpu-v5e")`` is a stand-in for the chip that a Python program drives as it
 drives JAX: :meth:`Program.put` places arrays from the host, :meth:`Program.call` runs any
 function as ``jax.jit`` would (compiled for the target with libtpu, once per function, argument
-shapes and donation: :func:`allocsim.traces.record.xla_tpu.compile_step`) and returns
+shapes and donation: :func:`allocsim.traces.record.tpu_compile.compile_step`) and returns
 :class:`Handle` s in the shape of its outputs. The trace records what the runtime's allocator
 is asked, in the order the program asks it:
 
@@ -28,7 +28,8 @@ is asked, in the order the program asks it:
   (../shared/reference/tpu.md, "Added 2026-12-07");
 - **scratch** (XLA's temp) is not a buffer: the runtime reserves the largest scratch of the
   executables loaded (``bytes_reserved``), which the trace carries as ``xla_tpu.scratch_bytes``
-  (:func:`allocsim.traces.record.xla_tpu.runtime_scratch_bytes` of each, the largest).
+  (:func:`allocsim.traces.formats.xla.tpu_scratch.runtime_scratch_bytes` of each, the
+  largest).
 
 Times are synthetic (one µs per event group, an execution as many as its schedule's positions).
 """
@@ -111,7 +112,7 @@ class Handle:
 class _Loaded:
     """One executable the program has run: what it holds and how often it ran."""
 
-    step: Any                      # xla_tpu.TpuStep
+    step: Any                      # tpu_compile.TpuStep
     calls: int = 0
     code_buffer: int = -1
 
@@ -129,7 +130,7 @@ class Program:
     _topo: Any = None
 
     def __post_init__(self) -> None:
-        from allocsim.traces.record.xla_tpu import _jax, _topology
+        from allocsim.traces.record.tpu_compile import _jax, _topology
         _jax()
         self._topo = _topology(self.target, self.topology)
 
@@ -161,7 +162,7 @@ class Program:
         import jax
         import numpy as np
 
-        from allocsim.traces.record.xla_tpu import compile_step
+        from allocsim.traces.record.tpu_compile import compile_step
         leaves, treedef = jax.tree.flatten(args)
         avals = tuple(_shape_dtype(leaf, np) for leaf in (leaves if types is None else types))
         key = (fn, treedef, tuple((s, str(d)) for s, d in avals), donate)
@@ -255,7 +256,7 @@ class Program:
 
     def facts(self) -> dict[str, Any]:
         """The trace's ``xla_tpu`` metadata: target, versions, executables, scratch."""
-        from allocsim.traces.record.xla_tpu import TOPOLOGIES, _jax, libtpu_version
+        from allocsim.traces.record.tpu_compile import TOPOLOGIES, _jax, libtpu_version
         chips = list(self._topo.devices)
         executables = self.executables()
         # ``calls``: [executable index, first event, end event) of each call, for

@@ -52,8 +52,8 @@ class TargetRecorder(SavedOnce):
 
     def __init__(self, output: str | os.PathLike[str] | None, target: str, *,
                  metadata: dict[str, Any] | None = None) -> None:
+        from allocsim.traces.record.tpu_compile import TOPOLOGIES
         from allocsim.traces.record.tpu_program import Program
-        from allocsim.traces.record.xla_tpu import TOPOLOGIES
         if target not in TOPOLOGIES:
             raise UserInputError(f"record: --target {target!r} is not a TPU this recorder "
                                  f"compiles for ({', '.join(TOPOLOGIES)})")
