@@ -85,3 +85,48 @@ def test_the_prediction_made_again_is_the_chips(name: str) -> None:
     assert again["peak_bytes_reserved"] == chip["peak_bytes_reserved"]
     assert _chip(name, again["min_capacity"])["ran"]
     assert not _chip(name, again["min_capacity"] - BELOW)["ran"]
+
+
+# ---------------------------------------------------------------------- scripts with eager ops
+# experiments/tpu/scripts: plain JAX scripts with eager ops between the jitted ones (a typed
+# key made and split, jnp.zeros, eager adds, batches drawn with jax.random), recorded unchanged
+# with record --framework jax --target tpu-v5e (tests/data/tpu/scripts/predicted.json, written
+# before the chip ran them), then run unchanged on the chip.
+SCRIPTS = DATA.parent / "scripts"
+
+
+def _script(name: str, capacity: int | None = None) -> dict[str, Any]:
+    file = f"{name}.json" if capacity is None else f"{name}-{capacity}.json"
+    return json.loads((SCRIPTS / file).read_text())
+
+
+def _script_predicted(name: str) -> dict[str, Any]:
+    return json.loads((SCRIPTS / "predicted.json").read_text())["predictions"][name]
+
+
+@pytest.mark.parametrize("name", ["eager_mix", "eval_loop"])
+def test_a_scripts_scratch_recorded_for_the_tpu_is_the_chips(name: str) -> None:
+    assert _script_predicted(name)["peak_bytes_reserved"] == \
+        _script(name)["stages"]["end"]["peak_bytes_reserved"]
+
+
+def test_the_eager_script_runs_at_its_answer_and_not_256_kib_below() -> None:
+    answer = _script_predicted("eager_mix")["min_capacity"]
+    assert _script("eager_mix", answer)["ran"]
+    assert not _script("eager_mix", answer - BELOW)["ran"]
+
+
+# Known gaps, measured on the chip and not yet explained (docs/jax.md, "Scripts with eager
+# ops"); strict, so that a fix shows here.
+@pytest.mark.xfail(strict=True, reason="the chip held 2,065,408 B more at the eager script's "
+                   "peak than the recording says (an x-sized buffer: the host batch's transfer?)")
+def test_the_eager_scripts_peak_in_use_is_the_chips() -> None:
+    assert _script_predicted("eager_mix")["peak_bytes_in_use"] == \
+        _script("eager_mix")["stages"]["end"]["peak_bytes_in_use"]
+
+
+@pytest.mark.xfail(strict=True, reason="the chip refused to load a program at the answer of a "
+                   "script of 15 executables (RuntimeProgramAllocationFailure)")
+def test_the_eval_loop_runs_at_its_answer() -> None:
+    assert _script("eval_loop", _script_predicted("eval_loop")["min_capacity"])["ran"]
+
