@@ -52,12 +52,16 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "xla_view", None) is None and is_dump_path(args.snapshot):
         args.xla_view = "buffers"  # a dump is judged by its logical buffers against XLA's plan
     trace = load_trace(args.snapshot, args)
+    from allocsim.sim.questions.fidelity.bfc import is_bfc_recording
     from allocsim.sim.questions.fidelity.tpu import is_tpu_recording, tpu_fidelity
+    if is_tpu_recording(trace) or is_bfc_recording(trace):
+        from allocsim.traces.allocator_records import check_allocator_records
+        check_allocator_records(trace, source=str(args.snapshot))
     if is_tpu_recording(trace):   # a TPU runtime's profile: the tpu model, record by record
         tpu = tpu_fidelity(trace)
         print_json(tpu.as_dict()) if args.json else print("\n".join(tpu.lines()))
         return 0 if tpu.exact else 1
-    from allocsim.sim.questions.fidelity.bfc import bfc_fidelity, is_bfc_recording
+    from allocsim.sim.questions.fidelity.bfc import bfc_fidelity
     if is_bfc_recording(trace):   # a TF/JAX profile (.xplane.pb): the bfc model, not pytorch
         bfc = bfc_fidelity(trace)
         print_json(bfc.to_json_dict()) if args.json else print(bfc.text())

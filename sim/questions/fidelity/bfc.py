@@ -48,7 +48,8 @@ from allocsim.sim.kernel.device import DeviceProfile
 from allocsim.sim.questions.fidelity.bfc_start import StartState, start_states
 from allocsim.sim.questions.fidelity.bfc_start_refine import MAX_REPLAYED_EVENTS, refine
 from allocsim.sim.questions.fidelity.device import RecordedAddressDevice, address_floor
-from allocsim.traces.model import OP_ALLOC, Trace
+from allocsim.traces.allocator_records import check_allocator_records
+from allocsim.traces.model import OP_ALLOC, Trace, TraceError
 
 __all__ = ["BFCFidelityError", "BFCFidelityReport", "bfc_fidelity", "is_bfc_recording"]
 
@@ -353,7 +354,12 @@ def bfc_fidelity(trace: Trace, *, allow_growth: bool | None = None,
         raise BFCFidelityError(f"{trace.metadata.get('source', trace.name)}: not a BFC "
                                "recording (expected a profiler .xplane.pb or log folder)")
     meta = trace.metadata
-    limit = int(meta["bfc_memory_limit"])
+    try:
+        check_allocator_records(trace)
+    except TraceError as error:
+        raise BFCFidelityError(str(error)) from None
+    limit = int(meta["bfc_memory_limit"]) if meta.get("bfc_memory_limit") else \
+        _record_limit(meta["reference_events"][0])
     tried = [s for s in SETTINGS if (allow_growth is None or s[0] == allow_growth)
              and (garbage_collection is None or s[1] == garbage_collection)]
     states, why_not = _start_states(trace, limit)
@@ -402,6 +408,11 @@ def _start_in_use(refs: list[dict[str, Any]]) -> int:
     r0 = refs[0]
     return int(r0["in_use"]) - (int(r0["chunk"]) if r0["action"] == "alloc"
                                 else -int(r0["chunk"]))
+
+
+def _record_limit(first: dict[str, Any]) -> int:
+    """The memory limit the first record gives: available + reserved + in use."""
+    return int(first["available"]) + int(first["reserved"]) + int(first["in_use"])
 
 
 def _start_states(trace: Trace, limit: int) -> tuple[dict[bool, list[StartState]],

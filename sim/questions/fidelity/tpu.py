@@ -25,6 +25,7 @@ from typing import Any
 from allocsim.policies.tpu import V5E_RUNTIME_BYTES, TpuRuntimeAllocator
 from allocsim.sim.kernel.device import SimulatedDevice
 from allocsim.sim.kernel.device_profile import DeviceProfile
+from allocsim.traces.allocator_records import check_allocator_records
 from allocsim.traces.model import OP_ALLOC, Trace, TraceError
 
 __all__ = ["TpuFidelity", "is_tpu_recording", "tpu_fidelity"]
@@ -108,6 +109,7 @@ def tpu_fidelity(trace: Trace, *, runtime_bytes: int = V5E_RUNTIME_BYTES) -> Tpu
         raise TraceError("not a TPU runtime's profile (its memory records carry no TPU "
                          "frees); a TPU profile comes from jax.profiler on a TPU",
                          source=source)
+    refs = check_allocator_records(trace)
     report = TpuFidelity(trace.name)
     limit = _limit(trace, refs)
     profile = DeviceProfile(f"tpu ({limit:,} B)", limit, granularity=512, map_granularity=512,
