@@ -41,7 +41,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +55,8 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["OutputChanged", "OutputClaim", "atomic_output", "claim_output",
-           "remove_stale_temporaries", "temporary_pattern", "write_bytes", "write_text"]
+           "refuse_overwriting_input", "remove_stale_temporaries", "temporary_pattern",
+           "write_bytes", "write_text"]
 
 TEMP_SUFFIX = ".tmp"
 _TOKEN_HEX = 16
@@ -108,6 +109,31 @@ def claim_output(path: str | os.PathLike[str], *, keep_refused: bool = False) ->
         return path
     absolute = Path(path).absolute()
     return OutputClaim(absolute, _identity(absolute), keep_refused, os.fspath(path))
+
+
+def refuse_overwriting_input(output: str | os.PathLike[str],
+                             inputs: Iterable[str | os.PathLike[str] | None]) -> None:
+    """Refuse, in one :class:`UserInputError` line naming ``output``, an output that is one
+    of the command's ``inputs`` (``None`` and names that are no file, such as ``default``, are
+    skipped): the one rule of every command that writes a file it may also have read. The same
+    file however it is spelt: ``./s.pickle``, an absolute path, a symbolic link or a hard link
+    to it (``os.path.samefile``: the same device and inode). An input that is missing is left
+    to its reader to refuse. Call it before anything is read or written."""
+    from allocsim.printable import printable
+    given = os.fspath(output.shown if isinstance(output, OutputClaim) else output)
+    target = Path(output)
+    for source in inputs:
+        if source is None:
+            continue
+        try:
+            same = os.path.samefile(source, target)
+        except (OSError, ValueError):   # either missing: nothing to overwrite, or to read
+            same = False
+        if same:
+            shown = os.fspath(source)
+            also = "" if shown == given else f" ({printable(shown)})"
+            raise UserInputError(f"{printable(given)}: refusing to overwrite the input file"
+                                 f"{also}")
 
 
 class OutputChanged(UserInputError):

@@ -21,7 +21,30 @@ MIDRUN = Path(__file__).parent / "data" / "tpu" / "midrun"   # a TPU profile the
 
 def test_the_runtimes_records_go_beside_the_trace_by_its_name() -> None:
     assert beside("/x/run.npz") == Path("/x/run.runtime.npz")
-    assert beside("/x/run.trace.jsonl") == Path("/x/run.runtime.npz")
+    # every dot but the extension's is the name's: my.run.v2 is not my (issue 56, item 5)
+    assert beside("/x/my.run.v2.npz") == Path("/x/my.run.v2.runtime.npz")
+    assert beside("/x/run.trace.jsonl") == Path("/x/run.trace.runtime.npz")
+    assert beside("/x/run.jsonl.gz") == Path("/x/run.runtime.npz")
+    assert beside("/x/run") == Path("/x/run.runtime.npz")
+
+
+def test_a_file_at_the_records_path_that_is_not_their_earlier_copy_is_refused_first(
+        tmp_path: Path) -> None:
+    from allocsim.errors import UserInputError
+    from allocsim.traces.formats import save
+    from allocsim.traces.model import Trace
+    other = Trace.from_columns([0, 1], [0, 1], [0, 0], [512, 512], name="another recording")
+    save(other, tmp_path / "run.runtime.npz")        # another recording's own name
+    before = (tmp_path / "run.runtime.npz").read_bytes()
+    with pytest.raises(UserInputError, match="not an earlier copy"):
+        RuntimeRecords(tmp_path / "run.npz")
+    assert (tmp_path / "run.runtime.npz").read_bytes() == before
+    (tmp_path / "notes.runtime.npz").write_text("my notes")      # not a trace at all
+    with pytest.raises(UserInputError, match="not an earlier copy"):
+        RuntimeRecords(tmp_path / "notes.npz")
+    mine = Trace.from_columns([0, 1], [0, 1], [0, 0], [512, 512], runtime_records_of="r.npz")
+    save(mine, tmp_path / "r.runtime.npz")           # this recording's earlier records
+    RuntimeRecords(tmp_path / "r.npz")
 
 
 def test_off_a_tpu_no_profiler_session_is_started_and_the_trace_says_why(tmp_path: Path) -> None:

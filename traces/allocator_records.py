@@ -48,7 +48,7 @@ def check_allocator_records(trace: Trace, source: str | None = None) -> list[dic
             raise TraceError(f"{where}: action {action!r} is not one the allocator records "
                              f"({', '.join(sorted(ACTIONS))})", source=source)
         event = record.get("event")
-        if not _whole(event) or event >= events:
+        if not isinstance(event, int) or not _whole(event) or event >= events:
             raise TraceError(f"{where}: event {event!r} is not an event of the trace "
                              f"(0 to {events - 1:,})", source=source)
         for name in WHOLE_FIELDS:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from allocsim.atomic_files import refuse_overwriting_input
 from allocsim.errors import UserInputError
 from allocsim.printable import printable
 from allocsim.sim.cli.common import (
@@ -18,6 +19,7 @@ from allocsim.sim.cli.common import (
 )
 from allocsim.sim.output.export import simulate_snapshot, write_snapshot
 from allocsim.sim.output.ownership import claim_unless_foreign, is_allocsim_trace
+from allocsim.traces.bundled import resolve_trace_name
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
         # name would hold one under a name that promises something else.
         raise UserInputError(f"{args.output}: a snapshot is a pickle: name it .pickle (or "
                              ".pkl)")
+    # A snapshot is itself a trace allocsim reads, and one it wrote: without this, -o naming
+    # the input (by any spelling: ./s.pickle, a link) replaced it with its own replay.
+    refuse_overwriting_input(args.output, [resolve_trace_name(args.trace),
+                                           getattr(args, "device_profile", None)])
     claim = claim_unless_foreign(args.output, "a snapshot", is_allocsim_trace)
     device = device_from_args(args)
     trace = load_trace(args.trace, args)

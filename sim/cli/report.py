@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from allocsim.atomic_files import refuse_overwriting_input
+from allocsim.errors import UserInputError
+from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     TORCH_SAMPLE,
     add_output_option,
@@ -33,6 +36,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # -o naming one of the results files it reads (by any spelling: ./results.json, a link).
+    refuse_overwriting_input(args.output, args.results)
+    if not str(args.output).lower().endswith(".html"):
+        # The page is HTML; under another name (results.json, notes.txt) it would replace a
+        # file that the ownership check (by suffix, sim/output/ownership.py) cannot tell for a
+        # report, and a .json name ended there in a TypeError.
+        raise UserInputError(f"{printable(args.output)}: a report is an HTML page: name it "
+                             ".html")
     with command_progress("report") as progress:
         progress.update(f"reading {len(args.results)} results file"
                         + ("s" * (len(args.results) != 1)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from allocsim.atomic_files import refuse_overwriting_input
 from allocsim.errors import UserInputError
 from allocsim.policies import format_size
 from allocsim.printable import printable
@@ -223,8 +224,7 @@ def run_convert(args: argparse.Namespace) -> int:
     args.output = args.output or args.output_file
     if not args.output:
         raise UserError("convert: no output file: allocsim convert INPUT OUTPUT (or -o OUTPUT)")
-    if Path(args.input).resolve() == Path(args.output).resolve():
-        raise UserError(f"{args.output}: refusing to overwrite the input file")
+    refuse_overwriting_input(args.output, [args.input])   # hard and soft links included
     claim = claim_unless_foreign(args.output, "a trace", is_allocsim_trace)
     trace = load_trace(args.input, args)
     ensure_parent(args.output)

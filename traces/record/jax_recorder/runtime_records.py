@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from allocsim.atomic_files import OutputClaim, claim_output
+from allocsim.errors import UserInputError
 from allocsim.traces.formats import save
 from allocsim.traces.model import Trace, TraceError
 
@@ -29,11 +30,39 @@ __all__ = ["RuntimeRecords", "beside"]
 RUNTIME_SUFFIX = ".runtime.npz"
 
 
+# Compression suffixes that belong to a trace file's extension (``run.jsonl.gz``).
+_COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
+# The metadata key that says whose records a sidecar holds (the trace file's name).
+OWNER_KEY = "runtime_records_of"
+
+
 def beside(output: str | os.PathLike[str]) -> Path:
-    """Where the runtime's records of ``output`` go: its name up to the first dot, then
-    ``.runtime.npz``, in its folder (``run.npz`` -> ``run.runtime.npz``)."""
+    """Where the runtime's records of ``output`` go: its name less its extension, then
+    ``.runtime.npz``, in its folder (``run.npz`` -> ``run.runtime.npz``, ``my.run.v2.npz`` ->
+    ``my.run.v2.runtime.npz``: every dot but the extension's is the name's)."""
     path = Path(output)
-    return path.with_name(path.name.split(".")[0] + RUNTIME_SUFFIX)
+    name = path.name
+    if name.endswith(_COMPRESSED):
+        name = name.rsplit(".", 1)[0]
+    stem = name.rsplit(".", 1)[0] if "." in name.lstrip(".") else name
+    return path.with_name(stem + RUNTIME_SUFFIX)
+
+
+def _check_own(sidecar: Path, output: str | os.PathLike[str]) -> None:
+    """Refuse, before the program runs, a file at the sidecar's path that is not an earlier
+    copy of this recording's own records (another recording, or not a trace at all)."""
+    if not sidecar.exists():
+        return
+    from allocsim.traces.formats import load
+    owner = None
+    try:
+        owner = load(sidecar).metadata.get(OWNER_KEY)
+    except Exception:   # not a trace we can read: not ours to replace
+        owner = None
+    if owner != Path(output).name:
+        raise UserInputError(f"{sidecar}: the TPU runtime's records of {Path(output).name} "
+                             "would go here, but the file there is not an earlier copy of "
+                             "them; move it or record to another -o")
 
 
 class RuntimeRecords:
@@ -41,6 +70,9 @@ class RuntimeRecords:
 
     def __init__(self, output: str | os.PathLike[str] | None) -> None:
         # Claimed at once, as the recorder's own output is: before the program runs.
+        self.output_name = None if output is None else Path(output).name
+        if output is not None:
+            _check_own(beside(output), output)
         self.claim: OutputClaim | None = None if output is None \
             else claim_output(beside(output), keep_refused=True)
         self.folder: Path | None = None
@@ -96,6 +128,7 @@ class RuntimeRecords:
                 "note": "the runtime's own records: sizes as it holds them, executables' "
                         "generated code included, XLA's temp not (held as reserved scratch)"}
             if self.claim is not None:
+                trace.metadata[OWNER_KEY] = self.output_name
                 save(trace, self.claim)
                 self.summary["file"] = self.claim.path.name
             return trace
