@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from allocsim.ascii_numbers import MAX_DIGITS
 from allocsim.errors import UserInputError
 
 _UNITS = {
@@ -45,6 +46,13 @@ def parse_size_floor(text: str | int | float) -> tuple[int, bool]:
             raise UserInputError(f"not a size in bytes: {text!r}")
         return int(text), True
     match = _SIZE.match(str(text))
+    if match:
+        # Fraction() of more than 4,300 digits is a ValueError of Python's own (its limit on
+        # converting text to int): refused here, in one line, long before that.
+        digits = sum(c.isdigit() for c in match.group(1))
+        if digits > MAX_DIGITS:
+            raise UserInputError(f"not a size: a number of {digits:,} digits (a size has at "
+                                 f"most {MAX_DIGITS})")
     unit = match.group(2).lower() if match else None
     if not match or unit not in _UNITS:
         raise UserInputError(f"not a size: {text!r} (examples: 4096, 512MiB, 24GiB, 80GB)")

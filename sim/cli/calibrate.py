@@ -8,9 +8,15 @@ import json
 import sys
 from typing import Any
 
-from allocsim.policies import format_size, parse_size
+from allocsim.policies import format_size
 from allocsim.printable import printable
-from allocsim.sim.cli.common import add_output_option, examples, int_argument, print_written
+from allocsim.sim.cli.common import (
+    add_output_option,
+    examples,
+    int_argument,
+    print_written,
+    size_option,
+)
 from allocsim.sim.output.files import write_json
 from allocsim.sim.output.ownership import guard
 from allocsim.sim.validation.calibrate import DEFAULT_CALIBRATION_SIZES, calibrate
@@ -46,7 +52,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         guard(args.output, "device-profile")
     if args.measurements:
         guard(args.measurements, "calibrate-measurements")
-    sizes = ([parse_size(s) for s in args.sizes] if args.sizes
+    sizes = ([size_option(s, "--sizes") for s in args.sizes] if args.sizes
              else list(DEFAULT_CALIBRATION_SIZES))
     calibration = calibrate(sizes, args.repeats, name=args.name, output=args.output)
     if args.measurements:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from allocsim.errors import UserInputError
-from allocsim.policies import DEFAULT_POLICIES, parse_size
+from allocsim.policies import DEFAULT_POLICIES
 from allocsim.sim.cli.common import (
     JAX_SAMPLE,
     add_device_options,
@@ -19,6 +19,7 @@ from allocsim.sim.cli.common import (
     plain_progress,
     print_json,
     print_written,
+    size_option,
 )
 from allocsim.sim.output.files import write_json
 from allocsim.sim.output.next_step import does_not_fit, next_step
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace, args)
     device = device_for_traces(args, [trace])
     policies = [str(normalize_spec(p)) for p in (args.policies or DEFAULT_POLICIES)]
-    resolution = parse_size(args.resolution)
+    resolution = size_option(args.resolution, "--resolution")
     if trace.peak_live()[0] <= 0:
         # Every capacity "fits" a trace that never holds a byte: an answer would be the search's
         # first step, a number that says nothing about the trace.

@@ -228,12 +228,19 @@ def device_for_traces(args: argparse.Namespace, traces: list[Trace]) -> DevicePr
     return device
 
 
-def context_option(text: str, option: str = "--context") -> int:
-    """Bytes in a ``--context`` value (0 allowed: no share)."""
+def size_option(text: str, option: str) -> int:
+    """Bytes in the value of a size option (``--resolution``, ``--sizes``, ...): a malformed
+    size, or a number of more digits than any size has, is refused in one line that names the
+    option."""
     try:
-        nbytes = parse_size(text)
+        return parse_size(text)
     except UserInputError as err:
         raise UserError(f"{option}: {err}") from None
+
+
+def context_option(text: str, option: str = "--context") -> int:
+    """Bytes in a ``--context`` value (0 allowed: no share)."""
+    nbytes = size_option(text, option)
     if nbytes < 0:
         raise UserError(f"{option}: must be a size >= 0, e.g. 512MiB or 0; got {text!r}")
     return nbytes

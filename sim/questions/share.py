@@ -20,8 +20,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any
 
+from allocsim.ascii_numbers import MAX_DIGITS
 from allocsim.errors import UserInputError
 from allocsim.policies import parse_policy
 from allocsim.sim.kernel.device import DeviceProfile
@@ -32,6 +34,10 @@ DEFAULT_SHARE_POLICY = "jax"
 SHARE_KIND = "allocsim-share"       # the "kind" of every share document (share.json, --json)
 _UNITS_NS = {"": 1_000_000_000, "s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 _START = re.compile(r"^([0-9]*\.?[0-9]+)\s*(s|ms|us|ns)?$")
+# The latest a process's events may fall, start included: a shared run's clock, its timeline and
+# share.json's times are int64 nanoseconds, and the device calls' own time comes on top, so
+# half of int64's range (146 years) is kept for them.
+MAX_END_NS = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -73,10 +79,26 @@ class ShareSpec:
 
 
 def parse_start(text: str) -> int:
+    """Nanoseconds in a spec's ``@START`` (``2s``, ``500ms``, ``100us``, ``7ns``; a bare number
+    is seconds), exact (no float: ``@9007199254740993ns`` is that many); past
+    :data:`MAX_END_NS`, or more digits than any time has, one line."""
     match = _START.match(text.strip())
     if not match:
-        raise UserInputError(f"bad start time {text!r} (examples: 2s, 500ms, 100us, 0.5)")
-    return round(float(match.group(1)) * _UNITS_NS[match.group(2) or ""])
+        raise UserInputError(f"bad start time {_shown(text)} (examples: 2s, 500ms, 100us, 0.5)")
+    number = match.group(1)
+    if len(number.replace(".", "")) > MAX_DIGITS:
+        raise UserInputError(f"start time {_shown(text)}: a number of "
+                             f"{len(number.replace('.', '')):,} digits is past any time")
+    start_ns = round(Fraction(number) * _UNITS_NS[match.group(2) or ""])
+    if start_ns > MAX_END_NS:
+        raise UserInputError(f"start time {_shown(text)} is {start_ns:,} ns, past the "
+                             f"{MAX_END_NS:,} ns (146 years) a shared run's clock keeps "
+                             "(its times are int64 nanoseconds)")
+    return start_ns
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 60 else repr(text[:60]) + f"... ({len(text):,} characters)"
 
 
 def parse_share_spec(text: str) -> ShareSpec:
@@ -119,6 +141,13 @@ def share(traces: Sequence[Trace], specs: Sequence[ShareSpec], device: DevicePro
     As on a real GPU, a process dies at its first OOM and every process's memory goes back to
     the device when it ends, so what a later process can get depends on who is still running.
     """
+    for trace, spec in zip(traces, specs):
+        end_ns = spec.start_ns + trace.duration_ns
+        if end_ns > MAX_END_NS:
+            raise UserInputError(f"{spec.trace}@{spec.start_ns}ns: its last event would fall at "
+                                 f"{end_ns:,} ns (the start plus the trace's "
+                                 f"{trace.duration_ns:,} ns), past the {MAX_END_NS:,} ns "
+                                 "(146 years) a shared run's clock keeps")
     return run_shared([SharedProcess(trace, spec.policy, spec.start_ns, process=index,
                                      context_bytes=spec.outside.context_bytes,
                                      first_step_bytes=spec.outside.first_step_bytes,

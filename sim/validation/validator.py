@@ -55,6 +55,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from allocsim.errors import UserInputError
 from allocsim.policies import PolicySpec, PolicySpecError, parse_policy, parse_size
 from allocsim.policies.registry import alloc_conf_spec
 from allocsim.policies.settings import PyTorchSettings
@@ -91,6 +92,15 @@ from allocsim.sim.validation.report import (
 )
 from allocsim.traces.formats.limits import read_input_text
 from allocsim.traces.model import Trace, TraceError
+
+
+def _capacity_bytes(capacity: int | str) -> int:
+    """Bytes in the ``--capacity`` the validator is given; a malformed size is one line naming
+    the option."""
+    try:
+        return parse_size(capacity)
+    except UserInputError as err:
+        raise ValidatorError(f"--capacity: {err}") from None
 
 
 def _resolve_profile(device_profile: DeviceProfile | str | Path | None) -> DeviceProfile:
@@ -163,7 +173,7 @@ def validate(trace: Trace | str | Path, policy_spec: str | PolicySpec | None = N
     # the start): a CUDA context there is already outside it, so the profile's share is not
     # taken again (issue 26.3).
     named = _resolve_profile(device_profile)
-    size = None if capacity is None else check_capacity(parse_size(capacity), "--capacity")
+    size = None if capacity is None else check_capacity(_capacity_bytes(capacity), "--capacity")
     profile = named.device_with(None if size in (None, named.capacity) else size, context=0)
     if policy_spec is None and chosen.name == "torch":
         # The model is configured as the real allocator of this process is: by the allocator

@@ -106,6 +106,10 @@ SYNTHETIC_STEP_NS = 1000
 # with ALLOCATION_UNIT_SIZE = 512); a request whose rounding passes int64 cannot be logged.
 ROUND_BYTES = 512
 _MAX_REQUEST = (1 << 63) - ROUND_BYTES
+# The most memory a device allocsim models holds (sim/kernel/device_profile.py's
+# MAX_PROFILE_CAPACITY, 1 EiB; traces/ cannot import it): a malloc the pool answered, or a
+# buffer it freed, of more than that is no record of a real pool (a hand edit, a corrupt log).
+MAX_HELD_BYTES = 1 << 60
 _DETECT = re.compile(rb'^\s*\{.*"hook"\s*:\s*"(?:malloc|free|alloc)"', re.MULTILINE)
 _NONE = -1  # a field the line did not have
 
@@ -207,6 +211,8 @@ class _Builder:
                 continue
             event = len(self.cols["op"])
             if hook == HOOK_ALLOC:
+                if ev.ptr[i] != 0:
+                    self.check_held(i, "mem_size", int(ev.mem_size[i]))
                 # mem_ptr 0: cudaMalloc failed (CuPy then frees its cache and retries).
                 action = "segment_alloc_failed" if ev.ptr[i] == 0 else "segment_alloc"
                 self.refer(i, event, action, int(ev.mem_size[i]), addr=max(int(ev.ptr[i]), 0))
@@ -240,6 +246,9 @@ class _Builder:
         if int(ev.mem_size[i]) < size:
             raise self.fail(i, f"mem_size {int(ev.mem_size[i])} is smaller than the size {size} "
                                "requested (the pool rounds up, never down)")
+        if ptr != 0:    # answered (a failed request of any size is an OOM the log recorded)
+            self.check_held(i, "size", size)
+            self.check_held(i, "mem_size", int(ev.mem_size[i]))
         if ptr == 0:
             if size == 0:
                 self.skipped_zero += 1  # Memory(0): no device memory, and no free hook
@@ -252,8 +261,16 @@ class _Builder:
         self.buffer_mem_size[buffer_id] = int(ev.mem_size[i])
         self.add(self.time(i, event), OP_ALLOC, buffer_id, size, stream, ev.tag[i])
 
+    def check_held(self, i: int, key: str, nbytes: int) -> None:
+        """Refuse record ``i`` when its ``key`` says the pool handed out ``nbytes``, more than
+        any device holds (:data:`MAX_HELD_BYTES`)."""
+        if nbytes > MAX_HELD_BYTES:
+            raise self.fail(i, f"{key} {nbytes:,} is more than any device holds (at most "
+                               f"{MAX_HELD_BYTES:,} bytes, 1 EiB): no pool hands that out")
+
     def free(self, i: int, event: int) -> None:
         ev = self.events
+        self.check_held(i, "mem_size", int(ev.mem_size[i]))
         stream = self.stream_id(i)
         buffer_id, size, alloc_event = self.matcher.free(self.key(i), int(ev.mem_size[i]),
                                                          stream=stream, event=i)
