@@ -28,13 +28,14 @@ import argparse
 import errno
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from allocsim import __version__
 from allocsim.errors import UserInputError
 from allocsim.interrupts import ending_on_signals, exit_status, signal_name
-from allocsim.printable import printable
+from allocsim.printable import PrintableStream, printable
 from allocsim.sim.cli import (
     baseline,
     calibrate,
@@ -168,12 +169,33 @@ def _unnamed_write(err: OSError) -> str | None:
     return f"standard output ({target})" if target.startswith("/") else "standard output"
 
 
+@contextmanager
+def _printable_stdout(wanted: bool = True) -> Iterator[None]:
+    """Standard output written through :class:`allocsim.printable.PrintableStream` while a
+    command runs: whatever name a command prints (a trace's, a tag's, a device profile's, a
+    shape's), no escape sequence, bell or bidi override reaches the terminal raw (issue 56,
+    item 13); the displays escape names themselves too, this is the rule over all of them."""
+    stream = sys.stdout
+    if not wanted or stream is None or isinstance(stream, PrintableStream):
+        yield
+        return
+    sys.stdout = PrintableStream(stream)
+    try:
+        yield
+    finally:
+        if isinstance(sys.stdout, PrintableStream) and sys.stdout.wrapped is stream:
+            sys.stdout = stream
+
+
 def _run_command(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        status = int(args.func(args))
-        sys.stdout.flush()      # a write error of the output's last bytes is reported here too
+        # A recorded script's own output is the script's: written as it writes it.
+        recording = getattr(args.func, "__module__", "").endswith(".cli.record")
+        with _printable_stdout(not recording):
+            status = int(args.func(args))
+            sys.stdout.flush()  # a write error of the output's last bytes is reported here too
         return status
     except BrokenPipeError:  # output piped into `head` and the like: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

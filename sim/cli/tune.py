@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from allocsim.errors import UserInputError
-from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     JAX_SAMPLE,
     TORCH_SAMPLE,
@@ -30,6 +29,7 @@ from allocsim.sim.cli.common import (
 )
 from allocsim.sim.kernel.device import DeviceProfile, resolve_device
 from allocsim.sim.kernel.device_buffers import is_tpu
+from allocsim.sim.output.display_text import shown
 from allocsim.sim.output.next_step import does_not_fit
 from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN
 from allocsim.sim.questions.tune.recommend import tune
@@ -148,7 +148,7 @@ def _nothing_fits(args: argparse.Namespace, trace: Trace, device: DeviceProfile)
                                "context_bytes": device.context_bytes},
                     "next_step": step.to_json_dict()})
     else:
-        print(f"tune {printable(trace.name)} as {args.framework} on card {device.label}\n")
+        print(f"tune {shown(trace.name)} as {args.framework} on card {shown(device.label)}\n")
         print("\n".join(step.lines()))
     return 1
 

@@ -3,10 +3,14 @@
 Names are drawn into figures, headings and tables. A trace named with 400 KB of text took
 matplotlib most of a minute per figure, glyph by glyph in its C++ (where a SIGTERM waits for
 it), and padded every row of a terminal table to its width. Displays show a name's start and an
-ellipsis; results.json, and every file meant for a program, keep it whole.
+ellipsis; results.json, and every file meant for a program, keep it whole. A display shows a
+name escaped as :func:`allocsim.printable.printable` escapes it (issue 56.13): an escape
+sequence, a bell or a bidi override in a name reaches no terminal, figure or page raw.
 """
 
 from __future__ import annotations
+
+from allocsim.printable import printable
 
 __all__ = ["MAX_SHOWN", "shown"]
 
@@ -14,7 +18,6 @@ MAX_SHOWN = 120     # characters of a name a display shows: a figure title's wid
 
 
 def shown(text: object, most: int = MAX_SHOWN) -> str:
-    """``text`` as a display shows it: whole up to ``most`` characters, else its first
-    ``most`` − 1 and an ellipsis."""
-    value = str(text)
-    return value if len(value) <= most else value[:most - 1] + "…"
+    """``text`` as a display shows it: escaped (:func:`printable`), whole up to ``most``
+    characters, else its first ``most`` − 1 and an ellipsis."""
+    return printable(text, most)

@@ -35,6 +35,7 @@ import numpy as np
 
 from allocsim.policies import format_size
 from allocsim.sim.kernel.device import DeviceProfile
+from allocsim.sim.output.display_text import shown
 from allocsim.sim.output.holders import group_by_kind, live_at_peak, split_layer
 from allocsim.traces.model import OP_ALLOC, OP_FREE, Trace
 
@@ -82,7 +83,8 @@ class NextStep:
                "allocator setting changes peak live: the job must hold less.",
                "  largest holders at the peak (live blocks by kind):"]
         for kind, size in self.holders:
-            out.append(f"    {format_size(size):>10}  {size / self.peak_live:6.1%}  {kind}")
+            out.append(f"    {format_size(size):>10}  {size / self.peak_live:6.1%}  "
+                       f"{shown(kind)}")
         out.append(f"  stays whatever the batch: {format_size(self.stays)} (kinds never freed "
                    "in the recording, or tagged as parameters, gradients or optimizer state); "
                    f"scales with it: {format_size(self.scales)} (kinds that come and go: "

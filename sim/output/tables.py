@@ -44,10 +44,14 @@ def _row(result: RunResult, name: str | None = None) -> list[str]:
 
 def format_table(rows: Sequence[Sequence[str]], header: Sequence[str],
                  left: Sequence[int] = (0,)) -> str:
-    """A plain text table: columns in ``left`` left-aligned (text), the rest right (numbers)."""
-    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
+    """A plain text table: columns in ``left`` left-aligned (text), the rest right (numbers).
+    Every cell is shown escaped (:func:`printable`): a name in a table (a trace's, a tag's, a
+    policy's) reaches the terminal with no control character, and the columns stay aligned."""
+    header = [printable(c) for c in header]
+    rows = [[printable(c) for c in row] for row in rows]
+    widths = [max(len(x) for x in column) for column in zip(header, *rows)]
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w)
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
@@ -85,7 +89,8 @@ def comparison_text(comparison: Comparison) -> str:
             f"{trace['allocs']:,} allocs, {trace['duration_s']:.3g} s, "
             f"peak live {format_size(trace['peak_live'])}"
             f"{before_recording_note(trace)}\n"
-            f"device {device.label}: {format_size(device.capacity)}{context_note(device)}\n")
+            f"device {shown(device.label)}: {format_size(device.capacity)}"
+            f"{context_note(device)}\n")
     choice = comparison.choice
     framework = choice is not None and choice.framework is not None
     columns = ("setting", *COLUMNS[1:]) if framework else COLUMNS
@@ -247,5 +252,5 @@ def share_text(run: SharedRun, specs: Sequence[ShareSpec], device: DeviceProfile
         verdict += (f", but no two of them ran at the same time ({spans}): the device was "
                     "never shared; start them closer together (TRACE:POLICY@START) to test "
                     "sharing")
-    return (f"device {device.label}: {format_size(device.capacity)}; peak of all processes "
+    return (f"device {shown(device.label)}: {format_size(device.capacity)}; peak of all processes "
             f"together {format_size(run.device_peak)}\n\n{table}\n\n{verdict}")

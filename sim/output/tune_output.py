@@ -12,6 +12,7 @@ from typing import Any
 from allocsim.policies import format_size
 from allocsim.sim.kernel.engine import replay
 from allocsim.sim.kernel.results import SCHEMA_VERSION
+from allocsim.sim.output.display_text import shown
 from allocsim.sim.output.figures import pyplot, save, size_unit
 from allocsim.sim.output.files import write_json
 from allocsim.sim.output.html_report import write_report
@@ -76,10 +77,12 @@ def text(result: TuneResult) -> str:
     """The whole answer for a person: the line to paste first."""
     r = result
     card = r.card
-    where = (f"card {r.device.label} ({format_size(r.device.capacity)}{_card_share(r)})"
-             if card else f"the smallest card (costs of {r.device.label}{_card_share(r)})")
+    device = shown(r.device.label)
+    where = (f"card {device} ({format_size(r.device.capacity)}{_card_share(r)})"
+             if card else f"the smallest card (costs of {device}{_card_share(r)})")
     budget = "none" if r.max_slowdown is None else f"{r.max_slowdown:.2f}x"
-    lines = [f"tune {r.trace['name']} as {r.framework} on {where}; slowdown budget {budget}"]
+    lines = [f"tune {shown(r.trace['name'])} as {r.framework} on {where}; slowdown budget "
+             f"{budget}"]
     before = before_recording_note(r.trace)
     if before:
         lines.append(f"  peak live {format_size(r.trace['peak_live'])}{before}")
@@ -201,7 +204,7 @@ def figure(result: TuneResult, path: str | Path) -> Path:
     ooms = sum(1 for t in result.trials if not t.completed)
     ax.set_xlabel(f"{'peak reserved' if card else 'smallest card'} ({unit})")
     ax.set_ylabel("modelled allocator time (ms)")
-    ax.set_title(f"tune {result.trace['name']} as {result.framework}\n{len(result.trials)} "
+    ax.set_title(f"tune {shown(result.trace['name'])} as {result.framework}\n{len(result.trials)} "
                  f"settings; {ooms} run out of memory (not drawn)", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()

@@ -59,6 +59,7 @@ from allocsim.policies.pytorch.caching import (
     get_allocation_size,
 )
 from allocsim.policies.settings import PyTorchSettings
+from allocsim.printable import printable
 from allocsim.sim.kernel.device import (
     DEFAULT_PROFILE,
     DeviceProfile,
@@ -87,6 +88,7 @@ __all__ = [
 ]
 
 MAX_SPLIT_SIZES_MB = (128, 512)
+SHOWN_NAME = 120                # characters of a name the text shows (display_text.MAX_SHOWN)
 OFFLINE_MAX_BUFFERS = 200_000   # the offline planner is O(buffers × overlapping buffers)
 REAL_SHORTAGE = "real shortage"
 LIMIT = "limit"
@@ -153,8 +155,9 @@ class OOMExplanation:
     def text(self) -> str:
         """One screen."""
         f = format_size
-        lines = [f"OOM in {self.trace} under {self.policy} on {self.device} "
-                 f"(capacity {f(self.capacity)}: {self.capacity_source})",
+        lines = [f"OOM in {_shown(self.trace)} under {_shown(self.policy)} on "
+                 f"{_shown(self.device)} (capacity {f(self.capacity)}: "
+                 f"{_shown(self.capacity_source)})",
                  f"  failing request     {f(self.request)} on stream {self.stream}, "
                  f"event {self.event:,}",
                  f"  live                {f(self.live):>10s}  requested bytes of the buffers "
@@ -175,26 +178,33 @@ class OOMExplanation:
                          "asks the device for")
         lines.append(f"verdict: {self.verdict.upper()} — {self.reason}")
         lines.append(f"at {f(self.capacity)}, would it have completed?")
-        width = max([len(a.policy) for a in self.alternatives] + [6])
+        names = [_shown(a.policy) for a in self.alternatives]
+        width = max([len(name) for name in names] + [6])
         lines.append(f"  {'policy':{width}s}  done  peak reserved       spare")
-        for a in self.alternatives:
+        for a, name in zip(self.alternatives, names):
             peak = f(a.peak_reserved) if a.peak_reserved is not None else "-"
             spare = f(a.spare) if a.spare is not None else (
                 f"OOM@{a.first_oom_event:,}" if a.first_oom_event is not None else "-")
             done = "yes" if a.completed else "no"
-            note = f"  ({a.note})" if a.note else ""
-            lines.append(f"  {a.policy:{width}s}  {done:4s}  {peak:>13s}  {spare:>10s}{note}")
+            note = f"  ({printable(a.note)})" if a.note else ""
+            lines.append(f"  {name:{width}s}  {done:4s}  {peak:>13s}  {spare:>10s}{note}")
         online = [a for a in self.completing if a.policy != "offline"]
         best = max(online, key=lambda a: a.spare or 0, default=None)
         if best is not None:
-            lines.append(f"most to spare: {best.policy} ({f(best.spare or 0)})")
+            lines.append(f"most to spare: {_shown(best.policy)} ({f(best.spare or 0)})")
         elif self.completing:
             lines.append("only the offline plan (a plan, not a runnable allocator) completes")
         else:
             lines.append("none of them completes at this capacity")
         for note in self.notes:
-            lines.append(f"note: {note}")
+            lines.append(f"note: {printable(note)}")
         return "\n".join(lines)
+
+
+def _shown(name: object) -> str:
+    """A name (the trace's, a policy's, the device's) as the explanation shows it: escaped and
+    bounded as every display shows a name (sim/output/display_text.py; issue 56.13)."""
+    return printable(name, SHOWN_NAME)
 
 
 # ============================================================================ the verdict
@@ -324,15 +334,15 @@ def _is_snapshot(trace: Trace) -> bool:
 def _explain_replayed(trace: Trace, spec: PolicySpec, profile: DeviceProfile,
                       max_split_sizes_mb: Sequence[int]) -> OOMExplanation:
     if len(trace.processes()) > 1:
-        raise UserInputError(f"{trace.name}: explain-oom takes one process; this trace has "
+        raise UserInputError(f"{_shown(trace.name)}: explain-oom takes one process; this trace has "
                          f"{len(trace.processes())} (select one first)")
     run = ProcessReplay(trace, spec, SimulatedDevice(profile), stop_on_oom=True,
                         call_log=False)             # the OOM's state is read, no timeline
     run.advance(len(trace))
     if run.report.first_oom is None:
-        raise NoOOMError(f"{trace.name} does not run out of memory under {spec} on "
-                         f"{profile.label} ({format_size(profile.capacity)}); give a smaller "
-                         "--capacity")
+        raise NoOOMError(f"{_shown(trace.name)} does not run out of memory under {spec} on "
+                         f"{_shown(profile.label)} ({format_size(profile.capacity)}); give a "
+                         "smaller --capacity")
     oom = run.report.first_oom
     event, request, live, reserved, largest = (oom.event, oom.size, oom.allocated,
                                                 oom.reserved, oom.largest_free)
