@@ -11,6 +11,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -447,6 +448,51 @@ def ensure_parent(path: str) -> None:
     """The one rule for output paths on the command line: a missing folder is created (as
     ``--out DIR`` is), so ``gen``, ``convert``, ``report`` and ``export-snapshot`` agree."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+
+def check_output_folder(path: str | os.PathLike[str], *, folder: bool = False) -> None:
+    """Refuse, in one line and before any work, an output that could not be written: a FILE
+    (``folder=False``) whose folder must exist, as the trace writers want it, or a DIR
+    (``folder=True``), made where missing, so the nearest folder above it that exists must
+    take it. A file or a dangling link where a folder must be is refused. The folder is tried
+    as the atomic writer will use it: a temporary file made there and removed at once (a
+    read-only folder or file system, another user's folder; root passes where root may
+    write). Nothing is left behind, nothing is made."""
+    given = printable(os.fspath(path))
+    target = Path(path).absolute()
+
+    def shown(where: Path) -> str:   # as the path was given: relative where it was
+        if not Path(path).is_absolute():
+            try:
+                return printable(os.path.relpath(where))
+            except ValueError:      # another drive (Windows)
+                pass
+        return printable(os.fspath(where))
+
+    if folder:
+        if (target.exists() or target.is_symlink()) and not target.is_dir():
+            raise UserError(f"{given}: not a folder (a file of that name exists)")
+        probe = target
+        while not probe.is_dir():   # the nearest folder that exists: the rest would be made
+            if probe.exists() or probe.is_symlink():
+                raise UserError(f"{given}: {shown(probe)} is not a folder")
+            probe = probe.parent
+    else:
+        probe = target.parent
+        if not probe.is_dir():
+            if probe.exists() or probe.is_symlink():
+                raise UserError(f"{given}: {shown(probe)} is not a folder")
+            raise UserError(f"{given}: the folder {shown(probe)} does not exist")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".allocsim-check.", suffix=".tmp", dir=probe)
+    except OSError as err:
+        raise UserError(f"{given}: cannot write into {shown(probe)}: "
+                        f"{err.strerror or err}") from None
+    os.close(fd)
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
 
 
 # What the examples run on: the bundled samples, as a checkout holds them.

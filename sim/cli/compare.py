@@ -11,9 +11,11 @@ from allocsim.printable import printable
 from allocsim.sim.cli.common import (
     JAX_SAMPLE,
     TORCH_SAMPLE,
+    UserError,
     add_device_options,
     add_output_option,
     add_reading_options,
+    check_output_folder,
     command_progress,
     device_for_traces,
     examples,
@@ -25,6 +27,7 @@ from allocsim.sim.cli.common import (
     replay_reporter,
 )
 from allocsim.sim.output.next_step import does_not_fit, next_step
+from allocsim.sim.output.ownership import guard
 from allocsim.sim.output.results_dir import write_comparisons
 from allocsim.sim.output.tables import comparison_text
 from allocsim.sim.questions.compare import DEFAULT_MAX_SLOWDOWN, Comparison, compare, normalize_spec
@@ -81,8 +84,22 @@ def _traces_after_policies(args: argparse.Namespace) -> None:
         args.traces = [*args.traces, *traces]
 
 
+def _check_output(args: argparse.Namespace) -> None:
+    """Before any trace is read (issue 56.15): ``--figures`` has somewhere to go, and the
+    ``-o`` folder can be written, its results.json and report.html replaced if there."""
+    if args.figures and not args.out:
+        raise UserError("compare: --figures draws into the -o folder: give -o DIR (the PNG "
+                        "figures go there and into its report.html)")
+    if args.out:
+        check_output_folder(args.out, folder=True)
+        out = Path(args.out)
+        guard(out / "results.json", "results")
+        guard(out / "report.html")
+
+
 def run(args: argparse.Namespace) -> int:
     _traces_after_policies(args)
+    _check_output(args)
     budget = max_slowdown_option(args.max_slowdown)
     named = [str(normalize_spec(p)) for p in args.policies] if args.policies else None
     confs = [(text, str(alloc_conf_spec(text))) for text in args.alloc_conf or []]

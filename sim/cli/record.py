@@ -17,6 +17,7 @@ from allocsim.sim.cli.common import (
     add_framework_option,
     add_output_option,
     check_framework,
+    check_output_folder,
     examples,
     print_written,
 )
@@ -89,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
     log = None if not args.log else claim_unless_foreign(args.log, "a CuPy hook log",
                                                          is_allocsim_hook_log,
                                                          keep_refused=True)
+    # The folders must take the files before the script runs, not after it has (issue 56.2):
+    # a missing folder, a file where the folder should be, a read-only one.
+    for path in filter(None, (args.output, args.log)):
+        check_output_folder(path)
     if args.framework is None:    # read from the script's imports, before it runs
         from allocsim.traces.record.script_framework import program_framework
         args.framework = program_framework(command)

@@ -12,14 +12,16 @@ import json
 import sys
 from typing import Any
 
+from allocsim.policies import parse_policy
 from allocsim.sim.cli.common import (
     TORCH_SAMPLE,
     add_output_option,
+    check_output_folder,
     examples,
     plain_progress,
     print_written,
 )
-from allocsim.sim.kernel.device import DeviceProfile, resolve_device
+from allocsim.sim.kernel.device import DeviceProfile, SimulatedDevice, resolve_device
 from allocsim.sim.validation.backends import BACKENDS, DEFAULT_BACKEND
 from allocsim.sim.validation.errors import ValidatorError
 from allocsim.sim.validation.validator import validate, validate_results
@@ -58,13 +60,30 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_validate)
 
 
+# The backends that replay in a child process (its runtime started fresh), where the policy
+# simulated is built only once the child is done: its values are checked before it starts.
+CHILD_BACKENDS = {"jax": "tpu-v5e"}
+
+
+def _check_policy(text: str, backend: str, profile: DeviceProfile | None) -> None:
+    """Build ``--policy`` as the simulation will, on the device it will (the one given, or
+    the backend's chip: the same granularities), so that a value its constructor refuses
+    (``bfc:fraction=7``) is one line now, not after the child's replay."""
+    base = profile if profile is not None else resolve_device(CHILD_BACKENDS[backend])
+    parse_policy(text).build(SimulatedDevice(base.device_with(None, context=0)).view(0))
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     """Run ``allocsim validate``: print the report (or write it), 0 if every check passed."""
+    if args.out:    # a folder that cannot be written, before anything runs (issue 56.16)
+        check_output_folder(args.out, folder=True)
     profile: DeviceProfile | None = None
     if args.device_profile:
         profile = resolve_device(profile_file=args.device_profile)
     elif args.device:
         profile = resolve_device(args.device)
+    if args.policy is not None and args.backend in CHILD_BACKENDS:
+        _check_policy(args.policy, args.backend, profile)
     patterns = not args.no_patterns
     # validate() has no progress hook: when stderr is not a terminal, a line every 10 s
     # while it runs (none for a run shorter than that) and one with the time at the end.
