@@ -58,10 +58,14 @@ def ballast(device: Any, capacity: int) -> tuple[list[Any], int]:
     return held, total
 
 
-def run(out: Path, name: str, capacity: int | None) -> None:
+def measured_run(out: Path, name: str, capacity: int | None, body: Any,
+                 about: dict[str, Any]) -> None:
+    """Run ``body(device, stages)`` on the chip — after a ballast leaving it ``capacity`` bytes,
+    where given — and keep ``memory_stats()`` at its stages, whether it ran, and the runtime's
+    refusal if it did not, in ``OUT/NAME.json`` (``NAME-CAPACITY.json``); one line printed."""
     import jax
     device = jax.devices()[0]
-    record: dict[str, Any] = {"program": name, "capacity": capacity,
+    record: dict[str, Any] = {**about, "capacity": capacity,
                               "versions": package_versions(), "stages": {}}
     stages = record["stages"]
     stages["start"] = _stats(device)
@@ -73,7 +77,7 @@ def run(out: Path, name: str, capacity: int | None) -> None:
             record["ballast_on_device"] = sum(
                 a.addressable_data(0).on_device_size_in_bytes() for a in held)
             stages["ballast"] = _stats(device)
-        PROGRAMS[name](MeasuredChip(device, stages))
+        body(device, stages)
         record["ran"] = True
     except Exception as err:   # the runtime's refusal is the finding
         record["ran"] = False
@@ -88,6 +92,12 @@ def run(out: Path, name: str, capacity: int | None) -> None:
     print(f"{file.name}: ran={record['ran']} peak_in_use={end['peak_bytes_in_use']} "
           f"peak_reserved={end.get('peak_bytes_reserved')} ({record['seconds']} s)"
           + ("" if record["ran"] else f" {record.get('error', '')[:200]}"), flush=True)
+
+
+def run(out: Path, name: str, capacity: int | None) -> None:
+    measured_run(out, name, capacity,
+                 lambda device, stages: PROGRAMS[name](MeasuredChip(device, stages)),
+                 {"program": name})
 
 
 def main() -> None:

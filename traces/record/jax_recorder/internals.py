@@ -76,34 +76,75 @@ def check_version(version: str | None = None) -> None:
                              f"(tested: {TESTED}.x)")
 
 
-class Hooks:
+Patch = tuple[Any, str, Any]    # (owner, attribute, the value put there)
+
+
+class _Patches:
+    """A set of patches put in place together and taken out in reverse order."""
+
+    def __init__(self) -> None:
+        self._saved: list[Patch] = []
+
+    def _apply(self, patches: Sequence[Patch]) -> None:
+        if self._saved:
+            raise RuntimeError("JAX recording hooks are already installed")
+        for owner, name, value in patches:
+            self._saved.append((owner, name, owner.__dict__[name]))
+            setattr(owner, name, value)
+        clear_fastpath_caches()
+
+    def uninstall(self) -> None:
+        while self._saved:
+            owner, name, value = self._saved.pop()
+            setattr(owner, name, value)
+        clear_fastpath_caches()
+
+
+def _shared_patches(on_device_put: DevicePutHook, on_delete: DeleteHook) -> list[Patch]:
+    """The patches both recorders need: the fast path off (every call of a jitted function
+    takes the Python path), ``jax.device_put`` and ``ArrayImpl.delete``."""
+    from jax._src import dispatch, pjit
+    from jax._src.interpreters import pxla
+    from jax._src.lib import xla_client
+    device_put = dispatch._batched_device_put_impl
+    delete = xla_client.ArrayImpl.delete
+
+    def recorded_device_put(*xs: Any, **params: Any) -> Any:
+        return on_device_put(xs, lambda: device_put(*xs, **params))
+
+    def recorded_delete(array: Any) -> None:
+        delete(array)
+        on_delete(array)
+
+    def no_fastpath(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    return [(pjit, "_get_fastpath_data", no_fastpath),
+            (pxla, "MeshExecutableFastpathData", no_fastpath),
+            (dispatch, "_batched_device_put_impl", recorded_device_put),
+            (xla_client.ArrayImpl, "delete", recorded_delete)]
+
+
+class Hooks(_Patches):
     """The patches above; :meth:`install` once, :meth:`uninstall` restores JAX as it was."""
 
     def __init__(self, on_execute: ExecuteHook, on_inputs: InputsHook,
                  on_device_put: DevicePutHook, on_assemble: AssembleHook,
                  on_delete: DeleteHook) -> None:
+        super().__init__()
         self.on_execute = on_execute
         self.on_inputs = on_inputs
         self.on_device_put = on_device_put
         self.on_assemble = on_assemble
         self.on_delete = on_delete
-        self._saved: list[tuple[Any, str, Any]] = []
 
     def install(self) -> None:
-        from jax._src import dispatch, pjit
         from jax._src.interpreters import pxla
-        from jax._src.lib import xla_client
 
-        if self._saved:
-            raise RuntimeError("JAX recording hooks are already installed")
-        on_execute, on_inputs, on_device_put = self.on_execute, self.on_inputs, \
-            self.on_device_put
-        on_assemble, on_delete = self.on_assemble, self.on_delete
+        on_execute, on_inputs, on_assemble = self.on_execute, self.on_inputs, self.on_assemble
         execute = pxla.ExecuteReplicated.__call__
         inputs = pxla.InputsHandler.__call__
-        device_put = dispatch._batched_device_put_impl
         assemble = pxla.batched_device_put
-        delete = xla_client.ArrayImpl.delete
 
         def recorded_execute(executable: Any, *args: Any) -> Any:
             return on_execute(executable, args, execute)
@@ -115,92 +156,39 @@ class Hooks:
             shards = args[2] if len(args) > 2 else kwargs.get("xs", ())
             return on_assemble(shards, lambda: assemble(*args, **kwargs))
 
-        def recorded_device_put(*xs: Any, **params: Any) -> Any:
-            return on_device_put(xs, lambda: device_put(*xs, **params))
-
-        def recorded_delete(array: Any) -> None:
-            delete(array)
-            on_delete(array)
-
-        def no_fastpath(*args: Any, **kwargs: Any) -> None:
-            return None
-
-        for owner, name, value in (
-                (pxla.ExecuteReplicated, "__call__", recorded_execute),
-                (pxla.InputsHandler, "__call__", recorded_inputs),
-                (pxla, "batched_device_put", recorded_assemble),
-                (pjit, "_get_fastpath_data", no_fastpath),
-                (pxla, "MeshExecutableFastpathData", no_fastpath),
-                (dispatch, "_batched_device_put_impl", recorded_device_put),
-                (xla_client.ArrayImpl, "delete", recorded_delete)):
-            self._saved.append((owner, name, owner.__dict__[name]))
-            setattr(owner, name, value)
-        clear_fastpath_caches()
-
-    def uninstall(self) -> None:
-        while self._saved:
-            owner, name, value = self._saved.pop()
-            setattr(owner, name, value)
-        clear_fastpath_caches()
+        self._apply([(pxla.ExecuteReplicated, "__call__", recorded_execute),
+                     (pxla.InputsHandler, "__call__", recorded_inputs),
+                     (pxla, "batched_device_put", recorded_assemble),
+                     *_shared_patches(self.on_device_put, self.on_delete)])
 
 
-class TargetHooks:
+class TargetHooks(_Patches):
     """The patches ``record --target`` needs (:mod:`allocsim.traces.record.jax_recorder.target`):
 
     - ``pjit._pjit_call_impl_python``: every execution of a jitted function or an eager op
       (JAX jits each eager primitive) comes there with its jaxpr, donated inputs and name;
       ``on_call(args, jaxpr, donated_invars, name, call)`` runs it with ``call()``;
-    - the fast path off, as for :class:`Hooks`, so every call takes that Python path;
-    - ``dispatch._batched_device_put_impl`` (``jax.device_put``) and ``ArrayImpl.delete``."""
+    - the fast path off, ``jax.device_put`` and ``ArrayImpl.delete``, as for :class:`Hooks`."""
 
     def __init__(self, on_call: Callable[..., Any], on_device_put: DevicePutHook,
                  on_delete: DeleteHook) -> None:
+        super().__init__()
         self.on_call = on_call
         self.on_device_put = on_device_put
         self.on_delete = on_delete
-        self._saved: list[tuple[Any, str, Any]] = []
 
     def install(self) -> None:
-        from jax._src import dispatch, pjit
-        from jax._src.interpreters import pxla
-        from jax._src.lib import xla_client
+        from jax._src import pjit
 
-        if self._saved:
-            raise RuntimeError("JAX recording hooks are already installed")
-        on_call, on_device_put, on_delete = self.on_call, self.on_device_put, self.on_delete
+        on_call = self.on_call
         impl = pjit._pjit_call_impl_python
-        device_put = dispatch._batched_device_put_impl
-        delete = xla_client.ArrayImpl.delete
 
         def recorded_impl(*args: Any, **params: Any) -> Any:
             return on_call(args, params["jaxpr"], params["donated_invars"], params["name"],
                            lambda: impl(*args, **params))
 
-        def recorded_device_put(*xs: Any, **params: Any) -> Any:
-            return on_device_put(xs, lambda: device_put(*xs, **params))
-
-        def recorded_delete(array: Any) -> None:
-            delete(array)
-            on_delete(array)
-
-        def no_fastpath(*args: Any, **kwargs: Any) -> None:
-            return None
-
-        for owner, name, value in (
-                (pjit, "_pjit_call_impl_python", recorded_impl),
-                (pjit, "_get_fastpath_data", no_fastpath),
-                (pxla, "MeshExecutableFastpathData", no_fastpath),
-                (dispatch, "_batched_device_put_impl", recorded_device_put),
-                (xla_client.ArrayImpl, "delete", recorded_delete)):
-            self._saved.append((owner, name, owner.__dict__[name]))
-            setattr(owner, name, value)
-        clear_fastpath_caches()
-
-    def uninstall(self) -> None:
-        while self._saved:
-            owner, name, value = self._saved.pop()
-            setattr(owner, name, value)
-        clear_fastpath_caches()
+        self._apply([(pjit, "_pjit_call_impl_python", recorded_impl),
+                     *_shared_patches(self.on_device_put, self.on_delete)])
 
 
 def clear_fastpath_caches() -> None:
