@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -40,6 +41,10 @@ GRANULE = 512          # bytes: the runtime's allocation unit
 LANES = 128            # the minor dimension's tile width
 MAX_ROWS = 8           # the tallest ordinary tile
 MAX_DIMENSION = 1 << 40
+# The most digits a byte count may have: CPython prints no longer int (its int-to-text limit),
+# so a shape taking more bytes (rank 400 of 2^40-element dimensions) is refused in one line.
+MAX_DIGITS = 4300
+_TOO_MANY_BYTES = 10 ** MAX_DIGITS
 # XLA's primitive type names (xla_data.proto, PrimitiveType; the text form of a shape) and
 # their bits. Only these were measured on the chip.
 TYPE_BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "f8e4m3fn": 8, "f8e5m2": 8,
@@ -132,32 +137,70 @@ def _row_choices(rows: int, bits: int) -> list[int]:
     return [ordinary] if tall is None else [ordinary, tall]
 
 
+def _tiled_pair(dims: tuple[int, ...], bits: int) -> tuple[tuple[int, ...], int, int]:
+    """(order major to minor, rows, bytes) of a rank-2-or-more array: of every pair of
+    dimensions (second minor, minor) and row count, the fewest bytes; ties to the array's own
+    order, then the taller tile, then the first pair (second minor first, then minor, in index
+    order). The bytes depend only on the sizes of the pair (the others multiply out), so this
+    is worked out in time linear in the rank, not by trying each of its rank² pairs."""
+    rank = len(dims)
+    own = tuple(range(rank))
+    if 0 in dims:   # every layout holds no tile: the own order and the taller tile win
+        return own, max(_row_choices(dims[-2], bits)), 0
+    total = math.prod(dims)
+    sizes: dict[tuple[int, int, int], int] = {}
+
+    def size(second: int, minor: int, rows: int) -> int:   # by the pair's sizes, not indices
+        key = (second, minor, rows)
+        if key not in sizes:
+            tiles = total // (second * minor) * -(-second // rows) * -(-minor // LANES)
+            sizes[key] = _round_up(tiles * rows * LANES * bits // 8, GRANULE)
+        return sizes[key]
+
+    # For a given second-minor dimension the bytes grow with the minor one's lane padding per
+    # element, ceil(d / 128) / d: the two dimensions padding least cover every second minor.
+    waste = {d: Fraction(-(-d // LANES), d) for d in set(dims)}
+    best = min(range(rank), key=lambda d: waste[dims[d]])
+    runner_up = min((d for d in range(rank) if d != best), key=lambda d: waste[dims[d]])
+
+    def least(second: int, rows: int) -> int:
+        minor = runner_up if second == best else best
+        return size(dims[second], dims[minor], rows)
+
+    choices = {d: _row_choices(d, bits) for d in set(dims)}
+    fewest = min(least(s, rows) for s in range(rank) for rows in choices[dims[s]])
+    for rows in sorted(choices[dims[-2]], reverse=True):       # the array's own order first
+        if size(dims[-2], dims[-1], rows) == fewest:
+            return own, rows, fewest
+    for rows in sorted({r for held in choices.values() for r in held}, reverse=True):
+        for second in range(rank):
+            if rows in choices[dims[second]] and least(second, rows) == fewest:
+                minor = next(m for m in range(rank) if m != second
+                             and size(dims[second], dims[m], rows) == fewest)
+                majors = [d for d in range(rank) if d not in (second, minor)]
+                return (*majors, second, minor), rows, fewest
+    raise AssertionError("no layout takes the fewest bytes")   # unreachable: one takes them
+
+
+def _refuse_past_printing(text: str, size: int) -> None:
+    if size >= _TOO_MANY_BYTES:
+        raise UserInputError(f"shape {text!r}: takes a byte count of more than "
+                             f"{MAX_DIGITS:,} digits, past any memory (and what allocsim "
+                             "prints)")
+
+
 def tpu_layout(text: str) -> TpuLayout:
     """The layout and HBM bytes of the array ``text`` (XLA notation) on a TPU (rule: module
     docstring)."""
     dtype, dims = parse_shape(text)
     bits = TYPE_BITS[dtype]
     nbytes = -(-math.prod(dims) * bits // 8)
+    _refuse_past_printing(text, nbytes)   # before tiling: the padded bytes are no fewer
     if len(dims) <= 1:
         size, tile = _vector_bytes(dims[0] if dims else 1, bits)
         return TpuLayout(text, dtype, dims, tuple(range(len(dims))), (tile,), nbytes, size)
-    rank = len(dims)
-    best: tuple[tuple[int, bool, int], tuple[int, ...], int] | None = None
-    for second in range(rank):
-        for minor in range(rank):
-            if second == minor:
-                continue
-            majors = [d for d in range(rank) if d not in (second, minor)]
-            order = (*majors, second, minor)            # major to minor
-            for rows in _row_choices(dims[second], bits):
-                tiles = (math.prod(dims[d] for d in majors) * -(-dims[second] // rows)
-                         * -(-dims[minor] // LANES))
-                size = _round_up(tiles * rows * LANES * bits // 8, GRANULE)
-                key = (size, order != tuple(range(rank)), -rows)
-                if best is None or key < best[0]:
-                    best = (key, order, rows)
-    assert best is not None
-    (size, _, _), order, rows = best
+    order, rows, size = _tiled_pair(dims, bits)
+    _refuse_past_printing(text, size)
     return TpuLayout(text, dtype, dims, tuple(reversed(order)), (rows, LANES), nbytes, size)
 
 

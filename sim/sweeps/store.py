@@ -54,31 +54,38 @@ __all__ = ["ResultsFile", "latest_records", "load_results"]
 RECORD_KEYS = ("cell", "trace", "policy", "device", "capacity", "status", "error", "result")
 RECORD_START = b'{"cell":"'    # how every line the store writes begins (compact JSON, cell first)
 STATUSES = ("ok", "error")
+# A line json cannot parse for its depth (``[[[[...]]]]`` 100,000 deep: RecursionError).
+NESTED = "nested too deeply to read (not a sweep record)"
 
 
 def load_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every record in a results file, in file order. A last line without its newline (a crash
-    mid-write) and lines that are not JSON objects are skipped. A missing file is empty."""
+    mid-write) and lines that are not JSON objects are skipped. A missing file is empty. A line
+    nested too deeply to parse (no record the store writes is) is refused: :class:`SweepError`,
+    one line naming the file and the line."""
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
         return []
-    return _parse_lines(raw)[0]
+    return _parse_lines(raw, path)[0]
 
 
-def _parse_lines(raw: bytes) -> tuple[list[dict[str, Any]], int]:
+def _parse_lines(raw: bytes, path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], int]:
     """(records, length of the good prefix: everything up to the last newline)."""
     end = raw.rfind(b"\n") + 1
     records = []
-    for line in raw[:end].splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("cell"), str):
-            records.append(record)
+    for number, text in enumerate(raw[:end].split(b"\n")[:-1], start=1):
+        for line in text.splitlines():   # as before: a lone \r also ends a line
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            except RecursionError:
+                raise SweepError(f"{printable(path)}: line {number} is {NESTED}") from None
+            if isinstance(record, dict) and isinstance(record.get("cell"), str):
+                records.append(record)
     return records, end
 
 
@@ -107,6 +114,8 @@ def _torn_line(tail: bytes) -> bool:
         json.loads(tail)
     except ValueError:
         return True
+    except RecursionError:   # no record the store writes nests that deep
+        return False
     return False
 
 
@@ -120,6 +129,8 @@ def foreign_content(raw: bytes) -> str | None:
             record = json.loads(line)
         except ValueError:
             record = None
+        except RecursionError:
+            return f"line {number} is {NESTED}"
         if not _is_record(record):
             return f"line {number} is not a sweep record"
     tail = raw[end:]
@@ -152,7 +163,7 @@ class ResultsFile:
             problem = foreign_content(raw)
             if problem is not None:
                 self._refuse(problem)
-            records, good = _parse_lines(raw)
+            records, good = _parse_lines(raw, self.path)
             if good < len(raw):
                 # A crash left half a line: cut it so the next line starts on its own.
                 try:

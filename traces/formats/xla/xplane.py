@@ -152,6 +152,7 @@ def _allocator_order(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]
 
 
 _FREE_SIZES = ("requested_bytes", "allocation_bytes")
+_MAX_TIME_NS = (1 << 63) - 1   # a trace's time column is int64 nanoseconds
 _SIZE_FROM_ALLOC = -1
 
 
@@ -339,6 +340,10 @@ def trace_from_records(records: list[dict[str, Any]], source: str, name: str,
     refs: list[dict[str, Any]] = []
     for record in ordered:
         time_ns = (record["time_ps"] - origin) // 1000
+        if time_ns > _MAX_TIME_NS:   # timestamps at both ends of int64: no trace column holds it
+            raise TraceError(f"a {record['kind']} record comes {time_ns:,} ns after the first, "
+                             "past what 64-bit nanoseconds hold (line timestamp_ns + event "
+                             "offset_ps)", source=source, event=record["order"])
         addr = record["addr"]
         key = record.get("addr_key", addr)
         if record["kind"] == "alloc":
